@@ -1,0 +1,62 @@
+// Command tandem is the Tandem engine: it runs, serves and generates models.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+type command struct {
+	name  string
+	usage string
+	run   func(args []string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"run", "generate text from a prompt", runCmd},
+		{"tokenize", "print a text's token ids as JSON", tokenizeCmd},
+		{"gen-model", "write a random-weight GGUF model of a given shape and type", genModelCmd},
+	}
+}
+
+func main() {
+	os.Exit(mainWithArgs(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func mainWithArgs(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			if err := c.run(args[1:], stdout, stderr); err != nil {
+				if err == errUsage {
+					return 2
+				}
+				fmt.Fprintf(stderr, "tandem %s: %v\n", c.name, err)
+				return 1
+			}
+			return 0
+		}
+	}
+	fmt.Fprintf(stderr, "tandem: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	var b strings.Builder
+	b.WriteString("usage: tandem <command> [flags] [args]\n\ncommands:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(&b, "  %-10s %s\n", c.name, c.usage)
+	}
+	b.WriteString("\nRun 'tandem <command> -h' for a command's flags.\n")
+	io.WriteString(w, b.String())
+}

@@ -1,0 +1,166 @@
+package cpu
+
+import (
+	"math"
+
+	"tandem/hal"
+)
+
+// MatMul converts each activation row once to the weight's vec-dot type (as
+// llama.cpp does), then computes every output element as one dot product
+// with a fixed reduction order. Work is split over weight rows, so each
+// weight row is read once for the whole batch.
+func (b *Backend) MatMul(out, x []float32, rows int, w *hal.Weight) {
+	k, n := w.Cols, w.Rows
+	vt := VecDotType(w.Type)
+	xrb, err := vt.RowBytes(k)
+	if err != nil {
+		panic("cpu: MatMul: " + err.Error())
+	}
+	if need := rows * xrb; cap(b.xq) < need {
+		b.xq = make([]byte, need)
+	}
+	xq := b.xq[:rows*xrb]
+	b.pool.run(rows, func(_, lo, hi int) {
+		for m := lo; m < hi; m++ {
+			QuantizeRow(vt, x[m*k:(m+1)*k], xq[m*xrb:(m+1)*xrb])
+		}
+	})
+	wrb := w.RowBytes()
+	typ := w.Type
+	b.pool.run(n, func(_, lo, hi int) {
+		for j := lo; j < hi; j++ {
+			wrow := w.Data[j*wrb : (j+1)*wrb]
+			for m := 0; m < rows; m++ {
+				out[m*n+j] = VecDot(typ, k, wrow, xq[m*xrb:(m+1)*xrb])
+			}
+		}
+	})
+}
+
+// Embed dequantizes the embedding rows of ids.
+func (b *Backend) Embed(out []float32, w *hal.Weight, ids []int32) {
+	k := w.Cols
+	rb := w.RowBytes()
+	for i, id := range ids {
+		DequantizeRow(w.Type, w.Data[int(id)*rb:(int(id)+1)*rb], out[i*k:(i+1)*k])
+	}
+}
+
+// RMSNorm follows ggml: the mean square is summed in float64, the scale
+// applied in float32, then the weight multiplied in.
+func (b *Backend) RMSNorm(out, x, weight []float32, eps float32) {
+	n := len(weight)
+	rows := len(x) / n
+	if rows*n < 4096 {
+		for r := 0; r < rows; r++ {
+			rmsNormRow(out[r*n:(r+1)*n], x[r*n:(r+1)*n], weight, eps)
+		}
+		return
+	}
+	b.pool.run(rows, func(_, lo, hi int) {
+		for r := lo; r < hi; r++ {
+			rmsNormRow(out[r*n:(r+1)*n], x[r*n:(r+1)*n], weight, eps)
+		}
+	})
+}
+
+func rmsNormRow(out, x, weight []float32, eps float32) {
+	var sum float64
+	for _, v := range x {
+		sum += float64(v * v)
+	}
+	mean := float32(sum / float64(len(x)))
+	scale := float32(1 / math.Sqrt(float64(mean+eps)))
+	out = out[:len(x)]
+	weight = weight[:len(x)]
+	for i, v := range x {
+		out[i] = (v * scale) * weight[i]
+	}
+}
+
+// RoPE rotates pairs of each head by position-dependent angles. Angles are
+// built as ggml builds them: θ_i = pos · base^(-2i/dims) by repeated float32
+// multiplication, divided by the frequency factor and scaled.
+func (b *Backend) RoPE(x []float32, heads, headDim int, pos []int32, r *hal.RoPE) {
+	rowLen := heads * headDim
+	b.pool.run(len(pos), func(worker, lo, hi int) {
+		cache := b.workerScratch(worker, r.Dims)
+		for t := lo; t < hi; t++ {
+			ropeCache(cache, float32(pos[t]), r)
+			row := x[t*rowLen : (t+1)*rowLen]
+			for h := 0; h < heads; h++ {
+				ropeHead(row[h*headDim:(h+1)*headDim], cache, r)
+			}
+		}
+	})
+}
+
+func ropeCache(cache []float32, p float32, r *hal.RoPE) {
+	thetaScale := float32(math.Pow(r.Base, -2.0/float64(r.Dims)))
+	freqScale := r.FreqScale
+	if freqScale == 0 {
+		freqScale = 1
+	}
+	theta := p
+	for i := 0; i < r.Dims; i += 2 {
+		ff := float32(1)
+		if r.FreqFactors != nil {
+			ff = r.FreqFactors[i/2]
+		}
+		th := freqScale * (theta / ff)
+		cache[i] = float32(math.Cos(float64(th)))
+		cache[i+1] = float32(math.Sin(float64(th)))
+		theta *= thetaScale
+	}
+}
+
+func ropeHead(x, cache []float32, r *hal.RoPE) {
+	half := r.Dims / 2
+	for i := 0; i < r.Dims; i += 2 {
+		c, s := cache[i], cache[i+1]
+		var a, b int
+		if r.Neox {
+			a, b = i/2, i/2+half
+		} else {
+			a, b = i, i+1
+		}
+		x0, x1 := x[a], x[b]
+		x[a] = x0*c - x1*s
+		x[b] = x0*s + x1*c
+	}
+}
+
+// SiLUMul sets gate[i] = silu(gate[i]) · up[i].
+func (b *Backend) SiLUMul(gate, up []float32) {
+	up = up[:len(gate)]
+	for i, g := range gate {
+		gate[i] = g / (1 + float32(math.Exp(float64(-g)))) * up[i]
+	}
+}
+
+// Add sets dst[i] += src[i].
+func (b *Backend) Add(dst, src []float32) {
+	src = src[:len(dst)]
+	for i := range dst {
+		dst[i] += src[i]
+	}
+}
+
+// AddBias adds bias to every row of x.
+func (b *Backend) AddBias(x, bias []float32) {
+	n := len(bias)
+	for r := 0; r+n <= len(x); r += n {
+		row := x[r : r+n]
+		for i := range row {
+			row[i] += bias[i]
+		}
+	}
+}
+
+func (b *Backend) workerScratch(worker, n int) []float32 {
+	if cap(b.scratch[worker]) < n {
+		b.scratch[worker] = make([]float32, n)
+	}
+	return b.scratch[worker][:n]
+}

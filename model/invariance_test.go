@@ -1,0 +1,122 @@
+package model
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"tandem/hal"
+	"tandem/hal/cpu"
+)
+
+// runBatches feeds each sequence's tokens in the given pieces, all sequences
+// sharing each forward step, and returns every position's logits per sequence.
+// steps[k][s] is how many tokens sequence s feeds at step k.
+func runBatches(t *testing.T, m *Model, be hal.Backend, seqs [][]int32, steps [][]int) [][][]float32 {
+	t.Helper()
+	const bs = 4
+	vocab := m.Config.VocabSize
+	var tables [][]int32
+	next := int32(0)
+	for _, s := range seqs {
+		n := (len(s) + bs - 1) / bs
+		table := make([]int32, n)
+		for i := range table {
+			table[i] = next
+			next++
+		}
+		tables = append(tables, table)
+	}
+	// Lay logical blocks out backwards in physical memory, so the test
+	// depends on the block tables being followed.
+	for _, table := range tables {
+		for i := range table {
+			table[i] = next - 1 - table[i]
+		}
+	}
+	kv, err := be.NewKVStore(m.KVLayout(int(next), bs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewRunner(m, be)
+	out := make([][][]float32, len(seqs))
+	done := make([]int, len(seqs))
+	for _, step := range steps {
+		b := &Batch{Attn: hal.AttnBatch{Blocks: tables}}
+		var owners []int
+		for s, n := range step {
+			for i := 0; i < n; i++ {
+				p := done[s] + i
+				b.Tokens = append(b.Tokens, seqs[s][p])
+				b.Attn.Pos = append(b.Attn.Pos, int32(p))
+				b.Attn.SeqOf = append(b.Attn.SeqOf, int32(s))
+				b.Outputs = append(b.Outputs, len(b.Tokens)-1)
+				owners = append(owners, s)
+			}
+			done[s] += n
+		}
+		logits := make([]float32, len(b.Outputs)*vocab)
+		if err := r.Forward(kv, b, logits); err != nil {
+			t.Fatal(err)
+		}
+		for i, s := range owners {
+			out[s] = append(out[s], logits[i*vocab:(i+1)*vocab])
+		}
+	}
+	return out
+}
+
+// TestBatchInvariance checks that a sequence's logits are bit-for-bit the
+// same alone, batched with other sequences, and under any prefill chunking.
+func TestBatchInvariance(t *testing.T) {
+	be := cpu.New(0)
+	defer be.Close()
+	for _, name := range []string{"rand-qwen3-tok512-f32.gguf", "rand-llama-tok512-q8_0.gguf", "rand-llama256-tok512-q4_k_m.gguf", "rand-llama-tok512-bf16.gguf"} {
+		t.Run(name, func(t *testing.T) {
+			m := loadFixture(t, be, name)
+			rng := rand.New(rand.NewPCG(1, 2))
+			seq := func(n int) []int32 {
+				s := make([]int32, n)
+				for i := range s {
+					s[i] = int32(rng.IntN(m.Config.VocabSize))
+				}
+				return s
+			}
+			a, b, c := seq(23), seq(9), seq(17)
+			alone := runBatches(t, m, be, [][]int32{a}, [][]int{{23}})[0]
+
+			cases := map[string]struct {
+				seqs  [][]int32
+				steps [][]int
+			}{
+				"batched with others":       {[][]int32{b, a, c}, [][]int{{9, 23, 17}}},
+				"chunks of 1 (decode path)": {[][]int32{a}, repeat([]int{1}, 23)},
+				"chunks 5+11+7":             {[][]int32{a}, [][]int{{5}, {11}, {7}}},
+				"mixed prefill and decode":  {[][]int32{b, a, c}, [][]int{{9, 3, 0}, {0, 1, 17}, {0, 19, 0}}},
+			}
+			for cname, tc := range cases {
+				got := runBatches(t, m, be, tc.seqs, tc.steps)
+				idx := 0
+				for i, s := range tc.seqs {
+					if &s[0] == &a[0] {
+						idx = i
+					}
+				}
+				for pos := range alone {
+					for j := range alone[pos] {
+						if alone[pos][j] != got[idx][pos][j] {
+							t.Fatalf("%s: position %d logit %d: %v alone, %v here", cname, pos, j, alone[pos][j], got[idx][pos][j])
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func repeat(step []int, n int) [][]int {
+	out := make([][]int, n)
+	for i := range out {
+		out[i] = step
+	}
+	return out
+}
