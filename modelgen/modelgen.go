@@ -32,6 +32,10 @@ type Spec struct {
 	NormEps    float32
 	Tied       bool
 	QKVBias    bool
+	// TextOnly zeroes the output rows of every token but printable ASCII,
+	// space and newline, so a byte-level model writes readable characters
+	// and never ends on its own (the demo model; needs an untied output).
+	TextOnly bool
 	// Llama3Rope adds llama3 rope scaling (factor 32, low 1, high 4, 8192),
 	// as Llama 3.1/3.2 use, stored as rope_freqs.weight.
 	Llama3Rope bool
@@ -58,7 +62,7 @@ var Presets = map[string]Spec{
 // Demo is the built-in demo model: small enough to generate at start-up in
 // well under a second, byte-level so any text encodes.
 var Demo = Spec{Arch: "llama", Name: "tandem-demo", Embd: 128, Layers: 4, Heads: 4, KVHeads: 2, HeadDim: 32, FFN: 384,
-	ContextLen: 4096, RopeBase: 10000, NormEps: 1e-5, Tied: true, Type: "f32", Seed: 42}
+	ContextLen: 4096, RopeBase: 10000, NormEps: 1e-5, Type: "f32", Seed: 42, TextOnly: true}
 
 // llama.cpp's general.file_type numbers.
 var fileTypes = map[string]uint32{
@@ -110,10 +114,17 @@ func Build(s Spec) (*gguf.Writer, error) {
 
 	g := &gen{w: w, rng: rand.New(rand.NewPCG(s.Seed, s.Seed^0x9e3779b97f4a7c15)), mix: strings.ToLower(s.Type), layers: s.Layers}
 	qDim, kvDim := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
-	g.matrix("token_embd.weight", s.VocabSize, s.Embd, 0.3, embdRole(s.Tied), 0)
+	g.matrix("token_embd.weight", s.VocabSize, s.Embd, 0.3, embdRole(s.Tied), 0, nil)
 	g.vector("output_norm.weight", s.Embd, 1, 0.1)
 	if !s.Tied {
-		g.matrix("output.weight", s.VocabSize, s.Embd, 1/math.Sqrt(float64(s.Embd)), roleOutput, 0)
+		var keep func(int) bool
+		if s.TextOnly {
+			if s.Tied || s.Vocab != nil {
+				return nil, fmt.Errorf("modelgen: TextOnly needs an untied output and the byte-level vocabulary")
+			}
+			keep = func(tok int) bool { return tok < 256 && (tok == '\n' || tok >= ' ' && tok < 127) }
+		}
+		g.matrix("output.weight", s.VocabSize, s.Embd, 1.5/math.Sqrt(float64(s.Embd)), roleOutput, 0, keep)
 	}
 	if s.Llama3Rope {
 		f := model.Llama3Scaling{Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalContext: 8192}.FreqFactors(s.RopeBase, s.HeadDim)
@@ -123,9 +134,9 @@ func Build(s Spec) (*gguf.Writer, error) {
 		p := fmt.Sprintf("blk.%d.", i)
 		std := 1 / math.Sqrt(float64(s.Embd))
 		g.vector(p+"attn_norm.weight", s.Embd, 1, 0.1)
-		g.matrix(p+"attn_q.weight", qDim, s.Embd, std, roleOther, i)
-		g.matrix(p+"attn_k.weight", kvDim, s.Embd, std, roleOther, i)
-		g.matrix(p+"attn_v.weight", kvDim, s.Embd, std, roleAttnV, i)
+		g.matrix(p+"attn_q.weight", qDim, s.Embd, std, roleOther, i, nil)
+		g.matrix(p+"attn_k.weight", kvDim, s.Embd, std, roleOther, i, nil)
+		g.matrix(p+"attn_v.weight", kvDim, s.Embd, std, roleAttnV, i, nil)
 		if s.QKVBias {
 			g.vector(p+"attn_q.bias", qDim, 0, 0.2)
 			g.vector(p+"attn_k.bias", kvDim, 0, 0.2)
@@ -135,11 +146,11 @@ func Build(s Spec) (*gguf.Writer, error) {
 			g.vector(p+"attn_q_norm.weight", s.HeadDim, 1, 0.1)
 			g.vector(p+"attn_k_norm.weight", s.HeadDim, 1, 0.1)
 		}
-		g.matrix(p+"attn_output.weight", s.Embd, qDim, 1/math.Sqrt(float64(qDim)), roleOther, i)
+		g.matrix(p+"attn_output.weight", s.Embd, qDim, 1/math.Sqrt(float64(qDim)), roleOther, i, nil)
 		g.vector(p+"ffn_norm.weight", s.Embd, 1, 0.1)
-		g.matrix(p+"ffn_gate.weight", s.FFN, s.Embd, std, roleOther, i)
-		g.matrix(p+"ffn_up.weight", s.FFN, s.Embd, std, roleOther, i)
-		g.matrix(p+"ffn_down.weight", s.Embd, s.FFN, 1/math.Sqrt(float64(s.FFN)), roleFFNDown, i)
+		g.matrix(p+"ffn_gate.weight", s.FFN, s.Embd, std, roleOther, i, nil)
+		g.matrix(p+"ffn_up.weight", s.FFN, s.Embd, std, roleOther, i, nil)
+		g.matrix(p+"ffn_down.weight", s.Embd, s.FFN, 1/math.Sqrt(float64(s.FFN)), roleFFNDown, i, nil)
 	}
 	if g.err != nil {
 		return nil, g.err
@@ -282,7 +293,9 @@ func (g *gen) tensorType(r role, layer, cols int) hal.DType {
 	return t
 }
 
-func (g *gen) matrix(name string, rows, cols int, std float64, r role, layer int) {
+// matrix writes a rows×cols matrix of N(0, std²) values; rows for which
+// keep returns false are zero.
+func (g *gen) matrix(name string, rows, cols int, std float64, r role, layer int, keep func(int) bool) {
 	if g.err != nil {
 		return
 	}
@@ -300,6 +313,9 @@ func (g *gen) matrix(name string, rows, cols int, std float64, r role, layer int
 	for i := 0; i < rows; i++ {
 		for j := range row {
 			row[j] = float32(g.rng.NormFloat64() * std)
+		}
+		if keep != nil && !keep(i) {
+			clear(row)
 		}
 		cpu.QuantizeRow(t, row, data[i*rb:(i+1)*rb])
 	}
