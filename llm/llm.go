@@ -1,0 +1,143 @@
+// Package llm is the generation contract shared by the OpenAI layer, the
+// engine and the router: token-level requests, sampling parameters and results.
+package llm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Request is one generation over token ids. Text, chat templates and stop
+// strings stay with the caller, which holds the tokenizer.
+type Request struct {
+	ID         string
+	Model      string
+	Prompt     []int32
+	Sampling   SamplingParams
+	MaxTokens  int     // most tokens to generate; 0: up to the context length
+	StopTokens []int32 // token ids that end generation, besides end-of-generation ones
+	IgnoreEOS  bool    // keep going past end-of-generation tokens
+	Priority   int     // lower runs first; equal priorities run first come, first served
+	Arrival    time.Time
+}
+
+// TokenLogprob is a token id with its log-probability.
+type TokenLogprob struct {
+	ID      int32
+	Logprob float32
+}
+
+// Limits enforced by SamplingParams.Validate.
+const (
+	MaxTemperature   = 100 // vLLM has no upper bound; OpenAI stops at 2
+	MaxTopLogprobs   = 20
+	MaxLogitBias     = 100
+	MaxOpenAIPenalty = 2 // presence and frequency penalties lie in [-2, 2]
+)
+
+// SamplingParams configures a Sampler. The zero value is greedy decoding.
+type SamplingParams struct {
+	Temperature       float32           // 0 → greedy (argmax, ties to the lowest id); values < 1e-5 also greedy
+	TopK              int               // 0 or <0 → disabled; ≥ vocab → disabled
+	TopP              float32           // 1 or 0 → disabled
+	MinP              float32           // 0 → disabled
+	RepetitionPenalty float32           // 1 or 0 → disabled; prompt + generated tokens (vLLM/HF: logit>0 → /p, else *p)
+	PresencePenalty   float32           // OpenAI semantics, generated tokens only
+	FrequencyPenalty  float32           // OpenAI semantics, generated tokens only
+	LogitBias         map[int32]float32 // added to logits before everything else
+	Seed              uint64
+	HasSeed           bool // without a seed, one is drawn from crypto/rand (see Sampler.Seed)
+	TopLogprobs       int  // number of alternatives to report (0..20)
+	Logprobs          bool // report the chosen token's logprob
+}
+
+// Validate reports the first invalid field, naming it as the OpenAI/vLLM API
+// does. Zero values that mean "disabled" (TopP 0, RepetitionPenalty 0) are
+// accepted.
+func (p SamplingParams) Validate(vocabSize int) error {
+	bad := func(x float32) bool { return math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) }
+	switch {
+	case vocabSize <= 0:
+		return fmt.Errorf("sampling: vocabulary size must be positive, got %d", vocabSize)
+	case bad(p.Temperature) || p.Temperature < 0 || p.Temperature > MaxTemperature:
+		return fmt.Errorf("sampling: temperature must be in [0, %d], got %v", MaxTemperature, p.Temperature)
+	case p.TopK < -1:
+		return fmt.Errorf("sampling: top_k must be -1 (disabled), 0 (disabled) or positive, got %d", p.TopK)
+	case bad(p.TopP) || p.TopP < 0 || p.TopP > 1:
+		return fmt.Errorf("sampling: top_p must be in (0, 1] (0 means disabled), got %v", p.TopP)
+	case bad(p.MinP) || p.MinP < 0 || p.MinP > 1:
+		return fmt.Errorf("sampling: min_p must be in [0, 1], got %v", p.MinP)
+	case bad(p.RepetitionPenalty) || p.RepetitionPenalty < 0:
+		return fmt.Errorf("sampling: repetition_penalty must be > 0 (0 means disabled), got %v", p.RepetitionPenalty)
+	case bad(p.PresencePenalty) || p.PresencePenalty < -MaxOpenAIPenalty || p.PresencePenalty > MaxOpenAIPenalty:
+		return fmt.Errorf("sampling: presence_penalty must be in [-2, 2], got %v", p.PresencePenalty)
+	case bad(p.FrequencyPenalty) || p.FrequencyPenalty < -MaxOpenAIPenalty || p.FrequencyPenalty > MaxOpenAIPenalty:
+		return fmt.Errorf("sampling: frequency_penalty must be in [-2, 2], got %v", p.FrequencyPenalty)
+	case p.TopLogprobs < 0 || p.TopLogprobs > MaxTopLogprobs:
+		return fmt.Errorf("sampling: top_logprobs must be in [0, %d], got %d", MaxTopLogprobs, p.TopLogprobs)
+	}
+	// Report the lowest offending id so the message does not depend on map order.
+	found, badID, badVal := false, int32(0), float32(0)
+	for id, v := range p.LogitBias {
+		if id < 0 || int(id) >= vocabSize || bad(v) || v < -MaxLogitBias || v > MaxLogitBias {
+			if !found || id < badID {
+				found, badID, badVal = true, id, v
+			}
+		}
+	}
+	switch {
+	case found && (badID < 0 || int(badID) >= vocabSize):
+		return fmt.Errorf("sampling: logit_bias token id %d out of range [0, %d)", badID, vocabSize)
+	case found:
+		return fmt.Errorf("sampling: logit_bias value for token %d must be in [-100, 100], got %v", badID, badVal)
+	}
+	return nil
+}
+
+// FinishReason says why a generation ended, as the OpenAI API names it.
+type FinishReason string
+
+// Finish reasons.
+const (
+	FinishStop   FinishReason = "stop"   // an end-of-generation or stop token
+	FinishLength FinishReason = "length" // max tokens or the context length
+	FinishAbort  FinishReason = "abort"  // cancelled or failed
+)
+
+// Usage counts a request's tokens.
+type Usage struct {
+	PromptTokens     int
+	CachedTokens     int // prompt tokens served from the prefix cache
+	CompletionTokens int
+}
+
+// Event is one generated token; the last event of a stream also carries
+// the finish reason and usage.
+type Event struct {
+	Token   int32
+	Logprob float32
+	Top     []TokenLogprob // the receiver owns it
+	Finish  FinishReason   // "" until the last event
+	Usage   Usage          // set on the last event
+}
+
+// Stream delivers a generation's events in order.
+type Stream interface {
+	// Next blocks for the next event. After the event with a finish reason
+	// it returns io.EOF.
+	Next(ctx context.Context) (Event, error)
+	// Close abandons the generation if it is still running and frees what
+	// it holds at once. It is safe to call more than once.
+	Close() error
+}
+
+// Errors a backend returns from Generate, for callers to map to statuses.
+var (
+	ErrInvalid       = errors.New("invalid request")           // 400
+	ErrPromptTooLong = errors.New("prompt too long")           // 400
+	ErrQueueFull     = errors.New("too many waiting requests") // 429
+	ErrUnavailable   = errors.New("backend unavailable")       // 503
+)
