@@ -2,4 +2,4 @@ module tandem
 
 go 1.26.8
 
-require github.com/ardanlabs/jinja v1.8.0 // indirect
+require github.com/ardanlabs/jinja v1.8.0
