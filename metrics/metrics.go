@@ -1,0 +1,100 @@
+// Package metrics defines Tandem's Prometheus metrics in one place: names,
+// help, buckets and labels, named like vLLM's under a "tandem:" prefix.
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Engine holds one engine's metrics for one served model.
+type Engine struct {
+	Running          prometheus.Gauge
+	Waiting          prometheus.Gauge
+	KVUsage          prometheus.Gauge
+	PrefixQueries    prometheus.Counter
+	PrefixHits       prometheus.Counter
+	Preemptions      prometheus.Counter
+	PromptTokens     prometheus.Counter
+	GenerationTokens prometheus.Counter
+	RequestSuccess   *prometheus.CounterVec // label finished_reason
+	TTFT             prometheus.Observer
+	ITL              prometheus.Observer
+	E2E              prometheus.Observer
+	QueueTime        prometheus.Observer
+	PrefillTime      prometheus.Observer
+	DecodeTime       prometheus.Observer
+	RequestPrompt    prometheus.Observer
+	RequestGenerated prometheus.Observer
+	IterationTokens  prometheus.Observer
+}
+
+var (
+	latencyBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
+	tokenBuckets   = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000}
+)
+
+// NewEngine registers an engine's metrics for model on reg.
+func NewEngine(reg prometheus.Registerer, model string) *Engine {
+	labels := prometheus.Labels{"model_name": model}
+	f := factory{reg: reg, labels: labels}
+	return &Engine{
+		Running:          f.gauge("tandem:num_requests_running", "Number of requests in model execution batches."),
+		Waiting:          f.gauge("tandem:num_requests_waiting", "Number of requests waiting to be processed."),
+		KVUsage:          f.gauge("tandem:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+		PrefixQueries:    f.counter("tandem:prefix_cache_queries_total", "Prefix cache queries, in number of queried tokens."),
+		PrefixHits:       f.counter("tandem:prefix_cache_hits_total", "Prefix cache hits, in number of cached tokens."),
+		Preemptions:      f.counter("tandem:num_preemptions_total", "Cumulative number of preemptions."),
+		PromptTokens:     f.counter("tandem:prompt_tokens_total", "Number of prefill tokens processed."),
+		GenerationTokens: f.counter("tandem:generation_tokens_total", "Number of generation tokens processed."),
+		RequestSuccess: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:request_success_total", Help: "Count of successfully processed requests.", ConstLabels: labels,
+		}, []string{"finished_reason"})).(*prometheus.CounterVec),
+		TTFT:             f.histogram("tandem:time_to_first_token_seconds", "Histogram of time to first token in seconds.", latencyBuckets),
+		ITL:              f.histogram("tandem:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", latencyBuckets),
+		E2E:              f.histogram("tandem:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", latencyBuckets),
+		QueueTime:        f.histogram("tandem:request_queue_time_seconds", "Histogram of time spent waiting in the queue in seconds.", latencyBuckets),
+		PrefillTime:      f.histogram("tandem:request_prefill_time_seconds", "Histogram of time spent in prefill in seconds.", latencyBuckets),
+		DecodeTime:       f.histogram("tandem:request_decode_time_seconds", "Histogram of time spent in decode in seconds.", latencyBuckets),
+		RequestPrompt:    f.histogram("tandem:request_prompt_tokens", "Number of prefill tokens per request.", tokenBuckets),
+		RequestGenerated: f.histogram("tandem:request_generation_tokens", "Number of generation tokens per request.", tokenBuckets),
+		IterationTokens:  f.histogram("tandem:iteration_tokens_total", "Histogram of number of tokens per engine step.", tokenBuckets),
+	}
+}
+
+type factory struct {
+	reg    prometheus.Registerer
+	labels prometheus.Labels
+}
+
+func (f factory) register(c prometheus.Collector) prometheus.Collector {
+	f.reg.MustRegister(c)
+	return c
+}
+
+func (f factory) gauge(name, help string) prometheus.Gauge {
+	return f.register(prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: f.labels})).(prometheus.Gauge)
+}
+
+func (f factory) counter(name, help string) prometheus.Counter {
+	return f.register(prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: f.labels})).(prometheus.Counter)
+}
+
+func (f factory) histogram(name, help string, buckets []float64) prometheus.Observer {
+	return f.register(prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets, ConstLabels: f.labels})).(prometheus.Histogram)
+}
+
+// NewRegistry returns a registry with the Go runtime and process collectors.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Handler serves reg in the Prometheus text format.
+func Handler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+}
