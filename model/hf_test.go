@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"tandem/hal/cpu"
 	"tandem/internal/fixtures"
 	"tandem/safetensors"
+	"tandem/tokenizer"
 )
 
 // hfNames maps GGUF tensor names back to Hugging Face's, for writing test
@@ -206,5 +208,94 @@ func TestLoadErrors(t *testing.T) {
 	}
 	if _, err := Load(p, be); err == nil || !strings.Contains(err.Error(), `"gptneox"`) {
 		t.Errorf("unsupported GGUF architecture: %v", err)
+	}
+}
+
+// writeHFTokenizer writes tokenizer.json, tokenizer_config.json and
+// generation_config.json for a byte-level Qwen2 vocabulary taken from GGUF
+// metadata, the way Qwen ships them.
+func writeHFTokenizer(t *testing.T, path, dir string) {
+	t.Helper()
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tokens, _ := f.Strings("tokenizer.ggml.tokens")
+	merges, _ := f.Strings("tokenizer.ggml.merges")
+	typesAny, _ := f.Get("tokenizer.ggml.token_type")
+	types := typesAny.([]int32)
+	tmpl, _ := f.String("tokenizer.chat_template")
+	vocab := map[string]int{}
+	var added []map[string]any
+	for id, s := range tokens {
+		switch types[id] {
+		case 3: // control
+			added = append(added, map[string]any{"id": id, "content": s, "special": true})
+		case 5: // unused padding: left out, as in Qwen's files
+		default:
+			vocab[s] = id
+		}
+	}
+	const qwen2Split = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	files := map[string]any{
+		"tokenizer.json": map[string]any{
+			"version": "1.0", "added_tokens": added, "normalizer": map[string]any{"type": "NFC"},
+			"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []any{
+				map[string]any{"type": "Split", "pattern": map[string]any{"Regex": qwen2Split}, "behavior": "Isolated", "invert": false},
+				map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+			}},
+			"decoder": map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+			"model":   map[string]any{"type": "BPE", "vocab": vocab, "merges": merges, "byte_fallback": false},
+		},
+		"tokenizer_config.json":  map[string]any{"bos_token": nil, "eos_token": "<|im_end|>", "add_bos_token": false, "chat_template": tmpl},
+		"generation_config.json": map[string]any{"eos_token_id": []int{151645, 151643}},
+	}
+	for name, v := range files {
+		js, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), js, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestLoadHFDirectory loads a complete HF directory (weights, config,
+// tokenizer, chat template, generation config) and compares it with the
+// GGUF it was written from.
+func TestLoadHFDirectory(t *testing.T) {
+	be := cpu.New(0)
+	defer be.Close()
+	path := fixtures.Model(t, "rand-qwen2-qwen2vocab-f32.gguf")
+	dir := writeHF(t, path, 1)
+	writeHFTokenizer(t, path, dir)
+	hf, err := Load(dir, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hf.Close()
+	ref := loadFixture(t, be, "rand-qwen2-qwen2vocab-f32.gguf")
+	for _, text := range []string{"Hello world", "  spaces\n\nand 12345 numbers", "<|im_start|>user\nhi<|im_end|>"} {
+		a, b := ref.Tokenizer.Encode(text, true, true), hf.Tokenizer.Encode(text, true, true)
+		if !slices.Equal(a, b) {
+			t.Errorf("%q: GGUF tokens %v, HF %v", text, a, b)
+		}
+	}
+	if !hf.Tokenizer.IsEOG(151645) || !hf.Tokenizer.IsEOG(151643) {
+		t.Error("generation_config eos ids are not end-of-generation tokens")
+	}
+	msgs := []tokenizer.Message{{Role: "user", Content: "Hi"}}
+	a, errA := ref.Tokenizer.ApplyChatTemplate(msgs, true)
+	b, errB := hf.Tokenizer.ApplyChatTemplate(msgs, true)
+	if errA != nil || errB != nil || a != b || !strings.Contains(b, "<|im_start|>assistant") {
+		t.Errorf("chat template: GGUF %q (%v), HF %q (%v)", a, errA, b, errB)
+	}
+	prompt := ref.Tokenizer.Encode(a, false, true)
+	la := newSeqRunner(t, ref, be, len(prompt)).feed(t, prompt)
+	lb := newSeqRunner(t, hf, be, len(prompt)).feed(t, prompt)
+	if !slices.Equal(la, lb) {
+		t.Error("HF directory logits differ from the GGUF's")
 	}
 }
