@@ -32,9 +32,11 @@ type Spec struct {
 	NormEps    float32
 	Tied       bool
 	QKVBias    bool
-	// TextOnly zeroes the output rows of every token but printable ASCII,
-	// space and newline, so a byte-level model writes readable characters
-	// and never ends on its own (the demo model; needs an untied output).
+	// TextOnly makes a byte-level model write only printable ASCII, space
+	// and newline, and never end on its own (the demo model; needs an untied
+	// output). Hidden dimension 0 carries a constant through the residual
+	// stream, and the output rows of every other token weigh it strongly
+	// negative, so their logits sit far below the rest at any temperature.
 	TextOnly bool
 	// Llama3Rope adds llama3 rope scaling (factor 32, low 1, high 4, 8192),
 	// as Llama 3.1/3.2 use, stored as rope_freqs.weight.
@@ -114,17 +116,30 @@ func Build(s Spec) (*gguf.Writer, error) {
 
 	g := &gen{w: w, rng: rand.New(rand.NewPCG(s.Seed, s.Seed^0x9e3779b97f4a7c15)), mix: strings.ToLower(s.Type), layers: s.Layers}
 	qDim, kvDim := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
-	g.matrix("token_embd.weight", s.VocabSize, s.Embd, 0.3, embdRole(s.Tied), 0, nil)
+	var embdFix, residualFix, outputFix func(int, []float32)
+	if s.TextOnly {
+		if s.Tied || s.Vocab != nil {
+			return nil, fmt.Errorf("modelgen: TextOnly needs an untied output and the byte-level vocabulary")
+		}
+		embdFix = func(_ int, row []float32) { row[0] = 4 }
+		residualFix = func(i int, row []float32) {
+			if i == 0 {
+				clear(row) // nothing writes to dimension 0
+			}
+		}
+		outputFix = func(tok int, row []float32) {
+			if tok < 256 && (tok == '\n' || tok >= ' ' && tok < 127) {
+				row[0] = 0
+			} else {
+				clear(row)
+				row[0] = -30
+			}
+		}
+	}
+	g.matrix("token_embd.weight", s.VocabSize, s.Embd, 0.3, embdRole(s.Tied), 0, embdFix)
 	g.vector("output_norm.weight", s.Embd, 1, 0.1)
 	if !s.Tied {
-		var keep func(int) bool
-		if s.TextOnly {
-			if s.Tied || s.Vocab != nil {
-				return nil, fmt.Errorf("modelgen: TextOnly needs an untied output and the byte-level vocabulary")
-			}
-			keep = func(tok int) bool { return tok < 256 && (tok == '\n' || tok >= ' ' && tok < 127) }
-		}
-		g.matrix("output.weight", s.VocabSize, s.Embd, 1.5/math.Sqrt(float64(s.Embd)), roleOutput, 0, keep)
+		g.matrix("output.weight", s.VocabSize, s.Embd, 1.5/math.Sqrt(float64(s.Embd)), roleOutput, 0, outputFix)
 	}
 	if s.Llama3Rope {
 		f := model.Llama3Scaling{Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalContext: 8192}.FreqFactors(s.RopeBase, s.HeadDim)
@@ -146,11 +161,11 @@ func Build(s Spec) (*gguf.Writer, error) {
 			g.vector(p+"attn_q_norm.weight", s.HeadDim, 1, 0.1)
 			g.vector(p+"attn_k_norm.weight", s.HeadDim, 1, 0.1)
 		}
-		g.matrix(p+"attn_output.weight", s.Embd, qDim, 1/math.Sqrt(float64(qDim)), roleOther, i, nil)
+		g.matrix(p+"attn_output.weight", s.Embd, qDim, 1/math.Sqrt(float64(qDim)), roleOther, i, residualFix)
 		g.vector(p+"ffn_norm.weight", s.Embd, 1, 0.1)
 		g.matrix(p+"ffn_gate.weight", s.FFN, s.Embd, std, roleOther, i, nil)
 		g.matrix(p+"ffn_up.weight", s.FFN, s.Embd, std, roleOther, i, nil)
-		g.matrix(p+"ffn_down.weight", s.Embd, s.FFN, 1/math.Sqrt(float64(s.FFN)), roleFFNDown, i, nil)
+		g.matrix(p+"ffn_down.weight", s.Embd, s.FFN, 1/math.Sqrt(float64(s.FFN)), roleFFNDown, i, residualFix)
 	}
 	if g.err != nil {
 		return nil, g.err
@@ -293,9 +308,9 @@ func (g *gen) tensorType(r role, layer, cols int) hal.DType {
 	return t
 }
 
-// matrix writes a rows×cols matrix of N(0, std²) values; rows for which
-// keep returns false are zero.
-func (g *gen) matrix(name string, rows, cols int, std float64, r role, layer int, keep func(int) bool) {
+// matrix writes a rows×cols matrix of N(0, std²) values, each row passed
+// through fix (if not nil) before it is quantized.
+func (g *gen) matrix(name string, rows, cols int, std float64, r role, layer int, fix func(row int, values []float32)) {
 	if g.err != nil {
 		return
 	}
@@ -314,8 +329,8 @@ func (g *gen) matrix(name string, rows, cols int, std float64, r role, layer int
 		for j := range row {
 			row[j] = float32(g.rng.NormFloat64() * std)
 		}
-		if keep != nil && !keep(i) {
-			clear(row)
+		if fix != nil {
+			fix(i, row)
 		}
 		cpu.QuantizeRow(t, row, data[i*rb:(i+1)*rb])
 	}

@@ -19,6 +19,7 @@ func commands() []command {
 		{"run", "generate text from a prompt", runCmd},
 		{"tokenize", "print a text's token ids as JSON", tokenizeCmd},
 		{"gen-model", "write a random-weight GGUF model of a given shape and type", genModelCmd},
+		{"serve", "serve the OpenAI-compatible API", serveCmd},
 	}
 }
 

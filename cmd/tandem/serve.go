@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"tandem/engine"
+	"tandem/hal/cpu"
+	"tandem/httpserve"
+	"tandem/kvcache"
+	"tandem/metrics"
+	"tandem/openai"
+)
+
+func serveCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("tandem serve", flag.ContinueOnError)
+	modelPath := fs.String("model", "", "GGUF file or Hugging Face model directory (default: the built-in demo model)")
+	host := fs.String("host", "127.0.0.1", "address to listen on")
+	port := fs.Int("port", 8080, "port to listen on (0 picks a free one)")
+	servedName := fs.String("served-model-name", "", "model name in the API (default: the model's name)")
+	kvMem := fs.String("kv-cache-memory", "", "KV cache budget, e.g. 4GiB (default: 40% of available memory, at most what --max-seqs full contexts need)")
+	maxModelLen := fs.Int("max-model-len", 0, "context length (default: the model's)")
+	maxBatch := fs.Int("max-batch-tokens", engine.DefaultMaxBatchTokens, "token budget of one engine step")
+	maxSeqs := fs.Int("max-seqs", engine.DefaultMaxSeqs, "most sequences running at once")
+	maxQueue := fs.Int("max-queue", engine.DefaultMaxQueue, "most requests waiting; past it 429")
+	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "KV cache block size in tokens")
+	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
+	apiKey := fs.String("api-key", "", "require this key as a Bearer token")
+	tlsCert := fs.String("tls-cert", "", "TLS certificate file: serve HTTPS, HTTP/2 and HTTP/3")
+	tlsKey := fs.String("tls-key", "", "TLS key file")
+	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long running requests may take to finish")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tandem serve [--model PATH] [--host H] [--port P] [flags]")
+		fs.PrintDefaults()
+	}
+	if pos, err := parseInterleaved(fs, args, stderr); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		if *modelPath != "" || len(pos) > 1 {
+			return fmt.Errorf("unexpected arguments %q", pos)
+		}
+		*modelPath = pos[0] // `tandem serve MODEL`, as with vllm serve
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if (*tlsCert == "") != (*tlsKey == "") {
+		return errors.New("--tls-cert and --tls-key go together")
+	}
+	if *port < 0 || *port > 65535 {
+		return fmt.Errorf("--port %d out of range", *port)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	be := cpu.New(*threads)
+	defer be.Close()
+	t0 := time.Now()
+	m, err := loadModel(*modelPath, be)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	m.Prefault(progressPrinter(stderr, "loading weights"))
+	loadTime := time.Since(t0)
+
+	name := *servedName
+	if name == "" {
+		name = m.Config.Name
+		if *modelPath == "" || name == "" {
+			name = modelName(*modelPath, m.Config.Name)
+		}
+	}
+	if *maxModelLen > 0 {
+		m.Config.ContextLen = *maxModelLen
+	}
+	perToken := m.KVBytesPerToken()
+	budget, err := kvBudget(*kvMem, perToken, *maxSeqs*m.Config.ContextLen)
+	if err != nil {
+		return err
+	}
+	blocks := int(budget / (perToken * int64(*blockSize)))
+	if blocks*(*blockSize) < m.Config.ContextLen {
+		log.Warn("KV cache smaller than the context; lowering the context length", "kv_tokens", blocks**blockSize, "context", m.Config.ContextLen)
+		m.Config.ContextLen = blocks * *blockSize
+	}
+	if blocks < 1 || m.Config.ContextLen < 2 {
+		return fmt.Errorf("a KV budget of %d bytes holds no useful context (%d bytes per token)", budget, perToken)
+	}
+	reg := metrics.NewRegistry()
+	eng, err := engine.New(m, be, engine.Config{
+		MaxBatchTokens: *maxBatch,
+		MaxSeqs:        *maxSeqs,
+		MaxQueue:       *maxQueue,
+		BlockSize:      *blockSize,
+		KVBlocks:       blocks,
+		Salt:           kvcache.Salt(name, "", ""),
+		Metrics:        metrics.NewEngine(reg, name),
+		Logger:         log,
+	})
+	if err != nil {
+		return err
+	}
+	engineCtx, stopEngine := context.WithCancel(context.Background())
+	engineDone := make(chan error, 1)
+	go func() { engineDone <- eng.Run(engineCtx) }()
+
+	api := openai.NewHandler([]*openai.Model{{
+		ID:         name,
+		Tokenizer:  m.Tokenizer,
+		ContextLen: m.Config.ContextLen,
+		Created:    time.Now().Unix(),
+		OwnedBy:    "tandem",
+		Backend:    eng,
+	}}, openai.Options{APIKey: *apiKey, Logger: log})
+	var ready atomic.Bool
+	srv, err := httpserve.New(httpserve.Config{
+		Addr:         net.JoinHostPort(*host, strconv.Itoa(*port)),
+		Handler:      api,
+		TLSCert:      *tlsCert,
+		TLSKey:       *tlsKey,
+		Ready:        ready.Load,
+		Metrics:      metrics.Handler(reg),
+		DrainTimeout: *drain,
+		Logger:       log,
+	})
+	if err != nil {
+		stopEngine()
+		return err
+	}
+	if err := srv.Start(); err != nil {
+		stopEngine()
+		return err
+	}
+	ready.Store(true)
+	fmt.Fprintf(stderr, "tandem serve: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s), context %d\n  load time: %v, backend %s\n",
+		srv.URL(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
+		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), m.Config.ContextLen,
+		loadTime.Round(time.Millisecond), be.Name())
+
+	<-ctx.Done()
+	log.Info("shutting down: finishing running requests", "deadline", *drain)
+	dctx, cancel := context.WithTimeout(context.Background(), *drain)
+	defer cancel()
+	err = srv.Shutdown(dctx)
+	stopEngine()
+	<-engineDone
+	if errors.Is(err, context.DeadlineExceeded) {
+		log.Warn("drain deadline passed; remaining requests were cut")
+		return nil
+	}
+	return err
+}
