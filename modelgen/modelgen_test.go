@@ -1,0 +1,97 @@
+package modelgen
+
+import (
+	"bytes"
+	"testing"
+
+	"tandem/gguf"
+	"tandem/hal"
+)
+
+func build(t *testing.T, s Spec) *gguf.File {
+	t.Helper()
+	w, err := Build(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := w.WriteTo(&buf); err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Parse(buf.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestDemoIsDeterministic(t *testing.T) {
+	a, err := DemoGGUF()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := DemoGGUF()
+	if !bytes.Equal(a, b) {
+		t.Fatal("two builds of the demo model differ")
+	}
+	s := Demo
+	s.Seed++
+	w, _ := Build(s)
+	var c bytes.Buffer
+	w.WriteTo(&c)
+	if bytes.Equal(a, c.Bytes()) {
+		t.Fatal("another seed gave the same weights")
+	}
+}
+
+// TestQ4KMMix checks llama-quantize's choices: K-quants where the row is a
+// multiple of 256, their 32-wide fallbacks where it is not (896 wide), and
+// more bits for attn_v/ffn_down in the first, last and every third layer.
+func TestQ4KMMix(t *testing.T) {
+	s := Spec{Arch: "qwen2", Embd: 896, Layers: 8, Heads: 14, KVHeads: 2, HeadDim: 64, FFN: 512, VocabSize: 300,
+		ContextLen: 128, RopeBase: 1e6, NormEps: 1e-6, Tied: true, QKVBias: true, Type: "q4_k_m"}
+	f := build(t, s)
+	want := map[string]hal.DType{
+		"token_embd.weight":        hal.Q8_0, // tied: quantized as the output, Q6_K → Q8_0 at 896
+		"blk.0.attn_q.weight":      hal.Q5_0, // Q4_K → Q5_0 at 896
+		"blk.0.attn_v.weight":      hal.Q8_0, // more bits: Q6_K → Q8_0
+		"blk.1.attn_v.weight":      hal.Q5_0,
+		"blk.0.ffn_down.weight":    hal.Q6_K, // 512 wide: a K-quant fits
+		"blk.1.ffn_down.weight":    hal.Q4_K,
+		"blk.7.ffn_down.weight":    hal.Q6_K,
+		"blk.0.attn_norm.weight":   hal.F32,
+		"blk.0.attn_q.bias":        hal.F32,
+		"blk.4.ffn_gate.weight":    hal.Q5_0,
+		"blk.4.attn_output.weight": hal.Q5_0,
+	}
+	// use_more_bits(i, 8): i < 1 || i >= 7 || (i-1)%3 == 2 → layers 0, 3, 6, 7.
+	want["blk.2.ffn_down.weight"] = hal.Q4_K
+	want["blk.3.ffn_down.weight"] = hal.Q6_K
+	want["blk.6.attn_v.weight"] = hal.Q8_0
+	for name, typ := range want {
+		ti, ok := f.Tensor(name)
+		if !ok {
+			t.Errorf("%s missing", name)
+			continue
+		}
+		if ti.Type != typ {
+			t.Errorf("%s is %s, want %s", name, ti.Type, typ)
+		}
+	}
+	if _, ok := f.Tensor("output.weight"); ok {
+		t.Error("tied model has output.weight")
+	}
+}
+
+func TestBuildErrors(t *testing.T) {
+	for name, s := range map[string]Spec{
+		"unknown type": {Arch: "llama", Embd: 64, Layers: 1, Heads: 2, KVHeads: 2, HeadDim: 32, FFN: 64, Type: "q3_x"},
+		"no shape":     {Arch: "llama", Type: "f32"},
+		"text-only tied": {Arch: "llama", Embd: 64, Layers: 1, Heads: 2, KVHeads: 2, HeadDim: 32, FFN: 64, Type: "f32",
+			Tied: true, TextOnly: true},
+	} {
+		if _, err := Build(s); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
