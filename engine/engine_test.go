@@ -56,14 +56,22 @@ func collect(t *testing.T, s llm.Stream) ([]int32, llm.Event) {
 	}
 }
 
-var prompts = []string{
-	"Once upon a time",
-	"Lily and Ben went to the park to play with a big red ball",
-	"The cat sat",
-	"One day, a little boy named Tim found a shiny stone in the garden. He",
-	"Sue",
-	"The sun was hot and the birds were singing in the tall green trees near",
-}
+// prompts are 16 requests: six unrelated, ten sharing long prefixes.
+var prompts = func() []string {
+	p := []string{
+		"Once upon a time",
+		"Lily and Ben went to the park to play with a big red ball",
+		"The cat sat",
+		"One day, a little boy named Tim found a shiny stone in the garden. He",
+		"Sue",
+		"The sun was hot and the birds were singing in the tall green trees near",
+	}
+	shared := "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. "
+	for _, end := range []string{"One day", "Her mom", "The dog", "A big", "She saw"} {
+		p = append(p, shared+end, shared+shared[:40]+end)
+	}
+	return p
+}()
 
 // solo runs each prompt alone through the single-sequence generator.
 func solo(t *testing.T, m *model.Model, maxTokens int) [][]int32 {
