@@ -1,0 +1,145 @@
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"tandem/llm"
+)
+
+// apiError is an error the client sees, in OpenAI's shape:
+// {"error":{"message","type","param","code"}}.
+type apiError struct {
+	status     int
+	msg        string
+	typ        string
+	param      string
+	code       string
+	retryAfter string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+type errorBody struct {
+	Error errorObject `json:"error"`
+}
+
+type errorObject struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+func (e *apiError) body() errorBody {
+	o := errorObject{Message: e.msg, Type: e.typ}
+	if e.param != "" {
+		o.Param = &e.param
+	}
+	if e.code != "" {
+		o.Code = &e.code
+	}
+	return errorBody{Error: o}
+}
+
+func badRequest(param, format string, args ...any) *apiError {
+	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: param, msg: fmt.Sprintf(format, args...)}
+}
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	if e.retryAfter != "" {
+		w.Header().Set("Retry-After", e.retryAfter)
+	}
+	writeJSON(w, e.status, e.body())
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		data, _ = json.Marshal(errorBody{Error: errorObject{Message: "encoding the response: " + err.Error(), Type: "server_error"}})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(data, '\n'))
+}
+
+// backendError maps an error from Backend.Generate or Stream.Next to what the
+// client sees.
+func backendError(err error) *apiError {
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.Is(err, llm.ErrPromptTooLong):
+		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "context_length_exceeded", msg: err.Error()}
+	case errors.Is(err, llm.ErrInvalid):
+		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", msg: err.Error()}
+	case errors.Is(err, llm.ErrQueueFull):
+		return &apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "rate_limit_exceeded", retryAfter: "1",
+			msg: "The server is busy: " + err.Error() + ". Retry later."}
+	case errors.Is(err, llm.ErrUnavailable):
+		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "service_unavailable", retryAfter: "1",
+			msg: "The service is unavailable: " + err.Error() + ". Retry later."}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// The client is still there (the handler checks): the backend gave up.
+		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "cancelled", retryAfter: "1",
+			msg: "The backend cancelled the request: " + err.Error() + ". Retry later."}
+	}
+	return &apiError{status: http.StatusInternalServerError, typ: "server_error", msg: "Internal error: " + err.Error()}
+}
+
+// readJSON reads a body of at most maxBody bytes and decodes it into v.
+func readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, v any) *apiError {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
+				msg: fmt.Sprintf("The request body is larger than %d bytes.", mbe.Limit)}
+		}
+		return badRequest("", "Reading the request body: %v.", err)
+	}
+	if len(strings.TrimSpace(string(data))) == 0 {
+		return badRequest("", "The request body is empty; send a JSON object.")
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		var te *json.UnmarshalTypeError
+		var se *json.SyntaxError
+		switch {
+		case errors.As(err, &te) && te.Field == "":
+			return badRequest("", "The request body must be a JSON object, not %s.", te.Value)
+		case errors.As(err, &te):
+			field := strings.ReplaceAll(te.Field, "samplingFields.", "") // an embedded struct, not a JSON key
+			return badRequest(field, "Invalid type for '%s': expected %s, got %s.", field, jsonTypeName(te.Type.String()), te.Value)
+		case errors.As(err, &se):
+			return badRequest("", "The request body is not valid JSON: %v (at byte %d).", se, se.Offset)
+		}
+		return badRequest("", "The request body is not valid JSON: %v.", err)
+	}
+	return nil
+}
+
+// jsonTypeName names a Go type the way a JSON user thinks of it.
+func jsonTypeName(goType string) string {
+	switch {
+	case strings.HasPrefix(goType, "map["), strings.HasPrefix(goType, "*map["):
+		return "an object"
+	case strings.HasPrefix(goType, "[]"), strings.HasPrefix(goType, "*[]"):
+		return "an array"
+	case strings.Contains(goType, "int"):
+		return "an integer"
+	case strings.Contains(goType, "float"):
+		return "a number"
+	case strings.Contains(goType, "bool"):
+		return "a boolean"
+	case strings.Contains(goType, "string"):
+		return "a string"
+	}
+	return "an object"
+}

@@ -1,0 +1,287 @@
+// Package openai serves the OpenAI-compatible HTTP API (chat, completions, models, tokenize)
+// over a token-level Backend: the engine in process, or the router over RPC.
+package openai
+
+import (
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"tandem/llm"
+	"tandem/tokenizer"
+)
+
+// Backend produces tokens for a request: the engine in process, the router over RPC.
+//
+// The handler passes a context that lives as long as the request and calls
+// Generate once per choice (n choices per prompt), then reads every stream
+// from its own goroutine. Stream.Next must return when its context is done;
+// Close may be called while Next is blocked (a stop string or a client that
+// went away) and must make the backend free the sequence at once. Errors
+// wrapping llm.ErrInvalid, ErrPromptTooLong (400), ErrQueueFull (429) and
+// ErrUnavailable (503) reach the client as such; any other is a 500.
+type Backend interface {
+	Generate(ctx context.Context, req *llm.Request) (llm.Stream, error)
+}
+
+// WorkerStream is an optional interface of an llm.Stream: the name of the
+// worker that serves it. The handler sends it as the X-Tandem-Worker header.
+type WorkerStream interface {
+	Worker() string
+}
+
+// WorkerHeader is the response header that names the worker(s) serving a request.
+const WorkerHeader = "X-Tandem-Worker"
+
+// Model is one served model.
+type Model struct {
+	ID         string // the served model name
+	Tokenizer  *tokenizer.Tokenizer
+	ContextLen int // 0: unknown, the backend alone checks lengths
+	Created    int64
+	OwnedBy    string
+	Backend    Backend
+	// ChatTemplate, if set, replaces the tokenizer's own chat template.
+	ChatTemplate string
+}
+
+// Options configures NewHandler.
+type Options struct {
+	MaxBodyBytes int64        // default 32 MiB; larger bodies → 413
+	APIKey       string       // if set, every /v1 request needs "Authorization: Bearer KEY"
+	Logger       *slog.Logger // default slog.Default(); one line per request
+}
+
+// DefaultMaxBodyBytes is the request body limit when Options.MaxBodyBytes is 0.
+const DefaultMaxBodyBytes = 32 << 20
+
+// Limits on a request's shape.
+const (
+	MaxN       = 16  // choices per prompt
+	MaxChoices = 128 // choices per request, over all prompts
+)
+
+type handler struct {
+	models  []*Model
+	byID    map[string]*Model
+	maxBody int64
+	apiKey  string
+	log     *slog.Logger
+}
+
+// NewHandler returns the API's HTTP handler for models. Routes:
+//
+//	POST /v1/chat/completions
+//	POST /v1/completions
+//	GET  /v1/models, /v1/models/{id}
+//	POST /tokenize, /detokenize (vLLM's shapes)
+//
+// Rules where the OpenAI API leaves room:
+//
+//   - A request without "model" gets the only model when exactly one is
+//     served (vLLM requires the field).
+//   - Chat prompts are the model's chat template (Model.ChatTemplate, else
+//     the tokenizer's; none → 400) rendered with add_generation_prompt, then
+//     encoded with special tokens parsed. BOS is added unless the rendered
+//     text already begins with the BOS token's text (a template that writes
+//     {{ bos_token }}), so there is never a double BOS; an explicit
+//     add_special_tokens overrides the rule. Completion strings are encoded
+//     with BOS (add_special_tokens, default true) and special tokens parsed;
+//     token-id prompts are used as given.
+//   - Output text continues the prompt: prompt text + completion text reads
+//     as one text (a word-initial space on the first token is kept, as vLLM
+//     and llama.cpp keep it). End-of-generation and stop_token_ids tokens
+//     give no text but count in usage and appear in logprobs.
+//   - Stop strings end a choice at their first occurrence; the text from it
+//     on is dropped (kept with include_stop_str_in_output) and the stream is
+//     closed at once. Usage counts every token generated up to that point.
+//   - With a seed, choice i of each prompt uses seed+i; choice indexes run
+//     prompt_index*n + i. Without temperature, 1 (OpenAI's default); top_p 0
+//     means greedy.
+//   - Tools, non-text content parts, echo, suffix and best_of other than n
+//     are refused with a 400 naming the field; unknown fields are ignored.
+//
+// It panics if a model is nil, lacks an ID, Tokenizer or Backend, or two
+// models share an ID: those are wiring mistakes.
+func NewHandler(models []*Model, opts Options) http.Handler {
+	h := &handler{byID: map[string]*Model{}, maxBody: opts.MaxBodyBytes, apiKey: opts.APIKey, log: opts.Logger}
+	if h.maxBody <= 0 {
+		h.maxBody = DefaultMaxBodyBytes
+	}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
+	for _, m := range models {
+		switch {
+		case m == nil || m.ID == "" || m.Tokenizer == nil || m.Backend == nil:
+			panic("openai: a model needs an ID, a Tokenizer and a Backend")
+		case h.byID[m.ID] != nil:
+			panic(fmt.Sprintf("openai: model %q listed twice", m.ID))
+		}
+		h.byID[m.ID] = m
+		h.models = append(h.models, m)
+	}
+	return h
+}
+
+// reqInfo collects what the request's log line reports.
+type reqInfo struct {
+	model            string
+	promptTokens     int
+	completionTokens int
+}
+
+// statusWriter records the status written, for the log line.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (h *handler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	w := &statusWriter{ResponseWriter: rw}
+	info := &reqInfo{}
+	defer func() {
+		status := w.status
+		if status == 0 {
+			status = 499 // the client went away before anything was written
+		}
+		attrs := []any{
+			"method", r.Method, "path", r.URL.Path, "model", info.model, "status", status,
+			"prompt_tokens", info.promptTokens, "completion_tokens", info.completionTokens,
+			"duration", time.Since(start),
+		}
+		if wk := w.Header().Get(WorkerHeader); wk != "" {
+			attrs = append(attrs, "worker", wk)
+		}
+		h.log.Info("http request", attrs...)
+	}()
+
+	path := r.URL.Path
+	if path == "/v1" || strings.HasPrefix(path, "/v1/") {
+		if h.apiKey != "" && !h.authorized(r) {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+			writeError(w, &apiError{status: http.StatusUnauthorized, typ: "invalid_request_error", code: "invalid_api_key",
+				msg: "Invalid or missing API key: send \"Authorization: Bearer <key>\"."})
+			return
+		}
+	}
+	var fn func(http.ResponseWriter, *http.Request, *reqInfo)
+	method := http.MethodPost
+	switch {
+	case path == "/v1/chat/completions":
+		fn = h.chatCompletions
+	case path == "/v1/completions":
+		fn = h.completions
+	case path == "/v1/models":
+		fn, method = h.listModels, http.MethodGet
+	case strings.HasPrefix(path, "/v1/models/") && len(path) > len("/v1/models/"):
+		fn, method = h.getModel, http.MethodGet
+	case path == "/tokenize":
+		fn = h.tokenize
+	case path == "/detokenize":
+		fn = h.detokenize
+	default:
+		writeError(w, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found",
+			msg: fmt.Sprintf("Unknown path %s %s.", r.Method, path)})
+		return
+	}
+	if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
+		w.Header().Set("Allow", method)
+		writeError(w, &apiError{status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed",
+			msg: fmt.Sprintf("Method %s is not allowed for %s; use %s.", r.Method, path, method)})
+		return
+	}
+	fn(w, r, info)
+}
+
+func (h *handler) authorized(r *http.Request) bool {
+	auth := r.Header.Get("Authorization")
+	const prefix = "Bearer "
+	if len(auth) < len(prefix) || !strings.EqualFold(auth[:len(prefix)], prefix) {
+		return false
+	}
+	key := strings.TrimSpace(auth[len(prefix):])
+	return subtle.ConstantTimeCompare([]byte(key), []byte(h.apiKey)) == 1
+}
+
+// model resolves a request's model name. An empty name means the only
+// model when exactly one is served (vLLM requires the name; we are lenient).
+func (h *handler) model(name string) (*Model, *apiError) {
+	if name == "" {
+		if len(h.models) == 1 {
+			return h.models[0], nil
+		}
+		return nil, badRequest("model", "You must provide a model parameter.")
+	}
+	if m := h.byID[name]; m != nil {
+		return m, nil
+	}
+	return nil, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", param: "model", code: "model_not_found",
+		msg: fmt.Sprintf("The model `%s` does not exist.", name)}
+}
+
+type modelObject struct {
+	ID          string `json:"id"`
+	Object      string `json:"object"`
+	Created     int64  `json:"created"`
+	OwnedBy     string `json:"owned_by"`
+	MaxModelLen int    `json:"max_model_len,omitempty"`
+}
+
+func (m *Model) object() modelObject {
+	owner := m.OwnedBy
+	if owner == "" {
+		owner = "tandem"
+	}
+	return modelObject{ID: m.ID, Object: "model", Created: m.Created, OwnedBy: owner, MaxModelLen: m.ContextLen}
+}
+
+func (h *handler) listModels(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+	list := struct {
+		Object string        `json:"object"`
+		Data   []modelObject `json:"data"`
+	}{Object: "list", Data: []modelObject{}}
+	for _, m := range h.models {
+		list.Data = append(list.Data, m.object())
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (h *handler) getModel(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
+	info.model = id
+	m := h.byID[id]
+	if m == nil {
+		writeError(w, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", param: "model", code: "model_not_found",
+			msg: fmt.Sprintf("The model `%s` does not exist.", id)})
+		return
+	}
+	writeJSON(w, http.StatusOK, m.object())
+}

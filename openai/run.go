@@ -1,0 +1,603 @@
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"tandem/llm"
+	"tandem/tokenizer"
+)
+
+func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+	j, aerr := parseChat(h, r, w, info)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	h.run(w, r, info, j)
+}
+
+func (h *handler) completions(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+	j, aerr := parseCompletion(h, r, w, info)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	h.run(w, r, info, j)
+}
+
+// choice is one generated sequence: its stream, detokenizer and stop-string state.
+type choice struct {
+	index   int
+	prompt  int
+	st      llm.Stream
+	dec     *tokenizer.StreamDecoder
+	started bool   // the decoder has seen a token
+	pending string // text held back: it could be the start of a stop string
+	text    strings.Builder
+	tokens  int
+	runes   int // characters the decoder has produced, for text_offset
+	finish  string
+	done    bool
+	cached  int
+	lps     []tokenLogprob
+}
+
+type tokenLogprob struct {
+	id      int32
+	logprob float32
+	top     []llm.TokenLogprob
+	offset  int
+}
+
+type item struct {
+	i   int
+	ev  llm.Event
+	err error
+}
+
+// run generates every choice of j and writes the response, streamed or not.
+// Every stream it opens is closed, and every goroutine it starts has ended,
+// when it returns.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *job) {
+	ctx, cancel := context.WithCancel(r.Context())
+	var choices []*choice
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		for _, c := range choices {
+			c.st.Close()
+		}
+		wg.Wait()
+	}()
+
+	for p, prompt := range j.prompts {
+		info.promptTokens += len(prompt)
+		for i := range j.n {
+			req := j.req
+			req.ID = fmt.Sprintf("%s-%d", j.id, len(choices))
+			req.Prompt = prompt
+			if req.Sampling.HasSeed {
+				req.Sampling.Seed += uint64(i)
+			}
+			st, err := j.m.Backend.Generate(ctx, &req)
+			if err == nil && st == nil {
+				err = errors.New("the backend returned no stream")
+			}
+			if err != nil {
+				writeError(w, backendError(err))
+				return
+			}
+			choices = append(choices, &choice{index: len(choices), prompt: p, st: st, dec: j.m.Tokenizer.NewStreamDecoder()})
+		}
+	}
+	var workers []string
+	for _, c := range choices {
+		if ws, ok := c.st.(WorkerStream); ok {
+			if wk := ws.Worker(); wk != "" && !contains(workers, wk) {
+				workers = append(workers, wk)
+			}
+		}
+	}
+	if len(workers) > 0 {
+		w.Header().Set(WorkerHeader, strings.Join(workers, ","))
+	}
+
+	items := make(chan item, len(choices))
+	for i, c := range choices {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				ev, err := c.st.Next(ctx)
+				select {
+				case items <- item{i: i, ev: ev, err: err}:
+				case <-ctx.Done():
+					return
+				}
+				if err != nil || ev.Finish != "" {
+					return
+				}
+			}
+		}()
+	}
+
+	var sse *sseWriter
+	if j.stream {
+		sse = newSSEWriter(w)
+		if j.chat {
+			for _, c := range choices {
+				role, empty := "assistant", ""
+				if sse.send(j.chatChunk(c, delta{Role: role, Content: &empty}, nil, nil)) != nil {
+					return
+				}
+			}
+		}
+	}
+
+	for remaining := len(choices); remaining > 0; {
+		var it item
+		select {
+		case it = <-items:
+		case <-ctx.Done():
+			return // the client went away; the deferred Close frees the sequences
+		}
+		c := choices[it.i]
+		if c.done {
+			continue
+		}
+		err := it.err
+		switch {
+		case err == nil && it.ev.Finish == llm.FinishAbort:
+			err = errors.New("the generation was aborted")
+		case errors.Is(err, io.EOF):
+			err = errors.New("the backend ended a stream without a finish reason")
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			aerr := backendError(err)
+			if sse != nil {
+				sse.send(aerr.body())
+				sse.done()
+			} else {
+				writeError(w, aerr)
+			}
+			return
+		}
+		text, lp := j.step(c, it.ev)
+		info.completionTokens++
+		if c.done {
+			remaining--
+		}
+		if sse == nil {
+			c.text.WriteString(text)
+			if lp != nil {
+				c.lps = append(c.lps, *lp)
+			}
+			continue
+		}
+		var lps []tokenLogprob
+		if lp != nil {
+			lps = []tokenLogprob{*lp}
+		}
+		if text != "" || lp != nil {
+			var chunk any
+			if j.chat {
+				chunk = j.chatChunk(c, delta{Content: &text}, j.chatLogprobs(lps), nil)
+			} else {
+				chunk = j.completionChunk(c, text, j.completionLogprobs(lps), nil)
+			}
+			if sse.send(chunk) != nil {
+				return
+			}
+		}
+		if c.done {
+			var chunk any
+			if j.chat {
+				chunk = j.chatChunk(c, delta{}, nil, &c.finish)
+			} else {
+				chunk = j.completionChunk(c, "", nil, &c.finish)
+			}
+			if sse.send(chunk) != nil {
+				return
+			}
+		}
+	}
+
+	u := j.usage(choices)
+	if sse != nil {
+		if j.includeUsage {
+			if sse.send(streamChunk{ID: j.id, Object: j.chunkObject(), Created: j.created, Model: j.m.ID, Choices: []any{}, Usage: &u}) != nil {
+				return
+			}
+		}
+		sse.done()
+		return
+	}
+	if j.chat {
+		resp := chatCompletion{ID: j.id, Object: "chat.completion", Created: j.created, Model: j.m.ID, Usage: u}
+		for _, c := range choices {
+			resp.Choices = append(resp.Choices, chatChoice{Index: c.index, FinishReason: c.finish,
+				Message: chatMessageOut{Role: "assistant", Content: c.text.String()}, Logprobs: j.chatLogprobs(c.lps)})
+		}
+		writeJSON(w, http.StatusOK, resp)
+		return
+	}
+	resp := completion{ID: j.id, Object: "text_completion", Created: j.created, Model: j.m.ID, Usage: u}
+	for _, c := range choices {
+		resp.Choices = append(resp.Choices, completionChoice{Index: c.index, Text: c.text.String(), FinishReason: c.finish,
+			Logprobs: j.completionLogprobs(c.lps)})
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// step takes one event of choice c: it counts the token, detokenizes it
+// (end-of-generation and stop tokens give no text), applies the stop strings
+// and finishes the choice when its stream or a stop string says so. It
+// returns the text that is now final and the token's logprobs, if asked for.
+func (j *job) step(c *choice, ev llm.Event) (string, *tokenLogprob) {
+	c.tokens++
+	var lp *tokenLogprob
+	if j.logprobs {
+		lp = &tokenLogprob{id: ev.Token, logprob: ev.Logprob, top: ev.Top, offset: c.runes}
+	}
+	final := ev.Finish != ""
+	var text string
+	if !j.stopTokens[ev.Token] && !(!j.req.IgnoreEOS && j.m.Tokenizer.IsEOG(ev.Token)) {
+		text = c.dec.Add(ev.Token)
+		if !c.started {
+			// The decoder drops a leading space as if the text began here; it
+			// continues the prompt, so the space stays (as vLLM and llama.cpp
+			// give it): prompt text + completion text = the whole text.
+			c.started = true
+			if p := j.m.Tokenizer.Piece(ev.Token); j.spacePrefix && len(p) > 0 && p[0] == ' ' {
+				text = " " + text
+			}
+		}
+	}
+	if final {
+		text += c.dec.Flush()
+	}
+	c.runes += utf8.RuneCountInString(text)
+	text, hit := c.cut(text, j.stops, j.includeStop, final)
+	switch {
+	case hit:
+		c.finish, c.done = string(llm.FinishStop), true
+		c.st.Close() // the backend frees the sequence at once
+	case final:
+		c.finish, c.done = string(ev.Finish), true
+		c.cached = ev.Usage.CachedTokens
+	}
+	return text, lp
+}
+
+// cut applies stop strings to new text t: it returns the text that can be
+// sent, holding back a tail that could begin a stop string, and whether a
+// stop string was found (the text from it on is dropped, unless include).
+func (c *choice) cut(t string, stops []string, include, final bool) (string, bool) {
+	if len(stops) == 0 {
+		return t, false
+	}
+	buf := c.pending + t
+	c.pending = ""
+	at, n := -1, 0
+	for _, s := range stops {
+		if i := strings.Index(buf, s); i >= 0 && (at < 0 || i < at || (i == at && len(s) > n)) {
+			at, n = i, len(s)
+		}
+	}
+	switch {
+	case at >= 0 && include:
+		return buf[:at+n], true
+	case at >= 0:
+		return buf[:at], true
+	case final:
+		return buf, false
+	}
+	for p := range len(buf) {
+		for _, s := range stops {
+			if len(buf)-p < len(s) && strings.HasPrefix(s, buf[p:]) {
+				c.pending = buf[p:]
+				return buf[:p], false
+			}
+		}
+	}
+	return buf, false
+}
+
+func (j *job) usage(choices []*choice) usage {
+	u := usage{}
+	cached := make([]int, len(j.prompts))
+	for _, c := range choices {
+		u.CompletionTokens += c.tokens
+		cached[c.prompt] = max(cached[c.prompt], c.cached)
+	}
+	for i, p := range j.prompts {
+		u.PromptTokens += len(p)
+		u.PromptTokensDetails.CachedTokens += min(cached[i], len(p))
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	return u
+}
+
+// Response shapes.
+
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+type chatCompletion struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"`
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []chatChoice `json:"choices"`
+	Usage   usage        `json:"usage"`
+}
+
+type chatChoice struct {
+	Index        int            `json:"index"`
+	Message      chatMessageOut `json:"message"`
+	Logprobs     *chatLogprobs  `json:"logprobs"`
+	FinishReason string         `json:"finish_reason"`
+}
+
+type chatMessageOut struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type completion struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []completionChoice `json:"choices"`
+	Usage   usage              `json:"usage"`
+}
+
+type completionChoice struct {
+	Index        int                 `json:"index"`
+	Text         string              `json:"text"`
+	Logprobs     *completionLogprobs `json:"logprobs"`
+	FinishReason string              `json:"finish_reason"`
+}
+
+// streamChunk is one SSE event. Usage is null on every chunk but the last
+// when the client asked for usage, and absent otherwise.
+type streamChunk struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []any  `json:"choices"`
+	Usage   *usage `json:"usage,omitempty"`
+}
+
+type chunkWithNullUsage struct {
+	streamChunk
+	Usage *usage `json:"usage"`
+}
+
+type delta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+type chatChunkChoice struct {
+	Index        int           `json:"index"`
+	Delta        delta         `json:"delta"`
+	Logprobs     *chatLogprobs `json:"logprobs"`
+	FinishReason *string       `json:"finish_reason"`
+}
+
+type completionChunkChoice struct {
+	Index        int                 `json:"index"`
+	Text         string              `json:"text"`
+	Logprobs     *completionLogprobs `json:"logprobs"`
+	FinishReason *string             `json:"finish_reason"`
+}
+
+func (j *job) chunkObject() string {
+	if j.chat {
+		return "chat.completion.chunk"
+	}
+	return "text_completion"
+}
+
+func (j *job) chunk(choice any) any {
+	c := streamChunk{ID: j.id, Object: j.chunkObject(), Created: j.created, Model: j.m.ID, Choices: []any{choice}}
+	if j.includeUsage {
+		return chunkWithNullUsage{streamChunk: c}
+	}
+	return c
+}
+
+func (j *job) chatChunk(c *choice, d delta, lp *chatLogprobs, finish *string) any {
+	return j.chunk(chatChunkChoice{Index: c.index, Delta: d, Logprobs: lp, FinishReason: finish})
+}
+
+func (j *job) completionChunk(c *choice, text string, lp *completionLogprobs, finish *string) any {
+	return j.chunk(completionChunkChoice{Index: c.index, Text: text, Logprobs: lp, FinishReason: finish})
+}
+
+// Logprobs.
+
+// logprob is a float32 log-probability written with float32 precision;
+// -Inf and NaN are written as -9999 (as vLLM does: JSON has no infinities).
+type logprob float32
+
+func (l logprob) MarshalJSON() ([]byte, error) {
+	f := float64(l)
+	if math.IsNaN(f) || math.IsInf(f, 0) || f < -9999 {
+		f = -9999
+	}
+	return strconv.AppendFloat(nil, f, 'g', -1, 32), nil
+}
+
+type chatLogprobs struct {
+	Content []chatTokenLogprob `json:"content"`
+}
+
+type chatTokenLogprob struct {
+	Token       string           `json:"token"`
+	Logprob     logprob          `json:"logprob"`
+	Bytes       []int            `json:"bytes"`
+	TopLogprobs []chatTopLogprob `json:"top_logprobs"`
+}
+
+type chatTopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob logprob `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
+type completionLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []logprob            `json:"token_logprobs"`
+	TopLogprobs   []map[string]logprob `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+// tokenText is a token's text for logprobs: the bytes it stands for when
+// they are valid UTF-8, "bytes:\xNN…" (OpenAI's form) when they are not,
+// and the vocabulary text for control tokens, which stand for no bytes.
+func tokenText(t *tokenizer.Tokenizer, id int32) (string, []int) {
+	p := t.Piece(id)
+	if len(p) == 0 {
+		p = []byte(t.TokenText(id))
+	}
+	b := make([]int, len(p))
+	for i, c := range p {
+		b[i] = int(c)
+	}
+	if utf8.Valid(p) {
+		return string(p), b
+	}
+	var s strings.Builder
+	s.WriteString("bytes:")
+	for _, c := range p {
+		fmt.Fprintf(&s, "\\x%02x", c)
+	}
+	return s.String(), b
+}
+
+func (j *job) chatLogprobs(lps []tokenLogprob) *chatLogprobs {
+	if !j.logprobs {
+		return nil
+	}
+	out := &chatLogprobs{Content: make([]chatTokenLogprob, 0, len(lps))}
+	t := j.m.Tokenizer
+	for _, lp := range lps {
+		tok, b := tokenText(t, lp.id)
+		e := chatTokenLogprob{Token: tok, Logprob: logprob(lp.logprob), Bytes: b, TopLogprobs: make([]chatTopLogprob, 0, len(lp.top))}
+		for _, top := range lp.top {
+			tt, tb := tokenText(t, top.ID)
+			e.TopLogprobs = append(e.TopLogprobs, chatTopLogprob{Token: tt, Logprob: logprob(top.Logprob), Bytes: tb})
+		}
+		out.Content = append(out.Content, e)
+	}
+	return out
+}
+
+func (j *job) completionLogprobs(lps []tokenLogprob) *completionLogprobs {
+	if !j.logprobs {
+		return nil
+	}
+	out := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []logprob{}, TopLogprobs: []map[string]logprob{}, TextOffset: []int{}}
+	t := j.m.Tokenizer
+	for _, lp := range lps {
+		tok, _ := tokenText(t, lp.id)
+		out.Tokens = append(out.Tokens, tok)
+		out.TokenLogprobs = append(out.TokenLogprobs, logprob(lp.logprob))
+		top := make(map[string]logprob, len(lp.top))
+		for _, x := range lp.top {
+			tt, _ := tokenText(t, x.ID)
+			if _, dup := top[tt]; !dup {
+				top[tt] = logprob(x.Logprob)
+			}
+		}
+		out.TopLogprobs = append(out.TopLogprobs, top)
+		out.TextOffset = append(out.TextOffset, lp.offset)
+	}
+	return out
+}
+
+// sseWriter writes server-sent events, flushing after each.
+type sseWriter struct {
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	err error
+}
+
+func newSSEWriter(w http.ResponseWriter) *sseWriter {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	s := &sseWriter{w: w, rc: http.NewResponseController(w)}
+	s.flush()
+	return s
+}
+
+func (s *sseWriter) flush() {
+	if err := s.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) && s.err == nil {
+		s.err = err
+	}
+}
+
+// send writes one data event; it returns the first write error seen.
+func (s *sseWriter) send(v any) error {
+	if s.err != nil {
+		return s.err
+	}
+	data, err := json.Marshal(v)
+	if err != nil {
+		data, _ = json.Marshal(errorBody{Error: errorObject{Message: "encoding the response: " + err.Error(), Type: "server_error"}})
+	}
+	return s.raw(data)
+}
+
+func (s *sseWriter) raw(data []byte) error {
+	if s.err != nil {
+		return s.err
+	}
+	buf := make([]byte, 0, len(data)+8)
+	buf = append(buf, "data: "...)
+	buf = append(buf, data...)
+	buf = append(buf, "\n\n"...)
+	if _, err := s.w.Write(buf); err != nil {
+		s.err = err
+		return err
+	}
+	s.flush()
+	return s.err
+}
+
+func (s *sseWriter) done() { s.raw([]byte("[DONE]")) }

@@ -1,0 +1,96 @@
+package openai
+
+import (
+	"net/http"
+)
+
+type tokenizeRequest struct {
+	Model               string        `json:"model"`
+	Prompt              *string       `json:"prompt"`
+	Messages            []chatMessage `json:"messages"`
+	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
+	AddSpecialTokens    *bool         `json:"add_special_tokens"`
+	ReturnTokenStrs     bool          `json:"return_token_strs"`
+}
+
+type tokenizeResponse struct {
+	Count       int      `json:"count"`
+	MaxModelLen int      `json:"max_model_len"`
+	Tokens      []int32  `json:"tokens"`
+	TokenStrs   []string `json:"token_strs,omitempty"`
+}
+
+// tokenize serves vLLM's POST /tokenize: a prompt (add_special_tokens
+// defaults to true) or chat messages (rendered as for chat completions).
+func (h *handler) tokenize(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+	var req tokenizeRequest
+	if aerr := readJSON(w, r, h.maxBody, &req); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	info.model = req.Model
+	m, aerr := h.model(req.Model)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	info.model = m.ID
+	var tokens []int32
+	switch {
+	case req.Prompt != nil && req.Messages != nil:
+		aerr = badRequest("prompt", "Send either prompt or messages, not both.")
+	case req.Prompt != nil:
+		tokens = encodeText(m.Tokenizer, *req.Prompt, req.AddSpecialTokens, false)
+	case req.Messages != nil:
+		tokens, aerr = m.chatPrompt(req.Messages, req.AddGenerationPrompt, req.AddSpecialTokens)
+	default:
+		aerr = badRequest("prompt", "Send a prompt or messages to tokenize.")
+	}
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	info.promptTokens = len(tokens)
+	resp := tokenizeResponse{Count: len(tokens), MaxModelLen: m.ContextLen, Tokens: tokens}
+	if resp.Tokens == nil {
+		resp.Tokens = []int32{}
+	}
+	if req.ReturnTokenStrs {
+		resp.TokenStrs = make([]string, len(tokens))
+		for i, id := range tokens {
+			resp.TokenStrs[i] = m.Tokenizer.TokenText(id)
+		}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// detokenize serves vLLM's POST /detokenize: token ids to text.
+func (h *handler) detokenize(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+	var req struct {
+		Model  string  `json:"model"`
+		Tokens []int64 `json:"tokens"`
+	}
+	if aerr := readJSON(w, r, h.maxBody, &req); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	info.model = req.Model
+	m, aerr := h.model(req.Model)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	info.model = m.ID
+	vocab := int64(m.Tokenizer.VocabSize())
+	ids := make([]int32, len(req.Tokens))
+	for i, id := range req.Tokens {
+		if id < 0 || id >= vocab {
+			writeError(w, badRequest("tokens", "tokens[%d]: token id %d is outside the vocabulary [0, %d).", i, id, vocab))
+			return
+		}
+		ids[i] = int32(id)
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Prompt string `json:"prompt"`
+	}{m.Tokenizer.Decode(ids)})
+}
