@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 
 	"tandem/hal"
 )
@@ -29,6 +30,62 @@ import (
 // and the activation row x (type VecDotType(t)). n must be a multiple of
 // t.BlockSize(); w and x must hold at least the bytes n elements take.
 func VecDot(t hal.DType, n int, w, x []byte) float32 {
+	if int(t) < len(kern.dot) {
+		if f := kern.dot[t]; f != nil {
+			return f(n, w, x)
+		}
+	}
+	return vecDotRef(t, n, w, x)
+}
+
+// dotFunc is a single-row kernel; dot4Func computes the same weight row
+// against the four activation rows x, x[xstride:], x[2*xstride:],
+// x[3*xstride:], each with exactly the single-row kernel's operations.
+type (
+	dotFunc  func(n int, w, x []byte) float32
+	dot4Func func(n int, w, x []byte, xstride int, out *[4]float32)
+)
+
+// kernelTable holds the kernels chosen for this CPU, per weight type.
+type kernelTable struct {
+	isa  string
+	dot  [32]dotFunc
+	dot4 [32]dot4Func
+}
+
+// kern is set once at package initialisation from the CPU's features (or
+// TANDEM_CPU_ISA=go|avx2|avx512vnni, to compare) and never changes.
+var kern = newKernelTable(os.Getenv("TANDEM_CPU_ISA"))
+
+func newKernelTable(isa string) *kernelTable {
+	best := bestISA()
+	if isa == "" || !isaAvailable(isa) {
+		isa = best
+	}
+	k := &kernelTable{isa: isa}
+	for t := range k.dot {
+		k.dot[t], k.dot4[t] = simdKernels(hal.DType(t), isa)
+	}
+	return k
+}
+
+func isaAvailable(isa string) bool {
+	if isa == "go" {
+		return true
+	}
+	for _, s := range simdISAs() {
+		if s == isa {
+			return true
+		}
+	}
+	return false
+}
+
+// KernelISA names the instruction set of the dot-product kernels in use.
+func KernelISA() string { return kern.isa }
+
+// vecDotRef is the pure-Go reference twin of every kernel.
+func vecDotRef(t hal.DType, n int, w, x []byte) float32 {
 	switch t {
 	case hal.F32:
 		return dotRowF32(n, w, x)
@@ -63,6 +120,11 @@ func VecDot(t hal.DType, n int, w, x []byte) float32 {
 // VecDotFunc returns the kernel VecDot uses for weight type t, so a caller
 // looping over many rows can skip the dispatch; nil if t is unsupported.
 func VecDotFunc(t hal.DType) func(n int, w, x []byte) float32 {
+	if int(t) < len(kern.dot) {
+		if f := kern.dot[t]; f != nil {
+			return f
+		}
+	}
 	switch t {
 	case hal.F32:
 		return dotRowF32

@@ -29,12 +29,7 @@ func (b *Backend) MatMul(out, x []float32, rows int, w *hal.Weight) {
 	wrb := w.RowBytes()
 	typ := w.Type
 	b.pool.run(n, func(_, lo, hi int) {
-		for j := lo; j < hi; j++ {
-			wrow := w.Data[j*wrb : (j+1)*wrb]
-			for m := 0; m < rows; m++ {
-				out[m*n+j] = VecDot(typ, k, wrow, xq[m*xrb:(m+1)*xrb])
-			}
-		}
+		matmulRange(kern, typ, k, n, rows, w.Data, wrb, xq, xrb, out, lo, hi)
 	})
 }
 

@@ -1,0 +1,36 @@
+package cpu
+
+import "tandem/hal"
+
+// matmulRange computes out[m*n+j] for weight rows j in [lo, hi) and all
+// activation rows m, with the kernels of kt. Rows go through the 4-row
+// kernel four at a time and the rest through the single-row kernel; both
+// perform the same operations per (m, j), so the split does not show in
+// the result.
+func matmulRange(kt *kernelTable, typ hal.DType, k, n, rows int, w []byte, wrb int, xq []byte, xrb int, out []float32, lo, hi int) {
+	var dot dotFunc
+	var dot4 dot4Func
+	if int(typ) < len(kt.dot) {
+		dot, dot4 = kt.dot[typ], kt.dot4[typ]
+	}
+	if dot == nil {
+		dot = func(n int, w, x []byte) float32 { return vecDotRef(typ, n, w, x) }
+	}
+	var r4 [4]float32
+	for j := lo; j < hi; j++ {
+		wrow := w[j*wrb : (j+1)*wrb]
+		m := 0
+		if dot4 != nil {
+			for ; m+4 <= rows; m += 4 {
+				dot4(k, wrow, xq[m*xrb:(m+4)*xrb], xrb, &r4)
+				out[m*n+j] = r4[0]
+				out[(m+1)*n+j] = r4[1]
+				out[(m+2)*n+j] = r4[2]
+				out[(m+3)*n+j] = r4[3]
+			}
+		}
+		for ; m < rows; m++ {
+			out[m*n+j] = dot(k, wrow, xq[m*xrb:(m+1)*xrb])
+		}
+	}
+}
