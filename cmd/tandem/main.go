@@ -20,6 +20,7 @@ func commands() []command {
 		{"tokenize", "print a text's token ids as JSON", tokenizeCmd},
 		{"gen-model", "write a random-weight GGUF model of a given shape and type", genModelCmd},
 		{"serve", "serve the OpenAI-compatible API", serveCmd},
+		{"bench-engine", "time prompt processing, generation and batched decode (like llama-bench)", benchEngineCmd},
 	}
 }
 

@@ -116,3 +116,27 @@ func TestCLIErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestBenchEngineJSON(t *testing.T) {
+	out, errOut, code := runMain(t, "bench-engine", "-p", "16", "-n", "4", "--batch", "2,3", "-r", "1", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var results []struct {
+		Test string  `json:"test"`
+		TPS  float64 `json:"tokens_per_second"`
+	}
+	if err := json.Unmarshal([]byte(out), &results); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	var tests []string
+	for _, r := range results {
+		tests = append(tests, r.Test)
+		if r.TPS <= 0 {
+			t.Errorf("%s: %v tokens/s", r.Test, r.TPS)
+		}
+	}
+	if !slices.Equal(tests, []string{"pp16", "tg4", "batch2", "batch3"}) {
+		t.Errorf("tests %v", tests)
+	}
+}

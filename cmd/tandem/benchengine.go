@@ -1,0 +1,143 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"tandem/engine"
+	"tandem/hal/cpu"
+)
+
+type benchResult struct {
+	Model           string    `json:"model"`
+	ModelType       string    `json:"model_type"`
+	SizeBytes       int64     `json:"model_size"`
+	Backend         string    `json:"backend"`
+	Threads         int       `json:"n_threads"`
+	Test            string    `json:"test"`
+	NPrompt         int       `json:"n_prompt"`
+	NGen            int       `json:"n_gen"`
+	NSeqs           int       `json:"n_seqs"`
+	TokensPerSecond float64   `json:"tokens_per_second"`
+	Stddev          float64   `json:"stddev_tokens_per_second"`
+	Samples         []float64 `json:"samples_tokens_per_second"`
+}
+
+func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("tandem bench-engine", flag.ContinueOnError)
+	modelPath := fs.String("model", "", "GGUF file or Hugging Face directory (default: the built-in demo model)")
+	prompt := fs.Int("p", 512, "prompt tokens for the prompt-processing test (0 skips it)")
+	gen := fs.Int("n", 64, "generated tokens for the generation tests (0 skips them)")
+	batches := fs.String("batch", "4,16", "comma-separated sequence counts for batched decode")
+	reps := fs.Int("r", 3, "repetitions of each test")
+	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
+	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tandem bench-engine [--model FILE] [-p 512] [-n 64] [--batch 4,16] [-r 3] [--json]")
+		fs.PrintDefaults()
+	}
+	if pos, err := parseInterleaved(fs, args, stderr); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return fmt.Errorf("unexpected arguments %q", pos)
+	}
+	var seqCounts []int
+	for _, f := range strings.Split(*batches, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return fmt.Errorf("--batch: %q is not a positive count", f)
+		}
+		seqCounts = append(seqCounts, n)
+	}
+	if *reps < 1 || *prompt < 0 || *gen < 0 {
+		return fmt.Errorf("-r must be ≥ 1 and -p, -n ≥ 0")
+	}
+	be := cpu.New(*threads)
+	defer be.Close()
+	m, err := loadModel(*modelPath, be)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	m.Prefault(nil)
+	if need := max(*prompt, *gen); need > m.Config.ContextLen {
+		return fmt.Errorf("tests need %d positions but the context is %d", need, m.Config.ContextLen)
+	}
+	ob := engine.NewOfflineBench(m, be)
+	base := benchResult{Model: modelName(*modelPath, m.Config.Name), ModelType: m.Config.Arch + " " + m.FileType,
+		SizeBytes: m.WeightBytes, Backend: cpu.KernelISA(), Threads: be.Threads()}
+	var results []benchResult
+	run := func(test string, np, ng, seqs int, f func() (time.Duration, error)) error {
+		r := base
+		r.Test, r.NPrompt, r.NGen, r.NSeqs = test, np, ng, seqs
+		if _, err := f(); err != nil { // warm-up, as llama-bench does
+			return err
+		}
+		for range *reps {
+			d, err := f()
+			if err != nil {
+				return err
+			}
+			r.Samples = append(r.Samples, float64(max(np, ng*seqs))/d.Seconds())
+		}
+		r.TokensPerSecond, r.Stddev = meanStddev(r.Samples)
+		results = append(results, r)
+		return nil
+	}
+	if *prompt > 0 {
+		if err := run(fmt.Sprintf("pp%d", *prompt), *prompt, 0, 1, func() (time.Duration, error) { return ob.Prompt(*prompt) }); err != nil {
+			return err
+		}
+	}
+	if *gen > 0 {
+		if err := run(fmt.Sprintf("tg%d", *gen), 0, *gen, 1, func() (time.Duration, error) { return ob.Decode(1, *gen) }); err != nil {
+			return err
+		}
+		for _, n := range seqCounts {
+			if err := run(fmt.Sprintf("batch%d", n), 0, *gen, n, func() (time.Duration, error) { return ob.Decode(n, *gen) }); err != nil {
+				return err
+			}
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(results)
+	}
+	fmt.Fprintf(stdout, "| %-28s | %-14s | %10s | %-10s | %7s | %8s | %18s |\n", "model", "type", "size", "backend", "threads", "test", "t/s")
+	fmt.Fprintf(stdout, "| %s | %s | %s | %s | %s | %s | %s |\n", strings.Repeat("-", 28), strings.Repeat("-", 14), strings.Repeat("-", 10), strings.Repeat("-", 10), strings.Repeat("-", 7), strings.Repeat("-", 8), strings.Repeat("-", 18))
+	for _, r := range results {
+		fmt.Fprintf(stdout, "| %-28s | %-14s | %10s | %-10s | %7d | %8s | %9.2f ± %6.2f |\n", trunc(r.Model, 28), r.ModelType, formatBytes(r.SizeBytes), r.Backend, r.Threads, r.Test, r.TokensPerSecond, r.Stddev)
+	}
+	return nil
+}
+
+func meanStddev(xs []float64) (mean, sd float64) {
+	for _, x := range xs {
+		mean += x
+	}
+	mean /= float64(len(xs))
+	for _, x := range xs {
+		sd += (x - mean) * (x - mean)
+	}
+	if len(xs) > 1 {
+		sd = math.Sqrt(sd / float64(len(xs)-1))
+	}
+	return mean, sd
+}
+
+func trunc(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}
