@@ -57,6 +57,10 @@ type tokenLogprob struct {
 	logprob float32
 	top     []llm.TokenLogprob
 	offset  int
+	// text is what the client received for this token: its share of the
+	// content after detokenization and stop strings. The chosen tokens'
+	// texts concatenate to the content exactly; the raw bytes go in "bytes".
+	text string
 }
 
 type item struct {
@@ -280,6 +284,9 @@ func (j *job) step(c *choice, ev llm.Event) (string, *tokenLogprob) {
 	}
 	c.runes += utf8.RuneCountInString(text)
 	text, hit := c.cut(text, j.stops, j.includeStop, final)
+	if lp != nil {
+		lp.text = text
+	}
 	switch {
 	case hit:
 		c.finish, c.done = string(llm.FinishStop), true
@@ -484,7 +491,7 @@ type completionLogprobs struct {
 	TextOffset    []int                `json:"text_offset"`
 }
 
-// tokenText is a token's text for logprobs: the bytes it stands for when
+// tokenText is an alternative token's text for top_logprobs: the bytes it stands for when
 // they are valid UTF-8, "bytes:\xNN…" (OpenAI's form) when they are not,
 // and the vocabulary text for control tokens, which stand for no bytes.
 func tokenText(t *tokenizer.Tokenizer, id int32) (string, []int) {
@@ -514,8 +521,8 @@ func (j *job) chatLogprobs(lps []tokenLogprob) *chatLogprobs {
 	out := &chatLogprobs{Content: make([]chatTokenLogprob, 0, len(lps))}
 	t := j.m.Tokenizer
 	for _, lp := range lps {
-		tok, b := tokenText(t, lp.id)
-		e := chatTokenLogprob{Token: tok, Logprob: logprob(lp.logprob), Bytes: b, TopLogprobs: make([]chatTopLogprob, 0, len(lp.top))}
+		_, b := tokenText(t, lp.id)
+		e := chatTokenLogprob{Token: lp.text, Logprob: logprob(lp.logprob), Bytes: b, TopLogprobs: make([]chatTopLogprob, 0, len(lp.top))}
 		for _, top := range lp.top {
 			tt, tb := tokenText(t, top.ID)
 			e.TopLogprobs = append(e.TopLogprobs, chatTopLogprob{Token: tt, Logprob: logprob(top.Logprob), Bytes: tb})
@@ -532,7 +539,7 @@ func (j *job) completionLogprobs(lps []tokenLogprob) *completionLogprobs {
 	out := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []logprob{}, TopLogprobs: []map[string]logprob{}, TextOffset: []int{}}
 	t := j.m.Tokenizer
 	for _, lp := range lps {
-		tok, _ := tokenText(t, lp.id)
+		tok := lp.text
 		out.Tokens = append(out.Tokens, tok)
 		out.TokenLogprobs = append(out.TokenLogprobs, logprob(lp.logprob))
 		top := make(map[string]logprob, len(lp.top))

@@ -244,3 +244,168 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 		t.Errorf("still running 30s after SIGTERM")
 	}
 }
+
+// TestServeStreamInvariants checks a streamed chat completion from the real
+// server: the first chunk carries the role, one id throughout, exactly one
+// finish_reason and it is last among choice chunks, the usage chunk has no
+// choices and adds up, and the logprob tokens concatenate to the text.
+func TestServeStreamInvariants(t *testing.T) {
+	// A model with a real vocabulary and chat template (Qwen2's).
+	s := startServe(t, "--model", fixtures.Model(t, "rand-qwen2-qwen2vocab-f32.gguf"), "--served-model-name", "qwen")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := s.client()
+	st := c.Chat.Completions.NewStreaming(ctx, sdk.ChatCompletionNewParams{
+		Model:         "qwen",
+		Messages:      []sdk.ChatCompletionMessageParamUnion{sdk.SystemMessage("Be brief."), sdk.UserMessage("Once upon a time")},
+		MaxTokens:     sdk.Int(24),
+		Logprobs:      sdk.Bool(true),
+		TopLogprobs:   sdk.Int(3),
+		Seed:          sdk.Int(5),
+		StreamOptions: sdk.ChatCompletionStreamOptionsParam{IncludeUsage: sdk.Bool(true)},
+	})
+	var ids []string
+	var text, lpText strings.Builder
+	finishes, chunks, usageChunks := 0, 0, 0
+	var usage sdk.CompletionUsage
+	for st.Next() {
+		ch := st.Current()
+		ids = append(ids, ch.ID)
+		if chunks == 0 && (len(ch.Choices) != 1 || ch.Choices[0].Delta.Role != "assistant") {
+			t.Errorf("first chunk %+v lacks the assistant role", ch)
+		}
+		chunks++
+		if len(ch.Choices) == 0 {
+			usageChunks++
+			usage = ch.Usage
+			continue
+		}
+		if usageChunks > 0 {
+			t.Error("a choice chunk after the usage chunk")
+		}
+		if finishes > 0 {
+			t.Error("a choice chunk after the finish_reason")
+		}
+		for _, choice := range ch.Choices {
+			text.WriteString(choice.Delta.Content)
+			for _, lp := range choice.Logprobs.Content {
+				lpText.WriteString(lp.Token)
+				if len(lp.TopLogprobs) != 3 {
+					t.Errorf("%d top logprobs, want 3", len(lp.TopLogprobs))
+				}
+			}
+			if choice.FinishReason != "" {
+				finishes++
+			}
+		}
+	}
+	if err := st.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if id != ids[0] {
+			t.Errorf("chunk ids differ: %q and %q", ids[0], id)
+			break
+		}
+	}
+	if finishes != 1 || usageChunks != 1 {
+		t.Errorf("%d finish reasons and %d usage chunks, want 1 and 1", finishes, usageChunks)
+	}
+	if usage.TotalTokens != usage.PromptTokens+usage.CompletionTokens || usage.CompletionTokens == 0 {
+		t.Errorf("usage %+v", usage)
+	}
+	if text.Len() == 0 || lpText.String() != text.String() {
+		t.Errorf("logprob tokens %q, text %q", lpText.String(), text.String())
+	}
+}
+
+// TestServeBadRequestsAndQueue drives the real server with bad requests and
+// a full queue; each gets its status and an OpenAI error body, and the
+// server answers the next good request.
+func TestServeBadRequestsAndQueue(t *testing.T) {
+	s := startServe(t, "--max-seqs", "1", "--max-queue", "1", "--api-key", "k")
+	post := func(path, body, key string) (int, http.Header, string) {
+		req, _ := http.NewRequest("POST", s.url+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, string(b)
+	}
+	good := `{"model":"tandem-demo","prompt":"hi","max_tokens":2}`
+	cases := []struct {
+		name, body, key string
+		status          int
+		want            string
+	}{
+		{"no key", good, "", 401, `"error"`},
+		{"invalid JSON", `{"model":`, "k", 400, `"invalid_request_error"`},
+		{"unknown model", `{"model":"gpt-9","prompt":"hi"}`, "k", 404, `"model_not_found"`},
+		{"bad temperature", `{"model":"tandem-demo","prompt":"hi","temperature":-3}`, "k", 400, `"temperature"`},
+		{"too long", `{"model":"tandem-demo","prompt":"hi","max_tokens":100000}`, "k", 400, `maximum context length`},
+		{"bad token id", `{"model":"tandem-demo","prompt":[1,2,99999999]}`, "k", 400, `"error"`},
+	}
+	for _, tc := range cases {
+		code, _, body := post("/v1/completions", tc.body, tc.key)
+		if code != tc.status || !strings.Contains(body, tc.want) {
+			t.Errorf("%s: %d %s, want %d with %s", tc.name, code, body, tc.status, tc.want)
+		}
+		if code, _, body := post("/v1/completions", good, "k"); code != 200 {
+			t.Fatalf("after %s: %d %s", tc.name, code, body)
+		}
+	}
+
+	// One running, one waiting: the next is refused with 429 and Retry-After.
+	long := `{"model":"tandem-demo","prompt":"hi","max_tokens":3000,"ignore_eos":true}`
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	waitFor := func(running, waiting int) {
+		t.Helper()
+		wantRunning := fmt.Sprintf("tandem:num_requests_running{model_name=\"tandem-demo\"} %d\n", running)
+		wantWaiting := fmt.Sprintf("tandem:num_requests_waiting{model_name=\"tandem-demo\"} %d\n", waiting)
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			_, m := get(t, s.url+"/metrics")
+			if strings.Contains(m, wantRunning) && strings.Contains(m, wantWaiting) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("never reached %d running, %d waiting:\n%s", running, waiting, grepLines(m, "num_requests"))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	for i := range 2 {
+		req, _ := http.NewRequestWithContext(ctx, "POST", s.url+"/v1/completions", strings.NewReader(long))
+		req.Header.Set("Authorization", "Bearer k")
+		req.Header.Set("Content-Type", "application/json")
+		go func() {
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+		waitFor(1, i)
+	}
+	code, hdr, body := post("/v1/completions", good, "k")
+	if code != 429 || hdr.Get("Retry-After") == "" || !strings.Contains(body, `"error"`) {
+		t.Errorf("full queue: %d Retry-After %q %s", code, hdr.Get("Retry-After"), body)
+	}
+	cancel() // both clients go away; their sequences are freed
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if code, _, _ := post("/v1/completions", good, "k"); code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("server did not recover after the clients left")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
