@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"tandem/internal/fixtures"
 	"testing"
 )
 
@@ -18,7 +19,7 @@ func FuzzParse(f *testing.F) {
 	r.WriteByte(64)
 	f.Add(r.tensor("w", 8, 0, 32, 2).pad(200).Bytes())
 	// Fixture headers, cut short: the fuzzer's mutations find the valid prefixes.
-	all, _ := filepath.Glob(filepath.Join(fixtureRoot(), "models", "*.gguf"))
+	all, _ := filepath.Glob(filepath.Join(fixtures.Root(), "models", "*.gguf"))
 	for _, path := range all {
 		if data, err := os.ReadFile(path); err == nil {
 			f.Add(data[:min(len(data), 2048)])

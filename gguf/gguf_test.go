@@ -14,30 +14,10 @@ import (
 	"testing"
 
 	"tandem/hal"
+	"tandem/internal/fixtures"
 )
 
-// fixtureRoot returns the shared fixtures directory: $TANDEM_FIXTURES, or
-// ../shared/fixtures, relative paths taken from the repo root.
-func fixtureRoot() string {
-	dir := os.Getenv("TANDEM_FIXTURES")
-	if dir == "" {
-		dir = filepath.Join("..", "shared", "fixtures")
-	}
-	if !filepath.IsAbs(dir) {
-		dir = filepath.Join("..", dir) // tests run in the package dir, one below the root
-	}
-	return dir
-}
-
-// fixturesDir returns fixtureRoot, skipping the test if it is missing.
-func fixturesDir(t testing.TB) string {
-	t.Helper()
-	dir := fixtureRoot()
-	if _, err := os.Stat(filepath.Join(dir, "models")); err != nil {
-		t.Skipf("fixtures not found at %s: set TANDEM_FIXTURES", dir)
-	}
-	return dir
-}
+func fixturesDir(t testing.TB) string { return fixtures.Dir(t) }
 
 func fixture(t testing.TB, name string) string {
 	return filepath.Join(fixturesDir(t), "models", name)

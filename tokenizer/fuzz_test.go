@@ -3,16 +3,14 @@ package tokenizer
 import (
 	"os"
 	"path/filepath"
+	"tandem/internal/fixtures"
 	"testing"
 	"unicode/utf8"
 )
 
 // fixtureTokenizer returns a fixture vocab's tokenizer, or nil when fixtures are absent.
 func fixtureTokenizer(name string) *Tokenizer {
-	dir := os.Getenv("TANDEM_FIXTURES")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "shared", "fixtures")
-	}
+	dir := fixtures.Root()
 	if _, err := os.Stat(filepath.Join(dir, "golden", "tokenizer.golden.json")); err != nil {
 		return nil
 	}

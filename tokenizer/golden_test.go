@@ -7,22 +7,13 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"tandem/internal/fixtures"
 	"testing"
 
 	"tandem/gguf"
 )
 
-func fixturesDir(t testing.TB) string {
-	t.Helper()
-	dir := os.Getenv("TANDEM_FIXTURES")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "shared", "fixtures")
-	}
-	if _, err := os.Stat(filepath.Join(dir, "golden", "tokenizer.golden.json")); err != nil {
-		t.Skipf("fixtures not found at %s (set TANDEM_FIXTURES): %v", dir, err)
-	}
-	return dir
-}
+func fixturesDir(t testing.TB) string { return fixtures.Dir(t) }
 
 type goldenResult struct {
 	Text              string  `json:"text"`
