@@ -217,11 +217,14 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	defer cancel()
 	c := s.client()
 	st := c.Chat.Completions.NewStreaming(ctx, sdk.ChatCompletionNewParams{Model: "tandem-demo",
-		Messages: []sdk.ChatCompletionMessageParamUnion{sdk.UserMessage("Hello")}, MaxTokens: sdk.Int(200)})
+		Messages: []sdk.ChatCompletionMessageParamUnion{sdk.UserMessage("Hello")}, MaxTokens: sdk.Int(200),
+		StreamOptions: sdk.ChatCompletionStreamOptionsParam{IncludeUsage: sdk.Bool(true)}})
 	chunks, signalled := 0, false
 	var finish string
+	var completion int64
 	for st.Next() {
 		chunks++
+		completion += st.Current().Usage.CompletionTokens
 		if chunks == 3 && !signalled {
 			s.cmd.Process.Signal(syscall.SIGTERM)
 			signalled = true
@@ -232,8 +235,8 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 			}
 		}
 	}
-	if st.Err() != nil || finish != "length" || chunks < 200 {
-		t.Errorf("stream across SIGTERM: %d chunks, finish %q, err %v", chunks, finish, st.Err())
+	if st.Err() != nil || finish != "length" || completion != 200 {
+		t.Errorf("stream across SIGTERM: %d chunks, %d tokens, finish %q, err %v", chunks, completion, finish, st.Err())
 	}
 	select {
 	case err := <-s.exited:
