@@ -1,0 +1,338 @@
+package router
+
+import (
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"tandem/kvcache"
+)
+
+const testBlock = 16
+
+var testSalt = kvcache.Salt("Qwen/Qwen3-0.6B", "", "")
+
+// toks returns n token ids starting at base.
+func toks(base, n int) []int32 {
+	t := make([]int32, n)
+	for i := range t {
+		t[i] = int32(base + i)
+	}
+	return t
+}
+
+func cat(parts ...[]int32) []int32 { return slices.Concat(parts...) }
+
+func hashes(tokens []int32) []uint64 {
+	return kvcache.HashBlocks(testSalt, tokens, testBlock, nil)
+}
+
+func stored(id uint64, tier kvcache.Tier, parent uint64, hs ...uint64) kvcache.Event {
+	return kvcache.Event{ID: id, Kind: kvcache.EventStored, Tier: tier, Parent: parent, Hashes: hs}
+}
+
+func removed(id uint64, tier kvcache.Tier, hs ...uint64) kvcache.Event {
+	return kvcache.Event{ID: id, Kind: kvcache.EventRemoved, Tier: tier, Hashes: hs}
+}
+
+func cleared(id uint64, tier kvcache.Tier) kvcache.Event {
+	return kvcache.Event{ID: id, Kind: kvcache.EventCleared, Tier: tier}
+}
+
+func TestIndexApplyGapReset(t *testing.T) {
+	h := hashes(toks(0, 5*testBlock)) // 5 chained blocks
+	dev := kvcache.TierDevice
+	type step struct {
+		ev      kvcache.Event
+		gap     bool
+		last    uint64
+		overlap int // worker 1's device overlap with h after the step
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"in order", []step{
+			{ev: stored(1, dev, 0, h[0], h[1]), last: 1, overlap: 2},
+			{ev: stored(2, dev, h[1], h[2], h[3], h[4]), last: 2, overlap: 5},
+			{ev: removed(3, dev, h[4]), last: 3, overlap: 4},
+			{ev: removed(4, dev, h[1]), last: 4, overlap: 1}, // a hole cuts the run
+			{ev: cleared(5, dev), last: 5, overlap: 0},
+		}},
+		{"first event not 1 is a gap", []step{
+			{ev: stored(7, dev, 0, h[0]), gap: true, last: 0, overlap: 0},
+		}},
+		{"gap is not applied and repeats", []step{
+			{ev: stored(1, dev, 0, h[0]), last: 1, overlap: 1},
+			{ev: stored(3, dev, h[0], h[1]), gap: true, last: 1, overlap: 1},
+			{ev: stored(4, dev, h[1], h[2]), gap: true, last: 1, overlap: 1},
+		}},
+		{"stale and duplicate ids ignored", []step{
+			{ev: stored(1, dev, 0, h[0]), last: 1, overlap: 1},
+			{ev: stored(1, dev, 0, h[0], h[1]), last: 1, overlap: 1},
+			{ev: removed(0, dev, h[0]), last: 1, overlap: 1},
+			{ev: stored(2, dev, h[0], h[1]), last: 2, overlap: 2},
+		}},
+		{"unknown kind and tier advance the id", []step{
+			{ev: kvcache.Event{ID: 1, Kind: 9, Hashes: h[:1]}, last: 1},
+			{ev: stored(2, 12, 0, h[0]), last: 2},
+			{ev: stored(3, dev, 0, h[0]), last: 3, overlap: 1},
+		}},
+		{"removing what is not held is harmless", []step{
+			{ev: removed(1, dev, h[0], h[3]), last: 1},
+			{ev: stored(2, dev, 0, h[0], h[0]), last: 2, overlap: 1},
+			{ev: removed(3, kvcache.TierHost, h[0]), last: 3, overlap: 1},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x := NewIndex()
+			for i, s := range tt.steps {
+				if gap := x.Apply(1, s.ev); gap != s.gap {
+					t.Fatalf("step %d: gap %v, want %v", i, gap, s.gap)
+				}
+				if last, _ := x.LastID(1); last != s.last {
+					t.Fatalf("step %d: last id %d, want %d", i, last, s.last)
+				}
+				if got := x.Overlap(h)[1]; got != s.overlap {
+					t.Fatalf("step %d: overlap %d, want %d", i, got, s.overlap)
+				}
+			}
+		})
+	}
+}
+
+func TestIndexResetAndRemove(t *testing.T) {
+	a := hashes(toks(0, 4*testBlock))
+	b := hashes(toks(1000, 3*testBlock))
+	x := NewIndex()
+	x.Apply(1, stored(1, kvcache.TierDevice, 0, a...))
+	x.Apply(2, stored(1, kvcache.TierDevice, 0, a[:2]...))
+	if gap := x.Apply(1, stored(5, kvcache.TierDevice, 0, b...)); !gap {
+		t.Fatal("no gap reported")
+	}
+	// The snapshot replaces worker 1's view entirely: a is gone, b is there.
+	snap := kvcache.Snapshot{LastID: 5, Tier: kvcache.TierDevice}
+	for i, hh := range b {
+		p := uint64(0)
+		if i > 0 {
+			p = b[i-1]
+		}
+		snap.Blocks = append(snap.Blocks, kvcache.CachedBlock{Hash: hh, Parent: p})
+	}
+	x.Reset(1, snap)
+	if got, want := x.Overlap(a), map[WorkerID]int{2: 2}; !maps.Equal(got, want) {
+		t.Fatalf("overlap(a) after reset = %v, want %v", got, want)
+	}
+	if got, want := x.Overlap(b), map[WorkerID]int{1: 3}; !maps.Equal(got, want) {
+		t.Fatalf("overlap(b) after reset = %v, want %v", got, want)
+	}
+	if x.Apply(1, removed(5, kvcache.TierDevice, b[2])); x.Overlap(b)[1] != 3 {
+		t.Fatal("event covered by the snapshot was applied")
+	}
+	if gap := x.Apply(1, removed(6, kvcache.TierDevice, b[2])); gap || x.Overlap(b)[1] != 2 {
+		t.Fatalf("event after the snapshot: gap %v, overlap %d", gap, x.Overlap(b)[1])
+	}
+	if !x.Behind(1, 7) || x.Behind(1, 6) {
+		t.Fatal("Behind wrong")
+	}
+	if x.Len() != 4 || x.Blocks(1) != 2 || x.Blocks(2) != 2 {
+		t.Fatalf("len %d, blocks %d %d", x.Len(), x.Blocks(1), x.Blocks(2))
+	}
+
+	x.RemoveWorker(1)
+	if len(x.Overlap(b)) != 0 || x.Len() != 2 {
+		t.Fatalf("worker 1 still indexed: %v, len %d", x.Overlap(b), x.Len())
+	}
+	if _, ok := x.LastID(1); ok {
+		t.Fatal("removed worker still has a last id")
+	}
+	x.RemoveWorker(2)
+	x.RemoveWorker(3) // unknown: no-op
+	if x.Len() != 0 {
+		t.Fatalf("index not empty: %d", x.Len())
+	}
+}
+
+// Overlap across several workers holding chained prefixes of real token
+// sequences: a shared system prompt followed by different conversations.
+func TestIndexOverlapChained(t *testing.T) {
+	sys := toks(1, 4*testBlock)
+	convA := cat(sys, toks(500, 3*testBlock))
+	convB := cat(sys, toks(900, 2*testBlock))
+	prompt := cat(convA, toks(7000, 2*testBlock+5)) // conversation A, next turn
+	hA, hB, hp := hashes(convA), hashes(convB), hashes(prompt)
+	other := hashes(cat(toks(2, 4*testBlock), toks(500, 3*testBlock))) // same tail, other head
+
+	x := NewIndex()
+	x.Apply(1, stored(1, kvcache.TierDevice, 0, hA...))         // all of A
+	x.Apply(2, stored(1, kvcache.TierDevice, 0, hB...))         // B shares the system prompt
+	x.Apply(3, stored(1, kvcache.TierDevice, 0, hp[1:]...))     // misses block 0: nothing
+	x.Apply(4, stored(1, kvcache.TierDevice, 0, other...))      // same tokens later, other prefix
+	x.Apply(5, stored(1, kvcache.TierDevice, 0, hA[:2]...))     // first two blocks
+	x.Apply(5, stored(2, kvcache.TierDevice, hA[2], hA[3:]...)) // and a later run after a hole
+	x.Apply(6, stored(1, kvcache.TierHost, 0, hp...))           // all of it, host tier only
+	x.Apply(7, stored(1, kvcache.TierDevice, 0, hp[:3]...))     // device prefix,
+	x.Apply(7, stored(2, kvcache.TierHost, hp[2], hp[3:8]...))  // host continuation
+	x.Apply(8, stored(1, kvcache.TierDisk, 0, hp...))           // disk does not count
+
+	if got, want := x.Overlap(hp), map[WorkerID]int{1: len(hA), 2: 4, 5: 2, 7: 3}; !maps.Equal(got, want) {
+		t.Fatalf("Overlap = %v, want %v", got, want)
+	}
+	ms := x.OverlapInto(hp, nil)
+	slices.SortFunc(ms, func(a, b Match) int { return cmpID(a.Worker, b.Worker) })
+	want := []Match{{1, 7, 7}, {2, 4, 4}, {5, 2, 2}, {6, 0, len(hp)}, {7, 3, 8}}
+	if !slices.Equal(ms, want) {
+		t.Fatalf("OverlapInto = %v, want %v", ms, want)
+	}
+	if len(x.Overlap(nil)) != 0 || len(x.Overlap(hashes(toks(99999, 64)))) != 0 {
+		t.Fatal("overlap of empty or unknown prompt")
+	}
+}
+
+// The index agrees with a naive per-worker set model on random event streams.
+func TestIndexMatchesNaive(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	const workers, seqs, blocks = 6, 8, 12
+	var chains [][]uint64
+	for s := range seqs {
+		prefix := toks(0, (s%3)*testBlock) // some chains share leading blocks
+		chains = append(chains, hashes(cat(prefix, toks(100*s+10, (blocks-s%3)*testBlock))))
+	}
+	x := NewIndex()
+	naive := make([]map[uint64]uint8, workers)
+	ids := make([]uint64, workers)
+	for i := range naive {
+		naive[i] = map[uint64]uint8{}
+	}
+	for range 3000 {
+		w := rng.IntN(workers)
+		tier := kvcache.Tier(rng.IntN(2))
+		bit := uint8(1) << tier
+		c := chains[rng.IntN(seqs)]
+		lo := rng.IntN(len(c))
+		hi := lo + 1 + rng.IntN(len(c)-lo)
+		ids[w]++
+		ev := kvcache.Event{ID: ids[w], Tier: tier, Hashes: c[lo:hi]}
+		switch r := rng.IntN(20); {
+		case r < 11:
+			ev.Kind = kvcache.EventStored
+			for _, h := range ev.Hashes {
+				naive[w][h] |= bit
+			}
+		case r < 19:
+			ev.Kind = kvcache.EventRemoved
+			for _, h := range ev.Hashes {
+				naive[w][h] &^= bit
+			}
+		default:
+			ev.Kind, ev.Hashes = kvcache.EventCleared, nil
+			for h := range naive[w] {
+				naive[w][h] &^= bit
+			}
+		}
+		if x.Apply(WorkerID(w), ev) {
+			t.Fatal("unexpected gap")
+		}
+		c = chains[rng.IntN(seqs)]
+		got := map[WorkerID]Match{}
+		for _, m := range x.OverlapInto(c, nil) {
+			got[m.Worker] = m
+		}
+		for w := range workers {
+			var m Match
+			m.Worker = WorkerID(w)
+			for m.Host < len(c) && naive[w][c[m.Host]]&usedBits != 0 {
+				m.Host++
+			}
+			for m.Device < len(c) && naive[w][c[m.Device]]&devBit != 0 {
+				m.Device++
+			}
+			if m.Host == 0 {
+				if g, ok := got[m.Worker]; ok {
+					t.Fatalf("worker %d: got %v, want none", w, g)
+				}
+				continue
+			}
+			if got[m.Worker] != m {
+				t.Fatalf("worker %d: got %v, want %v", w, got[m.Worker], m)
+			}
+		}
+	}
+	total := 0
+	for w := range workers {
+		n := 0
+		for _, m := range naive[w] {
+			if m != 0 {
+				n++
+			}
+		}
+		if x.Blocks(WorkerID(w)) != n {
+			t.Fatalf("worker %d: %d blocks, want %d", w, x.Blocks(WorkerID(w)), n)
+		}
+		total += n
+	}
+	if total > 0 && x.Len() == 0 {
+		t.Fatal("empty index")
+	}
+}
+
+// Following a real kvcache.Pool's events (with a forced gap and snapshot)
+// leaves the index holding exactly the pool's cache.
+func TestIndexFollowsPool(t *testing.T) {
+	pool := kvcache.NewPool(24, testBlock)
+	events, cancel := pool.Subscribe(4096)
+	defer cancel()
+	x := NewIndex()
+	gaps := 0
+	drain := func() {
+		for {
+			select {
+			case ev := <-events:
+				if x.Apply(1, ev) {
+					gaps++
+					x.Reset(1, pool.Snapshot())
+				}
+			default:
+				return
+			}
+		}
+	}
+	run := func(prompt []int32) {
+		s := pool.NewSeq(testSalt)
+		n := s.Match(prompt, 1)
+		if err := s.Reserve(len(prompt) - n); err != nil {
+			t.Fatal(err)
+		}
+		s.Commit(prompt)
+		s.Release()
+	}
+	sys := toks(1, 3*testBlock)
+	for i := range 12 {
+		run(cat(sys, toks(100*i, 5*testBlock+3)))
+		if i == 6 { // lose an event: the next one shows a gap
+			select {
+			case <-events:
+			default:
+				t.Fatal("no event to lose")
+			}
+		}
+		drain()
+	}
+	if gaps != 1 {
+		t.Fatalf("%d gaps, want 1", gaps)
+	}
+	snap := pool.Snapshot()
+	if x.Blocks(1) != len(snap.Blocks) {
+		t.Fatalf("index holds %d blocks, pool %d", x.Blocks(1), len(snap.Blocks))
+	}
+	for _, b := range snap.Blocks {
+		if len(x.Overlap([]uint64{b.Hash})) != 1 {
+			t.Fatalf("hash %#x missing", b.Hash)
+		}
+	}
+	if last, _ := x.LastID(1); last != pool.Stats().LastEventID {
+		t.Fatalf("last id %d, pool %d", last, pool.Stats().LastEventID)
+	}
+}

@@ -1,0 +1,231 @@
+package router
+
+import (
+	"math"
+	"time"
+)
+
+// A Request is what the policy needs to know of a request.
+type Request struct {
+	// Hashes are the sequence hashes of the prompt's full blocks,
+	// kvcache.HashBlocks with the model card's salt and block size.
+	Hashes []uint64
+	// PromptTokens is the prompt's length in tokens (0: len(Hashes) full
+	// blocks).
+	PromptTokens int
+	// SessionID binds the request to its session's worker ("" for none): the
+	// X-Session-Id header, or the OpenAI user field.
+	SessionID string
+	// Now is the time of the decision, for session expiry.
+	Now time.Time
+}
+
+// Cost is the breakdown of cost(w) = OverlapWeight·Prefill + Decode, in
+// blocks.
+type Cost struct {
+	Prefill float64 // uncached prompt blocks plus the worker's pending prefill
+	Decode  float64 // the worker's predicted decode blocks
+	Total   float64
+}
+
+// Reasons a Decision gives.
+const (
+	ReasonKV          = "kv"                    // cheapest (or sampled) by the cost function
+	ReasonAffinity    = "affinity"              // the session's worker
+	ReasonRoundRobin  = "round-robin"           // next in turn
+	ReasonRandom      = "random"                // drawn uniformly
+	ReasonLeastLoaded = "least-loaded"          // least predicted load
+	ReasonOnlyWorker  = "only available worker" // a single healthy worker that is not busy
+)
+
+// A Decision is where a request goes, and why.
+type Decision struct {
+	Worker       WorkerID
+	Reason       string
+	PromptBlocks int  // blocks of the prompt, the last one possibly partial
+	Overlap      int  // leading prompt blocks cached on the worker's device tier
+	HostOverlap  int  // leading prompt blocks cached on its device or host tier (≥ Overlap)
+	Cost         Cost // the worker's cost, whatever the mode
+	Candidates   int  // workers that were healthy and not busy
+	// Inflight is the record Decide added to the worker's predicted load; see
+	// State.PrefillDone and State.RemoveInflight.
+	Inflight Inflight
+}
+
+// Decide routes req with s's policy; it is s.Decide.
+func Decide(s *State, req Request) (Decision, error) { return s.Decide(req) }
+
+// Decide picks a worker for req, among the healthy workers that are not busy:
+// the session's worker if it is one of them, else by the configured mode
+// (binding the session to the result). It records the request as in flight on
+// the chosen worker (Decision.Inflight), so the next decision sees its load
+// before any load report. It returns ErrNoWorkers when no worker is healthy
+// and ErrAllBusy when every healthy one is busy.
+func (s *State) Decide(req Request) (Decision, error) {
+	s.seq++
+	cands := s.cands[:0]
+	healthy := 0
+	for _, w := range s.workers {
+		if !w.Healthy {
+			continue
+		}
+		healthy++
+		if !w.busy(&s.cfg) {
+			cands = append(cands, w)
+		}
+	}
+	s.cands = cands
+	if healthy == 0 {
+		return Decision{}, ErrNoWorkers
+	}
+	if len(cands) == 0 {
+		return Decision{}, ErrAllBusy
+	}
+
+	bs := s.card.BlockSize
+	tokens := req.PromptTokens
+	if tokens <= 0 {
+		tokens = len(req.Hashes) * bs
+	}
+	promptBlocks := (tokens + bs - 1) / bs
+	s.matches = s.index.OverlapInto(req.Hashes, s.matches)
+	for _, m := range s.matches {
+		if w := s.byID[m.Worker]; w != nil {
+			w.stamp, w.ovDev, w.ovHost = s.seq, m.Device, m.Host
+		}
+	}
+	blocksF := float64(tokens) / float64(bs)
+
+	var pick *WorkerState
+	reason := ""
+	sticky := req.SessionID != "" && s.cfg.AffinityTTL > 0
+	if sticky {
+		if b, ok := s.sessions[req.SessionID]; ok && req.Now.Before(b.expires) {
+			if w := s.byID[b.worker]; w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) {
+				pick, reason = w, ReasonAffinity
+			}
+		}
+	}
+	if pick == nil {
+		switch {
+		case len(cands) == 1:
+			pick, reason = cands[0], ReasonOnlyWorker
+		case s.cfg.Mode == ModeRoundRobin:
+			pick, reason = s.roundRobin(cands), ReasonRoundRobin
+		case s.cfg.Mode == ModeRandom:
+			pick, reason = cands[s.rng.IntN(len(cands))], ReasonRandom
+		case s.cfg.Mode == ModeLeastLoaded:
+			pick, reason = leastLoaded(cands), ReasonLeastLoaded
+		default:
+			pick, reason = s.kv(cands, blocksF), ReasonKV
+		}
+		if s.cfg.Mode == ModeRoundRobin {
+			s.rrLast, s.rrValid = pick.ID, true
+		}
+	}
+	if sticky {
+		if len(s.sessions) >= s.sweepAt {
+			s.Sweep(req.Now)
+		}
+		s.sessions[req.SessionID] = session{worker: pick.ID, gen: pick.gen, expires: req.Now.Add(s.cfg.AffinityTTL)}
+	}
+
+	dev, host := s.overlap(pick)
+	d := Decision{
+		Worker:       pick.ID,
+		Reason:       reason,
+		PromptBlocks: promptBlocks,
+		Overlap:      dev,
+		HostOverlap:  host,
+		Cost:         s.cost(pick, blocksF),
+		Candidates:   len(cands),
+	}
+	d.Inflight = s.AddInflight(pick.ID, promptBlocks, host)
+	return d, nil
+}
+
+// overlap returns w's device and device-or-host overlap with the prompt of the
+// current decision.
+func (s *State) overlap(w *WorkerState) (dev, host int) {
+	if w.stamp != s.seq {
+		return 0, 0
+	}
+	return w.ovDev, w.ovHost
+}
+
+// cost is w's cost for a prompt of blocks blocks.
+func (s *State) cost(w *WorkerState, blocks float64) Cost {
+	dev, host := s.overlap(w)
+	cached := float64(dev) + s.cfg.HostWeight*float64(host-dev)
+	prefill := max(0, blocks-cached) + w.PrefillBlocks()
+	decode := w.DecodeBlocks()
+	return Cost{Prefill: prefill, Decode: decode, Total: s.cfg.OverlapWeight*prefill + decode}
+}
+
+// kv picks by the cost function: the cheapest worker (ties to the lower load,
+// then the lower id) at temperature 0, else a softmax draw over the costs
+// normalised to [0, 1].
+func (s *State) kv(cands []*WorkerState, blocks float64) *WorkerState {
+	if s.cfg.Temperature == 0 {
+		var best *WorkerState
+		var bestCost, bestLoad float64
+		for _, w := range cands { // in id order: a later worker wins only if strictly better
+			c, l := s.cost(w, blocks).Total, w.Load()
+			if best == nil || c < bestCost || (c == bestCost && l < bestLoad) {
+				best, bestCost, bestLoad = w, c, l
+			}
+		}
+		return best
+	}
+	ws := s.weights[:0]
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, w := range cands {
+		c := s.cost(w, blocks).Total
+		ws = append(ws, c)
+		lo, hi = min(lo, c), max(hi, c)
+	}
+	s.weights = ws
+	sum := 0.0
+	for i, c := range ws {
+		x := 0.0
+		if hi > lo {
+			x = (c - lo) / (hi - lo)
+		}
+		ws[i] = math.Exp(-x / s.cfg.Temperature)
+		sum += ws[i]
+	}
+	r := s.rng.Float64() * sum
+	for i, wt := range ws {
+		if r < wt {
+			return cands[i]
+		}
+		r -= wt
+	}
+	return cands[len(cands)-1]
+}
+
+// roundRobin picks the first candidate after the last pick in id order,
+// wrapping around.
+func (s *State) roundRobin(cands []*WorkerState) *WorkerState {
+	if s.rrValid {
+		for _, w := range cands {
+			if w.ID > s.rrLast {
+				return w
+			}
+		}
+	}
+	return cands[0]
+}
+
+// leastLoaded picks the candidate with the least predicted load, ties to the
+// lower id.
+func leastLoaded(cands []*WorkerState) *WorkerState {
+	best := cands[0]
+	bestLoad := best.Load()
+	for _, w := range cands[1:] {
+		if l := w.Load(); l < bestLoad {
+			best, bestLoad = w, l
+		}
+	}
+	return best
+}

@@ -1,0 +1,449 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"tandem/kvcache"
+	"tandem/llm"
+)
+
+// Mode is a routing mode, as the --routing flag names it.
+type Mode string
+
+// Routing modes. ModeKV is the default; the others are baselines to compare it
+// with.
+const (
+	ModeKV          Mode = "kv"           // cost function over KV overlap and load
+	ModeRoundRobin  Mode = "round-robin"  // next available worker in id order
+	ModeRandom      Mode = "random"       // uniform over available workers
+	ModeLeastLoaded Mode = "least-loaded" // least predicted load, KV overlap ignored
+)
+
+// ParseMode returns the mode named s ("" is ModeKV).
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case "":
+		return ModeKV, nil
+	case ModeKV, ModeRoundRobin, ModeRandom, ModeLeastLoaded:
+		return m, nil
+	}
+	return "", fmt.Errorf("router: unknown routing mode %q (want kv, round-robin, random or least-loaded)", s)
+}
+
+// Config holds the policy's knobs. Start from DefaultConfig; docs/routing.md
+// explains the defaults.
+type Config struct {
+	Mode Mode
+
+	// OverlapWeight weighs prefill blocks against decode blocks in the cost
+	// cost(w) = OverlapWeight·prefill(w) + decode(w). Higher favours cache
+	// hits and time to first token; lower favours even decode load.
+	OverlapWeight float64
+	// Temperature of the softmax over normalised costs; 0 picks the cheapest
+	// worker deterministically.
+	Temperature float64
+	// HostWeight is the fraction of a block's prefill that a block held in
+	// the host tier (not on the device) saves; 0 ignores the host tier.
+	HostWeight float64
+
+	// A worker is busy when its predicted KV usage reaches BusyKVUsage or its
+	// predicted waiting requests reach BusyWaiting; 0 disables a check.
+	BusyKVUsage float64
+	BusyWaiting int
+
+	// AffinityTTL is how long a session stays bound to its worker after its
+	// last request; 0 disables session affinity.
+	AffinityTTL time.Duration
+
+	// Card is the model's card. If its BlockSize is 0 the first worker's card
+	// is adopted.
+	Card Card
+}
+
+// DefaultConfig returns the documented defaults.
+func DefaultConfig() Config {
+	return Config{
+		Mode:          ModeKV,
+		OverlapWeight: 1,
+		Temperature:   0,
+		HostWeight:    0.5,
+		BusyKVUsage:   0.95,
+		BusyWaiting:   16,
+		AffinityTTL:   10 * time.Minute,
+	}
+}
+
+func (c Config) validate() error {
+	bad := func(v float64) bool { return v < 0 || math.IsNaN(v) || math.IsInf(v, 0) }
+	switch {
+	case bad(c.OverlapWeight):
+		return fmt.Errorf("router: overlap weight %v must be finite and ≥ 0", c.OverlapWeight)
+	case bad(c.Temperature):
+		return fmt.Errorf("router: temperature %v must be finite and ≥ 0", c.Temperature)
+	case bad(c.HostWeight) || c.HostWeight > 1:
+		return fmt.Errorf("router: host weight %v must be in [0, 1]", c.HostWeight)
+	case bad(c.BusyKVUsage):
+		return fmt.Errorf("router: busy KV usage %v must be finite and ≥ 0", c.BusyKVUsage)
+	case c.BusyWaiting < 0:
+		return fmt.Errorf("router: busy waiting %d must be ≥ 0", c.BusyWaiting)
+	case c.Card.BlockSize < 0:
+		return fmt.Errorf("router: card block size %d must be ≥ 0", c.Card.BlockSize)
+	case c.AffinityTTL < 0:
+		return fmt.Errorf("router: affinity TTL %v must be ≥ 0", c.AffinityTTL)
+	}
+	_, err := ParseMode(string(c.Mode))
+	return err
+}
+
+// A LoadReport is a worker's periodic account of its load (the load report
+// contract of the architecture map).
+type LoadReport struct {
+	Running       int     // sequences running
+	Waiting       int     // sequences admitted but not yet scheduled
+	KVUsage       float64 // fraction of KV blocks in use, 0…1
+	KVBlocks      int     // KV capacity in blocks; 0: the card's
+	PrefillTokens int     // prompt tokens admitted and not yet computed
+	DecodeBlocks  int     // KV blocks held by running sequences
+	LastEventID   uint64  // the worker's last KV event id
+	Healthy       bool    // false: draining or failing, send nothing
+}
+
+// WorkerState is one worker as the policy sees it: its card, its last load
+// report and the router's own predictions since that report.
+//
+// A load report is taken to include every request dispatched before it
+// arrived, so it restarts the predictions: the deltas below return to zero.
+// A dispatch after the report adds to them; a first token or a completion
+// after the report subtracts (the report counted that request). Predicted
+// values are the report's plus the deltas, clamped at zero.
+type WorkerState struct {
+	ID         WorkerID
+	Card       Card
+	Report     LoadReport
+	ReportedAt time.Time // zero until the first report
+	Healthy    bool      // from the last report or SetHealthy; true at registration
+	Inflight   int       // router requests dispatched and not yet removed
+
+	gen      uint64 // registration generation, matched by Inflight handles
+	dPrefill int    // prefill blocks dispatched since the report
+	dDecode  int    // decode blocks dispatched since the report
+	dWaiting int    // requests dispatched since the report, before their first token
+	stamp    uint64 // decision whose overlap ovDev/ovHost hold
+	ovDev    int
+	ovHost   int
+}
+
+// PrefillBlocks is the predicted prefill work queued on the worker, in blocks.
+func (w *WorkerState) PrefillBlocks() float64 {
+	b := 0.0
+	if w.Card.BlockSize > 0 {
+		b = float64(w.Report.PrefillTokens) / float64(w.Card.BlockSize)
+	}
+	return max(0, b+float64(w.dPrefill))
+}
+
+// DecodeBlocks is the predicted number of KV blocks held by decoding requests.
+func (w *WorkerState) DecodeBlocks() float64 {
+	return float64(max(0, w.Report.DecodeBlocks+w.dDecode))
+}
+
+// Waiting is the predicted number of requests not yet past their prefill:
+// the report's waiting ones plus the router's dispatches since.
+func (w *WorkerState) Waiting() int { return max(0, w.Report.Waiting+w.dWaiting) }
+
+// KVUsage is the predicted fraction of KV blocks in use.
+func (w *WorkerState) KVUsage() float64 {
+	capacity := w.Report.KVBlocks
+	if capacity <= 0 {
+		capacity = w.Card.KVBlocks
+	}
+	u := w.Report.KVUsage
+	if capacity > 0 {
+		u += float64(w.dDecode) / float64(capacity)
+	}
+	return max(0, u)
+}
+
+// Load is the predicted work on the worker, in blocks: prefill plus decode.
+// Least-loaded routing and cost ties use it.
+func (w *WorkerState) Load() float64 { return w.PrefillBlocks() + w.DecodeBlocks() }
+
+func (w *WorkerState) busy(c *Config) bool {
+	return (c.BusyKVUsage > 0 && w.KVUsage() >= c.BusyKVUsage) ||
+		(c.BusyWaiting > 0 && w.Waiting() >= c.BusyWaiting)
+}
+
+// Errors of State's methods and of Decide.
+var (
+	// ErrNoWorkers: no registered worker is healthy (answer 503).
+	ErrNoWorkers = fmt.Errorf("router: no healthy worker: %w", llm.ErrUnavailable)
+	// ErrAllBusy: every healthy worker is busy; the caller queues the
+	// request with a timeout, then answers 429 (or 503) with Retry-After.
+	ErrAllBusy = fmt.Errorf("router: every healthy worker is busy: %w", llm.ErrQueueFull)
+	// ErrUnknownWorker: the worker is not registered.
+	ErrUnknownWorker = errors.New("router: unknown worker")
+)
+
+// Inflight is the router's record of one dispatched request, returned in a
+// Decision. Keep it with the request: pass it to PrefillDone at the first token
+// and to RemoveInflight when the request ends, however it ends.
+type Inflight struct {
+	Worker       WorkerID
+	PromptBlocks int // blocks of the prompt, the last one possibly partial
+	CachedBlocks int // of those, cached on the worker
+	Prefilled    bool
+
+	gen uint64
+}
+
+type session struct {
+	worker  WorkerID
+	gen     uint64
+	expires time.Time
+}
+
+// State is the router's world: the workers, their load, the KV index, the
+// session bindings and the policy's configuration. Decide reads it and records
+// its decisions in it. A State is not safe for concurrent use: the live router
+// holds a lock around each call, the simulator and the tests own theirs.
+type State struct {
+	cfg      Config
+	card     Card
+	rng      *rand.Rand
+	index    *Index
+	workers  []*WorkerState // sorted by ID
+	byID     map[WorkerID]*WorkerState
+	gen      uint64
+	sessions map[string]session
+	sweepAt  int
+
+	rrLast  WorkerID
+	rrValid bool
+
+	seq     uint64 // decisions made
+	cands   []*WorkerState
+	matches []Match
+	weights []float64
+}
+
+// NewState returns an empty State with configuration cfg. rng drives the
+// random mode and softmax sampling; nil means a fixed seed, so runs repeat.
+func NewState(cfg Config, rng *rand.Rand) (*State, error) {
+	if cfg.Mode == "" {
+		cfg.Mode = ModeKV
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if rng == nil {
+		rng = rand.New(rand.NewPCG(1, 2))
+	}
+	return &State{
+		cfg:      cfg,
+		card:     cfg.Card,
+		rng:      rng,
+		index:    NewIndex(),
+		byID:     make(map[WorkerID]*WorkerState),
+		sessions: make(map[string]session),
+		sweepAt:  1024,
+	}, nil
+}
+
+// Config returns the configuration.
+func (s *State) Config() Config { return s.cfg }
+
+// Card returns the model's card, and false until one is known.
+func (s *State) Card() (Card, bool) { return s.card, s.card.BlockSize > 0 }
+
+// Index returns the KV index. Feed it through ApplyEvent and ResetWorker,
+// which check that the worker is registered.
+func (s *State) Index() *Index { return s.index }
+
+// AddWorker registers worker id with its card, healthy and idle, after
+// CheckCard against the model's card (the first worker's card becomes the
+// model's card if none was configured). Registering an id again replaces the
+// worker: its index entries, load and in-flight records are dropped.
+func (s *State) AddWorker(id WorkerID, card Card) error {
+	if s.card.BlockSize == 0 {
+		if err := CheckCard(card, card); err != nil {
+			return err
+		}
+		s.card = card
+	} else if err := CheckCard(s.card, card); err != nil {
+		return err
+	}
+	s.RemoveWorker(id)
+	s.gen++
+	w := &WorkerState{ID: id, Card: card, Healthy: true, gen: s.gen}
+	i, _ := slices.BinarySearchFunc(s.workers, id, func(w *WorkerState, id WorkerID) int { return cmpID(w.ID, id) })
+	s.workers = slices.Insert(s.workers, i, w)
+	s.byID[id] = w
+	return nil
+}
+
+// RemoveWorker forgets worker id: its index entries, load and session
+// bindings (lazily: a session bound to it rebinds on its next request).
+func (s *State) RemoveWorker(id WorkerID) {
+	s.index.RemoveWorker(id)
+	if s.byID[id] == nil {
+		return
+	}
+	delete(s.byID, id)
+	s.workers = slices.DeleteFunc(s.workers, func(w *WorkerState) bool { return w.ID == id })
+}
+
+// Workers returns the registered workers' ids in order.
+func (s *State) Workers() []WorkerID {
+	ids := make([]WorkerID, len(s.workers))
+	for i, w := range s.workers {
+		ids[i] = w.ID
+	}
+	return ids
+}
+
+// Worker returns a copy of worker id's state.
+func (s *State) Worker(id WorkerID) (WorkerState, bool) {
+	w := s.byID[id]
+	if w == nil {
+		return WorkerState{}, false
+	}
+	return *w, true
+}
+
+// Report records worker id's load report received at now and restarts the
+// predictions from it (see WorkerState). Its Healthy field sets the worker's
+// health.
+func (s *State) Report(id WorkerID, r LoadReport, now time.Time) error {
+	w := s.byID[id]
+	if w == nil {
+		return fmt.Errorf("%w %d", ErrUnknownWorker, id)
+	}
+	w.Report, w.ReportedAt, w.Healthy = r, now, r.Healthy
+	w.dPrefill, w.dDecode, w.dWaiting = 0, 0, 0
+	return nil
+}
+
+// SetHealthy marks worker id healthy or not (for example when its heartbeats
+// stop) until the next load report.
+func (s *State) SetHealthy(id WorkerID, healthy bool) error {
+	w := s.byID[id]
+	if w == nil {
+		return fmt.Errorf("%w %d", ErrUnknownWorker, id)
+	}
+	w.Healthy = healthy
+	return nil
+}
+
+// Busy reports whether worker id is over a busy threshold (predicted KV usage
+// or waiting requests). Unknown workers are not busy.
+func (s *State) Busy(id WorkerID) bool {
+	w := s.byID[id]
+	return w != nil && w.busy(&s.cfg)
+}
+
+// ApplyEvent applies a KV event of worker id to the index; see Index.Apply.
+func (s *State) ApplyEvent(id WorkerID, ev kvcache.Event) (gap bool, err error) {
+	if s.byID[id] == nil {
+		return false, fmt.Errorf("%w %d", ErrUnknownWorker, id)
+	}
+	return s.index.Apply(id, ev), nil
+}
+
+// ResetWorker replaces worker id's index entries by a snapshot; see
+// Index.Reset.
+func (s *State) ResetWorker(id WorkerID, snap kvcache.Snapshot) error {
+	if s.byID[id] == nil {
+		return fmt.Errorf("%w %d", ErrUnknownWorker, id)
+	}
+	s.index.Reset(id, snap)
+	return nil
+}
+
+// AddInflight records a request dispatched to worker id outside Decide (Decide
+// records its own): promptBlocks blocks of prompt of which cachedBlocks are
+// cached there. It raises the worker's predicted prefill blocks by the
+// uncached blocks, its decode blocks by the prompt's and its waiting requests
+// by one, until PrefillDone, RemoveInflight or the next load report.
+func (s *State) AddInflight(id WorkerID, promptBlocks, cachedBlocks int) Inflight {
+	cachedBlocks = min(max(cachedBlocks, 0), max(promptBlocks, 0))
+	in := Inflight{Worker: id, PromptBlocks: max(promptBlocks, 0), CachedBlocks: cachedBlocks}
+	w := s.byID[id]
+	if w == nil {
+		return in
+	}
+	in.gen = w.gen
+	w.dPrefill += in.PromptBlocks - in.CachedBlocks
+	w.dDecode += in.PromptBlocks
+	w.dWaiting++
+	w.Inflight++
+	return in
+}
+
+// PrefillDone records that the request's first token arrived: its prefill is
+// no longer pending. It is idempotent.
+func (s *State) PrefillDone(in *Inflight) {
+	if in.Prefilled {
+		return
+	}
+	in.Prefilled = true
+	if w := s.live(*in); w != nil {
+		w.dPrefill -= in.PromptBlocks - in.CachedBlocks
+		w.dWaiting--
+	}
+}
+
+// RemoveInflight records that the request ended (finished, failed, cancelled
+// or never dispatched). Call it once per Inflight; records of a worker that
+// has since left or re-registered are ignored.
+func (s *State) RemoveInflight(in Inflight) {
+	w := s.live(in)
+	if w == nil {
+		return
+	}
+	if !in.Prefilled {
+		w.dPrefill -= in.PromptBlocks - in.CachedBlocks
+		w.dWaiting--
+	}
+	w.dDecode -= in.PromptBlocks
+	w.Inflight--
+}
+
+func (s *State) live(in Inflight) *WorkerState {
+	w := s.byID[in.Worker]
+	if w == nil || w.gen != in.gen {
+		return nil
+	}
+	return w
+}
+
+// Sessions returns the number of session bindings kept.
+func (s *State) Sessions() int { return len(s.sessions) }
+
+// Sweep drops the session bindings expired at now and returns how many. Decide
+// sweeps by itself when the table doubles; a caller may sweep on a timer.
+func (s *State) Sweep(now time.Time) int {
+	n := 0
+	for k, b := range s.sessions {
+		if !now.Before(b.expires) {
+			delete(s.sessions, k)
+			n++
+		}
+	}
+	s.sweepAt = max(1024, 2*len(s.sessions))
+	return n
+}
+
+func cmpID(a, b WorkerID) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
