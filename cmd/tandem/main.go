@@ -21,6 +21,7 @@ func commands() []command {
 		{"gen-model", "write a random-weight GGUF model of a given shape and type", genModelCmd},
 		{"serve", "serve the OpenAI-compatible API", serveCmd},
 		{"bench-engine", "time prompt processing, generation and batched decode (like llama-bench)", benchEngineCmd},
+		{"bench", "load-test an OpenAI-compatible server", benchCmd},
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"context"
 	"fmt"
 	"io"
@@ -410,5 +411,43 @@ func TestServeBadRequestsAndQueue(t *testing.T) {
 			t.Fatal("server did not recover after the clients left")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestBenchAgainstServe runs `tandem bench` against a real `tandem serve`.
+func TestBenchAgainstServe(t *testing.T) {
+	s := startServe(t)
+	out := filepath.Join(t.TempDir(), "bench.json")
+	stdout, stderr, code := runMain(t, "bench", "--base-url", s.url, "--workload", "shared-prefix",
+		"--shared-prefix-groups", "2", "--shared-prefix-prompts-per-group", "4", "--shared-prefix-system-len", "64",
+		"--shared-prefix-question-len", "8", "--shared-prefix-output-len", "8", "--ignore-eos", "--max-concurrency", "4", "--json-out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, stderr, s.log())
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Completed  int   `json:"completed"`
+		Failed     int   `json:"failed"`
+		OutputLens []int `json:"output_lens"`
+		Cached     []int `json:"cached_tokens"`
+	}
+	if err := json.Unmarshal(data, &res); err != nil {
+		t.Fatal(err)
+	}
+	cached := 0
+	for _, c := range res.Cached {
+		cached += c
+	}
+	if res.Completed != 8 || res.Failed != 0 || cached == 0 || !strings.Contains(stdout, "TTFT") {
+		t.Errorf("completed %d failed %d cached %d:\n%s", res.Completed, res.Failed, cached, stdout)
+	}
+	for _, n := range res.OutputLens {
+		if n != 8 {
+			t.Errorf("output lengths %v, want 8 each (ignore_eos)", res.OutputLens)
+			break
+		}
 	}
 }
