@@ -41,9 +41,12 @@ func VecDot(t hal.DType, n int, w, x []byte) float32 {
 // dotFunc is a single-row kernel; dot4Func computes the same weight row
 // against the four activation rows x, x[xstride:], x[2*xstride:],
 // x[3*xstride:], each with exactly the single-row kernel's operations.
+// dot2Func computes the two weight rows w and w[wstride:] against the one
+// activation row x, each with exactly the single-row kernel's operations.
 type (
 	dotFunc  func(n int, w, x []byte) float32
 	dot4Func func(n int, w, x []byte, xstride int, out *[4]float32)
+	dot2Func func(n int, w []byte, wstride int, x []byte, out *[2]float32)
 )
 
 // kernelTable holds the kernels chosen for this CPU, per weight type.
@@ -51,7 +54,13 @@ type kernelTable struct {
 	isa  string
 	dot  [32]dotFunc
 	dot4 [32]dot4Func
+	dot2 [32]dot2Func
 }
+
+// useTwoRow enables the two-weight-row kernels in matmul. Off: streaming
+// two interleaved rows from memory measured slower on Zen 4 than one row
+// at a time with prefetch (the kernels are kept, and tested).
+var useTwoRow = false
 
 // kern is set once at package initialisation from the CPU's features (or
 // TANDEM_CPU_ISA=go|avx2|avx512vnni, to compare) and never changes.
@@ -65,6 +74,7 @@ func newKernelTable(isa string) *kernelTable {
 	k := &kernelTable{isa: isa}
 	for t := range k.dot {
 		k.dot[t], k.dot4[t] = simdKernels(hal.DType(t), isa)
+		k.dot2[t] = simdKernels2(hal.DType(t), isa)
 	}
 	return k
 }

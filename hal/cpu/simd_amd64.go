@@ -100,12 +100,16 @@ func simdKernels(t hal.DType, isa string) (dotFunc, dot4Func) {
 	switch t {
 	case hal.Q8_0:
 		if vnni {
-			return wrapQ32(34, dotQ8_0VNNI, dotQ8_0x4VNNI)
+			one, _ := wrapQ32x1(34, dotQ8_0x1VNNI)
+			_, four := wrapQ32(34, dotQ8_0VNNI, dotQ8_0x4VNNI)
+			return one, four
 		}
 		return wrapQ32(34, dotQ8_0AVX2, dotQ8_0x4AVX2)
 	case hal.Q5_0:
 		if vnni {
-			return wrapQ32(22, dotQ5_0VNNI, dotQ5_0x4VNNI)
+			one, _ := wrapQ32x1(22, dotQ5_0x1VNNI)
+			_, four := wrapQ32(22, dotQ5_0VNNI, dotQ5_0x4VNNI)
+			return one, four
 		}
 		return wrapQ32(22, dotQ5_0AVX2, dotQ5_0x4AVX2)
 	case hal.Q4_K:
@@ -139,6 +143,24 @@ func wrapQ32(wsize int, k1 func(nb int, w, x *byte) float32, k4 func(nb int, w, 
 			_, _ = w[wsize*nb-1], x[3*xstride+34*nb-1]
 			k4(nb, &w[0], &x[0], xstride, out)
 		}
+}
+
+// x1Prefetch is how far ahead (bytes) the single-row VNNI kernels
+// prefetch weights: past the row's end it reaches the next rows, which a
+// matmul reads next.
+const x1Prefetch = 4096
+
+// wrapQ32x1 bounds-checks one weight row of 32-element blocks of wsize
+// bytes against one Q8_0 activation row, for the prefetching kernels.
+func wrapQ32x1(wsize int, k1 func(nb int, w, x *byte, pf int) float32) (dotFunc, dot4Func) {
+	return func(n int, w, x []byte) float32 {
+		nb := n / 32
+		if nb == 0 {
+			return 0
+		}
+		_, _ = w[wsize*nb-1], x[34*nb-1]
+		return k1(nb, &w[0], &x[0], x1Prefetch)
+	}, nil
 }
 
 // wrapQK bounds-checks the rows for kernels over 256-element super-blocks
@@ -225,3 +247,50 @@ func simdISAs() []string {
 	}
 	return s
 }
+
+//go:noescape
+func dotQ8_0x2VNNI(nb int, w *byte, wstride int, x *byte, pf int, out *[2]float32)
+
+//go:noescape
+func dotQ5_0x2VNNI(nb int, w *byte, wstride int, x *byte, pf int, out *[2]float32)
+
+// simdKernels2 returns the two-weight-row kernel for weight type t, or nil.
+func simdKernels2(t hal.DType, isa string) dot2Func {
+	if isa != "avx512vnni" {
+		return nil
+	}
+	if !useTwoRow {
+		return nil
+	}
+	switch t {
+	case hal.Q8_0:
+		return wrapQ32x2(34, dotQ8_0x2VNNI)
+	case hal.Q5_0:
+		return wrapQ32x2(22, dotQ5_0x2VNNI)
+	}
+	return nil
+}
+
+// x2Prefetch is how many weight rows ahead the two-row kernels prefetch:
+// two is the pair the next call reads.
+const x2Prefetch = 2
+
+// wrapQ32x2 bounds-checks two weight rows wstride bytes apart, of 32-element
+// blocks of wsize bytes, against one Q8_0 activation row.
+func wrapQ32x2(wsize int, k2 func(nb int, w *byte, wstride int, x *byte, pf int, out *[2]float32)) dot2Func {
+	return func(n int, w []byte, wstride int, x []byte, out *[2]float32) {
+		nb := n / 32
+		if nb == 0 {
+			*out = [2]float32{}
+			return
+		}
+		_, _ = w[wstride+wsize*nb-1], x[34*nb-1]
+		k2(nb, &w[0], wstride, &x[0], x2Prefetch*wstride, out)
+	}
+}
+
+//go:noescape
+func dotQ8_0x1VNNI(nb int, w, x *byte, pf int) float32
+
+//go:noescape
+func dotQ5_0x1VNNI(nb int, w, x *byte, pf int) float32

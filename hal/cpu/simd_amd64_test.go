@@ -31,3 +31,50 @@ func TestF16FourRowKernel(t *testing.T) {
 		}
 	}
 }
+
+// TestSIMDTwoRowBitEqual holds every two-weight-row kernel to the
+// single-row kernel's (and so the pure-Go twin's) bits, for block counts
+// that exercise the 4-block loop and the tail, with quantized rows and
+// with raw random quants (every byte value, -128 included).
+func TestSIMDTwoRowBitEqual(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 42))
+	defer func(old bool) { useTwoRow = old }(useTwoRow)
+	useTwoRow = true
+	for _, isa := range simdISAs() {
+		kt := newKernelTable(isa)
+		for _, typ := range simdTestTypes {
+			two := kt.dot2[typ]
+			if two == nil {
+				continue
+			}
+			for _, nblk := range []int{1, 2, 3, 4, 5, 7, 8, 9, 28, 33, 152} {
+				n := nblk * typ.BlockSize()
+				for trial := range 6 {
+					w0, xs := simdTestRows(r, typ, n, 1, trial%2 == 1)
+					w1, _ := simdTestRows(r, typ, n, 0, trial%3 == 1)
+					if trial >= 4 { // raw quants, keep the FP16 scales
+						bs, _ := typ.RowBytes(typ.BlockSize())
+						for _, w := range [][]byte{w0, w1} {
+							for i := range w {
+								if i%bs >= 2 {
+									w[i] = byte(r.Uint32())
+								}
+							}
+						}
+					}
+					gap := r.IntN(3) * 7 // rows need not be adjacent
+					w := append(append(append([]byte{}, w0...), make([]byte, gap)...), w1...)
+					var o [2]float32
+					two(n, w, len(w0)+gap, xs[0], &o)
+					for i, wr := range [][]byte{w0, w1} {
+						want := vecDotRef(typ, n, wr, xs[0])
+						one := kt.dot[typ](n, wr, xs[0])
+						if math.Float32bits(o[i]) != math.Float32bits(want) || math.Float32bits(one) != math.Float32bits(want) {
+							t.Fatalf("%s %v n=%d trial %d row %d: two-row %g, single %g, reference %g", isa, typ, n, trial, i, o[i], one, want)
+						}
+					}
+				}
+			}
+		}
+	}
+}

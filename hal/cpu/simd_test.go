@@ -98,12 +98,21 @@ func TestSIMDMatchesReference(t *testing.T) {
 // output exactly the single-row kernel's bits, for every split of the
 // weight rows.
 func TestSIMDMultiRowBitEqual(t *testing.T) {
+	defer func(old bool) { useTwoRow = old }(useTwoRow)
+	for _, two := range []bool{false, true} {
+		useTwoRow = two
+		testSIMDMultiRowBitEqual(t, 8)
+		testSIMDMultiRowBitEqual(t, 9) // block loops with a tail
+	}
+}
+
+func testSIMDMultiRowBitEqual(t *testing.T, blocks int) {
 	r := rand.New(rand.NewPCG(23, 24))
 	isas := append([]string{"go"}, simdISAs()...)
 	for _, isa := range isas {
 		kt := newKernelTable(isa)
 		for _, typ := range simdTestTypes {
-			k := 8 * max(typ.BlockSize(), 32)
+			k := blocks * max(typ.BlockSize(), 32)
 			if typ.BlockSize() == 1 {
 				k += 5
 			}

@@ -1,0 +1,117 @@
+package cpu
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"tandem/hal"
+)
+
+// benchWeight builds a rows×k weight of type typ by repeating a few
+// quantized random rows (the contents do not matter for speed).
+func benchWeight(typ hal.DType, rows, k int) *hal.Weight {
+	r := rand.New(rand.NewPCG(31, 32))
+	var uniq [][]byte
+	for range 8 {
+		uniq = append(uniq, testQuantize(typ, testRandRow(r, k)))
+	}
+	rb := len(uniq[0])
+	data := make([]byte, rows*rb)
+	for i := range rows {
+		copy(data[i*rb:], uniq[i%8])
+	}
+	return &hal.Weight{Type: typ, Rows: rows, Cols: k, Data: data}
+}
+
+// BenchmarkMatMulDecode streams a weight far larger than the caches
+// through one activation row, as a decode step does (GB/s of weights).
+func BenchmarkMatMulDecode(b *testing.B) {
+	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.Q6_K, hal.F16} {
+		k := 896
+		if typ.BlockSize() == 256 {
+			k = 4864
+		}
+		rb, _ := typ.RowBytes(k)
+		rows := (192 << 20) / rb
+		w := benchWeight(typ, rows, k)
+		x := testRandRow(rand.New(rand.NewPCG(1, 2)), k)
+		out := make([]float32, rows)
+		be := New(0)
+		b.Run(typ.String(), func(b *testing.B) {
+			b.SetBytes(int64(len(w.Data)))
+			b.ReportAllocs()
+			for b.Loop() {
+				be.MatMul(out, x, 1, w)
+			}
+		})
+		be.Close()
+	}
+}
+
+// BenchmarkMatMulPrompt: a 64-row batch against an FFN-sized weight.
+func BenchmarkMatMulPrompt(b *testing.B) {
+	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.Q6_K, hal.F16} {
+		k, n, m := 896, 4864, 64
+		if typ.BlockSize() == 256 {
+			k, n = n, k
+		}
+		w := benchWeight(typ, n, k)
+		x := testRandRow(rand.New(rand.NewPCG(1, 2)), m*k)
+		out := make([]float32, m*n)
+		be := New(0)
+		b.Run(typ.String(), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				be.MatMul(out, x, m, w)
+			}
+			b.ReportMetric(float64(2*k*n*m)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+		be.Close()
+	}
+}
+
+// BenchmarkKernelStream: one thread streams a large weight through the
+// single-row and the two-row kernels (GB/s of weights).
+func BenchmarkKernelStream(b *testing.B) {
+	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0} {
+		const k = 896
+		rb, _ := typ.RowBytes(k)
+		for _, size := range []int{256 << 10, 128 << 20} {
+			rows := size / rb &^ 1
+			w := benchWeight(typ, rows, k)
+			x := testQuantize(hal.Q8_0, testRandRow(rand.New(rand.NewPCG(1, 2)), k))
+			dot, dot2 := kern.dot[typ], kern.dot2[typ]
+			var sink float32
+			b.Run(typ.String()+"/"+byteSize(size)+"/x1", func(b *testing.B) {
+				b.SetBytes(int64(len(w.Data)))
+				for b.Loop() {
+					for j := range rows {
+						sink += dot(k, w.Data[j*rb:(j+1)*rb], x)
+					}
+				}
+			})
+			if dot2 == nil {
+				continue
+			}
+			b.Run(typ.String()+"/"+byteSize(size)+"/x2", func(b *testing.B) {
+				b.SetBytes(int64(len(w.Data)))
+				var o [2]float32
+				for b.Loop() {
+					for j := 0; j < rows; j += 2 {
+						dot2(k, w.Data[j*rb:(j+2)*rb], rb, x, &o)
+						sink += o[0]
+					}
+				}
+			})
+			_ = sink
+		}
+	}
+}
+
+func byteSize(n int) string {
+	if n >= 1<<20 {
+		return fmt.Sprintf("%dM", n>>20)
+	}
+	return fmt.Sprintf("%dK", n>>10)
+}
