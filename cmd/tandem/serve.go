@@ -10,17 +10,24 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"tandem/cluster"
 	"tandem/engine"
+	"tandem/gguf"
 	"tandem/hal/cpu"
 	"tandem/httpserve"
 	"tandem/kvcache"
 	"tandem/metrics"
+	"tandem/modelgen"
 	"tandem/openai"
+	"tandem/orpc"
+	"tandem/worker"
 )
 
 func serveCmd(args []string, stdout, stderr io.Writer) error {
@@ -41,6 +48,14 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	tlsKey := fs.String("tls-key", "", "TLS key file")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long running requests may take to finish")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	var joins stringList
+	fs.Var(&joins, "join", "a tandem-router's ORPC address HOST:PORT to register with (repeatable)")
+	joinToken := fs.String("join-token", "", "the cluster's join token (printed by tandem-router)")
+	orpcPort := fs.Int("orpc-port", 0, "ORPC (QUIC/UDP) port routers call this engine on, with --join (0 picks a free one)")
+	stateDir := fs.String("state-dir", "tandem-state", "where the cluster identity earned with --join-token is kept")
+	role := fs.String("role", cluster.RoleBoth, "cluster role: both, prefill or decode")
+	nodeName := fs.String("node-name", "", "this engine's name in the cluster (default: host name and ORPC port)")
+	advertise := fs.String("advertise", "", "ORPC address routers dial (default: --host and the ORPC port; an unspecified host means the address used to reach the router)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem serve [--model PATH] [--host H] [--port P] [flags]")
 		fs.PrintDefaults()
@@ -63,6 +78,19 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if *port < 0 || *port > 65535 {
 		return fmt.Errorf("--port %d out of range", *port)
+	}
+	if *orpcPort < 0 || *orpcPort > 65535 {
+		return fmt.Errorf("--orpc-port %d out of range", *orpcPort)
+	}
+	switch *role {
+	case cluster.RoleBoth, cluster.RolePrefill, cluster.RoleDecode:
+	default:
+		return fmt.Errorf("--role %q: want both, prefill or decode", *role)
+	}
+	if len(joins) > 0 && *joinToken == "" {
+		if _, err := os.Stat(filepath.Join(*stateDir, orpc.NodeCertFile)); err != nil {
+			return errors.New("--join needs --join-token (or an identity in --state-dir from an earlier join)")
+		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -148,6 +176,45 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	ready.Store(true)
+	var workerDone chan error
+	if len(joins) > 0 {
+		tokFormat, tokFiles, err := tokenizerCard(*modelPath)
+		if err != nil {
+			srv.Shutdown(context.Background())
+			stopEngine()
+			return err
+		}
+		w, err := worker.New(worker.Config{
+			Engine: eng,
+			Card: cluster.ModelCard{
+				Model: name, Role: *role, HashVersion: kvcache.HashVersion, BlockSize: *blockSize,
+				Salt: kvcache.Salt(name, "", ""), KVBlocks: blocks, ContextLen: m.Config.ContextLen,
+				TokenizerFormat: tokFormat, TokenizerFiles: tokFiles, ChatTemplate: m.ChatTemplate,
+			},
+			Node:      *nodeName,
+			Routers:   joins,
+			Token:     *joinToken,
+			StateDir:  *stateDir,
+			Listen:    net.JoinHostPort(*host, strconv.Itoa(*orpcPort)),
+			Advertise: *advertise,
+			Logger:    log,
+		})
+		if err != nil {
+			srv.Shutdown(context.Background())
+			stopEngine()
+			return err
+		}
+		workerDone = make(chan error, 1)
+		workerCtx, stopWorker := context.WithCancel(ctx)
+		defer stopWorker()
+		go func() {
+			err := w.Run(workerCtx)
+			if err != nil && workerCtx.Err() == nil {
+				log.Error("cluster membership failed", "err", err)
+			}
+			workerDone <- err
+		}()
+	}
 	fmt.Fprintf(stderr, "tandem serve: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s), context %d\n  load time: %v, backend %s\n",
 		srv.URL(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
 		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), m.Config.ContextLen,
@@ -158,6 +225,9 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	dctx, cancel := context.WithTimeout(context.Background(), *drain)
 	defer cancel()
 	err = srv.Shutdown(dctx)
+	if workerDone != nil {
+		<-workerDone
+	}
 	stopEngine()
 	<-engineDone
 	if errors.Is(err, context.DeadlineExceeded) {
@@ -166,3 +236,26 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	return err
 }
+
+// tokenizerCard returns the tokenizer of the model at path (the demo model when path is
+// empty) as a cluster model card carries it.
+func tokenizerCard(path string) (string, []cluster.File, error) {
+	if path != "" {
+		return worker.TokenizerFor(path)
+	}
+	data, err := modelgen.DemoGGUF()
+	if err != nil {
+		return "", nil, fmt.Errorf("demo model: %w", err)
+	}
+	f, err := gguf.Parse(data)
+	if err != nil {
+		return "", nil, fmt.Errorf("demo model: %w", err)
+	}
+	return worker.TokenizerGGUF(f)
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(s string) error { *l = append(*l, s); return nil }

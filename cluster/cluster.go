@@ -1,0 +1,566 @@
+// Package cluster holds the messages that engines (workers) and routers exchange over ORPC:
+// the model card, load reports, KV event batches, snapshots and the generate stream, with
+// their method names. It is a leaf package (it imports only orpc, llm and kvcache), shared by
+// package worker and the live router. The contract is the "Services" section of docs/orpc.md.
+package cluster
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"tandem/kvcache"
+	"tandem/llm"
+	"tandem/orpc"
+)
+
+// Version is the version of the services below; it travels first in the ModelCard, and a
+// router refuses a card of another version.
+const Version = 1
+
+// Methods. Router.* are served by tandem-router and called by workers; Worker.* are served by
+// workers and called by routers.
+const (
+	// MethodRegister (server-streaming): ModelCard → RegisterReply, then nothing until the
+	// registration ends. The worker is a member for as long as this call lasts: the router
+	// removes it (and its index entries) when the call ends, whichever side ends it.
+	MethodRegister = "Router.Register"
+	// MethodHeartbeat (unary): LoadReport → Ack, every RegisterReply.HeartbeatMs.
+	MethodHeartbeat = "Router.Heartbeat"
+	// MethodEvents (unary): KVEvents → Ack; batches in strictly increasing event ids.
+	MethodEvents = "Router.Events"
+	// MethodGenerate (server-streaming): GenerateRequest → GenerateEvent*: first an Accepted
+	// (or Error) event, then tokens; the last token carries the finish reason and usage.
+	// Cancelling the call frees the sequence on the worker.
+	MethodGenerate = "Worker.Generate"
+	// MethodSnapshot (unary): SnapshotRequest → Snapshot of the worker's prefix cache.
+	MethodSnapshot = "Worker.Snapshot"
+)
+
+// Roles of a worker (ModelCard.Role).
+const (
+	RoleBoth    = "both"
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// Tokenizer formats (ModelCard.TokenizerFormat).
+const (
+	// TokenizerGGUF: one file "tokenizer.gguf", a GGUF file with only the tokenizer.* keys.
+	TokenizerGGUF = "gguf"
+	// TokenizerHF: Hugging Face files (tokenizer.json, tokenizer_config.json and, if the
+	// model has them, generation_config.json and config.json).
+	TokenizerHF = "hf"
+)
+
+// File is a named blob (a tokenizer file).
+type File struct {
+	Name string
+	Data []byte
+}
+
+// ModelCard is what a worker registers with: everything the router needs to serve the model's
+// API (tokenizer, chat template, context length) and to route (block size, salt, capacity).
+type ModelCard struct {
+	Version     int    // Version
+	Model       string // served model name
+	Node        string // the worker's name, unique in the cluster (X-Tandem-Worker)
+	Addr        string // the worker's ORPC address host:port; an empty or unspecified host means "the address I connect from"
+	Role        string // RoleBoth, RolePrefill or RoleDecode
+	HashVersion int    // kvcache.HashVersion
+	BlockSize   int    // tokens per KV block
+	Salt        uint64 // kvcache.Salt(model, namespace, lora)
+	KVBlocks    int    // KV capacity in blocks
+	ContextLen  int    // context length in tokens
+
+	TokenizerFormat string // TokenizerGGUF or TokenizerHF
+	TokenizerFiles  []File
+	ChatTemplate    string // overrides the tokenizer's chat template when set
+}
+
+// MarshalORPC implements orpc.Marshaler.
+func (c *ModelCard) MarshalORPC(e *orpc.Encoder) {
+	e.Uvarint(uint64(c.Version))
+	e.String(c.Model)
+	e.String(c.Node)
+	e.String(c.Addr)
+	e.String(c.Role)
+	e.Uvarint(uint64(c.HashVersion))
+	e.Uvarint(uint64(c.BlockSize))
+	e.Uint64(c.Salt)
+	e.Uvarint(uint64(c.KVBlocks))
+	e.Uvarint(uint64(c.ContextLen))
+	e.String(c.TokenizerFormat)
+	e.Uvarint(uint64(len(c.TokenizerFiles)))
+	for _, f := range c.TokenizerFiles {
+		e.String(f.Name)
+		e.BytesField(f.Data)
+	}
+	e.String(c.ChatTemplate)
+}
+
+// maxFiles bounds the tokenizer files of a card.
+const maxFiles = 16
+
+// UnmarshalORPC implements orpc.Unmarshaler.
+func (c *ModelCard) UnmarshalORPC(d *orpc.Decoder) error {
+	c.Version = int(d.Uvarint())
+	c.Model = d.String()
+	c.Node = d.String()
+	c.Addr = d.String()
+	c.Role = d.String()
+	c.HashVersion = int(d.Uvarint())
+	c.BlockSize = int(d.Uvarint())
+	c.Salt = d.Uint64()
+	c.KVBlocks = int(d.Uvarint())
+	c.ContextLen = int(d.Uvarint())
+	c.TokenizerFormat = d.String()
+	n := d.Uvarint()
+	if n > maxFiles {
+		d.Fail(fmt.Errorf("cluster: model card with %d tokenizer files (at most %d)", n, maxFiles))
+		return d.Err()
+	}
+	c.TokenizerFiles = nil
+	for range n {
+		name := d.String()
+		data := slices.Clone(d.BytesField())
+		if d.Err() != nil {
+			break
+		}
+		c.TokenizerFiles = append(c.TokenizerFiles, File{Name: name, Data: data})
+	}
+	c.ChatTemplate = d.String()
+	return d.Err()
+}
+
+// RegisterReply is the router's first (and only) message on a Register call.
+type RegisterReply struct {
+	WorkerID    uint64 // the worker's id in this router, sent back in heartbeats and events
+	HeartbeatMs int    // heartbeat interval the router expects
+	Router      string // the router's name, for logs
+}
+
+// MarshalORPC implements orpc.Marshaler.
+func (r *RegisterReply) MarshalORPC(e *orpc.Encoder) {
+	e.Uvarint(r.WorkerID)
+	e.Uvarint(uint64(r.HeartbeatMs))
+	e.String(r.Router)
+}
+
+// UnmarshalORPC implements orpc.Unmarshaler.
+func (r *RegisterReply) UnmarshalORPC(d *orpc.Decoder) error {
+	r.WorkerID = d.Uvarint()
+	r.HeartbeatMs = int(d.Uvarint())
+	r.Router = d.String()
+	return d.Err()
+}
+
+// LoadReport is a worker's heartbeat.
+type LoadReport struct {
+	WorkerID      uint64
+	Running       int     // sequences decoding
+	Waiting       int     // sequences accepted but without a first token yet
+	PrefillTokens int     // prompt tokens of the waiting sequences, less those the router predicted cached
+	DecodeBlocks  int     // KV blocks held by sequences
+	KVUsage       float64 // fraction of KV blocks in use, 0…1
+	KVBlocks      int     // KV capacity in blocks
+	LastEventID   uint64  // the pool's last KV event id (kvcache.Stats.LastEventID)
+	Healthy       bool    // false while draining
+	StepMicros    int     // duration of the last engine step, µs (0: unknown)
+	StepTokens    int     // tokens in the last engine step (0: unknown)
+}
+
+// MarshalORPC implements orpc.Marshaler.
+func (r *LoadReport) MarshalORPC(e *orpc.Encoder) {
+	e.Uvarint(r.WorkerID)
+	e.Uvarint(uint64(r.Running))
+	e.Uvarint(uint64(r.Waiting))
+	e.Uvarint(uint64(r.PrefillTokens))
+	e.Uvarint(uint64(r.DecodeBlocks))
+	e.Float64(r.KVUsage)
+	e.Uvarint(uint64(r.KVBlocks))
+	e.Uvarint(r.LastEventID)
+	e.Bool(r.Healthy)
+	e.Uvarint(uint64(r.StepMicros))
+	e.Uvarint(uint64(r.StepTokens))
+}
+
+// UnmarshalORPC implements orpc.Unmarshaler.
+func (r *LoadReport) UnmarshalORPC(d *orpc.Decoder) error {
+	r.WorkerID = d.Uvarint()
+	r.Running = uvint(d)
+	r.Waiting = uvint(d)
+	r.PrefillTokens = uvint(d)
+	r.DecodeBlocks = uvint(d)
+	r.KVUsage = d.Float64()
+	r.KVBlocks = uvint(d)
+	r.LastEventID = d.Uvarint()
+	r.Healthy = d.Bool()
+	r.StepMicros = uvint(d)
+	r.StepTokens = uvint(d)
+	return d.Err()
+}
+
+// uvint reads a uvarint that must fit an int.
+func uvint(d *orpc.Decoder) int {
+	v := d.Uvarint()
+	if v > 1<<62 {
+		d.Fail(orpc.ErrOverflow)
+		return 0
+	}
+	return int(v)
+}
+
+// Ack is an empty reply.
+type Ack struct{}
+
+// MarshalORPC implements orpc.Marshaler.
+func (*Ack) MarshalORPC(*orpc.Encoder) {}
+
+// UnmarshalORPC implements orpc.Unmarshaler.
+func (*Ack) UnmarshalORPC(d *orpc.Decoder) error { return d.Err() }
+
+// maxEvents bounds a KVEvents batch.
+const maxEvents = 1 << 16
+
+// KVEvents is a batch of a worker's KV events (docs/kv-events.md), in increasing id order.
+type KVEvents struct {
+	WorkerID uint64
+	Events   []kvcache.Event
+}
+
+// MarshalORPC implements orpc.Marshaler.
+func (b *KVEvents) MarshalORPC(e *orpc.Encoder) {
+	e.Uvarint(b.WorkerID)
+	e.Uvarint(uint64(len(b.Events)))
+	for _, ev := range b.Events {
+		e.Uvarint(ev.ID)
+		e.Uint8(uint8(ev.Kind))
+		e.Uint8(uint8(ev.Tier))
+		e.Uint64(ev.Parent)
+		e.FixedUint64s(ev.Hashes)
+	}
+}
+
+// UnmarshalORPC implements orpc.Unmarshaler.
+func (b *KVEvents) UnmarshalORPC(d *orpc.Decoder) error {
+	b.WorkerID = d.Uvarint()
+	n := d.Uvarint()
+	if n > maxEvents || n > uint64(d.Len()) {
+		d.Fail(fmt.Errorf("cluster: KV event batch of %d events", n))
+		return d.Err()
+	}
+	b.Events = make([]kvcache.Event, 0, n)
+	for range n {
+		var ev kvcache.Event
+		ev.ID = d.Uvarint()
+		ev.Kind = kvcache.EventKind(d.Uint8())
+		ev.Tier = kvcache.Tier(d.Uint8())
+		ev.Parent = d.Uint64()
+		ev.Hashes = d.FixedUint64s()
+		if d.Err() != nil {
+			break
+		}
+		b.Events = append(b.Events, ev)
+	}
+	return d.Err()
+}
+
+// SnapshotRequest asks a worker for its prefix cache.
+type SnapshotRequest struct{}
+
+// MarshalORPC implements orpc.Marshaler.
+func (*SnapshotRequest) MarshalORPC(*orpc.Encoder) {}
+
+// UnmarshalORPC implements orpc.Unmarshaler.
+func (*SnapshotRequest) UnmarshalORPC(d *orpc.Decoder) error { return d.Err() }
+
+// Snapshot carries a kvcache.Snapshot: hashes and parents as two parallel arrays.
+type Snapshot struct {
+	kvcache.Snapshot
+}
+
+// MarshalORPC implements orpc.Marshaler.
+func (s *Snapshot) MarshalORPC(e *orpc.Encoder) {
+	e.Uvarint(s.LastID)
+	e.Uint8(uint8(s.Tier))
+	hashes := make([]uint64, len(s.Blocks))
+	parents := make([]uint64, len(s.Blocks))
+	for i, b := range s.Blocks {
+		hashes[i], parents[i] = b.Hash, b.Parent
+	}
+	e.FixedUint64s(hashes)
+	e.FixedUint64s(parents)
+}
+
+// UnmarshalORPC implements orpc.Unmarshaler.
+func (s *Snapshot) UnmarshalORPC(d *orpc.Decoder) error {
+	s.LastID = d.Uvarint()
+	s.Tier = kvcache.Tier(d.Uint8())
+	hashes := d.FixedUint64s()
+	parents := d.FixedUint64s()
+	if d.Err() != nil {
+		return d.Err()
+	}
+	if len(hashes) != len(parents) {
+		d.Fail(fmt.Errorf("cluster: snapshot with %d hashes and %d parents", len(hashes), len(parents)))
+		return d.Err()
+	}
+	s.Blocks = make([]kvcache.CachedBlock, len(hashes))
+	for i := range hashes {
+		s.Blocks[i] = kvcache.CachedBlock{Hash: hashes[i], Parent: parents[i]}
+	}
+	return nil
+}
+
+// GenerateRequest is an llm.Request on the wire.
+type GenerateRequest struct {
+	llm.Request
+	// PredictedCached is the router's prediction of the prompt tokens the worker holds in
+	// its prefix cache; the worker counts the rest as pending prefill in its load reports
+	// until the first token.
+	PredictedCached int
+}
+
+// maxLogitBias bounds the logit bias entries decoded.
+const maxLogitBias = 1 << 20
+
+// MarshalORPC implements orpc.Marshaler.
+func (r *GenerateRequest) MarshalORPC(e *orpc.Encoder) {
+	e.String(r.ID)
+	e.String(r.Model)
+	e.Int32s(r.Prompt)
+	e.Uvarint(uint64(max(r.MaxTokens, 0)))
+	e.Int32s(r.StopTokens)
+	e.Bool(r.IgnoreEOS)
+	e.Varint(int64(r.Priority))
+	var arrival int64
+	if !r.Arrival.IsZero() {
+		arrival = r.Arrival.UnixNano()
+	}
+	e.Varint(arrival)
+	p := &r.Sampling
+	e.Float32(p.Temperature)
+	e.Varint(int64(p.TopK))
+	e.Float32(p.TopP)
+	e.Float32(p.MinP)
+	e.Float32(p.RepetitionPenalty)
+	e.Float32(p.PresencePenalty)
+	e.Float32(p.FrequencyPenalty)
+	ids := make([]int32, 0, len(p.LogitBias))
+	for id := range p.LogitBias {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	e.Uvarint(uint64(len(ids)))
+	for _, id := range ids {
+		e.Varint(int64(id))
+		e.Float32(p.LogitBias[id])
+	}
+	e.Uint64(p.Seed)
+	e.Bool(p.HasSeed)
+	e.Uvarint(uint64(max(p.TopLogprobs, 0)))
+	e.Bool(p.Logprobs)
+	e.Uvarint(uint64(max(r.PredictedCached, 0)))
+}
+
+// UnmarshalORPC implements orpc.Unmarshaler.
+func (r *GenerateRequest) UnmarshalORPC(d *orpc.Decoder) error {
+	r.ID = d.String()
+	r.Model = d.String()
+	r.Prompt = d.Int32s()
+	r.MaxTokens = uvint(d)
+	r.StopTokens = d.Int32s()
+	r.IgnoreEOS = d.Bool()
+	r.Priority = int(d.Varint())
+	if a := d.Varint(); a != 0 {
+		r.Arrival = time.Unix(0, a)
+	}
+	p := &r.Sampling
+	p.Temperature = d.Float32()
+	p.TopK = int(d.Varint())
+	p.TopP = d.Float32()
+	p.MinP = d.Float32()
+	p.RepetitionPenalty = d.Float32()
+	p.PresencePenalty = d.Float32()
+	p.FrequencyPenalty = d.Float32()
+	n := d.Uvarint()
+	if n > maxLogitBias || n > uint64(d.Len()) {
+		d.Fail(fmt.Errorf("cluster: %d logit bias entries", n))
+		return d.Err()
+	}
+	if n > 0 {
+		p.LogitBias = make(map[int32]float32, n)
+		for range n {
+			id := d.Varint()
+			v := d.Float32()
+			if id < -1<<31 || id >= 1<<31 {
+				d.Fail(orpc.ErrOverflow)
+				break
+			}
+			p.LogitBias[int32(id)] = v
+		}
+	}
+	p.Seed = d.Uint64()
+	p.HasSeed = d.Bool()
+	p.TopLogprobs = uvint(d)
+	p.Logprobs = d.Bool()
+	if d.Len() > 0 {
+		r.PredictedCached = uvint(d)
+	}
+	return d.Err()
+}
+
+// EventKind says what a GenerateEvent is.
+type EventKind uint8
+
+// Generate event kinds.
+const (
+	EventToken    EventKind = 0 // a generated token (the last one has Finish and Usage)
+	EventAccepted EventKind = 1 // the worker queued the request; tokens follow
+	EventError    EventKind = 2 // the request failed: Err and Message; nothing follows
+)
+
+// ErrKind classifies a generation error so that the router can answer as the engine would.
+type ErrKind uint8
+
+// Error kinds, one per llm error.
+const (
+	ErrOther         ErrKind = 0 // 500
+	ErrInvalid       ErrKind = 1 // llm.ErrInvalid, 400
+	ErrPromptTooLong ErrKind = 2 // llm.ErrPromptTooLong, 400
+	ErrQueueFull     ErrKind = 3 // llm.ErrQueueFull, 429
+	ErrUnavailable   ErrKind = 4 // llm.ErrUnavailable, 503
+)
+
+// Kind returns the ErrKind of err.
+func Kind(err error) ErrKind {
+	switch {
+	case errors.Is(err, llm.ErrInvalid):
+		return ErrInvalid
+	case errors.Is(err, llm.ErrPromptTooLong):
+		return ErrPromptTooLong
+	case errors.Is(err, llm.ErrQueueFull):
+		return ErrQueueFull
+	case errors.Is(err, llm.ErrUnavailable):
+		return ErrUnavailable
+	}
+	return ErrOther
+}
+
+// GenerateEvent is one message of a Generate stream.
+type GenerateEvent struct {
+	Kind    EventKind
+	Event   llm.Event // EventToken
+	Err     ErrKind   // EventError
+	Message string    // EventError: the worker's error text
+}
+
+// ErrorEvent returns the EventError event for err.
+func ErrorEvent(err error) *GenerateEvent {
+	return &GenerateEvent{Kind: EventError, Err: Kind(err), Message: err.Error()}
+}
+
+// Error returns the error an EventError event stands for, wrapping the matching llm error.
+func (g *GenerateEvent) Error() error {
+	var base error
+	switch g.Err {
+	case ErrInvalid:
+		base = llm.ErrInvalid
+	case ErrPromptTooLong:
+		base = llm.ErrPromptTooLong
+	case ErrQueueFull:
+		base = llm.ErrQueueFull
+	case ErrUnavailable:
+		base = llm.ErrUnavailable
+	default:
+		return fmt.Errorf("worker: %s", g.Message)
+	}
+	return &workerError{msg: g.Message, base: base}
+}
+
+// workerError is a worker's error text wrapping the llm error of its kind.
+type workerError struct {
+	msg  string
+	base error
+}
+
+func (e *workerError) Error() string { return "worker: " + e.msg }
+func (e *workerError) Unwrap() error { return e.base }
+
+// maxTop bounds the alternatives decoded per token.
+const maxTop = 1024
+
+// MarshalORPC implements orpc.Marshaler.
+func (g *GenerateEvent) MarshalORPC(e *orpc.Encoder) {
+	e.Uint8(uint8(g.Kind))
+	ev := &g.Event
+	e.Varint(int64(ev.Token))
+	e.Float32(ev.Logprob)
+	e.Uvarint(uint64(len(ev.Top)))
+	for _, t := range ev.Top {
+		e.Varint(int64(t.ID))
+		e.Float32(t.Logprob)
+	}
+	e.String(string(ev.Finish))
+	e.Uvarint(uint64(ev.Usage.PromptTokens))
+	e.Uvarint(uint64(ev.Usage.CachedTokens))
+	e.Uvarint(uint64(ev.Usage.CompletionTokens))
+	e.Uint8(uint8(g.Err))
+	e.String(g.Message)
+}
+
+// UnmarshalORPC implements orpc.Unmarshaler.
+func (g *GenerateEvent) UnmarshalORPC(d *orpc.Decoder) error {
+	g.Kind = EventKind(d.Uint8())
+	ev := &g.Event
+	ev.Token = int32(d.Varint())
+	ev.Logprob = d.Float32()
+	n := d.Uvarint()
+	if n > maxTop || n > uint64(d.Len()) {
+		d.Fail(fmt.Errorf("cluster: %d top logprobs", n))
+		return d.Err()
+	}
+	ev.Top = nil
+	if n > 0 {
+		ev.Top = make([]llm.TokenLogprob, n)
+		for i := range ev.Top {
+			ev.Top[i] = llm.TokenLogprob{ID: int32(d.Varint()), Logprob: d.Float32()}
+		}
+	}
+	ev.Finish = llm.FinishReason(d.String())
+	ev.Usage.PromptTokens = uvint(d)
+	ev.Usage.CachedTokens = uvint(d)
+	ev.Usage.CompletionTokens = uvint(d)
+	g.Err = ErrKind(d.Uint8())
+	g.Message = d.String()
+	return d.Err()
+}
+
+// TokenizerFile returns the named file of the card, or nil.
+func (c *ModelCard) TokenizerFile(name string) []byte {
+	i := slices.IndexFunc(c.TokenizerFiles, func(f File) bool { return f.Name == name })
+	if i < 0 {
+		return nil
+	}
+	return c.TokenizerFiles[i].Data
+}
+
+// SameTokenizer reports whether two cards carry the same tokenizer and chat template.
+func SameTokenizer(a, b *ModelCard) bool {
+	if a.TokenizerFormat != b.TokenizerFormat || a.ChatTemplate != b.ChatTemplate || len(a.TokenizerFiles) != len(b.TokenizerFiles) {
+		return false
+	}
+	fa, fb := slices.Clone(a.TokenizerFiles), slices.Clone(b.TokenizerFiles)
+	byName := func(x, y File) int { return cmp.Compare(x.Name, y.Name) }
+	slices.SortFunc(fa, byName)
+	slices.SortFunc(fb, byName)
+	for i := range fa {
+		if fa[i].Name != fb[i].Name || string(fa[i].Data) != string(fb[i].Data) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,66 @@
+package cluster
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"tandem/kvcache"
+	"tandem/llm"
+	"tandem/orpc"
+)
+
+func roundTrip[T any, P interface {
+	*T
+	orpc.Message
+}](t *testing.T, in P) P {
+	t.Helper()
+	b := orpc.Marshal(in)
+	out := P(new(T))
+	if err := orpc.Unmarshal(b, out); err != nil {
+		t.Fatalf("%T: %v", in, err)
+	}
+	if !reflect.DeepEqual(in, out) {
+		t.Fatalf("%T round trip:\n got %+v\nwant %+v", in, out, in)
+	}
+	// Every truncation fails cleanly, never panics.
+	for i := range b {
+		_ = orpc.Unmarshal(b[:i], P(new(T)))
+	}
+	return out
+}
+
+func TestRoundTrip(t *testing.T) {
+	roundTrip(t, &ModelCard{Version: Version, Model: "m", Node: "n-1", Addr: "127.0.0.1:7", Role: RoleBoth, HashVersion: 1,
+		BlockSize: 16, Salt: 0x7d38246f2d3ef01c, KVBlocks: 512, ContextLen: 4096, TokenizerFormat: TokenizerHF,
+		TokenizerFiles: []File{{Name: "tokenizer.json", Data: []byte("{}")}}, ChatTemplate: "{{x}}"})
+	roundTrip(t, &RegisterReply{WorkerID: 3, HeartbeatMs: 250, Router: "r"})
+	roundTrip(t, &LoadReport{WorkerID: 1, Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
+		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9})
+	roundTrip(t, &KVEvents{WorkerID: 2, Events: []kvcache.Event{
+		{ID: 1, Kind: kvcache.EventStored, Parent: 0, Hashes: []uint64{1, 2}},
+		{ID: 2, Kind: kvcache.EventRemoved, Tier: kvcache.TierHost, Hashes: []uint64{2}},
+		{ID: 3, Kind: kvcache.EventCleared}}})
+	roundTrip(t, &Snapshot{kvcache.Snapshot{LastID: 9, Blocks: []kvcache.CachedBlock{{Hash: 5, Parent: 0}, {Hash: 6, Parent: 5}}}})
+	roundTrip(t, &GenerateRequest{Request: llm.Request{ID: "r", Model: "m", Prompt: []int32{1, 2, 3}, MaxTokens: 5,
+		StopTokens: []int32{9}, IgnoreEOS: true, Priority: -1, Arrival: time.Unix(0, 12345),
+		Sampling: llm.SamplingParams{Temperature: 0.5, TopK: 4, TopP: 0.9, MinP: 0.1, RepetitionPenalty: 1.1,
+			PresencePenalty: 0.2, FrequencyPenalty: -0.2, LogitBias: map[int32]float32{3: 1, 7: -2}, Seed: 42,
+			HasSeed: true, TopLogprobs: 2, Logprobs: true}}, PredictedCached: 16})
+	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, Logprob: -0.5,
+		Top: []llm.TokenLogprob{{ID: 7, Logprob: -0.5}}, Finish: llm.FinishLength,
+		Usage: llm.Usage{PromptTokens: 3, CachedTokens: 1, CompletionTokens: 5}}})
+}
+
+func TestErrorEvents(t *testing.T) {
+	for _, base := range []error{llm.ErrInvalid, llm.ErrPromptTooLong, llm.ErrQueueFull, llm.ErrUnavailable} {
+		ev := roundTrip(t, ErrorEvent(errors.Join(base, errors.New("detail"))))
+		if err := ev.Error(); !errors.Is(err, base) {
+			t.Errorf("%v: got %v", base, err)
+		}
+	}
+	if err := ErrorEvent(errors.New("boom")).Error(); err == nil || errors.Is(err, llm.ErrUnavailable) {
+		t.Errorf("other error: %v", err)
+	}
+}

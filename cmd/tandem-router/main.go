@@ -1,0 +1,107 @@
+// Command tandem-router turns several tandem engines into one service: engines dial it
+// (tandem serve --join HOST:ORPC_PORT --join-token T), and it serves the OpenAI API, routing
+// each request to the worker that holds its prefix unless that worker is too busy.
+// It is pure Go (CGO_ENABLED=0) and needs no model files.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"tandem/router"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "tandem-router:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+func run(args []string, stderr io.Writer) error {
+	def := router.DefaultConfig()
+	fs := flag.NewFlagSet("tandem-router", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	host := fs.String("host", "127.0.0.1", "address to listen on (HTTP and ORPC)")
+	port := fs.Int("port", 8000, "HTTP port for the OpenAI API (0 picks a free one)")
+	orpcPort := fs.Int("orpc-port", 7001, "ORPC (QUIC/UDP) port engines connect to (0 picks a free one)")
+	stateDir := fs.String("state-dir", "tandem-router-state", "directory of the cluster CA and join token (created on first start)")
+	joinToken := fs.String("join-token", "", "join token engines must present, id.secret (default: the stored one, or a new one)")
+	routing := fs.String("routing", string(router.ModeKV), "routing mode: kv, round-robin, random or least-loaded")
+	overlap := fs.Float64("overlap-weight", def.OverlapWeight, "cost = overlap-weight × prefill blocks + decode blocks")
+	temp := fs.Float64("temperature", def.Temperature, "softmax temperature over normalised costs (0: cheapest worker)")
+	hostWeight := fs.Float64("host-weight", def.HostWeight, "fraction of a block's prefill saved by a host-tier copy")
+	busyKV := fs.Float64("busy-kv-usage", def.BusyKVUsage, "a worker at or above this predicted KV usage is busy (0 disables)")
+	busyWaiting := fs.Int("busy-waiting", def.BusyWaiting, "a worker with this many predicted waiting requests is busy (0 disables)")
+	affinity := fs.Duration("session-ttl", def.AffinityTTL, "how long a session (X-Session-Id or user) stays on its worker after its last request (0 disables)")
+	queueTimeout := fs.Duration("queue-timeout", 5*time.Second, "how long a request waits when every worker is busy before 429")
+	maxQueue := fs.Int("max-queue", 1024, "most requests waiting for a worker; past it 429 at once")
+	heartbeat := fs.Duration("heartbeat", 250*time.Millisecond, "heartbeat interval asked of workers")
+	hbTimeout := fs.Duration("heartbeat-timeout", 2*time.Second, "a worker silent this long is removed")
+	apiKey := fs.String("api-key", "", "require this key as a Bearer token")
+	name := fs.String("name", "tandem-router", "this router's name in the cluster")
+	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long running requests may take to finish")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	mode, err := router.ParseMode(*routing)
+	if err != nil {
+		return fmt.Errorf("--routing: %w", err)
+	}
+	pol := def
+	pol.Mode, pol.OverlapWeight, pol.Temperature, pol.HostWeight = mode, *overlap, *temp, *hostWeight
+	pol.BusyKVUsage, pol.BusyWaiting, pol.AffinityTTL = *busyKV, *busyWaiting, *affinity
+
+	srv, err := router.StartServer(router.ServerConfig{
+		Host: *host, Port: *port, ORPCPort: *orpcPort, StateDir: *stateDir, JoinToken: *joinToken,
+		Live: router.LiveConfig{
+			Policy: pol, Name: *name, Heartbeat: *heartbeat, HeartbeatTimeout: *hbTimeout,
+			QueueTimeout: *queueTimeout, MaxQueue: *maxQueue, APIKey: *apiKey,
+		},
+		DrainTimeout: *drain,
+		Logger:       log,
+	})
+	if err != nil {
+		return err
+	}
+	created := ""
+	if srv.CACreated {
+		created = " (new cluster CA)"
+	}
+	tokNote := ""
+	if srv.TokCreated {
+		tokNote = " (generated; stored in " + *stateDir + ")"
+	}
+	fmt.Fprintf(stderr, "tandem-router: %s\n  ORPC for engines: %s%s\n  routing: %s\n  join token: %s%s\n  engines join with: tandem serve --join %s --join-token %s\n",
+		srv.URL(), srv.ORPCAddr, created, mode, srv.Token, tokNote, srv.ORPCAddr, srv.Token)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	log.Info("shutting down: finishing running requests", "deadline", *drain)
+	dctx, cancel := context.WithTimeout(context.Background(), *drain)
+	defer cancel()
+	if err := srv.Shutdown(dctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,32 @@
+package main
+
+import (
+	"bytes"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// The router binary stays pure Go and small: no hal, model, engine or gguf.
+func TestNoEngineDependencies(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Skipf("go list: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		switch pkg {
+		case "tandem/hal", "tandem/hal/cpu", "tandem/model", "tandem/engine", "tandem/gguf", "tandem/modelgen":
+			t.Errorf("tandem-router depends on %s", pkg)
+		}
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	var stderr bytes.Buffer
+	if err := run([]string{"--routing", "fastest"}, &stderr); err == nil || !strings.Contains(err.Error(), "unknown routing mode") {
+		t.Errorf("--routing fastest: %v", err)
+	}
+	if err := run([]string{"extra"}, &stderr); err == nil {
+		t.Error("a positional argument was accepted")
+	}
+}

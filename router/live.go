@@ -1,0 +1,482 @@
+package router
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"tandem/cluster"
+	"tandem/kvcache"
+	"tandem/openai"
+	"tandem/orpc"
+	"tandem/tokenizer"
+)
+
+// LiveConfig configures a Live router.
+type LiveConfig struct {
+	Policy   Config         // routing policy (DefaultConfig with flags applied)
+	Identity *orpc.Identity // the router's cluster identity, to dial workers
+	Name     string         // the router's name, for logs (default "tandem-router")
+	// Heartbeat is the interval workers are asked to report at (default 250 ms).
+	Heartbeat time.Duration
+	// HeartbeatTimeout: a worker silent this long is removed (default 8 heartbeats).
+	HeartbeatTimeout time.Duration
+	// QueueTimeout is how long a request waits for a worker when every worker is busy
+	// before it is answered 429 (default 5 s; negative: no waiting).
+	QueueTimeout time.Duration
+	// MaxQueue bounds the requests waiting for a worker (default 1024); past it, 429 at once.
+	MaxQueue int
+	// MaxAttempts bounds the workers a request is dispatched to before its first token,
+	// when a worker cannot be reached (default 3).
+	MaxAttempts int
+	APIKey      string
+	Logger      *slog.Logger
+	Options     []orpc.Option // for the connections to workers
+}
+
+// Live is the running router: the registry of workers that dialled in, one policy State per
+// model, the ORPC services workers call, and the OpenAI API over a Backend that routes to
+// workers. The policy (State, Decide) is the functional core; Live adds I/O and locking.
+type Live struct {
+	cfg LiveConfig
+	log *slog.Logger
+	met *liveMetrics
+
+	mu      sync.Mutex
+	models  map[string]*liveModel
+	workers map[WorkerID]*liveWorker
+	byNode  map[string]WorkerID
+	nextID  WorkerID
+	changed chan struct{} // closed (and replaced) when load may have dropped
+	queued  int
+
+	api atomic.Pointer[http.Handler]
+}
+
+type liveModel struct {
+	name    string
+	card    cluster.ModelCard // the first worker's card: tokenizer and chat template
+	tok     *tokenizer.Tokenizer
+	state   *State
+	created int64
+}
+
+type liveWorker struct {
+	id       WorkerID
+	node     string
+	addr     string
+	model    *liveModel
+	client   *orpc.Client
+	joined   time.Time
+	lastBeat time.Time
+	// Behind detection: the last event id a report claimed while the index was behind it.
+	behindAt uint64
+	// While a snapshot is being fetched, events wait here.
+	resyncing bool
+	pending   []kvcache.Event
+	kick      chan struct{}
+	kickOnce  sync.Once
+	reason    string
+}
+
+func (w *liveWorker) remove(reason string) {
+	w.kickOnce.Do(func() {
+		w.reason = reason
+		close(w.kick)
+	})
+}
+
+// NewLive returns a router with no workers.
+func NewLive(cfg LiveConfig) (*Live, error) {
+	if cfg.Identity == nil {
+		return nil, errors.New("router: a live router needs a cluster identity")
+	}
+	if cfg.Policy.Mode == "" {
+		cfg.Policy.Mode = ModeKV
+	}
+	if _, err := NewState(cfg.Policy, nil); err != nil {
+		return nil, err
+	}
+	if cfg.Name == "" {
+		cfg.Name = "tandem-router"
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 250 * time.Millisecond
+	}
+	if cfg.HeartbeatTimeout <= 0 {
+		cfg.HeartbeatTimeout = 8 * cfg.Heartbeat
+	}
+	if cfg.QueueTimeout == 0 {
+		cfg.QueueTimeout = 5 * time.Second
+	}
+	if cfg.MaxQueue <= 0 {
+		cfg.MaxQueue = 1024
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 3
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	l := &Live{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		models:  map[string]*liveModel{},
+		workers: map[WorkerID]*liveWorker{},
+		byNode:  map[string]WorkerID{},
+		changed: make(chan struct{}),
+	}
+	l.met = newLiveMetrics(l)
+	l.rebuildAPI()
+	return l, nil
+}
+
+// Register adds the router's services (Router.Register, Router.Heartbeat, Router.Events) to
+// srv.
+func (l *Live) Register(srv *orpc.Server) {
+	orpc.ServerStream(srv, cluster.MethodRegister, l.register)
+	orpc.Unary(srv, cluster.MethodHeartbeat, l.heartbeat)
+	orpc.Unary(srv, cluster.MethodEvents, l.events)
+}
+
+// Run watches heartbeats until ctx is done: a worker silent for four intervals is marked
+// unhealthy (no new requests), one silent for HeartbeatTimeout is removed.
+func (l *Live) Run(ctx context.Context) {
+	t := time.NewTicker(l.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			l.mu.Lock()
+			for _, w := range l.workers {
+				silent := now.Sub(w.lastBeat)
+				switch {
+				case silent > l.cfg.HeartbeatTimeout:
+					w.remove(fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond)))
+				case silent > 4*l.cfg.Heartbeat:
+					w.model.state.SetHealthy(w.id, false)
+				}
+			}
+			for _, m := range l.models {
+				m.state.Sweep(now)
+			}
+			l.mu.Unlock()
+		}
+	}
+}
+
+// WorkerInfo describes a registered worker.
+type WorkerInfo struct {
+	ID      WorkerID
+	Node    string
+	Addr    string
+	Model   string
+	Healthy bool
+	Blocks  int     // blocks the index holds for it
+	Load    float64 // predicted load in blocks (prefill + decode)
+}
+
+// Workers returns the registered workers, by id.
+func (l *Live) Workers() []WorkerInfo {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []WorkerInfo
+	for _, w := range l.workers {
+		st, _ := w.model.state.Worker(w.id)
+		out = append(out, WorkerInfo{ID: w.id, Node: w.node, Addr: w.addr, Model: w.model.name, Healthy: st.Healthy,
+			Blocks: w.model.state.Index().Blocks(w.id), Load: st.Load()})
+	}
+	slices.SortFunc(out, func(a, b WorkerInfo) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// signal wakes requests waiting for a worker. Called with l.mu held.
+func (l *Live) signal() {
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// workerAddr is the address to dial a worker at: its card's, with an empty or unspecified
+// host replaced by the address it connected from.
+func workerAddr(card string, peer net.Addr) (string, error) {
+	host, port, err := net.SplitHostPort(card)
+	if err != nil {
+		return "", fmt.Errorf("worker address %q: %w", card, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		if pa, ok := peer.(*net.UDPAddr); ok {
+			host = pa.IP.String()
+		} else if h, _, err := net.SplitHostPort(peer.String()); err == nil {
+			host = h
+		}
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// register serves Router.Register: it checks the card, dials the worker back, adds it, and
+// keeps it until the call ends, the worker's connection drops or its heartbeats stop.
+func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(*cluster.RegisterReply) error) error {
+	peer, _ := orpc.PeerFromContext(ctx)
+	var from net.Addr = &net.UDPAddr{}
+	if peer != nil {
+		from = peer.Addr
+	}
+	if card.Version != cluster.Version {
+		return orpc.Errorf(orpc.FailedPrecondition, "router: model card version %d, this router speaks %d", card.Version, cluster.Version)
+	}
+	if card.Node == "" || card.Model == "" {
+		return orpc.Errorf(orpc.InvalidArgument, "router: a model card needs a node name and a model")
+	}
+	addr, err := workerAddr(card.Addr, from)
+	if err != nil {
+		return orpc.Errorf(orpc.InvalidArgument, "router: %v", err)
+	}
+	log := l.log.With("worker", card.Node, "addr", addr, "model", card.Model)
+
+	// Rebuild the tokenizer of a new model before taking the lock.
+	l.mu.Lock()
+	m := l.models[card.Model]
+	l.mu.Unlock()
+	var tok *tokenizer.Tokenizer
+	if m == nil {
+		if tok, err = tokenizerFromCard(card); err != nil {
+			log.Error("refusing worker: its tokenizer does not load", "err", err)
+			return orpc.Errorf(orpc.FailedPrecondition, "router: refusing worker %q: tokenizer: %v", card.Node, err)
+		}
+	}
+
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	client, err := orpc.Dial(dctx, addr, l.cfg.Identity.ClientTLS(), append([]orpc.Option{orpc.WithLogger(l.log), orpc.WithAgent(l.cfg.Name)}, l.cfg.Options...)...)
+	cancel()
+	if err != nil {
+		log.Error("refusing worker: cannot dial it back", "err", err)
+		return orpc.Errorf(orpc.Unavailable, "router: cannot reach worker %q at %s: %v", card.Node, addr, err)
+	}
+	defer client.Close()
+
+	core := Card{Model: card.Model, HashVersion: card.HashVersion, BlockSize: card.BlockSize, Salt: card.Salt, KVBlocks: card.KVBlocks}
+	l.mu.Lock()
+	m = l.models[card.Model]
+	newModel := false
+	if m == nil {
+		st, err := NewState(l.cfg.Policy, nil)
+		if err != nil {
+			l.mu.Unlock()
+			return orpc.Errorf(orpc.Internal, "router: %v", err)
+		}
+		m = &liveModel{name: card.Model, card: *card, tok: tok, state: st, created: time.Now().Unix()}
+		newModel = true
+	} else if !cluster.SameTokenizer(&m.card, card) {
+		l.mu.Unlock()
+		log.Error("refusing worker: its tokenizer or chat template differs from the model's other workers")
+		return orpc.Errorf(orpc.FailedPrecondition, "router: refusing worker %q: its tokenizer or chat template differs from the other workers of model %q", card.Node, card.Model)
+	}
+	if old, ok := l.byNode[card.Node]; ok {
+		if ow := l.workers[old]; ow != nil {
+			ow.remove("replaced by a new registration of the same node")
+			l.dropLocked(ow)
+		}
+	}
+	l.nextID++
+	id := l.nextID
+	if err := m.state.AddWorker(id, core); err != nil {
+		l.mu.Unlock()
+		log.Error("refusing worker: model card mismatch", "err", err)
+		l.met.refused.Inc()
+		return orpc.Errorf(orpc.FailedPrecondition, "%v", err)
+	}
+	if newModel {
+		l.models[card.Model] = m
+	}
+	now := time.Now()
+	w := &liveWorker{id: id, node: card.Node, addr: addr, model: m, client: client, joined: now, lastBeat: now,
+		resyncing: true, kick: make(chan struct{})}
+	l.workers[id] = w
+	l.byNode[card.Node] = id
+	l.signal()
+	l.mu.Unlock()
+	if newModel {
+		l.rebuildAPI()
+	}
+	l.met.joins.Inc()
+	log.Info("worker joined", "id", id, "block_size", card.BlockSize, "kv_blocks", card.KVBlocks, "role", card.Role)
+
+	defer func() {
+		l.mu.Lock()
+		l.dropLocked(w)
+		l.mu.Unlock()
+		l.met.losses.Inc()
+		log.Warn("worker left", "id", id, "reason", w.reason)
+	}()
+	if err := send(&cluster.RegisterReply{WorkerID: uint64(id), HeartbeatMs: int(l.cfg.Heartbeat / time.Millisecond), Router: l.cfg.Name}); err != nil {
+		w.remove("registration reply failed: " + err.Error())
+		return err
+	}
+	go l.resync(w) // a new member starts from a snapshot
+	select {
+	case <-ctx.Done():
+		w.remove("registration ended: " + context.Cause(ctx).Error())
+	case <-client.Done():
+		w.remove("connection to the worker lost: " + client.Err().Error())
+	case <-w.kick:
+	}
+	return nil
+}
+
+// dropLocked removes w from the registry and the policy. Called with l.mu held.
+func (l *Live) dropLocked(w *liveWorker) {
+	if l.workers[w.id] != w {
+		return
+	}
+	delete(l.workers, w.id)
+	if l.byNode[w.node] == w.id {
+		delete(l.byNode, w.node)
+	}
+	w.model.state.RemoveWorker(w.id)
+	l.signal()
+}
+
+// resync replaces w's index entries by a snapshot of its cache, then applies the events that
+// arrived meanwhile. Called with w.resyncing set.
+func (l *Live) resync(w *liveWorker) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var snap cluster.Snapshot
+	err := w.client.Call(ctx, cluster.MethodSnapshot, &cluster.SnapshotRequest{}, &snap)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.workers[w.id] != w {
+		return
+	}
+	if err != nil {
+		w.remove("snapshot failed: " + err.Error())
+		return
+	}
+	l.met.snapshots.Inc()
+	w.model.state.ResetWorker(w.id, snap.Snapshot)
+	pending := w.pending
+	w.pending, w.resyncing = nil, false
+	l.applyLocked(w, pending)
+}
+
+// applyLocked applies events of w to the index, starting a resync on a gap.
+func (l *Live) applyLocked(w *liveWorker, evs []kvcache.Event) {
+	for i, ev := range evs {
+		if w.resyncing {
+			w.pending = append(w.pending, evs[i:]...)
+			return
+		}
+		gap, err := w.model.state.ApplyEvent(w.id, ev)
+		if err != nil {
+			return
+		}
+		l.met.events.Inc()
+		if gap {
+			last, _ := w.model.state.Index().LastID(w.id)
+			l.log.Info("KV event gap; fetching a snapshot", "worker", w.node, "last", last, "got", ev.ID)
+			w.resyncing = true
+			w.pending = append(w.pending[:0], evs[i:]...)
+			go l.resync(w)
+			return
+		}
+	}
+}
+
+func (l *Live) lookup(id uint64) (*liveWorker, error) {
+	w := l.workers[WorkerID(id)]
+	if w == nil || uint64(WorkerID(id)) != id {
+		return nil, orpc.Errorf(orpc.NotFound, "router: worker %d is not registered here (register again)", id)
+	}
+	return w, nil
+}
+
+// heartbeat serves Router.Heartbeat.
+func (l *Live) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster.Ack, error) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w, err := l.lookup(r.WorkerID)
+	if err != nil {
+		return nil, err
+	}
+	w.lastBeat = now
+	st := w.model.state
+	st.Report(w.id, LoadReport{
+		Running: r.Running, Waiting: r.Waiting, KVUsage: r.KVUsage, KVBlocks: r.KVBlocks,
+		PrefillTokens: r.PrefillTokens, DecodeBlocks: r.DecodeBlocks, LastEventID: r.LastEventID, Healthy: r.Healthy,
+	}, now)
+	// An event lost at the end of a burst shows only here: the report's last id stays ahead
+	// of the index across two reports (the first may race with events still on their way).
+	if !w.resyncing && st.Index().Behind(w.id, r.LastEventID) {
+		if w.behindAt == r.LastEventID {
+			l.log.Info("KV index behind the worker's reports; fetching a snapshot", "worker", w.node, "reported", r.LastEventID)
+			w.resyncing, w.behindAt = true, 0
+			go l.resync(w)
+		} else {
+			w.behindAt = r.LastEventID
+		}
+	} else {
+		w.behindAt = 0
+	}
+	l.signal()
+	return &cluster.Ack{}, nil
+}
+
+// events serves Router.Events.
+func (l *Live) events(ctx context.Context, b *cluster.KVEvents) (*cluster.Ack, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w, err := l.lookup(b.WorkerID)
+	if err != nil {
+		return nil, err
+	}
+	l.applyLocked(w, b.Events)
+	return &cluster.Ack{}, nil
+}
+
+// rebuildAPI makes a new OpenAI handler over the models known now.
+func (l *Live) rebuildAPI() {
+	l.mu.Lock()
+	var models []*openai.Model
+	for _, m := range l.models {
+		models = append(models, &openai.Model{
+			ID: m.name, Tokenizer: m.tok, ContextLen: m.card.ContextLen, Created: m.created, OwnedBy: "tandem",
+			Backend: &liveBackend{l: l, m: m}, ChatTemplate: m.card.ChatTemplate,
+		})
+	}
+	l.mu.Unlock()
+	slices.SortFunc(models, func(a, b *openai.Model) int { return cmp.Compare(a.ID, b.ID) })
+	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log})
+	l.api.Store(&h)
+}
+
+type sessionKey struct{}
+
+// SessionHeader carries a session id; requests of one session stay on one worker.
+const SessionHeader = "X-Session-Id"
+
+// Handler is the router's OpenAI API: the models registered so far. A request's session is
+// its X-Session-Id header, else the "user" field of its body.
+func (l *Live) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if sid := sessionOf(r); sid != "" {
+			r = r.WithContext(context.WithValue(r.Context(), sessionKey{}, sid))
+		}
+		(*l.api.Load()).ServeHTTP(w, r)
+	})
+}
+
+func sessionFrom(ctx context.Context) string {
+	s, _ := ctx.Value(sessionKey{}).(string)
+	return s
+}

@@ -1,0 +1,333 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"tandem/cluster"
+	"tandem/kvcache"
+	"tandem/llm"
+	"tandem/orpc"
+)
+
+// MaxMigrations bounds how often one request moves to another worker after its worker
+// failed mid-stream.
+const MaxMigrations = 2
+
+// liveBackend is the openai.Backend of one model: it routes each request to a worker.
+type liveBackend struct {
+	l *Live
+	m *liveModel
+}
+
+// Generate hashes the prompt's blocks, asks the policy for a worker (waiting a bounded time
+// when every worker is busy), and opens Worker.Generate there. It returns once the worker
+// accepted the request, so that the worker's own refusals (400, 429) reach the client.
+func (b *liveBackend) Generate(ctx context.Context, req *llm.Request) (llm.Stream, error) {
+	if len(req.Prompt) == 0 {
+		return nil, fmt.Errorf("%w: empty prompt", llm.ErrInvalid)
+	}
+	s := &liveStream{b: b, orig: *req, session: sessionFrom(ctx), ctx: ctx}
+	s.orig.Prompt = req.Prompt
+	if err := s.dispatch(ctx, &s.orig); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// liveStream is a generation on a worker; it implements llm.Stream and openai.WorkerStream.
+type liveStream struct {
+	b       *liveBackend
+	ctx     context.Context // the request's
+	orig    llm.Request
+	session string
+
+	mu     sync.Mutex // guards cs and in against Close
+	cs     *orpc.ClientStream
+	w      *liveWorker
+	in     Inflight
+	closed bool
+
+	worker    string
+	workers   []string
+	generated []int32 // tokens received so far
+	migrated  int
+	prefix    int // tokens generated before the current worker took over
+	done      bool
+}
+
+// Worker names the worker(s) serving the stream.
+func (s *liveStream) Worker() string { return strings.Join(s.workers, ",") }
+
+// dispatch routes req to a worker and waits for its Accepted event.
+func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
+	l, m := s.b.l, s.b.m
+	l.mu.Lock()
+	c, _ := m.state.Card()
+	l.mu.Unlock()
+	hashes := kvcache.HashBlocks(c.Salt, req.Prompt, c.BlockSize, nil)
+	greq := &cluster.GenerateRequest{Request: *req}
+	var lastErr error
+	var deadline time.Time
+	queued := false
+	defer func() {
+		if queued {
+			l.mu.Lock()
+			l.queued--
+			l.mu.Unlock()
+		}
+	}()
+	for attempt := 0; attempt < l.cfg.MaxAttempts; {
+		t0 := time.Now()
+		l.mu.Lock()
+		d, err := m.state.Decide(Request{Hashes: hashes, PromptTokens: len(req.Prompt), SessionID: s.session, Now: t0})
+		var w *liveWorker
+		if err == nil {
+			w = l.workers[d.Worker]
+		}
+		changed := l.changed
+		if errors.Is(err, ErrAllBusy) && !queued {
+			if l.cfg.QueueTimeout < 0 || l.queued >= l.cfg.MaxQueue {
+				l.mu.Unlock()
+				return err
+			}
+			queued = true
+			l.queued++
+			deadline = t0.Add(l.cfg.QueueTimeout)
+		}
+		l.mu.Unlock()
+		l.met.decision(d, err, time.Since(t0))
+		if errors.Is(err, ErrAllBusy) {
+			wait := time.Until(deadline)
+			if wait <= 0 {
+				return err
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-changed:
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			}
+			t.Stop()
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		attempt++
+		if w == nil { // removed between Decide and here
+			l.mu.Lock()
+			m.state.RemoveInflight(d.Inflight)
+			l.mu.Unlock()
+			lastErr = fmt.Errorf("worker %d left", d.Worker)
+			continue
+		}
+		l.log.Debug("routed", "worker", w.node, "reason", d.Reason, "prompt_blocks", d.PromptBlocks, "overlap", d.Overlap,
+			"cost", d.Cost.Total, "candidates", d.Candidates)
+		greq.PredictedCached = min(d.HostOverlap*c.BlockSize, len(req.Prompt))
+		cs, err := w.client.Stream(ctx, cluster.MethodGenerate, greq)
+		var ev cluster.GenerateEvent
+		if err == nil {
+			err = cs.RecvMsg(&ev)
+			if err == nil && ev.Kind == cluster.EventError {
+				err = ev.Error()
+			} else if err == nil && ev.Kind != cluster.EventAccepted {
+				err = fmt.Errorf("worker %s: unexpected first event kind %d", w.node, ev.Kind)
+			}
+			if err != nil {
+				cs.Close()
+			}
+		}
+		if err == nil {
+			s.mu.Lock()
+			s.cs, s.w, s.in = cs, w, d.Inflight
+			if s.closed {
+				cs.Close()
+			}
+			s.mu.Unlock()
+			s.worker = w.node
+			s.workers = append(s.workers, w.node)
+			return nil
+		}
+		l.mu.Lock()
+		m.state.RemoveInflight(d.Inflight)
+		l.signal()
+		if ctx.Err() == nil && workerFailed(err) {
+			m.state.SetHealthy(w.id, false) // until its next report, if any
+		}
+		l.mu.Unlock()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !workerFailed(err) {
+			return err // the worker's answer: invalid, too long, queue full
+		}
+		l.log.Warn("worker failed; trying another", "worker", w.node, "err", err)
+		lastErr = fmt.Errorf("worker %s: %w", w.node, err)
+	}
+	return fmt.Errorf("%w: no worker could take the request: %v", llm.ErrUnavailable, lastErr)
+}
+
+// workerFailed tells a failure of the worker or its connection (try elsewhere) from the
+// worker's verdict on the request.
+func workerFailed(err error) bool {
+	var st *orpc.Status
+	if errors.As(err, &st) {
+		return st.Code == orpc.Unavailable || st.Code == orpc.Internal || st.Code == orpc.Unknown || st.Code == orpc.Aborted
+	}
+	if errors.Is(err, llm.ErrUnavailable) {
+		return true
+	}
+	return !errors.Is(err, llm.ErrInvalid) && !errors.Is(err, llm.ErrPromptTooLong) && !errors.Is(err, llm.ErrQueueFull)
+}
+
+// release records the current dispatch as ended.
+func (s *liveStream) release() {
+	s.mu.Lock()
+	w, in := s.w, s.in
+	s.w = nil
+	s.mu.Unlock()
+	if w == nil {
+		return
+	}
+	l := s.b.l
+	l.mu.Lock()
+	w.model.state.RemoveInflight(in)
+	l.signal()
+	l.mu.Unlock()
+}
+
+// Next returns the next token. When the worker fails mid-stream, the request moves to
+// another worker with the tokens generated so far appended to its prompt (at most
+// MaxMigrations times); the client sees the same stream.
+func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
+	for {
+		if s.done {
+			return llm.Event{}, io.EOF
+		}
+		s.mu.Lock()
+		cs := s.cs
+		s.mu.Unlock()
+		stop := context.AfterFunc(ctx, func() { cs.Close() })
+		var ge cluster.GenerateEvent
+		err := cs.RecvMsg(&ge)
+		stop()
+		if err == nil && ge.Kind == cluster.EventError {
+			err = ge.Error()
+		}
+		if err == nil {
+			ev := ge.Event
+			s.generated = append(s.generated, ev.Token)
+			if len(s.generated)-s.prefix == 1 {
+				l := s.b.l
+				l.mu.Lock()
+				s.mu.Lock()
+				if s.w != nil {
+					s.w.model.state.PrefillDone(&s.in)
+				}
+				s.mu.Unlock()
+				l.mu.Unlock()
+			}
+			if ev.Finish != "" {
+				s.done = true
+				s.release()
+				if s.migrated > 0 {
+					ev.Usage.PromptTokens = len(s.orig.Prompt)
+					ev.Usage.CachedTokens = min(ev.Usage.CachedTokens, len(s.orig.Prompt))
+					ev.Usage.CompletionTokens += s.prefix
+				}
+			}
+			return ev, nil
+		}
+		s.release()
+		if ctx.Err() != nil {
+			return llm.Event{}, ctx.Err()
+		}
+		if errors.Is(err, io.EOF) {
+			err = errors.New("the worker ended the stream without a finish reason")
+		}
+		if !workerFailed(err) || s.migrated >= MaxMigrations {
+			s.done = true
+			return llm.Event{}, err
+		}
+		if merr := s.migrate(err); merr != nil {
+			s.done = true
+			return llm.Event{}, merr
+		}
+	}
+}
+
+// migrate continues the request on another worker from the tokens generated so far.
+func (s *liveStream) migrate(cause error) error {
+	l := s.b.l
+	s.mu.Lock()
+	if w := s.w; w != nil {
+		l.mu.Lock()
+		w.model.state.SetHealthy(w.id, false)
+		l.mu.Unlock()
+	}
+	s.mu.Unlock()
+	s.migrated++
+	s.prefix = len(s.generated)
+	req := s.orig
+	req.Prompt = append(append([]int32(nil), s.orig.Prompt...), s.generated...)
+	if s.orig.MaxTokens > 0 {
+		req.MaxTokens = s.orig.MaxTokens - len(s.generated)
+		if req.MaxTokens <= 0 {
+			return fmt.Errorf("%w: worker %s failed after the last token: %v", llm.ErrUnavailable, s.worker, cause)
+		}
+	}
+	l.met.migrations.Inc()
+	l.log.Warn("worker failed mid-stream; migrating the request", "from", s.worker, "generated", len(s.generated), "err", cause)
+	if err := s.dispatch(s.ctx, &req); err != nil {
+		return fmt.Errorf("migrating after %v: %w", cause, err)
+	}
+	return nil
+}
+
+// Close ends the generation on the worker and frees its records.
+func (s *liveStream) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	cs := s.cs
+	s.mu.Unlock()
+	if cs != nil {
+		cs.Close()
+	}
+	s.release()
+	return nil
+}
+
+// sessionOf returns the session of an API request: the X-Session-Id header, else the
+// "user" field of a JSON body (which is then restored for the handler).
+func sessionOf(r *http.Request) string {
+	if sid := r.Header.Get(SessionHeader); sid != "" {
+		return sid
+	}
+	if r.Method != http.MethodPost || r.Body == nil || !strings.HasPrefix(r.URL.Path, "/v1/") {
+		return ""
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 32<<20+1))
+	r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if err != nil {
+		return ""
+	}
+	var v struct {
+		User string `json:"user"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return ""
+	}
+	return v.User
+}

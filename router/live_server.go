@@ -1,0 +1,140 @@
+package router
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"tandem/httpserve"
+	"tandem/metrics"
+	"tandem/orpc"
+)
+
+// ServerConfig configures a Server: a Live router with its ORPC listener (for workers, with
+// token join) and its HTTP server (OpenAI API, /health, /metrics).
+type ServerConfig struct {
+	Host     string // HTTP and ORPC listen host
+	Port     int    // HTTP port (0 picks one)
+	ORPCPort int    // ORPC port for workers (0 picks one)
+	StateDir string // the cluster CA and join token live here (created on first start)
+	// JoinToken is the token workers must prove; "" uses the stored one or generates one.
+	JoinToken string
+	Live      LiveConfig // Identity is made by the server from the CA
+	// DrainTimeout bounds Shutdown's wait for running requests.
+	DrainTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// Server is a running tandem-router.
+type Server struct {
+	Live       *Live
+	HTTP       *httpserve.Server
+	ORPC       *orpc.Server
+	ORPCAddr   string
+	Token      orpc.Token
+	CACreated  bool
+	TokCreated bool
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// StartServer loads or creates the cluster CA and join token, then serves ORPC and HTTP in
+// the background until Shutdown.
+func StartServer(cfg ServerConfig) (*Server, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.StateDir == "" {
+		return nil, errors.New("router: a state directory is needed (--state-dir)")
+	}
+	ca, caCreated, err := orpc.LoadOrCreateCA(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("router: cluster CA: %w", err)
+	}
+	tok, tokCreated, err := orpc.LoadOrCreateToken(cfg.StateDir, cfg.JoinToken)
+	if err != nil {
+		return nil, fmt.Errorf("router: join token: %w", err)
+	}
+	var hosts []string
+	if ip := net.ParseIP(cfg.Host); cfg.Host != "" && (ip == nil || !ip.IsUnspecified()) {
+		hosts = append(hosts, cfg.Host)
+	}
+	name := cfg.Live.Name
+	if name == "" {
+		name = "tandem-router"
+	}
+	id, err := ca.NewIdentity(name, hosts)
+	if err != nil {
+		return nil, err
+	}
+	lc := cfg.Live
+	lc.Identity = id
+	lc.Name = name
+	if lc.Logger == nil {
+		lc.Logger = log
+	}
+	live, err := NewLive(lc)
+	if err != nil {
+		return nil, err
+	}
+
+	srv := orpc.NewServer(orpc.WithLogger(log), orpc.WithAgent(name))
+	live.Register(srv)
+	srv.EnableJoin(orpc.JoinConfig{
+		CA:     ca,
+		Tokens: func() []orpc.Token { return []orpc.Token{tok} },
+		OnJoin: func(node string, cert *x509.Certificate) {
+			log.Info("node joined the cluster", "node", node, "expires", cert.NotAfter.Format(time.DateOnly))
+		},
+	})
+	ol, err := srv.Listen(net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.ORPCPort)), id.ServerTLS())
+	if err != nil {
+		return nil, fmt.Errorf("router: ORPC listen: %w", err)
+	}
+
+	reg := metrics.NewRegistry()
+	live.met.MustRegister(reg)
+	hs, err := httpserve.New(httpserve.Config{
+		Addr:         net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)),
+		Handler:      live.Handler(),
+		Metrics:      metrics.Handler(reg),
+		DrainTimeout: cfg.DrainTimeout,
+		Logger:       log,
+	})
+	if err != nil {
+		ol.Close()
+		return nil, err
+	}
+	if err := hs.Start(); err != nil {
+		ol.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{Live: live, HTTP: hs, ORPC: srv, ORPCAddr: ol.Addr().String(), Token: tok, CACreated: caCreated,
+		TokCreated: tokCreated, cancel: cancel, done: make(chan struct{})}
+	go live.Run(ctx)
+	go func() {
+		defer close(s.done)
+		srv.Serve(ctx, ol)
+	}()
+	return s, nil
+}
+
+// URL is the HTTP base URL.
+func (s *Server) URL() string { return s.HTTP.URL() }
+
+// Shutdown drains HTTP (running requests finish within ctx), then closes ORPC: workers see
+// their registrations end and reconnect to whichever router comes back.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.HTTP.Shutdown(ctx)
+	s.cancel()
+	<-s.done
+	return err
+}

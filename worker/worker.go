@@ -1,0 +1,450 @@
+// Package worker makes an engine a cluster member: it serves Worker.Generate and
+// Worker.Snapshot over ORPC, and registers with each router it is given, then keeps sending
+// heartbeats (load reports) and its KV event stream, reconnecting with backoff when a router
+// goes away. The messages are those of package cluster (docs/orpc.md, "Services").
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"tandem/cluster"
+	"tandem/kvcache"
+	"tandem/llm"
+	"tandem/orpc"
+)
+
+// Engine is what the worker needs of an engine (tandem/engine.Engine implements it).
+type Engine interface {
+	Generate(ctx context.Context, req *llm.Request) (llm.Stream, error)
+	Pool() *kvcache.Pool
+}
+
+// Config configures a Worker.
+type Config struct {
+	Engine Engine
+	// Card describes the served model: Model, HashVersion, BlockSize, Salt, KVBlocks,
+	// ContextLen, Role (default "both") and the tokenizer. Version, Node and Addr are set by
+	// the worker.
+	Card cluster.ModelCard
+	// Node is the worker's name in the cluster (default: host name and ORPC port).
+	Node string
+	// Routers are the routers' ORPC addresses (--join, repeatable).
+	Routers []string
+	// Token is the join token; the identity it earns is kept in StateDir.
+	Token    string
+	StateDir string
+	// Identity, if set, is used instead of joining (tests, or a pre-provisioned node).
+	Identity *orpc.Identity
+	// Listen is the ORPC address to serve on (host:port; port 0 picks a free one).
+	Listen string
+	// Advertise is the address routers dial; default Listen's, and an unspecified host
+	// (0.0.0.0, ::, "") means "the address the worker connects to the router from".
+	Advertise string
+	// EventBuffer is the KV event subscription buffer per router (default 4096).
+	EventBuffer int
+	Logger      *slog.Logger
+	Options     []orpc.Option // for the ORPC server and clients
+}
+
+// Worker is an engine's cluster membership.
+type Worker struct {
+	cfg  Config
+	log  *slog.Logger
+	id   *orpc.Identity
+	srv  *orpc.Server
+	addr string // actual ORPC listen address
+
+	ready chan struct{}
+
+	waiting  atomic.Int64 // accepted, no first token yet
+	running  atomic.Int64 // decoding
+	prefillT atomic.Int64 // prompt tokens of waiting requests
+
+	mu        sync.Mutex
+	connected map[string]uint64 // router → worker id there
+}
+
+// New checks cfg and returns a Worker; Run starts it.
+func New(cfg Config) (*Worker, error) {
+	switch {
+	case cfg.Engine == nil:
+		return nil, errors.New("worker: no engine")
+	case len(cfg.Routers) == 0:
+		return nil, errors.New("worker: no router to join")
+	case cfg.Identity == nil && cfg.Token == "":
+		return nil, errors.New("worker: joining a router needs a join token (--join-token)")
+	case cfg.Identity == nil && cfg.StateDir == "":
+		return nil, errors.New("worker: joining a router needs a state directory (--state-dir)")
+	case cfg.Card.Model == "" || cfg.Card.BlockSize <= 0:
+		return nil, errors.New("worker: the model card needs a model name and a block size")
+	}
+	if cfg.Card.Role == "" {
+		cfg.Card.Role = cluster.RoleBoth
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	if cfg.EventBuffer <= 0 {
+		cfg.EventBuffer = 4096
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Worker{cfg: cfg, log: log.With("component", "worker"), ready: make(chan struct{}), connected: map[string]uint64{}}, nil
+}
+
+// Ready is closed once the worker serves ORPC (after joining).
+func (w *Worker) Ready() <-chan struct{} { return w.ready }
+
+// Addr is the ORPC address the worker listens on (valid after Ready).
+func (w *Worker) Addr() string { return w.addr }
+
+// Connected returns the routers the worker is registered with now.
+func (w *Worker) Connected() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for r := range w.connected {
+		out = append(out, r)
+	}
+	return out
+}
+
+// backoff doubles from 100 ms to 5 s.
+type backoff struct{ d time.Duration }
+
+func (b *backoff) next() time.Duration {
+	if b.d == 0 {
+		b.d = 100 * time.Millisecond
+	} else {
+		b.d = min(2*b.d, 5*time.Second)
+	}
+	return b.d
+}
+
+func (b *backoff) reset() { b.d = 0 }
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Run joins the cluster (retrying until a router answers), serves ORPC and keeps a
+// registration with every router until ctx is done. It returns ctx's error, or the error
+// that made it impossible to go on (a join token refused, a port taken).
+func (w *Worker) Run(ctx context.Context) error {
+	pc, err := net.ListenPacket("udp", w.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("worker: ORPC listen %s: %w", w.cfg.Listen, err)
+	}
+	defer pc.Close()
+	w.addr = pc.LocalAddr().String()
+	node := w.cfg.Node
+	if node == "" {
+		h, _ := os.Hostname()
+		if h == "" {
+			h = "worker"
+		}
+		_, port, _ := net.SplitHostPort(w.addr)
+		node = h + "-" + port
+	}
+	w.cfg.Card.Node = node
+	w.cfg.Card.Version = cluster.Version
+	adv := w.cfg.Advertise
+	if adv == "" {
+		adv = w.addr
+	}
+	w.cfg.Card.Addr = adv
+
+	id, err := w.identity(ctx, node)
+	if err != nil {
+		return err
+	}
+	w.id = id
+	opts := append([]orpc.Option{orpc.WithLogger(w.log), orpc.WithAgent("tandem-worker " + node)}, w.cfg.Options...)
+	w.srv = orpc.NewServer(opts...)
+	orpc.ServerStream(w.srv, cluster.MethodGenerate, w.generate)
+	orpc.Unary(w.srv, cluster.MethodSnapshot, w.snapshot)
+	l, err := w.srv.ListenPacket(pc, id.ServerTLS())
+	if err != nil {
+		return fmt.Errorf("worker: ORPC listen: %w", err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); w.srv.Serve(ctx, l) }()
+	w.log.Info("worker serving ORPC", "node", node, "addr", w.addr, "advertise", adv, "routers", w.cfg.Routers)
+	close(w.ready)
+	for _, r := range w.cfg.Routers {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.link(ctx, r) }()
+	}
+	<-ctx.Done()
+	l.Close()
+	wg.Wait()
+	return ctx.Err()
+}
+
+// identity returns the configured identity, or the one in the state directory, or joins a
+// router for one (trying the routers in turn, with backoff, until one answers). A refused
+// token ends the attempt at once: retrying would not help.
+func (w *Worker) identity(ctx context.Context, node string) (*orpc.Identity, error) {
+	if w.cfg.Identity != nil {
+		return w.cfg.Identity, nil
+	}
+	tok, err := orpc.ParseToken(w.cfg.Token)
+	if err != nil {
+		return nil, fmt.Errorf("worker: --join-token: %w", err)
+	}
+	host, _, _ := net.SplitHostPort(w.addr)
+	var hosts []string
+	if host != "" && !net.ParseIP(host).IsUnspecified() {
+		hosts = []string{host}
+	}
+	var b backoff
+	for {
+		for _, r := range w.cfg.Routers {
+			id, joined, err := orpc.JoinOrLoad(ctx, w.cfg.StateDir, r, tok, node, hosts, w.cfg.Options...)
+			if err == nil {
+				if joined {
+					w.log.Info("joined the cluster", "router", r, "node", node, "state_dir", w.cfg.StateDir)
+				}
+				return id, nil
+			}
+			if errors.Is(err, orpc.ErrJoinTokenRejected) {
+				return nil, fmt.Errorf("worker: %w", err)
+			}
+			w.log.Warn("join failed; retrying", "router", r, "err", err)
+		}
+		if !sleep(ctx, b.next()) {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// link keeps a registration with router addr until ctx is done, reconnecting with backoff.
+func (w *Worker) link(ctx context.Context, addr string) {
+	var b backoff
+	for ctx.Err() == nil {
+		registered, err := w.session(ctx, addr)
+		if ctx.Err() != nil {
+			return
+		}
+		if registered {
+			b.reset()
+		}
+		d := b.next()
+		if errors.Is(err, orpc.ErrFailedPrecondition) {
+			d = 5 * time.Second // refused: the card disagrees; say so and retry slowly
+			w.log.Error("router refused this worker", "router", addr, "err", err)
+		} else {
+			w.log.Warn("router connection lost; reconnecting", "router", addr, "err", err, "in", d)
+		}
+		if !sleep(ctx, d) {
+			return
+		}
+	}
+}
+
+// session registers with router addr and publishes heartbeats and KV events until the
+// connection or the registration ends. registered reports whether it got that far.
+func (w *Worker) session(ctx context.Context, addr string) (registered bool, err error) {
+	opts := append([]orpc.Option{orpc.WithLogger(w.log), orpc.WithAgent("tandem-worker " + w.cfg.Card.Node)}, w.cfg.Options...)
+	c, err := orpc.Dial(ctx, addr, w.id.ClientTLS(), opts...)
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	// Subscribe before registering, so that the router's snapshot (taken after it accepts
+	// us) plus the events from here on cover everything.
+	events, cancelSub := w.cfg.Engine.Pool().Subscribe(w.cfg.EventBuffer)
+	defer cancelSub()
+
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	card := w.cfg.Card
+	reg, err := c.Stream(sctx, cluster.MethodRegister, &card)
+	if err != nil {
+		return false, err
+	}
+	defer reg.Close()
+	var reply cluster.RegisterReply
+	if err := reg.RecvMsg(&reply); err != nil {
+		return false, err
+	}
+	w.log.Info("registered with router", "router", addr, "router_name", reply.Router, "worker_id", reply.WorkerID)
+	w.mu.Lock()
+	w.connected[addr] = reply.WorkerID
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		delete(w.connected, addr)
+		w.mu.Unlock()
+	}()
+	regDone := make(chan error, 1)
+	go func() {
+		var m cluster.RegisterReply
+		for {
+			if err := reg.RecvMsg(&m); err != nil {
+				if errors.Is(err, io.EOF) {
+					err = errors.New("the router ended the registration")
+				}
+				regDone <- err
+				return
+			}
+		}
+	}()
+
+	interval := time.Duration(reply.HeartbeatMs) * time.Millisecond
+	if interval <= 0 {
+		interval = 250 * time.Millisecond
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	if err := w.heartbeat(sctx, c, reply.WorkerID); err != nil {
+		return true, err
+	}
+	batch := &cluster.KVEvents{WorkerID: reply.WorkerID}
+	for {
+		select {
+		case <-ctx.Done():
+			return true, ctx.Err()
+		case err := <-regDone:
+			return true, err
+		case <-c.Done():
+			return true, c.Err()
+		case ev, ok := <-events:
+			if !ok {
+				return true, errors.New("KV event subscription ended")
+			}
+			batch.Events = append(batch.Events[:0], ev)
+		drain:
+			for len(batch.Events) < 1024 {
+				select {
+				case ev, ok := <-events:
+					if !ok {
+						break drain
+					}
+					batch.Events = append(batch.Events, ev)
+				default:
+					break drain
+				}
+			}
+			if err := c.Call(sctx, cluster.MethodEvents, batch, &cluster.Ack{}); err != nil {
+				return true, fmt.Errorf("sending KV events: %w", err)
+			}
+		case <-tick.C:
+			if err := w.heartbeat(sctx, c, reply.WorkerID); err != nil {
+				return true, err
+			}
+		}
+	}
+}
+
+func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64) error {
+	r := w.Load()
+	r.WorkerID = id
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Call(hctx, cluster.MethodHeartbeat, &r, &cluster.Ack{}); err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	return nil
+}
+
+// Load returns the worker's load report now. Running and waiting count the requests served
+// over ORPC; KV figures are the whole pool's.
+func (w *Worker) Load() cluster.LoadReport {
+	st := w.cfg.Engine.Pool().Stats()
+	return cluster.LoadReport{
+		Running:       int(w.running.Load()),
+		Waiting:       int(w.waiting.Load()),
+		PrefillTokens: int(w.prefillT.Load()),
+		DecodeBlocks:  st.Used,
+		KVUsage:       st.Usage(),
+		KVBlocks:      st.Blocks,
+		LastEventID:   st.LastEventID,
+		Healthy:       true,
+	}
+}
+
+// generate serves Worker.Generate: an Accepted event (or an Error event), then the tokens.
+// The call's context is the sequence's: a caller that cancels frees it at once.
+func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, send func(*cluster.GenerateEvent) error) error {
+	r := req.Request
+	st, err := w.cfg.Engine.Generate(ctx, &r)
+	if err != nil {
+		return send(cluster.ErrorEvent(err))
+	}
+	defer st.Close()
+	n := int64(max(len(r.Prompt)-req.PredictedCached, 1))
+	w.waiting.Add(1)
+	w.prefillT.Add(n)
+	first := true
+	defer func() {
+		if first {
+			w.waiting.Add(-1)
+			w.prefillT.Add(-n)
+		} else {
+			w.running.Add(-1)
+		}
+	}()
+	if err := send(&cluster.GenerateEvent{Kind: cluster.EventAccepted}); err != nil {
+		return err
+	}
+	ge := &cluster.GenerateEvent{Kind: cluster.EventToken}
+	for {
+		ev, err := st.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return send(cluster.ErrorEvent(err))
+		}
+		if first {
+			first = false
+			w.waiting.Add(-1)
+			w.prefillT.Add(-n)
+			w.running.Add(1)
+		}
+		ge.Event = ev
+		if err := send(ge); err != nil {
+			return err
+		}
+		if ev.Finish != "" {
+			return nil
+		}
+	}
+}
+
+func (w *Worker) snapshot(ctx context.Context, _ *cluster.SnapshotRequest) (*cluster.Snapshot, error) {
+	return &cluster.Snapshot{Snapshot: w.cfg.Engine.Pool().Snapshot()}, nil
+}
+
+// DefaultNode is a node name from the host name and a port.
+func DefaultNode(port int) string {
+	h, _ := os.Hostname()
+	if h == "" {
+		h = "worker"
+	}
+	return h + "-" + strconv.Itoa(port)
+}
