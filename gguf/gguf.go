@@ -7,7 +7,7 @@ import (
 	"math"
 	"math/bits"
 
-	"tandem/hal"
+	"tandem/dtype"
 )
 
 // ErrFormat is wrapped by every error that reports malformed GGUF data, so
@@ -60,7 +60,7 @@ type File struct {
 type TensorInfo struct {
 	Name   string
 	Dims   []uint64 // ggml order: Dims[0] is the row length (fastest varying)
-	Type   hal.DType
+	Type   dtype.DType
 	Offset uint64 // relative to the start of the tensor data section
 	Size   int64  // bytes, computed from dims and type
 }
@@ -219,7 +219,7 @@ func toUint(v any) (uint64, bool) {
 
 // tensorSize computes the byte size of a tensor, checking everything the
 // dims and type can get wrong. Both the parser and the writer use it.
-func tensorSize(typ hal.DType, dims []uint64) (int64, error) {
+func tensorSize(typ dtype.DType, dims []uint64) (int64, error) {
 	if !typ.Known() {
 		return 0, formatErr("unknown tensor type %d", uint32(typ))
 	}

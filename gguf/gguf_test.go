@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"tandem/hal"
+	"tandem/dtype"
 	"tandem/internal/fixtures"
 )
 
@@ -56,7 +56,7 @@ func wantStrings(t *testing.T, f *File, key string, n int) []string {
 	return s
 }
 
-func wantTensor(t *testing.T, f *File, name string, typ hal.DType, dims ...uint64) {
+func wantTensor(t *testing.T, f *File, name string, typ dtype.DType, dims ...uint64) {
 	t.Helper()
 	ti, ok := f.Tensor(name)
 	if !ok {
@@ -77,8 +77,8 @@ func TestFixtures(t *testing.T) {
 			wantString(t, f, "general.architecture", "llama")
 			wantUint(t, f, "llama.embedding_length", 64)
 			wantUint(t, f, "llama.block_count", 5)
-			wantTensor(t, f, "token_embd.weight", hal.F32, 64, 512)
-			wantTensor(t, f, "output.weight", hal.F32, 64, 512)
+			wantTensor(t, f, "token_embd.weight", dtype.F32, 64, 512)
+			wantTensor(t, f, "output.weight", dtype.F32, 64, 512)
 			tokens := wantStrings(t, f, "tokenizer.ggml.tokens", 512)
 			if len(tokens) > 3 && tokens[1] != "<s>" {
 				t.Errorf("token 1 = %q, want <s>", tokens[1])
@@ -91,43 +91,43 @@ func TestFixtures(t *testing.T) {
 			}
 		}},
 		{"stories260K-f16.gguf", func(t *testing.T, f *File) {
-			wantTensor(t, f, "token_embd.weight", hal.F16, 64, 512)
-			wantTensor(t, f, "blk.0.attn_q.weight", hal.F16, 64, 64)
-			wantTensor(t, f, "blk.0.attn_norm.weight", hal.F32, 64)
+			wantTensor(t, f, "token_embd.weight", dtype.F16, 64, 512)
+			wantTensor(t, f, "blk.0.attn_q.weight", dtype.F16, 64, 64)
+			wantTensor(t, f, "blk.0.attn_norm.weight", dtype.F32, 64)
 		}},
 		{"stories260K-q8_0.gguf", func(t *testing.T, f *File) {
-			wantTensor(t, f, "blk.0.attn_q.weight", hal.Q8_0, 64, 64)
-			wantTensor(t, f, "blk.0.ffn_down.weight", hal.F32, 172, 64)
-			wantTensor(t, f, "output_norm.weight", hal.F32, 64)
+			wantTensor(t, f, "blk.0.attn_q.weight", dtype.Q8_0, 64, 64)
+			wantTensor(t, f, "blk.0.ffn_down.weight", dtype.F32, 172, 64)
+			wantTensor(t, f, "output_norm.weight", dtype.F32, 64)
 		}},
 		{"rand-llama-tok512-f32.gguf", func(t *testing.T, f *File) {
 			wantUint(t, f, "llama.attention.head_count_kv", 2)
-			wantTensor(t, f, "output.weight", hal.F32, 64, 512)
+			wantTensor(t, f, "output.weight", dtype.F32, 64, 512)
 		}},
 		{"rand-llama-tok512-f16.gguf", func(t *testing.T, f *File) {
-			wantTensor(t, f, "token_embd.weight", hal.F16, 64, 512)
-			wantTensor(t, f, "output_norm.weight", hal.F32, 64)
+			wantTensor(t, f, "token_embd.weight", dtype.F16, 64, 512)
+			wantTensor(t, f, "output_norm.weight", dtype.F32, 64)
 		}},
 		{"rand-llama-tok512-bf16.gguf", func(t *testing.T, f *File) {
-			wantTensor(t, f, "token_embd.weight", hal.BF16, 64, 512)
-			wantTensor(t, f, "blk.1.ffn_down.weight", hal.BF16, 128, 64)
-			wantTensor(t, f, "output_norm.weight", hal.F32, 64)
+			wantTensor(t, f, "token_embd.weight", dtype.BF16, 64, 512)
+			wantTensor(t, f, "blk.1.ffn_down.weight", dtype.BF16, 128, 64)
+			wantTensor(t, f, "output_norm.weight", dtype.F32, 64)
 		}},
 		{"rand-llama-tok512-q8_0.gguf", func(t *testing.T, f *File) {
-			wantTensor(t, f, "token_embd.weight", hal.Q8_0, 64, 512)
-			wantTensor(t, f, "blk.0.attn_norm.weight", hal.F32, 64)
+			wantTensor(t, f, "token_embd.weight", dtype.Q8_0, 64, 512)
+			wantTensor(t, f, "blk.0.attn_norm.weight", dtype.F32, 64)
 		}},
 		{"rand-llama256-tok512-q4_k_m.gguf", func(t *testing.T, f *File) {
-			wantTensor(t, f, "token_embd.weight", hal.Q4_K, 256, 512)
-			wantTensor(t, f, "output.weight", hal.Q6_K, 256, 512)
-			wantTensor(t, f, "blk.1.attn_v.weight", hal.Q6_K, 256, 128)
-			wantTensor(t, f, "blk.1.ffn_down.weight", hal.Q6_K, 512, 256)
-			wantTensor(t, f, "blk.0.attn_q.weight", hal.Q4_K, 256, 256)
-			wantTensor(t, f, "blk.0.ffn_norm.weight", hal.F32, 256)
+			wantTensor(t, f, "token_embd.weight", dtype.Q4_K, 256, 512)
+			wantTensor(t, f, "output.weight", dtype.Q6_K, 256, 512)
+			wantTensor(t, f, "blk.1.attn_v.weight", dtype.Q6_K, 256, 128)
+			wantTensor(t, f, "blk.1.ffn_down.weight", dtype.Q6_K, 512, 256)
+			wantTensor(t, f, "blk.0.attn_q.weight", dtype.Q4_K, 256, 256)
+			wantTensor(t, f, "blk.0.ffn_norm.weight", dtype.F32, 256)
 		}},
 		{"rand-qwen2-tok512-f32.gguf", func(t *testing.T, f *File) {
 			wantString(t, f, "general.architecture", "qwen2")
-			wantTensor(t, f, "blk.0.attn_q.bias", hal.F32, 64)
+			wantTensor(t, f, "blk.0.attn_q.bias", dtype.F32, 64)
 			if _, ok := f.Tensor("output.weight"); ok {
 				t.Error("tied model has output.weight")
 			}
@@ -135,7 +135,7 @@ func TestFixtures(t *testing.T) {
 		{"rand-qwen3-tok512-f32.gguf", func(t *testing.T, f *File) {
 			wantString(t, f, "general.architecture", "qwen3")
 			wantUint(t, f, "qwen3.attention.key_length", 32)
-			wantTensor(t, f, "blk.0.attn_q_norm.weight", hal.F32, 32)
+			wantTensor(t, f, "blk.0.attn_q_norm.weight", dtype.F32, 32)
 		}},
 		{"rand-llama-llama3vocab-f32.gguf", func(t *testing.T, f *File) {
 			wantStrings(t, f, "tokenizer.ggml.tokens", 128256)
@@ -240,10 +240,10 @@ func allValues() ([]string, map[string]any) {
 	return keys, vals
 }
 
-func knownTypes() []hal.DType {
-	var types []hal.DType
+func knownTypes() []dtype.DType {
+	var types []dtype.DType
 	for i := range 64 {
-		if t := hal.DType(i); t.Known() {
+		if t := dtype.DType(i); t.Known() {
 			types = append(types, t)
 		}
 	}
@@ -278,7 +278,7 @@ func TestRoundTrip(t *testing.T) {
 			}
 			type tensor struct {
 				name string
-				typ  hal.DType
+				typ  dtype.DType
 				dims []uint64
 				data []byte
 			}
@@ -297,10 +297,10 @@ func TestRoundTrip(t *testing.T) {
 					}
 				}
 			}
-			if err := w.AddTensor("scalar", hal.F32, nil, []byte{1, 2, 3, 4}); err != nil {
+			if err := w.AddTensor("scalar", dtype.F32, nil, []byte{1, 2, 3, 4}); err != nil {
 				t.Fatal(err)
 			}
-			tensors = append(tensors, tensor{"scalar", hal.F32, []uint64{}, []byte{1, 2, 3, 4}})
+			tensors = append(tensors, tensor{"scalar", dtype.F32, []uint64{}, []byte{1, 2, 3, 4}})
 
 			data := write(t, w)
 			f, err := Parse(data)
@@ -428,14 +428,14 @@ func TestWriterErrors(t *testing.T) {
 		name  string
 		build func(w *Writer) error
 	}{
-		{"short data", func(w *Writer) error { return w.AddTensor("t", hal.F32, []uint64{4}, make([]byte, 15)) }},
-		{"unknown type", func(w *Writer) error { return w.AddTensor("t", hal.DType(99), []uint64{4}, nil) }},
-		{"partial block", func(w *Writer) error { return w.AddTensor("t", hal.Q8_0, []uint64{16}, make([]byte, 17)) }},
-		{"5 dims", func(w *Writer) error { return w.AddTensor("t", hal.I8, []uint64{1, 1, 1, 1, 1}, []byte{0}) }},
-		{"overflow", func(w *Writer) error { return w.AddTensor("t", hal.I8, []uint64{1 << 32, 1 << 32}, nil) }},
+		{"short data", func(w *Writer) error { return w.AddTensor("t", dtype.F32, []uint64{4}, make([]byte, 15)) }},
+		{"unknown type", func(w *Writer) error { return w.AddTensor("t", dtype.DType(99), []uint64{4}, nil) }},
+		{"partial block", func(w *Writer) error { return w.AddTensor("t", dtype.Q8_0, []uint64{16}, make([]byte, 17)) }},
+		{"5 dims", func(w *Writer) error { return w.AddTensor("t", dtype.I8, []uint64{1, 1, 1, 1, 1}, []byte{0}) }},
+		{"overflow", func(w *Writer) error { return w.AddTensor("t", dtype.I8, []uint64{1 << 32, 1 << 32}, nil) }},
 		{"duplicate", func(w *Writer) error {
-			w.AddTensor("t", hal.I8, []uint64{1}, []byte{0})
-			return w.AddTensor("t", hal.I8, []uint64{1}, []byte{0})
+			w.AddTensor("t", dtype.I8, []uint64{1}, []byte{0})
+			return w.AddTensor("t", dtype.I8, []uint64{1}, []byte{0})
 		}},
 		{"bad value", func(w *Writer) error { w.SetKV("k", struct{}{}); _, err := w.WriteTo(io.Discard); return err }},
 		{"nil value", func(w *Writer) error { w.SetKV("k", nil); _, err := w.WriteTo(io.Discard); return err }},
@@ -502,10 +502,10 @@ func smallFile(t testing.TB) []byte {
 	w.SetKV("toks", []string{"a", "bc"})
 	w.SetKV("scores", []float32{1, 2})
 	w.SetKV("nested", []any{[]int8{1}, []any{[]string{"z"}}})
-	if err := w.AddTensor("a", hal.F16, []uint64{3}, make([]byte, 6)); err != nil {
+	if err := w.AddTensor("a", dtype.F16, []uint64{3}, make([]byte, 6)); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.AddTensor("b", hal.Q8_0, []uint64{32, 1}, make([]byte, 34)); err != nil {
+	if err := w.AddTensor("b", dtype.Q8_0, []uint64{32, 1}, make([]byte, 34)); err != nil {
 		t.Fatal(err)
 	}
 	return write(t, w)
@@ -598,7 +598,7 @@ func TestCorrupt(t *testing.T) {
 		{"dims overflow", h(1, 0).tensor("w", 0, 0, 1<<32, 1<<32).pad(64), "overflow"},
 		{"negative dim", h(1, 0).tensor("w", 0, 0, 1<<63).pad(64), "too large"},
 		{"size overflow", h(1, 0).tensor("w", 0, 0, 1<<62).pad(64), "too large"},
-		{"partial block", h(1, 0).tensor("w", uint32(hal.Q4_K), 0, 255).pad(512), "block size"},
+		{"partial block", h(1, 0).tensor("w", uint32(dtype.Q4_K), 0, 255).pad(512), "block size"},
 		{"misaligned offset", h(1, 0).tensor("w", 0, 4, 1).pad(64), "not a multiple of the alignment"},
 		{"data past end", h(1, 0).tensor("w", 0, 0, 64).pad(64), "past the end"},
 		{"offset past end", h(1, 0).tensor("w", 0, 1<<63, 1).pad(64), "past the end"},

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"math"
 
-	"tandem/hal"
+	"tandem/dtype"
 )
 
 // formatErr builds an error that wraps ErrFormat.
@@ -200,7 +200,7 @@ func (d *decoder) tensorInfo() (TensorInfo, error) {
 	if err != nil {
 		return t, err
 	}
-	t.Type = hal.DType(typ)
+	t.Type = dtype.DType(typ)
 	if t.Offset, err = d.u64(); err != nil {
 		return t, err
 	}

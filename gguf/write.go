@@ -8,7 +8,7 @@ import (
 	"math"
 	"os"
 
-	"tandem/hal"
+	"tandem/dtype"
 )
 
 // Writer builds a GGUF v3 file from metadata and tensors held in memory.
@@ -55,7 +55,7 @@ func (w *Writer) SetKV(key string, value any) {
 
 // AddTensor adds a tensor. data must hold exactly the bytes dims and typ
 // call for; it is retained, not copied, until WriteTo.
-func (w *Writer) AddTensor(name string, typ hal.DType, dims []uint64, data []byte) error {
+func (w *Writer) AddTensor(name string, typ dtype.DType, dims []uint64, data []byte) error {
 	if w.names[name] {
 		return fmt.Errorf("gguf: tensor %q: duplicate tensor name", name)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"tandem/cluster"
+	"tandem/gguf"
 	"tandem/tokenizer"
 )
 
@@ -19,11 +20,11 @@ func tokenizerFromCard(c *cluster.ModelCard) (*tokenizer.Tokenizer, error) {
 		if b == nil {
 			return nil, fmt.Errorf("router: model card of %q: no tokenizer.gguf", c.Model)
 		}
-		md, err := readGGUFMetadata(b)
+		f, err := gguf.Parse(b)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("router: model card of %q: tokenizer.gguf: %w", c.Model, err)
 		}
-		return tokenizer.FromGGUF(md)
+		return tokenizer.FromGGUF(f)
 	case cluster.TokenizerHF:
 		dir, err := os.MkdirTemp("", "tandem-router-tokenizer-")
 		if err != nil {

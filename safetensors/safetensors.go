@@ -16,7 +16,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"tandem/hal"
+	"tandem/dtype"
 )
 
 // ErrFormat is wrapped by every error that reports malformed safetensors data
@@ -28,15 +28,15 @@ var ErrFormat = errors.New("invalid safetensors file")
 // implementation's limit (100 MB).
 const MaxHeaderSize = 100_000_000
 
-// NoType is the TensorInfo.Type of a tensor whose dtype has no hal.DType
+// NoType is the TensorInfo.Type of a tensor whose dtype has no dtype.DType
 // (U8, BOOL, F8_E4M3, ...). It is not a known hal type.
-const NoType = hal.DType(math.MaxUint32)
+const NoType = dtype.DType(math.MaxUint32)
 
 const metadataKey = "__metadata__"
 
 type dtypeInfo struct {
-	bits int       // bits per element
-	typ  hal.DType // NoType when hal has no equivalent
+	bits int         // bits per element
+	typ  dtype.DType // NoType when there is no ggml equivalent
 }
 
 // dtypes lists the reference implementation's dtype names.
@@ -46,20 +46,20 @@ var dtypes = map[string]dtypeInfo{
 	"F6_E2M3": {6, NoType},
 	"F6_E3M2": {6, NoType},
 	"U8":      {8, NoType},
-	"I8":      {8, hal.I8},
+	"I8":      {8, dtype.I8},
 	"F8_E5M2": {8, NoType},
 	"F8_E4M3": {8, NoType},
 	"F8_E8M0": {8, NoType},
-	"I16":     {16, hal.I16},
+	"I16":     {16, dtype.I16},
 	"U16":     {16, NoType},
-	"F16":     {16, hal.F16},
-	"BF16":    {16, hal.BF16},
-	"I32":     {32, hal.I32},
+	"F16":     {16, dtype.F16},
+	"BF16":    {16, dtype.BF16},
+	"I32":     {32, dtype.I32},
 	"U32":     {32, NoType},
-	"F32":     {32, hal.F32},
+	"F32":     {32, dtype.F32},
 	"C64":     {64, NoType},
-	"F64":     {64, hal.F64},
-	"I64":     {64, hal.I64},
+	"F64":     {64, dtype.F64},
+	"I64":     {64, dtype.I64},
 	"U64":     {64, NoType},
 }
 
@@ -73,13 +73,13 @@ func DTypeBits(dtype string) (int, bool) {
 // TensorInfo describes one tensor of a file and where its bytes lie.
 type TensorInfo struct {
 	Name       string
-	DType      string    // as in the file, e.g. "BF16"
-	Type       hal.DType // mapped from DType; NoType when there is no mapping (see Supported)
-	Shape      []int64   // row-major, as in the file: Shape[len-1] is the fastest varying
-	Begin, End int64     // data_offsets, relative to the start of the data section
+	DType      string      // as in the file, e.g. "BF16"
+	Type       dtype.DType // mapped from DType; NoType when there is no mapping (see Supported)
+	Shape      []int64     // row-major, as in the file: Shape[len-1] is the fastest varying
+	Begin, End int64       // data_offsets, relative to the start of the data section
 }
 
-// Supported reports whether the tensor's dtype maps to a hal.DType: F32, F16,
+// Supported reports whether the tensor's dtype maps to a dtype.DType: F32, F16,
 // BF16, F64, I8, I16, I32 and I64. When false, Type is NoType.
 func (t *TensorInfo) Supported() bool { return t.Type != NoType }
 

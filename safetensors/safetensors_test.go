@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"tandem/hal"
+	"tandem/dtype"
 )
 
 // fill returns n bytes of a pattern that differs per seed.
@@ -36,7 +36,7 @@ func TestRoundTripAllDTypes(t *testing.T) {
 	type tc struct {
 		dtype string
 		shape []int64
-		typ   hal.DType
+		typ   dtype.DType
 	}
 	var cases []tc
 	for _, dt := range slices.Sorted(maps.Keys(dtypes)) {
@@ -47,12 +47,12 @@ func TestRoundTripAllDTypes(t *testing.T) {
 		cases = append(cases, tc{dt, shape, dtypes[dt].typ})
 	}
 	cases = append(cases,
-		tc{"F32", []int64{}, hal.F32},       // scalar
-		tc{"BF16", []int64{0, 5}, hal.BF16}, // empty
-		tc{"F16", []int64{1, 1, 2, 3}, hal.F16},
+		tc{"F32", []int64{}, dtype.F32},       // scalar
+		tc{"BF16", []int64{0, 5}, dtype.BF16}, // empty
+		tc{"F16", []int64{1, 1, 2, 3}, dtype.F16},
 	)
-	want := map[string]hal.DType{"F32": hal.F32, "F16": hal.F16, "BF16": hal.BF16, "F64": hal.F64,
-		"I8": hal.I8, "I16": hal.I16, "I32": hal.I32, "I64": hal.I64}
+	want := map[string]dtype.DType{"F32": dtype.F32, "F16": dtype.F16, "BF16": dtype.BF16, "F64": dtype.F64,
+		"I8": dtype.I8, "I16": dtype.I16, "I32": dtype.I32, "I64": dtype.I64}
 
 	w := NewWriter()
 	w.SetMetadata("format", "pt")
