@@ -29,7 +29,7 @@ var ErrFormat = errors.New("invalid safetensors file")
 const MaxHeaderSize = 100_000_000
 
 // NoType is the TensorInfo.Type of a tensor whose dtype has no dtype.DType
-// (U8, BOOL, F8_E4M3, ...). It is not a known hal type.
+// (U8, BOOL, F8_E4M3, ...). It is not a known dtype.
 const NoType = dtype.DType(math.MaxUint32)
 
 const metadataKey = "__metadata__"
