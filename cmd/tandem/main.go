@@ -22,6 +22,7 @@ func commands() []command {
 		{"serve", "serve the OpenAI-compatible API", serveCmd},
 		{"bench-engine", "time prompt processing, generation and batched decode (like llama-bench)", benchEngineCmd},
 		{"bench", "load-test an OpenAI-compatible server", benchCmd},
+		{"simulate", "replay a trace over simulated workers with the router's own decisions", simulateCmd},
 	}
 }
 

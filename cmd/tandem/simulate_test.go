@@ -1,0 +1,56 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSimulateCmd(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "trace.jsonl")
+	rows := `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}
+{"timestamp": 10, "input_length": 1000, "output_length": 5, "hash_ids": [0, 2]}
+{"timestamp": 2000, "input_length": 1024, "output_length": 3, "hash_ids": [0, 1]}
+`
+	if err := os.WriteFile(trace, []byte(rows), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out.json")
+	var stdout, stderr bytes.Buffer
+	err := simulateCmd([]string{"--trace", trace, "--workers", "2", "--routing", "kv", "--json-out", out, "--trace-block-size", "64"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	for _, want := range []string{"Serving Benchmark Result", "Prefix cache hit rate:", "Routing mode:", "kv"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m["completed"] != 3.0 || m["routing"] != "kv" || m["num_workers"] != 2.0 {
+		t.Errorf("completed %v routing %v workers %v", m["completed"], m["routing"], m["num_workers"])
+	}
+	// The third request repeats the first one's two blocks (64 tokens each
+	// when scaled); kv routing sends it to the same worker, which holds the
+	// first 64 (keeping the last token to compute, the second block ends at
+	// the prompt's end and is not reused).
+	if hr, _ := m["prefix_cache_hit_rate"].(float64); hr <= 0 {
+		t.Errorf("hit rate %v, want > 0", m["prefix_cache_hit_rate"])
+	}
+	for _, bad := range [][]string{{}, {"--trace", trace, "--routing", "nope"}, {"--trace", trace, "--workers", "0"}, {"--trace", trace, "extra"}} {
+		if err := simulateCmd(bad, &stdout, &stderr); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}

@@ -1,0 +1,71 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// WriteTable writes tandem bench's table, then the cluster's cache and load
+// figures and one line per worker.
+func (r *Result) WriteTable(w io.Writer) error {
+	if err := r.Bench.WriteTable(w); err != nil {
+		return err
+	}
+	var b strings.Builder
+	row := func(label string, v any) { fmt.Fprintf(&b, "%-40s %v\n", label, v) }
+	row("Routing mode:", r.Routing)
+	row("Simulated workers:", len(r.Workers))
+	row("Prefix cache hit rate:", fmt.Sprintf("%.4f", r.HitRate))
+	row("Imbalance, tokens (max/mean):", fmt.Sprintf("%.3f", r.TokenImbalance))
+	row("Imbalance, tokens (CV):", fmt.Sprintf("%.3f", r.TokenCV))
+	row("Imbalance, active requests (max/mean):", fmt.Sprintf("%.3f", r.ActiveImbalance))
+	row("Requests queued in the router:", r.RouterQueued)
+	b.WriteString("worker  requests  prefill_tok  decode_tok  cached_tok  preempt   busy_s  mean_active\n")
+	for i, ws := range r.Workers {
+		fmt.Fprintf(&b, "%6d  %8d  %11d  %10d  %10d  %7d  %7.1f  %11.2f\n", i, ws.Requests, ws.PrefillTokens,
+			ws.DecodeTokens, ws.CachedTokens, ws.Preemptions, ws.Busy.Seconds(), ws.MeanActive)
+	}
+	b.WriteString(strings.Repeat("=", 50) + "\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// JSON is tandem bench's JSON report (per-request arrays included) with the
+// simulation's figures added.
+func (r *Result) JSON() map[string]any {
+	m := r.Bench.JSON()
+	m["backend"] = "sim"
+	m["routing"] = string(r.Routing)
+	m["num_workers"] = len(r.Workers)
+	m["prefix_cache_hit_rate"] = r.HitRate
+	m["total_prompt_tokens_admitted"] = r.PromptTokens
+	m["imbalance_tokens_max_over_mean"] = r.TokenImbalance
+	m["imbalance_tokens_cv"] = r.TokenCV
+	m["imbalance_active_max_over_mean"] = r.ActiveImbalance
+	m["router_queued"] = r.RouterQueued
+	m["sim_events"] = r.Events
+	c := r.Config
+	m["sim_config"] = map[string]any{
+		"timing": c.Timing, "block_size": c.BlockSize, "kv_blocks": c.KVBlocks,
+		"max_num_batched_tokens": c.TokenBudget, "max_num_seqs": c.MaxSeqs,
+		"report_interval_ms": c.ReportInterval.Seconds() * 1000, "seed": c.Seed,
+		"overlap_weight": c.Router.OverlapWeight, "temperature": c.Router.Temperature,
+	}
+	ws := make([]map[string]any, len(r.Workers))
+	for i, w := range r.Workers {
+		ws[i] = map[string]any{
+			"requests": w.Requests, "prefill_tokens": w.PrefillTokens, "decode_tokens": w.DecodeTokens,
+			"cached_tokens": w.CachedTokens, "preemptions": w.Preemptions, "steps": w.Steps,
+			"busy_s": w.Busy.Seconds(), "mean_active": w.MeanActive,
+		}
+	}
+	m["workers"] = ws
+	return m
+}
+
+// WriteJSON writes JSON() on one line, keys sorted.
+func (r *Result) WriteJSON(w io.Writer) error {
+	return json.NewEncoder(w).Encode(r.JSON())
+}

@@ -1,0 +1,614 @@
+package sim
+
+import (
+	"cmp"
+	"container/heap"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"tandem/bench"
+	"tandem/kvcache"
+	"tandem/router"
+)
+
+// Config describes a simulated cluster. Zero values take the defaults noted.
+type Config struct {
+	Workers        int           // simulated workers; 0 → 4
+	Router         router.Config // the policy; its Card is filled in by Run
+	Timing         Timing        // compute model; zero → GPUTiming
+	BlockSize      int           // KV block size in tokens; 0 → 16
+	KVBlocks       int           // KV blocks per worker; 0 → 28672 (≈ 459k tokens)
+	TokenBudget    int           // tokens per step (max_num_batched_tokens); 0 → 8192
+	MaxSeqs        int           // running sequences per worker; 0 → 256
+	ReportInterval time.Duration // load reports; 0 → 100 ms
+	Seed           int64         // seeds the router's RNG (random mode, softmax)
+	Percentiles    []float64     // nil → 90, 99
+}
+
+func (c *Config) defaults() error {
+	c.Workers = cmp.Or(c.Workers, 4)
+	if c.Timing == (Timing{}) {
+		c.Timing = GPUTiming()
+	}
+	c.BlockSize = cmp.Or(c.BlockSize, 16)
+	c.KVBlocks = cmp.Or(c.KVBlocks, 28672)
+	c.TokenBudget = cmp.Or(c.TokenBudget, 8192)
+	c.MaxSeqs = cmp.Or(c.MaxSeqs, 256)
+	c.ReportInterval = cmp.Or(c.ReportInterval, 100*time.Millisecond)
+	if c.Percentiles == nil {
+		c.Percentiles = []float64{90, 99}
+	}
+	if c.Workers < 1 || c.BlockSize < 1 || c.KVBlocks < 1 || c.TokenBudget < 1 || c.MaxSeqs < 1 || c.ReportInterval < 0 {
+		return fmt.Errorf("sim: workers, block size, KV blocks, token budget, max seqs and report interval must be positive")
+	}
+	return c.Timing.validate()
+}
+
+// A Request is one request of a replay: its arrival, its prompt as synthetic
+// segments (equal segments give equal tokens, hence shared prefixes) and the
+// number of tokens it generates.
+type Request struct {
+	At        time.Duration
+	Segments  []bench.Segment
+	OutputLen int
+}
+
+// FromWorkload takes a workload's requests: every session must have one turn.
+// Untimed workloads arrive all at once.
+func FromWorkload(w bench.Workload) ([]Request, error) {
+	var reqs []Request
+	for i, s := range w.Sessions() {
+		if len(s.Turns) != 1 || len(s.Turns[0].Segments) == 0 {
+			return nil, fmt.Errorf("sim: session %d: only single-turn synthetic workloads can be simulated", i)
+		}
+		reqs = append(reqs, Request{At: s.At, Segments: s.Turns[0].Segments, OutputLen: s.Turns[0].OutputLen})
+	}
+	return reqs, nil
+}
+
+// WorkerStats is what one simulated worker did.
+type WorkerStats struct {
+	Requests      int           // requests routed to it
+	PrefillTokens int           // prompt tokens computed (cache hits excluded, recomputes included)
+	DecodeTokens  int           // tokens decoded
+	CachedTokens  int           // prompt tokens served from its prefix cache
+	Preemptions   int           // sequences preempted for lack of KV blocks
+	Steps         int           // forward passes
+	Busy          time.Duration // time spent in steps
+	MeanActive    float64       // requests on the worker (waiting or running), time-averaged
+}
+
+// Result is a finished simulation.
+type Result struct {
+	Bench   *bench.Result // the same report tandem bench writes
+	Routing router.Mode
+	Config  Config
+
+	PromptTokens, CachedTokens int     // over first admissions
+	HitRate                    float64 // CachedTokens / PromptTokens
+	Workers                    []WorkerStats
+	// Load imbalance: max/mean and coefficient of variation of per-worker
+	// processed tokens (prefill + decode); ActiveImbalance is the mean over
+	// load-report ticks with work of max/mean requests on a worker.
+	TokenImbalance, TokenCV, ActiveImbalance float64
+	RouterQueued                             int // requests that waited in the router (all workers busy)
+	Events                                   int // events processed
+}
+
+// seq states
+const (
+	stWaiting = iota
+	stRunning
+	stDone
+)
+
+type sreq struct {
+	id        int
+	at        time.Duration
+	segs      []bench.Segment
+	outLen    int
+	promptLen int
+
+	tokens   []int32 // prompt, then generated tokens; nil until routed
+	seq      *kvcache.Seq
+	state    int
+	admitted bool // matched at least once
+	inflight router.Inflight
+	worker   int
+
+	first  time.Duration
+	times  []time.Duration // token emission times
+	cached int
+	err    string
+}
+
+type worker struct {
+	id       int
+	pool     *kvcache.Pool
+	events   <-chan kvcache.Event
+	waiting  []*sreq
+	running  []*sreq
+	stepping bool
+	kicking  bool // an evKick is queued
+	batch    []chunk
+	stats    WorkerStats
+	activeAt time.Duration // for the time-weighted active count
+	activeNs float64
+}
+
+type chunk struct {
+	r *sreq
+	n int // new tokens; 0 for a decode
+}
+
+type event struct {
+	t    time.Duration
+	seq  uint64
+	kind int
+	w    int
+	r    int
+}
+
+const (
+	evArrival = iota
+	evStepEnd
+	evReport
+	evKick
+)
+
+type eventQueue []event
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if q[i].t != q[j].t {
+		return q[i].t < q[j].t
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+// epoch is virtual time zero, for the router's clock.
+var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+type sim struct {
+	cfg     Config
+	salt    uint64
+	state   *router.State
+	workers []*worker
+	reqs    []*sreq
+	queue   eventQueue
+	nseq    uint64
+	now     time.Duration
+	rqueue  []*sreq // router queue: all workers busy
+	left    int     // requests not finished
+	queued  int
+	events  int
+	hashes  []uint64
+	actSum  float64
+	actN    int
+}
+
+// Run replays reqs over cfg.Workers simulated workers, routing each request
+// with the router's own Decide.
+func Run(cfg Config, reqs []Request) (*Result, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		return nil, errors.New("sim: no requests")
+	}
+	s := &sim{cfg: cfg, salt: kvcache.Salt("sim", "", "")}
+	rc := cfg.Router
+	rc.Card = router.Card{Model: "sim", HashVersion: kvcache.HashVersion, BlockSize: cfg.BlockSize, Salt: s.salt, KVBlocks: cfg.KVBlocks}
+	var err error
+	if s.state, err = router.NewState(rc, rand.New(rand.NewPCG(uint64(cfg.Seed), 0x51a1))); err != nil {
+		return nil, err
+	}
+	for i := range cfg.Workers {
+		w := &worker{id: i, pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize)}
+		w.events, _ = w.pool.Subscribe(1 << 16)
+		if err := s.state.AddWorker(router.WorkerID(i), rc.Card); err != nil {
+			return nil, err
+		}
+		s.workers = append(s.workers, w)
+	}
+	for i, r := range reqs {
+		if i > 0 && r.At < reqs[i-1].At {
+			return nil, fmt.Errorf("sim: request %d arrives before request %d", i, i-1)
+		}
+		q := &sreq{id: i, at: r.At, segs: r.Segments, outLen: max(r.OutputLen, 1), worker: -1}
+		for _, sg := range r.Segments {
+			q.promptLen += sg.Len
+		}
+		if q.promptLen == 0 {
+			return nil, fmt.Errorf("sim: request %d has an empty prompt", i)
+		}
+		s.reqs = append(s.reqs, q)
+		s.push(event{t: r.At, kind: evArrival, r: i})
+	}
+	s.left = len(reqs)
+	if cfg.ReportInterval > 0 {
+		s.push(event{t: reqs[0].At, kind: evReport})
+	}
+	for s.queue.Len() > 0 && s.left > 0 {
+		e := heap.Pop(&s.queue).(event)
+		s.now = e.t
+		s.events++
+		switch e.kind {
+		case evArrival:
+			s.route(s.reqs[e.r])
+		case evStepEnd:
+			s.stepEnd(s.workers[e.w])
+			s.retryQueue()
+		case evKick:
+			s.workers[e.w].kicking = false
+			s.kick(s.workers[e.w])
+		case evReport:
+			s.report()
+			s.retryQueue()
+			if s.left > 0 {
+				s.push(event{t: s.now + cfg.ReportInterval, kind: evReport})
+			}
+		}
+	}
+	return s.result(), nil
+}
+
+func (s *sim) push(e event) {
+	s.nseq++
+	e.seq = s.nseq
+	heap.Push(&s.queue, e)
+}
+
+// route decides r's worker with the router's policy, or holds it in the
+// router queue when every worker is busy.
+func (s *sim) route(r *sreq) {
+	if r.tokens == nil {
+		r.tokens = make([]int32, 0, r.promptLen+r.outLen)
+		var buf []uint32
+		for _, sg := range r.segs {
+			buf = sg.Tokens(buf[:0])
+			for _, t := range buf {
+				r.tokens = append(r.tokens, int32(t&0x7fffffff))
+			}
+		}
+	}
+	if len(s.rqueue) > 0 || !s.dispatch(r) { // first come, first served
+		s.rqueue = append(s.rqueue, r)
+		s.queued++
+	}
+}
+
+// dispatch asks the router for r's worker; false when all are busy.
+func (s *sim) dispatch(r *sreq) bool {
+	s.hashes = kvcache.HashBlocks(s.salt, r.tokens, s.cfg.BlockSize, s.hashes[:0])
+	d, err := s.state.Decide(router.Request{Hashes: s.hashes, PromptTokens: r.promptLen, Now: epoch.Add(s.now)})
+	if errors.Is(err, router.ErrAllBusy) {
+		return false
+	}
+	if err != nil {
+		s.fail(r, err.Error())
+		return true
+	}
+	r.inflight = d.Inflight
+	w := s.workers[d.Worker]
+	r.worker = w.id
+	w.stats.Requests++
+	s.account(w)
+	w.waiting = append(w.waiting, r)
+	if !w.stepping && !w.kicking { // start after the other arrivals of this instant
+		w.kicking = true
+		s.push(event{t: s.now, kind: evKick, w: w.id})
+	}
+	return true
+}
+
+func (s *sim) retryQueue() {
+	for len(s.rqueue) > 0 {
+		if !s.dispatch(s.rqueue[0]) {
+			return
+		}
+		s.rqueue = s.rqueue[1:]
+	}
+}
+
+func (s *sim) fail(r *sreq, msg string) {
+	r.err, r.state = msg, stDone
+	r.tokens = nil
+	s.left--
+}
+
+// account adds w's requests since the last call to its time-weighted count;
+// call it before a request joins or leaves the worker.
+func (s *sim) account(w *worker) {
+	n := len(w.waiting) + len(w.running)
+	w.activeNs += float64(n) * float64(s.now-w.activeAt)
+	w.activeAt = s.now
+}
+
+// kick starts a step on w if it is idle and has work.
+func (s *sim) kick(w *worker) {
+	if w.stepping {
+		return
+	}
+	dur, ok := s.schedule(w)
+	s.drain(w)
+	if !ok {
+		return
+	}
+	w.stepping = true
+	w.stats.Steps++
+	w.stats.Busy += dur
+	s.push(event{t: s.now + dur, kind: evStepEnd, w: w.id})
+}
+
+// schedule forms w's next batch, vLLM-style: running sequences first (a
+// decode token each, or their next prefill chunk), then waiting ones in
+// arrival order, under the token budget and the sequence cap, with KV blocks
+// reserved for every token the step writes. It returns the step's duration.
+func (s *sim) schedule(w *worker) (time.Duration, bool) {
+	budget := s.cfg.TokenBudget
+	w.batch = w.batch[:0]
+	decodeN, kvRead, prefillN := 0, 0, 0
+	quad := 0.0
+	for i := 0; i < len(w.running) && budget > 0; i++ {
+		r := w.running[i]
+		if r.seq.Len() == len(r.tokens)-1 { // decode
+			for r.seq.Reserve(1) != nil {
+				victim := w.running[len(w.running)-1]
+				s.preempt(w, victim)
+				if victim == r {
+					break
+				}
+			}
+			if r.state != stRunning {
+				break
+			}
+			w.batch = append(w.batch, chunk{r: r})
+			decodeN++
+			kvRead += len(r.tokens)
+			budget--
+			continue
+		}
+		n := min(len(r.tokens)-r.seq.Len(), budget)
+		w.batch = append(w.batch, chunk{r: r, n: n})
+		prefillN += n
+		quad += float64(n) * float64(r.seq.Len()+n)
+		budget -= n
+	}
+	for len(w.waiting) > 0 && budget > 0 && len(w.running) < s.cfg.MaxSeqs {
+		r := w.waiting[0]
+		r.seq = w.pool.NewSeq(s.salt)
+		cached := r.seq.Match(r.tokens, 1)
+		if r.seq.Reserve(len(r.tokens)-cached) != nil {
+			r.seq.Release()
+			r.seq = nil
+			if len(w.running) == 0 {
+				s.account(w)
+				w.waiting = w.waiting[1:]
+				s.state.RemoveInflight(r.inflight)
+				s.fail(r, fmt.Sprintf("sim: %d tokens exceed the KV capacity of %d blocks", len(r.tokens), s.cfg.KVBlocks))
+				continue
+			}
+			break
+		}
+		if !r.admitted {
+			r.admitted, r.cached = true, cached
+			w.stats.CachedTokens += cached
+		}
+		w.waiting = w.waiting[1:]
+		w.running = append(w.running, r)
+		r.state = stRunning
+		n := min(len(r.tokens)-cached, budget)
+		w.batch = append(w.batch, chunk{r: r, n: n})
+		prefillN += n
+		quad += float64(n) * float64(cached+n)
+		budget -= n
+	}
+	if len(w.batch) == 0 {
+		return 0, false
+	}
+	var d time.Duration
+	if decodeN > 0 {
+		d += s.cfg.Timing.Decode(decodeN, kvRead)
+	}
+	if prefillN > 0 {
+		d += s.cfg.Timing.Prefill(prefillN, quad)
+	}
+	w.stats.PrefillTokens += prefillN
+	w.stats.DecodeTokens += decodeN
+	return max(d, 1), true
+}
+
+// preempt releases r's blocks and returns it to the head of w's waiting
+// queue; it recomputes its prompt and output so far when admitted again.
+func (s *sim) preempt(w *worker, r *sreq) {
+	r.seq.Release()
+	r.seq = nil
+	r.state = stWaiting
+	w.running = w.running[:len(w.running)-1]
+	w.waiting = append([]*sreq{r}, w.waiting...)
+	w.stats.Preemptions++
+}
+
+// stepEnd commits the step's KV, emits tokens and finishes requests.
+func (s *sim) stepEnd(w *worker) {
+	w.stepping = false
+	for _, c := range w.batch {
+		r := c.r
+		if r.state != stRunning {
+			continue
+		}
+		if c.n > 0 {
+			r.seq.Commit(r.tokens[:r.seq.Len()+c.n])
+			if r.seq.Len() < len(r.tokens) {
+				continue // more prompt chunks to go
+			}
+		} else {
+			r.seq.Commit(r.tokens)
+		}
+		s.emit(w, r)
+	}
+	s.drain(w)
+	s.kick(w)
+}
+
+// emit records a generated token of r at the current time.
+func (s *sim) emit(w *worker, r *sreq) {
+	if len(r.times) == 0 {
+		r.first = s.now
+		s.state.PrefillDone(&r.inflight)
+	}
+	r.times = append(r.times, s.now)
+	r.tokens = append(r.tokens, int32(splitmix(uint64(r.id)<<20^uint64(len(r.times)))&0x7fffffff))
+	if len(r.times) < r.outLen {
+		return
+	}
+	s.account(w)
+	r.seq.Release()
+	r.seq = nil
+	for i, q := range w.running {
+		if q == r {
+			w.running = append(w.running[:i], w.running[i+1:]...)
+			break
+		}
+	}
+	r.state = stDone
+	r.tokens = nil
+	s.state.RemoveInflight(r.inflight)
+	s.left--
+}
+
+// drain feeds w's KV events to the router's index, resynchronising from a
+// snapshot on a gap.
+func (s *sim) drain(w *worker) {
+	for {
+		select {
+		case ev := <-w.events:
+			gap, err := s.state.ApplyEvent(router.WorkerID(w.id), ev)
+			if err == nil && gap {
+				s.state.ResetWorker(router.WorkerID(w.id), w.pool.Snapshot())
+			}
+		default:
+			return
+		}
+	}
+}
+
+// report sends every worker's load report.
+func (s *sim) report() {
+	maxA, sumA := 0, 0
+	for _, w := range s.workers {
+		lr := router.LoadReport{Running: len(w.running), KVBlocks: s.cfg.KVBlocks, Healthy: true}
+		st := w.pool.Stats()
+		lr.KVUsage, lr.LastEventID = st.Usage(), st.LastEventID
+		for _, r := range w.waiting {
+			lr.Waiting++
+			lr.PrefillTokens += len(r.tokens)
+		}
+		for _, r := range w.running {
+			if len(r.times) == 0 {
+				lr.Waiting++
+			}
+			if n := len(r.tokens) - r.seq.Len(); n > 1 {
+				lr.PrefillTokens += n
+			}
+			lr.DecodeBlocks += len(r.seq.Blocks())
+		}
+		s.state.Report(router.WorkerID(w.id), lr, epoch.Add(s.now))
+		a := len(w.waiting) + len(w.running)
+		maxA, sumA = max(maxA, a), sumA+a
+	}
+	if sumA > 0 {
+		s.actSum += float64(maxA) / (float64(sumA) / float64(len(s.workers)))
+		s.actN++
+	}
+}
+
+func (s *sim) result() *Result {
+	cfg := s.cfg
+	res := &Result{Routing: cfg.Router.Mode, Config: cfg, Events: s.events, RouterQueued: s.queued}
+	if res.Routing == "" {
+		res.Routing = router.ModeKV
+	}
+	t0 := s.reqs[0].at
+	var end time.Duration
+	reqs := make([]bench.RequestResult, len(s.reqs))
+	for i, r := range s.reqs {
+		q := bench.RequestResult{Session: i, Start: r.at - t0, InputLen: r.promptLen, OutputLen: len(r.times), CachedTokens: r.cached, Err: r.err}
+		if r.err == "" && len(r.times) > 0 {
+			q.TTFT = r.first - r.at
+			q.E2E = r.times[len(r.times)-1] - r.at
+			q.ITL = make([]time.Duration, len(r.times)-1)
+			for j := 1; j < len(r.times); j++ {
+				q.ITL[j-1] = r.times[j] - r.times[j-1]
+			}
+			end = max(end, r.times[len(r.times)-1])
+			res.PromptTokens += r.promptLen
+			res.CachedTokens += r.cached
+		} else if r.err == "" {
+			q.Err = "sim: not finished"
+		}
+		reqs[i] = q
+	}
+	if res.PromptTokens > 0 {
+		res.HitRate = float64(res.CachedTokens) / float64(res.PromptTokens)
+	}
+	dur := end - t0
+	res.Bench = &bench.Result{
+		Date: time.Unix(0, 0).UTC(), BaseURL: "sim", Model: "sim", Endpoint: bench.Endpoint("sim"),
+		Workload: "trace", Arrival: bench.Trace, TraceSpeedup: 1, RequestRate: math.Inf(1),
+		NumPrompts: len(s.reqs), Percentiles: cfg.Percentiles, Requests: reqs,
+		Summary: bench.Summarize(reqs, dur, bench.SLO{}, cfg.Percentiles),
+	}
+	toks := make([]float64, len(s.workers))
+	for i, w := range s.workers {
+		s.account(w)
+		if dur > 0 {
+			w.stats.MeanActive = w.activeNs / float64(dur)
+		}
+		res.Workers = append(res.Workers, w.stats)
+		toks[i] = float64(w.stats.PrefillTokens + w.stats.DecodeTokens)
+	}
+	res.TokenImbalance, res.TokenCV = imbalance(toks)
+	if s.actN > 0 {
+		res.ActiveImbalance = s.actSum / float64(s.actN)
+	}
+	return res
+}
+
+// imbalance returns max/mean and the coefficient of variation (population
+// standard deviation over mean) of xs; 0, 0 when the mean is 0.
+func imbalance(xs []float64) (maxOverMean, cv float64) {
+	sum, hi := 0.0, 0.0
+	for _, x := range xs {
+		sum += x
+		hi = max(hi, x)
+	}
+	mean := sum / float64(len(xs))
+	if mean == 0 {
+		return 0, 0
+	}
+	ss := 0.0
+	for _, x := range xs {
+		ss += (x - mean) * (x - mean)
+	}
+	return hi / mean, math.Sqrt(ss/float64(len(xs))) / mean
+}
+
+func splitmix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}

@@ -1,0 +1,204 @@
+package sim
+
+import (
+	"bytes"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"tandem/bench"
+	"tandem/router"
+)
+
+// fixed is a timing model with round numbers.
+var fixed = Timing{PrefillBase: 10, PrefillPerToken: 1, DecodeBase: 20, DecodePerSeq: 2}
+
+func oneReq(at time.Duration, seed uint64, prompt, out int) Request {
+	return Request{At: at, Segments: []bench.Segment{{Seed: seed, Len: prompt}}, OutputLen: out}
+}
+
+func run(t *testing.T, cfg Config, reqs []Request) *Result {
+	t.Helper()
+	res, err := Run(cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestHandMade(t *testing.T) {
+	// One worker. Request 0: 100 tokens, 3 out: prefill 10+100 = 110 ms,
+	// then 2 decode steps of 20+2 = 22 ms: TTFT 110, E2E 154.
+	// Request 1 arrives at 500 ms with the same first 64 tokens (4 blocks of
+	// 16 cached) and 36 new: prefill 10+36 = 46 ms, 1 token.
+	r1 := Request{At: 500 * time.Millisecond, Segments: []bench.Segment{{Seed: 1, Len: 64}, {Seed: 9, Len: 36}}, OutputLen: 1}
+	r0 := Request{Segments: []bench.Segment{{Seed: 1, Len: 64}, {Seed: 2, Len: 36}}, OutputLen: 3}
+	res := run(t, Config{Workers: 1, Timing: fixed}, []Request{r0, r1})
+	q := res.Bench.Requests
+	if q[0].TTFT != 110*time.Millisecond || q[0].E2E != 154*time.Millisecond || len(q[0].ITL) != 2 || q[0].ITL[0] != 22*time.Millisecond {
+		t.Errorf("request 0: TTFT %v E2E %v ITL %v, want 110ms 154ms [22ms 22ms]", q[0].TTFT, q[0].E2E, q[0].ITL)
+	}
+	if q[1].TTFT != 46*time.Millisecond || q[1].E2E != 46*time.Millisecond || q[1].CachedTokens != 64 {
+		t.Errorf("request 1: TTFT %v E2E %v cached %d, want 46ms 46ms 64", q[1].TTFT, q[1].E2E, q[1].CachedTokens)
+	}
+	if want := 64.0 / 200; math.Abs(res.HitRate-want) > 1e-12 {
+		t.Errorf("hit rate %v, want %v", res.HitRate, want)
+	}
+	if s := res.Bench.Summary; s.Completed != 2 || s.Duration != 546*time.Millisecond || s.TotalOutput != 4 {
+		t.Errorf("summary: %d completed, duration %v, %d output tokens; want 2, 546ms, 4", s.Completed, s.Duration, s.TotalOutput)
+	}
+}
+
+func TestBatching(t *testing.T) {
+	// Two requests at once on one worker share the prefill step
+	// (10 + 2·50 = 110 ms) and then decode together (20 + 2·2 = 24 ms).
+	reqs := []Request{oneReq(0, 1, 50, 2), oneReq(0, 2, 50, 2)}
+	res := run(t, Config{Workers: 1, Timing: fixed}, reqs)
+	for i, q := range res.Bench.Requests {
+		if q.TTFT != 110*time.Millisecond || q.E2E != 134*time.Millisecond {
+			t.Errorf("request %d: TTFT %v E2E %v, want 110ms 134ms", i, q.TTFT, q.E2E)
+		}
+	}
+	// A token budget of 60 splits the second prompt: step 1 computes 50 + 10
+	// tokens (70 ms); step 2 decodes request 0 (20 + 2 = 22 ms) and computes
+	// request 1's last 40 tokens (10 + 40 = 50 ms): 72 ms.
+	res = run(t, Config{Workers: 1, Timing: fixed, TokenBudget: 60}, reqs)
+	q := res.Bench.Requests
+	if q[0].TTFT != 70*time.Millisecond || q[0].E2E != 142*time.Millisecond || q[1].TTFT != 142*time.Millisecond {
+		t.Errorf("chunked: TTFT0 %v E2E0 %v TTFT1 %v, want 70ms 142ms 142ms", q[0].TTFT, q[0].E2E, q[1].TTFT)
+	}
+}
+
+func TestTimingReproducesParameters(t *testing.T) {
+	// A lone request's simulated prefill (TTFT) and decode (E2E − TTFT)
+	// equal the model's formulas within 5 %.
+	tm := Timing{PrefillBase: 7, PrefillPerToken: 0.3, PrefillPerToken2: 1e-5, DecodeBase: 11, DecodePerSeq: 0.7, DecodePerKVToken: 0.002}
+	const p, o = 3000, 200
+	res := run(t, Config{Workers: 1, Timing: tm, TokenBudget: 1 << 20}, []Request{oneReq(0, 5, p, o)})
+	q := res.Bench.Requests[0]
+	wantPrefill := tm.PrefillBase + tm.PrefillPerToken*p + tm.PrefillPerToken2*p*p
+	wantDecode := 0.0
+	for i := 1; i < o; i++ {
+		wantDecode += tm.DecodeBase + tm.DecodePerSeq + tm.DecodePerKVToken*float64(p+i)
+	}
+	gotPrefill, gotDecode := ms(q.TTFT), ms(q.E2E-q.TTFT)
+	if math.Abs(gotPrefill-wantPrefill) > 0.05*wantPrefill || math.Abs(gotDecode-wantDecode) > 0.05*wantDecode {
+		t.Errorf("prefill %.3f ms (model %.3f), decode %.3f ms (model %.3f)", gotPrefill, wantPrefill, gotDecode, wantDecode)
+	}
+	if tpot := ms(q.TPOT()); math.Abs(tpot-wantDecode/(o-1)) > 0.05*wantDecode/(o-1) {
+		t.Errorf("TPOT %.3f ms, model %.3f", tpot, wantDecode/(o-1))
+	}
+}
+
+func TestPreemptionAndCapacity(t *testing.T) {
+	// 8 blocks of 16 tokens: two 60-token prompts fit (4 blocks each) but
+	// cannot both grow; one is preempted and recomputed, and both finish.
+	// A 200-token prompt can never fit and fails.
+	reqs := []Request{oneReq(0, 1, 60, 40), oneReq(0, 2, 60, 40), oneReq(time.Second, 3, 200, 2)}
+	res := run(t, Config{Workers: 1, Timing: fixed, KVBlocks: 8}, reqs)
+	q := res.Bench.Requests
+	if !q[0].OK() || !q[1].OK() || q[0].OutputLen != 40 || q[1].OutputLen != 40 {
+		t.Errorf("requests 0, 1: %+v %+v", q[0].Err, q[1].Err)
+	}
+	if res.Workers[0].Preemptions == 0 {
+		t.Error("no preemption")
+	}
+	if q[2].OK() {
+		t.Error("the 200-token prompt did not fail")
+	}
+}
+
+func workloadsDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("TANDEM_WORKLOADS")
+	if dir == "" {
+		dir = filepath.Join("..", "..", "shared", "workloads")
+	}
+	p := filepath.Join(dir, "mooncake", "conversation_trace.jsonl")
+	if _, err := os.Stat(p); err != nil {
+		t.Skipf("no Mooncake trace (%v); set TANDEM_WORKLOADS to shared/workloads", err)
+	}
+	return p
+}
+
+func traceReqs(t *testing.T, n, block int) []Request {
+	t.Helper()
+	f, err := os.Open(workloadsDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows, err := bench.ParseMooncake(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wl, err := bench.Mooncake(rows, bench.MooncakeOptions{N: n, BlockSize: block})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs, err := FromWorkload(wl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reqs
+}
+
+func modeConfig(mode router.Mode, workers int) Config {
+	rc := router.DefaultConfig()
+	rc.Mode = mode
+	return Config{Workers: workers, Router: rc, KVBlocks: 4096}
+}
+
+func TestKVRoutingBeatsRoundRobinOnTrace(t *testing.T) {
+	reqs := traceReqs(t, 400, 64)
+	hit := map[router.Mode]float64{}
+	for _, mode := range []router.Mode{router.ModeKV, router.ModeRoundRobin, router.ModeLeastLoaded} {
+		res := run(t, modeConfig(mode, 4), reqs)
+		if s := res.Bench.Summary; s.Failed > 0 || s.Completed != len(reqs) {
+			t.Fatalf("%s: %d completed, %d failed", mode, s.Completed, s.Failed)
+		}
+		hit[mode] = res.HitRate
+		t.Logf("%-12s hit %.3f  imbalance tokens %.3f cv %.3f active %.3f  TTFT mean %.1f p99 %.1f ms",
+			mode, res.HitRate, res.TokenImbalance, res.TokenCV, res.ActiveImbalance, res.Bench.Summary.TTFT.Mean, res.Bench.Summary.TTFT.Percentiles[99])
+	}
+	if hit[router.ModeKV] <= hit[router.ModeRoundRobin] {
+		t.Errorf("kv hit rate %.3f not above round-robin's %.3f", hit[router.ModeKV], hit[router.ModeRoundRobin])
+	}
+}
+
+func TestDeterministic(t *testing.T) {
+	reqs := traceReqs(t, 150, 32)
+	var out [2]bytes.Buffer
+	for i := range out {
+		cfg := modeConfig(router.ModeRandom, 3)
+		cfg.Seed = 7
+		if err := run(t, cfg, reqs).WriteJSON(&out[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(out[0].Bytes(), out[1].Bytes()) {
+		t.Error("two runs with the same seed wrote different JSON")
+	}
+}
+
+func TestReadTiming(t *testing.T) {
+	tm, err := ReadTiming(bytes.NewReader([]byte(`{"decode_base_ms": 3}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := GPUTiming()
+	want.DecodeBase = 3
+	if tm != want {
+		t.Errorf("got %+v, want %+v", tm, want)
+	}
+	if _, err := ReadTiming(bytes.NewReader([]byte(`{"decode_base": 3}`))); err == nil {
+		t.Error("unknown field accepted")
+	}
+	if _, err := ReadTiming(bytes.NewReader([]byte(`{"decode_base_ms": -1}`))); err == nil {
+		t.Error("negative parameter accepted")
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

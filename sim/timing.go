@@ -1,0 +1,86 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"time"
+)
+
+// Timing is a worker's compute-time model, in milliseconds. A step that
+// computes prompt tokens costs
+//
+//	prefill = PrefillBase + PrefillPerToken·N + PrefillPerToken2·Σ nᵢ·ctxᵢ
+//
+// where N is the step's new prompt tokens, nᵢ of them for sequence i whose
+// context after the step is ctxᵢ tokens (for one uncached prompt of N tokens
+// the last term is PrefillPerToken2·N²). A step that decodes B sequences costs
+//
+//	decode = DecodeBase + DecodePerSeq·B + DecodePerKVToken·K
+//
+// where K is the KV tokens the step's attention reads (each sequence's length
+// including the token fed). A mixed step costs the sum of both.
+type Timing struct {
+	PrefillBase      float64 `json:"prefill_base_ms"`
+	PrefillPerToken  float64 `json:"prefill_per_token_ms"`
+	PrefillPerToken2 float64 `json:"prefill_per_token2_ms"`
+	DecodeBase       float64 `json:"decode_base_ms"`
+	DecodePerSeq     float64 `json:"decode_per_seq_ms"`
+	DecodePerKVToken float64 `json:"decode_per_kv_token_ms"`
+}
+
+// GPUTiming is the default: roughly an 8B model in bf16 on one H100-class GPU
+// (prefill ≈ 16k tokens/s, a decode step ≈ 6 ms of weight reads plus ≈ 44 ns
+// per KV token of a 128 KiB/token cache at 3 TB/s).
+func GPUTiming() Timing {
+	return Timing{
+		PrefillBase: 5, PrefillPerToken: 0.06,
+		DecodeBase: 6, DecodePerSeq: 0.05, DecodePerKVToken: 0.00005,
+	}
+}
+
+// CPUTiming is roughly a 0.5B model on 2 CPU cores: a decode step ≈ 40 ms +
+// 1 ms per sequence, prefill ≈ 15 ms per token.
+func CPUTiming() Timing {
+	return Timing{
+		PrefillBase: 20, PrefillPerToken: 15,
+		DecodeBase: 40, DecodePerSeq: 1, DecodePerKVToken: 0.0005,
+	}
+}
+
+// ReadTiming reads a Timing from JSON; absent fields keep the GPU defaults.
+func ReadTiming(r io.Reader) (Timing, error) {
+	t := GPUTiming()
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&t); err != nil {
+		return Timing{}, fmt.Errorf("sim: timing file: %v", err)
+	}
+	return t, t.validate()
+}
+
+func (t Timing) validate() error {
+	for _, v := range []float64{t.PrefillBase, t.PrefillPerToken, t.PrefillPerToken2, t.DecodeBase, t.DecodePerSeq, t.DecodePerKVToken} {
+		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("sim: timing parameters must be finite and ≥ 0: %+v", t)
+		}
+	}
+	return nil
+}
+
+// Prefill is the time of a step computing newTokens prompt tokens whose
+// Σ nᵢ·ctxᵢ is quad (see Timing).
+func (t Timing) Prefill(newTokens int, quad float64) time.Duration {
+	return msDur(t.PrefillBase + t.PrefillPerToken*float64(newTokens) + t.PrefillPerToken2*quad)
+}
+
+// Decode is the time of a step decoding batch sequences that read kvTokens KV
+// tokens.
+func (t Timing) Decode(batch, kvTokens int) time.Duration {
+	return msDur(t.DecodeBase + t.DecodePerSeq*float64(batch) + t.DecodePerKVToken*float64(kvTokens))
+}
+
+func msDur(ms float64) time.Duration {
+	return time.Duration(math.Round(ms * float64(time.Millisecond)))
+}
