@@ -64,6 +64,8 @@ type Engine struct {
 	batch   model.Batch
 	sched   []scheduled
 	last    kvcache.Stats
+
+	stats statsBox // published by Run for Stats
 }
 
 type sequence struct {
@@ -205,6 +207,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.intake()
 		e.reap()
 		e.observe()
+		e.publish()
 		if len(e.running) == 0 && len(e.waiting) == 0 {
 			select {
 			case <-e.wake:
@@ -391,7 +394,10 @@ func (e *Engine) execute() error {
 	if need := len(b.Outputs) * vocab; cap(e.logits) < need {
 		e.logits = make([]float32, need)
 	}
-	if err := e.runner.Forward(e.kv, b, e.logits[:len(b.Outputs)*vocab]); err != nil {
+	t0 := time.Now()
+	err := e.runner.Forward(e.kv, b, e.logits[:len(b.Outputs)*vocab])
+	e.stepDone(time.Since(t0), len(b.Tokens))
+	if err != nil {
 		err = fmt.Errorf("engine: forward pass: %w", err)
 		for _, sc := range e.sched {
 			e.abort(sc.seq, err)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"tandem/cluster"
+	"tandem/engine"
 	"tandem/kvcache"
 	"tandem/llm"
 	"tandem/orpc"
@@ -27,6 +28,14 @@ import (
 type Engine interface {
 	Generate(ctx context.Context, req *llm.Request) (llm.Stream, error)
 	Pool() *kvcache.Pool
+}
+
+// StatsEngine is an Engine that reports its scheduler's state (tandem/engine.Engine does);
+// the worker's load reports then carry the engine's own figures rather than its count of
+// ORPC requests.
+type StatsEngine interface {
+	Engine
+	Stats() engine.Stats
 }
 
 // Config configures a Worker.
@@ -368,9 +377,29 @@ func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64) error
 	return nil
 }
 
-// Load returns the worker's load report now. Running and waiting count the requests served
-// over ORPC; KV figures are the whole pool's.
+// Load returns the worker's load report now. With a StatsEngine it is the engine's state:
+// running = decoding sequences, waiting = sequences without a first token (queued, or
+// admitted and prefilling), prefill = the uncomputed prompt tokens of the admitted ones
+// (queued prompts are left out: their prefix cache hits are not known before admission,
+// and the router predicts them itself), decode blocks = the blocks
+// the admitted sequences hold, and the last step's timing. Otherwise running and waiting
+// count the requests served over ORPC. KV usage is the whole pool's either way.
 func (w *Worker) Load() cluster.LoadReport {
+	if se, ok := w.cfg.Engine.(StatsEngine); ok {
+		st := se.Stats()
+		return cluster.LoadReport{
+			Running:       st.Running - st.Prefilling,
+			Waiting:       st.Waiting + st.Prefilling,
+			PrefillTokens: st.PrefillTokens,
+			DecodeBlocks:  st.DecodeBlocks,
+			KVUsage:       st.KVUsage,
+			KVBlocks:      st.KVBlocks,
+			LastEventID:   w.cfg.Engine.Pool().Stats().LastEventID,
+			Healthy:       true,
+			StepMicros:    int(st.LastStep / time.Microsecond),
+			StepTokens:    st.LastStepTokens,
+		}
+	}
 	st := w.cfg.Engine.Pool().Stats()
 	return cluster.LoadReport{
 		Running:       int(w.running.Load()),

@@ -176,7 +176,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	ready.Store(true)
-	var workerDone chan error
+	var workerDone, workerFatal chan error
 	if len(joins) > 0 {
 		tokFormat, tokFiles, err := tokenizerCard(*modelPath)
 		if err != nil {
@@ -205,12 +205,14 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		workerDone = make(chan error, 1)
+		workerFatal = make(chan error, 1)
 		workerCtx, stopWorker := context.WithCancel(ctx)
 		defer stopWorker()
 		go func() {
 			err := w.Run(workerCtx)
 			if err != nil && workerCtx.Err() == nil {
 				log.Error("cluster membership failed", "err", err)
+				workerFatal <- err
 			}
 			workerDone <- err
 		}()
@@ -220,7 +222,14 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), m.Config.ContextLen,
 		loadTime.Round(time.Millisecond), be.Name())
 
-	<-ctx.Done()
+	var fatal error
+	select {
+	case <-ctx.Done():
+	case err := <-workerFatal:
+		// A member that cannot join (a wrong token, a refused card) should not
+		// linger outside its cluster looking healthy.
+		fatal = fmt.Errorf("joining the cluster: %w", err)
+	}
 	log.Info("shutting down: finishing running requests", "deadline", *drain)
 	dctx, cancel := context.WithTimeout(context.Background(), *drain)
 	defer cancel()
@@ -230,6 +239,9 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	stopEngine()
 	<-engineDone
+	if fatal != nil {
+		return fatal
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		log.Warn("drain deadline passed; remaining requests were cut")
 		return nil

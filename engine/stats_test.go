@@ -1,0 +1,141 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"tandem/llm"
+)
+
+// Stats counts what the scheduler holds: admitted sequences split into prefilling and
+// decoding, their uncomputed prompt tokens and blocks, and the queue.
+func TestStatsPublish(t *testing.T) {
+	m, be := loadStories(t)
+	e, err := New(m, be, Config{KVBlocks: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := func(n int) []int32 {
+		out := make([]int32, n)
+		for i := range out {
+			out[i] = int32(1 + i%50)
+		}
+		return out
+	}
+	// a: a 40-token prompt, 16 computed (mid chunked prefill).
+	a := &sequence{tokens: toks(40), promptLen: 40, kv: e.pool.NewSeq(0)}
+	if err := a.kv.Reserve(40); err != nil {
+		t.Fatal(err)
+	}
+	a.kv.Commit(a.tokens[:16])
+	// b: a 10-token prompt and 3 generated tokens, decoding (all but the last computed).
+	b := &sequence{tokens: toks(13), promptLen: 10, kv: e.pool.NewSeq(0), firstToken: time.Now()}
+	if err := b.kv.Reserve(13); err != nil {
+		t.Fatal(err)
+	}
+	b.kv.Commit(b.tokens[:12])
+	// c: queued.
+	c := &sequence{tokens: toks(7), promptLen: 7}
+	e.running = []*sequence{a, b}
+	e.waiting = []*sequence{c}
+	e.queued.Store(1)
+	e.publish()
+	e.stepDone(3*time.Millisecond, 17)
+
+	got := e.Stats()
+	want := Stats{Running: 2, Prefilling: 1, Waiting: 1, PrefillTokens: 24, WaitingTokens: 7, DecodeBlocks: 3 + 1,
+		KVUsed: 4, KVBlocks: 64, KVUsage: 4.0 / 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1}
+	if got != want {
+		t.Errorf("stats\n got %+v\nwant %+v", got, want)
+	}
+	// A later publish keeps the step timings.
+	e.running, e.waiting = nil, nil
+	e.queued.Store(0)
+	a.kv.Release()
+	b.kv.Release()
+	e.publish()
+	if got := e.Stats(); got != (Stats{KVBlocks: 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1}) {
+		t.Errorf("idle stats %+v", got)
+	}
+}
+
+// On a running engine, Stats shows the sequences while they run and the last step's
+// timing, and returns to idle afterwards; reading it concurrently is safe.
+func TestStatsLive(t *testing.T) {
+	e, m := startEngine(t, Config{MaxSeqs: 1})
+	if st := e.Stats(); st.Running != 0 || st.Waiting != 0 || st.Steps != 0 || st.KVBlocks != 256 {
+		t.Fatalf("fresh engine: %+v", st)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // a reader racing the scheduler (meaningful under -race)
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				_ = e.Stats()
+			}
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	prompt := m.Tokenizer.Encode("Once upon a time, there was a little girl named Lily.", true, false)
+	s1, err := e.Generate(ctx, &llm.Request{Prompt: prompt, MaxTokens: 200, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s1.Next(ctx); err != nil { // s1 is admitted and decoding
+		t.Fatal(err)
+	}
+	s2, err := e.Generate(ctx, &llm.Request{Prompt: prompt, MaxTokens: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// MaxSeqs 1: s2 waits behind s1.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := e.Stats()
+		if st.Running == 1 && st.Waiting == 1 && st.WaitingTokens == len(prompt) && st.Steps > 0 &&
+			st.LastStep > 0 && st.LastStepTokens == 1 && st.DecodeBlocks > 0 && st.KVUsed >= st.DecodeBlocks {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("while one runs and one waits: %+v", st)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s1.Close()
+	collect(t, s2)
+	waitIdle(t, e)
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		st := e.Stats()
+		if st.Running == 0 && st.Waiting == 0 && st.Prefilling == 0 && st.PrefillTokens == 0 && st.DecodeBlocks == 0 && st.KVUsed == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("idle engine: %+v", st)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Publishing allocates nothing.
+func TestStatsNoAlloc(t *testing.T) {
+	m, be := loadStories(t)
+	e, err := New(m, be, Config{KVBlocks: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.running = []*sequence{{tokens: make([]int32, 8), promptLen: 8, kv: e.pool.NewSeq(0)}}
+	if n := testing.AllocsPerRun(100, func() { e.publish(); e.stepDone(time.Millisecond, 8); _ = e.Stats() }); n != 0 {
+		t.Errorf("%v allocations per publish+Stats", n)
+	}
+}

@@ -1,0 +1,104 @@
+package worker_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"tandem/cluster"
+	"tandem/engine"
+	"tandem/hal/cpu"
+	"tandem/internal/fixtures"
+	"tandem/kvcache"
+	"tandem/llm"
+	"tandem/model"
+	"tandem/worker"
+)
+
+// fakeStats is a StatsEngine with fixed figures.
+type fakeStats struct {
+	pool *kvcache.Pool
+	st   engine.Stats
+}
+
+func (f *fakeStats) Generate(context.Context, *llm.Request) (llm.Stream, error) {
+	return nil, llm.ErrUnavailable
+}
+func (f *fakeStats) Pool() *kvcache.Pool { return f.pool }
+func (f *fakeStats) Stats() engine.Stats { return f.st }
+
+func newWorker(t *testing.T, e worker.Engine) *worker.Worker {
+	t.Helper()
+	w, err := worker.New(worker.Config{Engine: e, Card: cluster.ModelCard{Model: modelName, BlockSize: 16},
+		Routers: []string{"127.0.0.1:1"}, Token: "abcdef.0123456789abcdef", StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// The load report carries the engine's own state: sequences without a first token count
+// as waiting, the admitted ones' uncomputed prompt tokens as prefill, and the last step's
+// timing.
+func TestLoadFromEngineStats(t *testing.T) {
+	f := &fakeStats{pool: kvcache.NewPool(100, 16), st: engine.Stats{
+		Running: 5, Prefilling: 2, Waiting: 3, PrefillTokens: 70, WaitingTokens: 30, DecodeBlocks: 12,
+		KVUsed: 15, KVBlocks: 100, KVUsage: 0.15, LastStep: 2500 * time.Microsecond, LastStepTokens: 42, Steps: 9,
+	}}
+	got := newWorker(t, f).Load()
+	want := cluster.LoadReport{Running: 3, Waiting: 5, PrefillTokens: 70, DecodeBlocks: 12, KVUsage: 0.15, KVBlocks: 100,
+		Healthy: true, StepMicros: 2500, StepTokens: 42}
+	if got != want {
+		t.Errorf("load\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// With a real engine, a report after a request has the step it ran and an idle batch.
+func TestLoadRealEngine(t *testing.T) {
+	be := cpu.New(2)
+	defer be.Close()
+	path := fixtures.Model(t, "stories260K-f32.gguf")
+	m, err := model.Load(path, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	eng, err := engine.New(m, be, engine.Config{KVBlocks: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	done := make(chan struct{})
+	go func() { eng.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	w := newWorker(t, eng)
+	if r := w.Load(); r.StepMicros != 0 || r.StepTokens != 0 || r.KVBlocks != 64 || r.Running != 0 {
+		t.Errorf("before any step: %+v", r)
+	}
+	st, err := eng.Generate(ctx, &llm.Request{Prompt: m.Tokenizer.Encode("Once upon a time", true, false), MaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		ev, err := st.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Finish != "" {
+			break
+		}
+	}
+	st.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r := w.Load()
+		if r.StepMicros > 0 && r.StepTokens == 1 && r.Running == 0 && r.Waiting == 0 && r.DecodeBlocks == 0 &&
+			r.LastEventID == eng.Pool().Stats().LastEventID {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a request: %+v", r)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
