@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"tandem/cluster"
 	"tandem/kvcache"
 	"tandem/openai"
@@ -22,6 +24,8 @@ import (
 
 // LiveConfig configures a Live router.
 type LiveConfig struct {
+	// Registry receives the router's metrics; nil means a private registry.
+	Registry prometheus.Registerer
 	Policy   Config         // routing policy (DefaultConfig with flags applied)
 	Identity *orpc.Identity // the router's cluster identity, to dial workers
 	Name     string         // the router's name, for logs (default "tandem-router")
@@ -134,7 +138,11 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 		byNode:  map[string]WorkerID{},
 		changed: make(chan struct{}),
 	}
-	l.met = newLiveMetrics(l)
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	l.met = newLiveMetrics(l, reg)
 	l.rebuildAPI()
 	return l, nil
 }
@@ -292,7 +300,7 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	if err := m.state.AddWorker(id, core); err != nil {
 		l.mu.Unlock()
 		log.Error("refusing worker: model card mismatch", "err", err)
-		l.met.refused.Inc()
+		l.met.Refused.Inc()
 		return orpc.Errorf(orpc.FailedPrecondition, "%v", err)
 	}
 	if newModel {
@@ -308,14 +316,14 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	if newModel {
 		l.rebuildAPI()
 	}
-	l.met.joins.Inc()
+	l.met.Joins.Inc()
 	log.Info("worker joined", "id", id, "block_size", card.BlockSize, "kv_blocks", card.KVBlocks, "role", card.Role)
 
 	defer func() {
 		l.mu.Lock()
 		l.dropLocked(w)
 		l.mu.Unlock()
-		l.met.losses.Inc()
+		l.met.Losses.Inc()
 		log.Warn("worker left", "id", id, "reason", w.reason)
 	}()
 	if err := send(&cluster.RegisterReply{WorkerID: uint64(id), HeartbeatMs: int(l.cfg.Heartbeat / time.Millisecond), Router: l.cfg.Name}); err != nil {
@@ -362,7 +370,7 @@ func (l *Live) resync(w *liveWorker) {
 		w.remove("snapshot failed: " + err.Error())
 		return
 	}
-	l.met.snapshots.Inc()
+	l.met.Snapshots.Inc()
 	w.model.state.ResetWorker(w.id, snap.Snapshot)
 	pending := w.pending
 	w.pending, w.resyncing = nil, false
@@ -380,7 +388,7 @@ func (l *Live) applyLocked(w *liveWorker, evs []kvcache.Event) {
 		if err != nil {
 			return
 		}
-		l.met.events.Inc()
+		l.met.Events.Inc()
 		if gap {
 			last, _ := w.model.state.Index().LastID(w.id)
 			l.log.Info("KV event gap; fetching a snapshot", "worker", w.node, "last", last, "got", ev.ID)

@@ -287,7 +287,7 @@ func (s *liveStream) migrate(cause error) error {
 			return fmt.Errorf("%w: worker %s failed after the last token: %v", llm.ErrUnavailable, s.worker, cause)
 		}
 	}
-	l.met.migrations.Inc()
+	l.met.Migrations.Inc()
 	l.log.Warn("worker failed mid-stream; migrating the request", "from", s.worker, "generated", len(s.generated), "err", cause)
 	if err := s.dispatch(s.ctx, &req); err != nil {
 		return fmt.Errorf("migrating after %v: %w", cause, err)

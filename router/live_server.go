@@ -74,9 +74,11 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	reg := metrics.NewRegistry()
 	lc := cfg.Live
 	lc.Identity = id
 	lc.Name = name
+	lc.Registry = reg
 	if lc.Logger == nil {
 		lc.Logger = log
 	}
@@ -99,8 +101,6 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("router: ORPC listen: %w", err)
 	}
 
-	reg := metrics.NewRegistry()
-	live.met.MustRegister(reg)
 	hs, err := httpserve.New(httpserve.Config{
 		Addr:         net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)),
 		Handler:      live.Handler(),

@@ -1,0 +1,47 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Router holds the routing binary's metrics. The Desc fields describe
+// gauges that the router collects from its state at scrape time.
+type Router struct {
+	Joins              prometheus.Counter
+	Losses             prometheus.Counter
+	Refused            prometheus.Counter
+	Migrations         prometheus.Counter
+	Snapshots          prometheus.Counter
+	Events             prometheus.Counter
+	Decisions          *prometheus.CounterVec // label reason
+	Rejected           *prometheus.CounterVec // label cause: busy, no_workers
+	DecisionLatency    prometheus.Observer
+	PromptBlocks       prometheus.Counter
+	PredictedHitBlocks prometheus.Counter
+
+	WorkerLoad  *prometheus.Desc // labels worker, model, quantity
+	QueueDepth  *prometheus.Desc
+	IndexBlocks *prometheus.Desc // label model
+}
+
+// NewRouter registers the router's metrics on reg.
+func NewRouter(reg prometheus.Registerer) *Router {
+	f := factory{reg: reg}
+	return &Router{
+		Joins:      f.counter("tandem_router:worker_joins_total", "Workers registered."),
+		Losses:     f.counter("tandem_router:worker_losses_total", "Workers removed (disconnected, silent, replaced)."),
+		Refused:    f.counter("tandem_router:worker_refusals_total", "Registrations refused because the model card disagrees."),
+		Migrations: f.counter("tandem_router:migrations_total", "Requests moved to another worker mid-stream."),
+		Snapshots:  f.counter("tandem_router:kv_snapshots_total", "KV snapshots fetched from workers."),
+		Events:     f.counter("tandem_router:kv_events_total", "KV events applied to the index."),
+		Decisions: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:routing_decisions_total",
+			Help: "Routing decisions by reason."}, []string{"reason"})).(*prometheus.CounterVec),
+		Rejected: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:routing_rejections_total",
+			Help: "Routing attempts that found no worker, by cause."}, []string{"cause"})).(*prometheus.CounterVec),
+		DecisionLatency:    f.histogram("tandem_router:routing_decision_seconds", "Time to take a routing decision.", prometheus.ExponentialBuckets(1e-6, 4, 10)),
+		PromptBlocks:       f.counter("tandem_router:prompt_blocks_total", "Prompt blocks routed."),
+		PredictedHitBlocks: f.counter("tandem_router:predicted_hit_blocks_total", "Prompt blocks predicted cached on the chosen worker (hit rate = this / prompt_blocks_total)."),
+		WorkerLoad: prometheus.NewDesc("tandem_router:worker_load", "Predicted load per worker, by quantity.",
+			[]string{"worker", "model", "quantity"}, nil),
+		QueueDepth:  prometheus.NewDesc("tandem_router:queue_depth", "Requests waiting for a worker that is not busy.", nil, nil),
+		IndexBlocks: prometheus.NewDesc("tandem_router:index_blocks", "Distinct block hashes in the KV index, per model.", []string{"model"}, nil),
+	}
+}
