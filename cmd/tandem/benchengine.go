@@ -61,13 +61,11 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	if *reps < 1 || *prompt < 0 || *gen < 0 {
 		return fmt.Errorf("-r must be ≥ 1 and -p, -n ≥ 0")
 	}
-	be := cpu.New(*threads)
-	defer be.Close()
-	m, err := loadModel(*modelPath, be)
+	be, m, closeModel, err := openModel(*modelPath, *threads)
 	if err != nil {
 		return err
 	}
-	defer m.Close()
+	defer closeModel()
 	m.Prefault(nil)
 	if need := max(*prompt, *gen); need > m.Config.ContextLen {
 		return fmt.Errorf("tests need %d positions but the context is %d", need, m.Config.ContextLen)

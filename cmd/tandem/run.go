@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"tandem/engine"
-	"tandem/hal/cpu"
 	"tandem/tokenizer"
 )
 
@@ -74,14 +73,12 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--max-tokens must be positive, got %d", *maxTokens)
 	}
 
-	be := cpu.New(*threads)
-	defer be.Close()
 	t0 := time.Now()
-	m, err := loadModel(*modelPath, be)
+	be, m, closeModel, err := openModel(*modelPath, *threads)
 	if err != nil {
 		return err
 	}
-	defer m.Close()
+	defer closeModel()
 	loadTime := time.Since(t0)
 
 	text := pos[0]

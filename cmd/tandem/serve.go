@@ -20,7 +20,6 @@ import (
 	"tandem/cluster"
 	"tandem/engine"
 	"tandem/gguf"
-	"tandem/hal/cpu"
 	"tandem/httpserve"
 	"tandem/kvcache"
 	"tandem/metrics"
@@ -96,14 +95,12 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	be := cpu.New(*threads)
-	defer be.Close()
 	t0 := time.Now()
-	m, err := loadModel(*modelPath, be)
+	be, m, closeModel, err := openModel(*modelPath, *threads)
 	if err != nil {
 		return err
 	}
-	defer m.Close()
+	defer closeModel()
 	m.Prefault(progressPrinter(stderr, "loading weights"))
 	loadTime := time.Since(t0)
 

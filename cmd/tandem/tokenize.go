@@ -5,8 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-
-	"tandem/hal/cpu"
 )
 
 func tokenizeCmd(args []string, stdout, stderr io.Writer) error {
@@ -26,13 +24,11 @@ func tokenizeCmd(args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return fmt.Errorf("want exactly one text argument, got %d", len(pos))
 	}
-	be := cpu.New(1)
-	defer be.Close()
-	m, err := loadModel(*modelPath, be)
+	_, m, closeModel, err := openModel(*modelPath, 1)
 	if err != nil {
 		return err
 	}
-	defer m.Close()
+	defer closeModel()
 	ids := m.Tokenizer.Encode(pos[0], !*noBOS, *special)
 	if ids == nil {
 		ids = []int32{}
