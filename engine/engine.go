@@ -75,7 +75,7 @@ type sequence struct {
 	sampler   *Sampler
 	tokens    []int32 // prompt, then generated tokens
 	promptLen int
-	maxTokens int
+	stop      stopRules
 	kv        *kvcache.Seq
 	cached    int // prompt tokens found in the prefix cache at first admission
 	admitted  bool
@@ -164,18 +164,15 @@ func (e *Engine) Generate(ctx context.Context, req *llm.Request) (llm.Stream, er
 	if err := req.Sampling.Validate(c.VocabSize); err != nil {
 		return nil, fmt.Errorf("%w: %v", llm.ErrInvalid, err)
 	}
-	maxTokens := c.ContextLen - len(req.Prompt)
-	if req.MaxTokens > 0 && req.MaxTokens < maxTokens {
-		maxTokens = req.MaxTokens
-	}
 	seq := &sequence{
 		req:       req,
 		stream:    newStream(e.signal),
 		tokens:    slices.Clone(req.Prompt),
 		promptLen: len(req.Prompt),
-		maxTokens: maxTokens,
-		arrival:   req.Arrival,
-		sampler:   NewSampler(req.Sampling, c.VocabSize, req.Prompt),
+		stop: stopRules{tok: e.m.Tokenizer, stopTokens: req.StopTokens, ignoreEOS: req.IgnoreEOS,
+			maxTokens: maxNewTokens(c.ContextLen, len(req.Prompt), req.MaxTokens)},
+		arrival: req.Arrival,
+		sampler: NewSampler(req.Sampling, c.VocabSize, req.Prompt),
 	}
 	if seq.arrival.IsZero() {
 		seq.arrival = time.Now()
@@ -444,13 +441,7 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 		s.firstToken = now
 	}
 	s.lastToken = now
-	var finish llm.FinishReason
-	switch {
-	case slices.Contains(s.req.StopTokens, sample.ID) || (!s.req.IgnoreEOS && e.m.Tokenizer.IsEOG(sample.ID)):
-		finish = llm.FinishStop
-	case s.generated() >= s.maxTokens || len(s.tokens) >= e.m.Config.ContextLen:
-		finish = llm.FinishLength
-	}
+	finish := s.stop.finish(sample.ID, s.generated())
 	if finish == "" {
 		s.stream.push(ev)
 		return

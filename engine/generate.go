@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"tandem/hal"
+	"tandem/llm"
 	"tandem/model"
 )
 
@@ -24,23 +25,14 @@ type Token struct {
 	Sample
 }
 
-// Finish reasons, named as the OpenAI API names them.
-const (
-	FinishStop   = "stop"
-	FinishLength = "length"
-)
-
 // Result summarizes a finished generation.
 type Result struct {
 	Tokens       []int32
-	FinishReason string
+	FinishReason llm.FinishReason
 	PromptTokens int
 	PrefillTime  time.Duration
 	DecodeTime   time.Duration
 }
-
-// ErrPromptTooLong is returned when a prompt does not fit the context.
-var ErrPromptTooLong = errors.New("prompt does not fit the context length")
 
 // Generator runs one sequence at a time on a model: the engine of
 // `tandem run`. Prefill runs in chunks of at most ChunkSize tokens.
@@ -68,15 +60,12 @@ func (g *Generator) Generate(ctx context.Context, req *Request, emit func(Token)
 		return res, errors.New("engine: empty prompt")
 	}
 	if len(req.Prompt) >= cfg.ContextLen {
-		return res, fmt.Errorf("engine: %w: %d prompt tokens, context %d", ErrPromptTooLong, len(req.Prompt), cfg.ContextLen)
+		return res, fmt.Errorf("engine: %w: %d prompt tokens, context %d", llm.ErrPromptTooLong, len(req.Prompt), cfg.ContextLen)
 	}
 	if err := req.Params.Validate(cfg.VocabSize); err != nil {
 		return res, fmt.Errorf("engine: %w", err)
 	}
-	maxTokens := cfg.ContextLen - len(req.Prompt)
-	if req.MaxTokens > 0 && req.MaxTokens < maxTokens {
-		maxTokens = req.MaxTokens
-	}
+	maxTokens := maxNewTokens(cfg.ContextLen, len(req.Prompt), req.MaxTokens)
 	total := len(req.Prompt) + maxTokens
 	blocks := (total + g.BlockSize - 1) / g.BlockSize
 	if err := g.ensureKV(blocks); err != nil {
@@ -91,10 +80,7 @@ func (g *Generator) Generate(ctx context.Context, req *Request, emit func(Token)
 	}
 	sampler := NewSampler(req.Params, cfg.VocabSize, req.Prompt)
 
-	stops := map[int32]bool{}
-	for _, id := range req.StopTokens {
-		stops[id] = true
-	}
+	rules := stopRules{tok: m.Tokenizer, stopTokens: req.StopTokens, ignoreEOS: req.IgnoreEOS, maxTokens: maxTokens}
 	batch := &model.Batch{Attn: hal.AttnBatch{Blocks: [][]int32{table}}}
 	step := func(tokens []int32, start int, wantLogits bool) error {
 		batch.Tokens = tokens
@@ -133,13 +119,7 @@ func (g *Generator) Generate(ctx context.Context, req *Request, emit func(Token)
 		if err := emit(Token{Sample: s}); err != nil {
 			return res, err
 		}
-		switch {
-		case stops[s.ID] || (!req.IgnoreEOS && m.Tokenizer.IsEOG(s.ID)):
-			res.FinishReason = FinishStop
-		case len(res.Tokens) >= maxTokens:
-			res.FinishReason = FinishLength
-		}
-		if res.FinishReason != "" {
+		if res.FinishReason = rules.finish(s.ID, len(res.Tokens)); res.FinishReason != "" {
 			res.DecodeTime = time.Since(t1)
 			return res, nil
 		}

@@ -8,6 +8,7 @@ import (
 
 	"tandem/hal/cpu"
 	"tandem/internal/fixtures"
+	"tandem/llm"
 	"tandem/model"
 )
 
@@ -48,7 +49,7 @@ func TestGenerateGreedyMatchesLlamaCpp(t *testing.T) {
 		if !slices.Equal(got, want) || !slices.Equal(res.Tokens, want) {
 			t.Errorf("chunk %d: got %v, want %v", chunk, got, want)
 		}
-		if res.FinishReason != FinishLength || res.PromptTokens != len(prompt) {
+		if res.FinishReason != llm.FinishLength || res.PromptTokens != len(prompt) {
 			t.Errorf("chunk %d: finish %q, prompt tokens %d", chunk, res.FinishReason, res.PromptTokens)
 		}
 	}
@@ -60,7 +61,7 @@ func TestGenerateStopsAndSeeds(t *testing.T) {
 	prompt := m.Tokenizer.Encode("Once upon a time", true, false)
 
 	res, got := generate(t, g, &Request{Prompt: prompt, MaxTokens: 32, StopTokens: []int32{261}})
-	if res.FinishReason != FinishStop || got[len(got)-1] != 261 || slices.Contains(got[:len(got)-1], 261) {
+	if res.FinishReason != llm.FinishStop || got[len(got)-1] != 261 || slices.Contains(got[:len(got)-1], 261) {
 		t.Errorf("stop token 261: finish %q, tokens %v", res.FinishReason, got)
 	}
 
@@ -81,7 +82,7 @@ func TestGenerateErrors(t *testing.T) {
 	m, be := loadStories(t)
 	g := NewGenerator(m, be)
 	long := make([]int32, m.Config.ContextLen)
-	if _, err := g.Generate(context.Background(), &Request{Prompt: long}, func(Token) error { return nil }); !errors.Is(err, ErrPromptTooLong) {
+	if _, err := g.Generate(context.Background(), &Request{Prompt: long}, func(Token) error { return nil }); !errors.Is(err, llm.ErrPromptTooLong) {
 		t.Errorf("prompt of the full context: %v, want ErrPromptTooLong", err)
 	}
 	if _, err := g.Generate(context.Background(), &Request{Prompt: []int32{1, 2}, Params: SamplingParams{Temperature: -1}}, func(Token) error { return nil }); err == nil {
