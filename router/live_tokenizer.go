@@ -2,9 +2,6 @@ package router
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 
 	"tandem/cluster"
 	"tandem/gguf"
@@ -26,20 +23,15 @@ func tokenizerFromCard(c *cluster.ModelCard) (*tokenizer.Tokenizer, error) {
 		}
 		return tokenizer.FromGGUF(f)
 	case cluster.TokenizerHF:
-		dir, err := os.MkdirTemp("", "tandem-router-tokenizer-")
-		if err != nil {
-			return nil, err
+		if c.TokenizerFile("tokenizer.json") == nil {
+			return nil, fmt.Errorf("router: model card of %q: no tokenizer.json", c.Model)
 		}
-		defer os.RemoveAll(dir)
-		for _, f := range c.TokenizerFiles {
-			if f.Name != filepath.Base(f.Name) || strings.HasPrefix(f.Name, ".") {
-				return nil, fmt.Errorf("router: model card of %q: bad tokenizer file name %q", c.Model, f.Name)
-			}
-			if err := os.WriteFile(filepath.Join(dir, f.Name), f.Data, 0o600); err != nil {
-				return nil, err
-			}
-		}
-		return tokenizer.FromHF(dir)
+		return tokenizer.FromHFFiles(tokenizer.HFFiles{
+			Tokenizer:        c.TokenizerFile("tokenizer.json"),
+			TokenizerConfig:  c.TokenizerFile("tokenizer_config.json"),
+			GenerationConfig: c.TokenizerFile("generation_config.json"),
+			Config:           c.TokenizerFile("config.json"),
+		})
 	}
 	return nil, fmt.Errorf("router: model card of %q: unknown tokenizer format %q", c.Model, c.TokenizerFormat)
 }

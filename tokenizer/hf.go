@@ -153,37 +153,54 @@ func looksSpecial(s string) bool {
 		(strings.HasPrefix(s, "<unused") && strings.HasSuffix(s, ">"))
 }
 
+// HFFiles are the contents of a Hugging Face tokenizer's files; only
+// Tokenizer (tokenizer.json) is required.
+type HFFiles struct {
+	Tokenizer        []byte // tokenizer.json
+	TokenizerConfig  []byte // tokenizer_config.json
+	GenerationConfig []byte // generation_config.json
+	Config           []byte // config.json (for vocab_size)
+}
+
 // FromHF loads a Hugging Face tokenizer directory: tokenizer.json (a BPE model),
 // tokenizer_config.json (chat template, bos/eos tokens, add_bos_token) and, if
 // present, generation_config.json (eos_token_id, a number or a list) and config.json
 // (vocab_size, to pad the vocabulary like the GGUF converter). The result
 // behaves as llama.cpp does for the same model converted to GGUF.
 func FromHF(dir string) (*Tokenizer, error) {
-	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
-	if err != nil {
-		return nil, fmt.Errorf("tokenizer: %w", err)
+	var files HFFiles
+	for _, f := range []struct {
+		name     string
+		dst      *[]byte
+		required bool
+	}{
+		{"tokenizer.json", &files.Tokenizer, true},
+		{"tokenizer_config.json", &files.TokenizerConfig, false},
+		{"generation_config.json", &files.GenerationConfig, false},
+		{"config.json", &files.Config, false},
+	} {
+		b, err := os.ReadFile(filepath.Join(dir, f.name))
+		if err != nil && (f.required || !errors.Is(err, fs.ErrNotExist)) {
+			return nil, fmt.Errorf("tokenizer: %w", err)
+		}
+		*f.dst = b
 	}
-	var cfgBytes, genBytes []byte
-	if b, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json")); err == nil {
-		cfgBytes = b
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("tokenizer: %w", err)
-	}
-	if b, err := os.ReadFile(filepath.Join(dir, "generation_config.json")); err == nil {
-		genBytes = b
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("tokenizer: %w", err)
-	}
+	return FromHFFiles(files)
+}
+
+// FromHFFiles builds a tokenizer from the contents of a Hugging Face
+// tokenizer's files, as FromHF does from a directory.
+func FromHFFiles(files HFFiles) (*Tokenizer, error) {
 	vocabSize := 0
-	if b, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil {
+	if len(files.Config) > 0 {
 		var mc struct {
 			VocabSize int `json:"vocab_size"`
 		}
-		if json.Unmarshal(b, &mc) == nil {
+		if json.Unmarshal(files.Config, &mc) == nil {
 			vocabSize = mc.VocabSize
 		}
 	}
-	return fromHFBytes(tj, cfgBytes, genBytes, vocabSize)
+	return fromHFBytes(files.Tokenizer, files.TokenizerConfig, files.GenerationConfig, vocabSize)
 }
 
 // fromHFBytes builds a tokenizer from file contents; vocabSize (from config.json,
