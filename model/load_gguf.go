@@ -1,7 +1,9 @@
 package model
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 
 	"tandem/gguf"
@@ -136,4 +138,8 @@ func (s ggufSource) tensor(name string) (hal.DType, []int, []byte, error) {
 		shape[len(ti.Dims)-1-i] = int(d)
 	}
 	return ti.Type, shape, s.f.TensorData(ti), nil
+}
+
+func f32At(b []byte, i int) float32 {
+	return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 }
