@@ -233,6 +233,18 @@ func (h *handler) authorized(r *http.Request) bool {
 
 // model resolves a request's model name. An empty name means the only
 // model when exactly one is served (vLLM requires the name; we are lenient).
+// resolve finds the request's model and records it for the log line: the
+// name as asked until it resolves, then the model's ID.
+func (h *handler) resolve(name string, info *reqInfo) (*Model, *apiError) {
+	info.model = name
+	m, aerr := h.model(name)
+	if aerr != nil {
+		return nil, aerr
+	}
+	info.model = m.ID
+	return m, nil
+}
+
 func (h *handler) model(name string) (*Model, *apiError) {
 	if name == "" {
 		if len(h.models) == 1 {

@@ -360,12 +360,10 @@ func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo
 	if aerr := readJSON(w, r, h.maxBody, &req); aerr != nil {
 		return nil, aerr
 	}
-	info.model = req.Model
-	m, aerr := h.model(req.Model)
+	m, aerr := h.resolve(req.Model, info)
 	if aerr != nil {
 		return nil, aerr
 	}
-	info.model = m.ID
 	maxTokens, maxParam := req.MaxTokens, "max_tokens"
 	if req.MaxCompletionTokens != nil {
 		maxTokens, maxParam = req.MaxCompletionTokens, "max_completion_tokens"
@@ -415,12 +413,10 @@ func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *r
 	if aerr := readJSON(w, r, h.maxBody, &req); aerr != nil {
 		return nil, aerr
 	}
-	info.model = req.Model
-	m, aerr := h.model(req.Model)
+	m, aerr := h.resolve(req.Model, info)
 	if aerr != nil {
 		return nil, aerr
 	}
-	info.model = m.ID
 	switch {
 	case req.Echo:
 		return nil, badRequest("echo", "echo is not supported.")

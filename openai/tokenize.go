@@ -28,13 +28,11 @@ func (h *handler) tokenize(w http.ResponseWriter, r *http.Request, info *reqInfo
 		writeError(w, aerr)
 		return
 	}
-	info.model = req.Model
-	m, aerr := h.model(req.Model)
+	m, aerr := h.resolve(req.Model, info)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
 	}
-	info.model = m.ID
 	var tokens []int32
 	switch {
 	case req.Prompt != nil && req.Messages != nil:
@@ -74,13 +72,11 @@ func (h *handler) detokenize(w http.ResponseWriter, r *http.Request, info *reqIn
 		writeError(w, aerr)
 		return
 	}
-	info.model = req.Model
-	m, aerr := h.model(req.Model)
+	m, aerr := h.resolve(req.Model, info)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
 	}
-	info.model = m.ID
 	vocab := int64(m.Tokenizer.VocabSize())
 	ids := make([]int32, len(req.Tokens))
 	for i, id := range req.Tokens {
