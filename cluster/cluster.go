@@ -140,6 +140,10 @@ type RegisterReply struct {
 	WorkerID    uint64 // the worker's id in this router, sent back in heartbeats and events
 	HeartbeatMs int    // heartbeat interval the router expects
 	Router      string // the router's name, for logs
+	// DispatchKey identifies this registration (random). The router's Generate calls to
+	// the worker carry it; the worker counts them and reports the count back
+	// (LoadReport.Received), so that the router knows which dispatches a report counts.
+	DispatchKey uint64
 }
 
 // MarshalORPC implements orpc.Marshaler.
@@ -147,6 +151,7 @@ func (r *RegisterReply) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(r.WorkerID)
 	e.Uvarint(uint64(r.HeartbeatMs))
 	e.String(r.Router)
+	e.Uint64(r.DispatchKey)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -154,6 +159,9 @@ func (r *RegisterReply) UnmarshalORPC(d *orpc.Decoder) error {
 	r.WorkerID = d.Uvarint()
 	r.HeartbeatMs = int(d.Uvarint())
 	r.Router = d.String()
+	if d.Len() > 0 {
+		r.DispatchKey = d.Uint64()
+	}
 	return d.Err()
 }
 
@@ -170,6 +178,12 @@ type LoadReport struct {
 	Healthy       bool    // false while draining
 	StepMicros    int     // duration of the last engine step, µs (0: unknown)
 	StepTokens    int     // tokens in the last engine step (0: unknown)
+	// Received is the highest GenerateRequest.DispatchSeq of this registration
+	// (RegisterReply.DispatchKey) that the worker had taken when it made the report;
+	// Tracked says it is set. The router
+	// keeps predicting the load of its later dispatches, which the report cannot include.
+	Received uint64
+	Tracked  bool
 }
 
 // MarshalORPC implements orpc.Marshaler.
@@ -185,6 +199,8 @@ func (r *LoadReport) MarshalORPC(e *orpc.Encoder) {
 	e.Bool(r.Healthy)
 	e.Uvarint(uint64(r.StepMicros))
 	e.Uvarint(uint64(r.StepTokens))
+	e.Uvarint(r.Received)
+	e.Bool(r.Tracked)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -200,6 +216,10 @@ func (r *LoadReport) UnmarshalORPC(d *orpc.Decoder) error {
 	r.Healthy = d.Bool()
 	r.StepMicros = uvint(d)
 	r.StepTokens = uvint(d)
+	if d.Len() > 0 {
+		r.Received = d.Uvarint()
+		r.Tracked = d.Bool()
+	}
 	return d.Err()
 }
 
@@ -322,6 +342,11 @@ type GenerateRequest struct {
 	// its prefix cache; the worker counts the rest as pending prefill in its load reports
 	// until the first token.
 	PredictedCached int
+	// DispatchKey is the worker's RegisterReply.DispatchKey at the dispatching router
+	// (0: none) and DispatchSeq the router's number for this dispatch (1, 2, …); the
+	// worker reports the highest number received per key.
+	DispatchKey uint64
+	DispatchSeq uint64
 }
 
 // maxLogitBias bounds the logit bias entries decoded.
@@ -364,6 +389,9 @@ func (r *GenerateRequest) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(max(p.TopLogprobs, 0)))
 	e.Bool(p.Logprobs)
 	e.Uvarint(uint64(max(r.PredictedCached, 0)))
+	e.Uint64(r.DispatchKey)
+	e.Uvarint(uint64(max(r.Resumed, 0)))
+	e.Uvarint(r.DispatchSeq)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -409,6 +437,11 @@ func (r *GenerateRequest) UnmarshalORPC(d *orpc.Decoder) error {
 	p.Logprobs = d.Bool()
 	if d.Len() > 0 {
 		r.PredictedCached = uvint(d)
+	}
+	if d.Len() > 0 {
+		r.DispatchKey = d.Uint64()
+		r.Resumed = uvint(d)
+		r.DispatchSeq = d.Uvarint()
 	}
 	return d.Err()
 }

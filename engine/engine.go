@@ -155,6 +155,8 @@ func (e *Engine) Generate(ctx context.Context, req *llm.Request) (llm.Stream, er
 		return nil, fmt.Errorf("%w: %d prompt tokens do not fit the KV cache of %d tokens", llm.ErrPromptTooLong, len(req.Prompt), e.cfg.KVBlocks*e.cfg.BlockSize)
 	case req.MaxTokens < 0:
 		return nil, fmt.Errorf("%w: max tokens %d", llm.ErrInvalid, req.MaxTokens)
+	case req.Resumed < 0 || req.Resumed >= len(req.Prompt):
+		return nil, fmt.Errorf("%w: %d resumed tokens of a %d-token prompt", llm.ErrInvalid, req.Resumed, len(req.Prompt))
 	}
 	for _, id := range req.Prompt {
 		if id < 0 || int(id) >= c.VocabSize {
@@ -172,7 +174,7 @@ func (e *Engine) Generate(ctx context.Context, req *llm.Request) (llm.Stream, er
 		stop: stopRules{tok: e.m.Tokenizer, stopTokens: req.StopTokens, ignoreEOS: req.IgnoreEOS,
 			maxTokens: maxNewTokens(c.ContextLen, len(req.Prompt), req.MaxTokens)},
 		arrival: req.Arrival,
-		sampler: NewSampler(req.Sampling, c.VocabSize, req.Prompt),
+		sampler: resumedSampler(req, c.VocabSize),
 	}
 	if seq.arrival.IsZero() {
 		seq.arrival = time.Now()

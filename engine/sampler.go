@@ -269,6 +269,17 @@ func (s *Sampler) Sample(logits []float32) Sample {
 	return out
 }
 
+// resumedSampler is req's sampler, with the Resumed tail of its prompt replayed as output
+// (see llm.Request.Resumed).
+func resumedSampler(req *llm.Request, vocabSize int) *Sampler {
+	orig := len(req.Prompt) - req.Resumed
+	s := NewSampler(req.Sampling, vocabSize, req.Prompt[:orig])
+	for _, id := range req.Prompt[orig:] {
+		s.Accept(id)
+	}
+	return s
+}
+
 // Accept records a token chosen elsewhere (for example one replayed after
 // preemption) as if Sample had returned it: it counts for the penalties and
 // consumes one RNG draw, so that later samples match an uninterrupted run.

@@ -22,6 +22,11 @@ type Request struct {
 	IgnoreEOS  bool    // keep going past end-of-generation tokens
 	Priority   int     // lower runs first; equal priorities run first come, first served
 	Arrival    time.Time
+	// Resumed is how many trailing Prompt tokens are this request's own earlier output,
+	// generated elsewhere before it moved here (a migrated request). The sampler counts
+	// them as output for penalties and replays their RNG draws, so a seeded sampled
+	// request continues exactly as it would have on one worker.
+	Resumed int
 }
 
 // TokenLogprob is a token id with its log-probability.

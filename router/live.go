@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"slices"
@@ -41,9 +42,12 @@ type LiveConfig struct {
 	// MaxAttempts bounds the workers a request is dispatched to before its first token,
 	// when a worker cannot be reached (default 3).
 	MaxAttempts int
-	APIKey      string
-	Logger      *slog.Logger
-	Options     []orpc.Option // for the connections to workers
+	// MaxMigrations bounds how often one request moves to another worker when its worker
+	// fails mid-stream (0: DefaultMaxMigrations; negative: never).
+	MaxMigrations int
+	APIKey        string
+	Logger        *slog.Logger
+	Options       []orpc.Option // for the connections to workers
 }
 
 // Live is the running router: the registry of workers that dialled in, one policy State per
@@ -89,6 +93,8 @@ type liveWorker struct {
 	kick      chan struct{}
 	kickOnce  sync.Once
 	reason    string
+	// key is the registration's dispatch key: Generate calls carry it, load reports count them.
+	key uint64
 }
 
 func (w *liveWorker) remove(reason string) {
@@ -126,6 +132,12 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 	}
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 3
+	}
+	switch {
+	case cfg.MaxMigrations == 0:
+		cfg.MaxMigrations = DefaultMaxMigrations
+	case cfg.MaxMigrations < 0:
+		cfg.MaxMigrations = 0
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -308,7 +320,7 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	}
 	now := time.Now()
 	w := &liveWorker{id: id, node: card.Node, addr: addr, model: m, client: client, joined: now, lastBeat: now,
-		resyncing: true, kick: make(chan struct{})}
+		resyncing: true, kick: make(chan struct{}), key: rand.Uint64() | 1}
 	l.workers[id] = w
 	l.byNode[card.Node] = id
 	l.signal()
@@ -326,7 +338,8 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 		l.met.Losses.Inc()
 		log.Warn("worker left", "id", id, "reason", w.reason)
 	}()
-	if err := send(&cluster.RegisterReply{WorkerID: uint64(id), HeartbeatMs: int(l.cfg.Heartbeat / time.Millisecond), Router: l.cfg.Name}); err != nil {
+	if err := send(&cluster.RegisterReply{WorkerID: uint64(id), HeartbeatMs: int(l.cfg.Heartbeat / time.Millisecond), Router: l.cfg.Name,
+		DispatchKey: w.key}); err != nil {
 		w.remove("registration reply failed: " + err.Error())
 		return err
 	}
@@ -422,6 +435,7 @@ func (l *Live) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster.A
 	st.Report(w.id, LoadReport{
 		Running: r.Running, Waiting: r.Waiting, KVUsage: r.KVUsage, KVBlocks: r.KVBlocks,
 		PrefillTokens: r.PrefillTokens, DecodeBlocks: r.DecodeBlocks, LastEventID: r.LastEventID, Healthy: r.Healthy,
+		Received: r.Received, Tracked: r.Tracked,
 	}, now)
 	// An event lost at the end of a burst shows only here: the report's last id stays ahead
 	// of the index across two reports (the first may race with events still on their way).

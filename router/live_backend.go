@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -18,9 +19,9 @@ import (
 	"tandem/orpc"
 )
 
-// MaxMigrations bounds how often one request moves to another worker after its worker
-// failed mid-stream.
-const MaxMigrations = 2
+// DefaultMaxMigrations bounds how often one request moves to another worker after its
+// worker failed mid-stream, unless LiveConfig.MaxMigrations says otherwise.
+const DefaultMaxMigrations = 2
 
 // liveBackend is the openai.Backend of one model: it routes each request to a worker.
 type liveBackend struct {
@@ -37,6 +38,10 @@ func (b *liveBackend) Generate(ctx context.Context, req *llm.Request) (llm.Strea
 	}
 	s := &liveStream{b: b, orig: *req, session: sessionFrom(ctx), ctx: ctx}
 	s.orig.Prompt = req.Prompt
+	if p := &s.orig.Sampling; !p.HasSeed && p.Temperature > 0 {
+		// The router picks the seed, so that a migrated request resumes the same draws.
+		p.Seed, p.HasSeed = rand.Uint64(), true
+	}
 	if err := s.dispatch(ctx, &s.orig); err != nil {
 		return nil, err
 	}
@@ -135,6 +140,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 		l.log.Debug("routed", "worker", w.node, "reason", d.Reason, "prompt_blocks", d.PromptBlocks, "overlap", d.Overlap,
 			"cost", d.Cost.Total, "candidates", d.Candidates)
 		greq.PredictedCached = min(d.HostOverlap*c.BlockSize, len(req.Prompt))
+		greq.DispatchKey, greq.DispatchSeq = w.key, d.Inflight.Seq()
 		cs, err := w.client.Stream(ctx, cluster.MethodGenerate, greq)
 		var ev cluster.GenerateEvent
 		if err == nil {
@@ -256,7 +262,7 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 		if errors.Is(err, io.EOF) {
 			err = errors.New("the worker ended the stream without a finish reason")
 		}
-		if !workerFailed(err) || s.migrated >= MaxMigrations {
+		if !workerFailed(err) || s.migrated >= s.b.l.cfg.MaxMigrations {
 			s.done = true
 			return llm.Event{}, err
 		}
@@ -281,6 +287,7 @@ func (s *liveStream) migrate(cause error) error {
 	s.prefix = len(s.generated)
 	req := s.orig
 	req.Prompt = append(append([]int32(nil), s.orig.Prompt...), s.generated...)
+	req.Resumed = s.orig.Resumed + len(s.generated)
 	if s.orig.MaxTokens > 0 {
 		req.MaxTokens = s.orig.MaxTokens - len(s.generated)
 		if req.MaxTokens <= 0 {

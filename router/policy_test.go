@@ -209,6 +209,40 @@ func TestInflightShiftsDecision(t *testing.T) {
 			t.Fatalf("after completion: decode %v prefill %v waiting %d", w.DecodeBlocks(), w.PrefillBlocks(), w.Waiting())
 		}
 	})
+	t.Run("a tracked report keeps the dispatches it has not seen", func(t *testing.T) {
+		s := newTestState(t, DefaultConfig(), 1)
+		d1 := decide(t, s, req(prompt)) // dispatch 1: 10 prefill, 10 decode blocks
+		d2 := decide(t, s, req(prompt)) // dispatch 2
+		d3 := decide(t, s, req(prompt)) // dispatch 3
+		s.PrefillDone(&d3.Inflight)     // its first token came before the report
+		// The worker had taken dispatch 1 (and another router's request) when it reported.
+		r := load{decode: 30, prefillTokens: 20 * testBlock, waiting: 2}.report()
+		r.Received, r.Tracked = 1, true
+		if err := s.Report(1, r, t0); err != nil {
+			t.Fatal(err)
+		}
+		w, _ := s.Worker(1)
+		// Report + dispatch 2 (prefill, waiting, decode) + dispatch 3 (decode only).
+		if w.PrefillBlocks() != 30 || w.DecodeBlocks() != 50 || w.Waiting() != 3 || w.Inflight != 3 {
+			t.Fatalf("after tracked report: prefill %v decode %v waiting %d inflight %d", w.PrefillBlocks(), w.DecodeBlocks(), w.Waiting(), w.Inflight)
+		}
+		s.RemoveInflight(d2.Inflight)
+		if w, _ = s.Worker(1); w.PrefillBlocks() != 20 || w.DecodeBlocks() != 40 || w.Waiting() != 2 {
+			t.Fatalf("after dispatch 2 ended: prefill %v decode %v waiting %d", w.PrefillBlocks(), w.DecodeBlocks(), w.Waiting())
+		}
+		// A report that has seen everything: only its own figures remain.
+		r = load{decode: 7}.report()
+		r.Received, r.Tracked = 3, true
+		s.Report(1, r, t0)
+		if w, _ = s.Worker(1); w.PrefillBlocks() != 0 || w.DecodeBlocks() != 7 || w.Waiting() != 0 || len(w.unacked) != 0 {
+			t.Fatalf("after full report: prefill %v decode %v waiting %d unacked %d", w.PrefillBlocks(), w.DecodeBlocks(), w.Waiting(), len(w.unacked))
+		}
+		s.RemoveInflight(d1.Inflight)
+		s.RemoveInflight(d3.Inflight)
+		if w, _ = s.Worker(1); w.DecodeBlocks() != 0 || w.Inflight != 0 {
+			t.Fatalf("after completions: decode %v inflight %d", w.DecodeBlocks(), w.Inflight)
+		}
+	})
 	t.Run("records of a re-registered worker are ignored", func(t *testing.T) {
 		s := newTestState(t, DefaultConfig(), 1)
 		d := decide(t, s, req(prompt))

@@ -111,16 +111,24 @@ type LoadReport struct {
 	DecodeBlocks  int     // KV blocks held by running sequences
 	LastEventID   uint64  // the worker's last KV event id
 	Healthy       bool    // false: draining or failing, send nothing
+	// Received is the highest dispatch number (Inflight.Seq) the worker had received when
+	// it reported, if Tracked. The report counts the dispatches up to it; the predictions
+	// of later ones are kept. Without Tracked, the report counts every dispatch.
+	Received uint64
+	Tracked  bool
 }
 
 // WorkerState is one worker as the policy sees it: its card, its last load
 // report and the router's own predictions since that report.
 //
-// A load report is taken to include every request dispatched before it
-// arrived, so it restarts the predictions: the deltas below return to zero.
-// A dispatch after the report adds to them; a first token or a completion
-// after the report subtracts (the report counted that request). Predicted
-// values are the report's plus the deltas, clamped at zero.
+// A load report counts the requests the worker had received when it made it:
+// every dispatch before it arrived, or, when the report is Tracked, the first
+// Received dispatches. It restarts the predictions: the deltas below return to
+// the sum of the dispatches it does not count. A dispatch after the report adds
+// to them; a first token or a completion after the report subtracts (the report
+// counted that request). Predicted values are the report's plus the deltas,
+// clamped at zero. Reports that a worker sends as soon as another router's
+// request reaches it are how several routers share their in-flight load.
 type WorkerState struct {
 	ID         WorkerID
 	Card       Card
@@ -130,12 +138,21 @@ type WorkerState struct {
 	Inflight   int       // router requests dispatched and not yet removed
 
 	gen      uint64 // registration generation, matched by Inflight handles
+	sent     uint64 // dispatches numbered so far
+	unacked  []dispatch
 	dPrefill int    // prefill blocks dispatched since the report
 	dDecode  int    // decode blocks dispatched since the report
 	dWaiting int    // requests dispatched since the report, before their first token
 	stamp    uint64 // decision whose overlap ovDev/ovHost hold
 	ovDev    int
 	ovHost   int
+}
+
+// dispatch is a request sent to a worker that its last report did not count.
+type dispatch struct {
+	seq             uint64
+	prefill, decode int
+	prefilled       bool
 }
 
 // PrefillBlocks is the predicted prefill work queued on the worker, in blocks.
@@ -199,7 +216,11 @@ type Inflight struct {
 	Prefilled    bool
 
 	gen uint64
+	seq uint64 // the worker's dispatch number: 1, 2, … per registration
 }
+
+// Seq is the dispatch's number at its worker (1, 2, …), which load reports refer to.
+func (in Inflight) Seq() uint64 { return in.seq }
 
 type session struct {
 	worker  WorkerID
@@ -325,6 +346,19 @@ func (s *State) Report(id WorkerID, r LoadReport, now time.Time) error {
 	}
 	w.Report, w.ReportedAt, w.Healthy = r, now, r.Healthy
 	w.dPrefill, w.dDecode, w.dWaiting = 0, 0, 0
+	if !r.Tracked {
+		w.unacked = w.unacked[:0]
+		return nil
+	}
+	i, _ := slices.BinarySearchFunc(w.unacked, r.Received+1, cmpSeq)
+	w.unacked = append(w.unacked[:0], w.unacked[i:]...)
+	for _, d := range w.unacked {
+		if !d.prefilled {
+			w.dPrefill += d.prefill
+			w.dWaiting++
+		}
+		w.dDecode += d.decode
+	}
 	return nil
 }
 
@@ -377,6 +411,9 @@ func (s *State) AddInflight(id WorkerID, promptBlocks, cachedBlocks int) Infligh
 		return in
 	}
 	in.gen = w.gen
+	w.sent++
+	in.seq = w.sent
+	w.unacked = append(w.unacked, dispatch{seq: in.seq, prefill: in.PromptBlocks - in.CachedBlocks, decode: in.PromptBlocks})
 	w.dPrefill += in.PromptBlocks - in.CachedBlocks
 	w.dDecode += in.PromptBlocks
 	w.dWaiting++
@@ -394,6 +431,9 @@ func (s *State) PrefillDone(in *Inflight) {
 	if w := s.live(*in); w != nil {
 		w.dPrefill -= in.PromptBlocks - in.CachedBlocks
 		w.dWaiting--
+		if i, ok := slices.BinarySearchFunc(w.unacked, in.seq, cmpSeq); ok {
+			w.unacked[i].prefilled = true
+		}
 	}
 }
 
@@ -411,6 +451,19 @@ func (s *State) RemoveInflight(in Inflight) {
 	}
 	w.dDecode -= in.PromptBlocks
 	w.Inflight--
+	if i, ok := slices.BinarySearchFunc(w.unacked, in.seq, cmpSeq); ok {
+		w.unacked = slices.Delete(w.unacked, i, i+1)
+	}
+}
+
+func cmpSeq(d dispatch, seq uint64) int {
+	switch {
+	case d.seq < seq:
+		return -1
+	case d.seq > seq:
+		return 1
+	}
+	return 0
 }
 
 func (s *State) live(in Inflight) *WorkerState {

@@ -26,11 +26,16 @@ import (
 // startRouterWith is startRouter with a chosen policy and queue timeout.
 func startRouterWith(t *testing.T, pol router.Config, queueTimeout time.Duration) *testCluster {
 	t.Helper()
+	return startRouterLive(t, router.LiveConfig{Policy: pol, Heartbeat: 50 * time.Millisecond, HeartbeatTimeout: 2 * time.Second,
+		QueueTimeout: queueTimeout})
+}
+
+// startRouterLive starts a router with live's settings.
+func startRouterLive(t *testing.T, live router.LiveConfig) *testCluster {
+	t.Helper()
 	logs := &syncBuffer{}
 	srv, err := router.StartServer(router.ServerConfig{
-		Host: "127.0.0.1", StateDir: t.TempDir(),
-		Live: router.LiveConfig{Policy: pol, Heartbeat: 50 * time.Millisecond, HeartbeatTimeout: 2 * time.Second,
-			QueueTimeout: queueTimeout},
+		Host: "127.0.0.1", StateDir: t.TempDir(), Live: live,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {

@@ -81,6 +81,8 @@ type Worker struct {
 
 	mu        sync.Mutex
 	connected map[string]uint64 // router → worker id there
+
+	regs registrations
 }
 
 // New checks cfg and returns a Worker; Run starts it.
@@ -320,13 +322,22 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		}
 	}()
 
+	me := w.regs.add(reply.DispatchKey)
+	defer w.regs.remove(me)
+	tracked := reply.DispatchKey != 0
+	report := func() error { return w.heartbeat(sctx, c, reply.WorkerID, me, tracked) }
+
 	interval := time.Duration(reply.HeartbeatMs) * time.Millisecond
 	if interval <= 0 {
 		interval = 250 * time.Millisecond
 	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	if err := w.heartbeat(sctx, c, reply.WorkerID); err != nil {
+	gap := time.NewTimer(0) // armed while a nudged report waits for minReportGap
+	<-gap.C
+	gapArmed := false
+	lastReport := time.Now()
+	if err := report(); err != nil {
 		return true, err
 	}
 	batch := &cluster.KVEvents{WorkerID: reply.WorkerID}
@@ -359,16 +370,39 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 				return true, fmt.Errorf("sending KV events: %w", err)
 			}
 		case <-tick.C:
-			if err := w.heartbeat(sctx, c, reply.WorkerID); err != nil {
+			if err := report(); err != nil {
 				return true, err
 			}
+			lastReport = time.Now()
+		case <-me.nudge:
+			if gapArmed {
+				break
+			}
+			if wait := minReportGap - time.Since(lastReport); wait > 0 {
+				gap.Reset(wait)
+				gapArmed = true
+				break
+			}
+			if err := report(); err != nil {
+				return true, err
+			}
+			lastReport = time.Now()
+		case <-gap.C:
+			gapArmed = false
+			if err := report(); err != nil {
+				return true, err
+			}
+			lastReport = time.Now()
 		}
 	}
 }
 
-func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64) error {
+func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64, reg *registration, tracked bool) error {
+	// Read it first: a dispatch recorded here is already in the engine's figures.
+	received := reg.received.Load()
 	r := w.Load()
 	r.WorkerID = id
+	r.Received, r.Tracked = received, tracked
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := c.Call(hctx, cluster.MethodHeartbeat, &r, &cluster.Ack{}); err != nil {
@@ -418,9 +452,12 @@ func (w *Worker) Load() cluster.LoadReport {
 func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, send func(*cluster.GenerateEvent) error) error {
 	r := req.Request
 	st, err := w.cfg.Engine.Generate(ctx, &r)
+	w.regs.received(req.DispatchKey, req.DispatchSeq) // refused or not, the dispatch has arrived
 	if err != nil {
 		return send(cluster.ErrorEvent(err))
 	}
+	w.regs.nudgeAll()
+	defer w.regs.nudgeAll()
 	defer st.Close()
 	n := int64(max(len(r.Prompt)-req.PredictedCached, 1))
 	w.waiting.Add(1)

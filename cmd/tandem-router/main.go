@@ -46,6 +46,7 @@ func run(args []string, stderr io.Writer) error {
 	affinity := fs.Duration("session-ttl", def.AffinityTTL, "how long a session (X-Session-Id or user) stays on its worker after its last request (0 disables)")
 	queueTimeout := fs.Duration("queue-timeout", 5*time.Second, "how long a request waits when every worker is busy before 429")
 	maxQueue := fs.Int("max-queue", 1024, "most requests waiting for a worker; past it 429 at once")
+	maxMigrations := fs.Int("max-migrations", router.DefaultMaxMigrations, "most times one request moves to another worker when its worker fails mid-stream (0: never)")
 	heartbeat := fs.Duration("heartbeat", 250*time.Millisecond, "heartbeat interval asked of workers")
 	hbTimeout := fs.Duration("heartbeat-timeout", 2*time.Second, "a worker silent this long is removed")
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token")
@@ -75,7 +76,7 @@ func run(args []string, stderr io.Writer) error {
 		Host: *host, Port: *port, ORPCPort: *orpcPort, StateDir: *stateDir, JoinToken: *joinToken,
 		Live: router.LiveConfig{
 			Policy: pol, Name: *name, Heartbeat: *heartbeat, HeartbeatTimeout: *hbTimeout,
-			QueueTimeout: *queueTimeout, MaxQueue: *maxQueue, APIKey: *apiKey,
+			QueueTimeout: *queueTimeout, MaxQueue: *maxQueue, APIKey: *apiKey, MaxMigrations: noneIfZero(*maxMigrations),
 		},
 		DrainTimeout: *drain,
 		Logger:       log,
@@ -104,4 +105,12 @@ func run(args []string, stderr io.Writer) error {
 		return err
 	}
 	return nil
+}
+
+// noneIfZero maps a flag's 0 ("never") to LiveConfig's negative, whose 0 means the default.
+func noneIfZero(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }

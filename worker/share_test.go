@@ -1,0 +1,186 @@
+package worker_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"tandem/cluster"
+	"tandem/engine"
+	"tandem/hal/cpu"
+	"tandem/internal/fixtures"
+	"tandem/kvcache"
+	"tandem/model"
+	"tandem/openai"
+	"tandem/router"
+	"tandem/worker"
+)
+
+// Two routers over the same two workers share their in-flight load: a request that router A
+// sends to a worker reaches router B's view of that worker through the report the worker
+// sends as soon as the request arrives, long before its next periodic report, so B sends
+// its own request elsewhere.
+func TestRoutersShareInflightLoad(t *testing.T) {
+	const heartbeat = 20 * time.Second // periodic reports cannot explain what B learns
+	state := t.TempDir()               // one cluster: the routers share the CA and token
+	var routers []*router.Server
+	var logs []*syncBuffer
+	for range 2 {
+		buf := &syncBuffer{}
+		srv, err := router.StartServer(router.ServerConfig{
+			Host: "127.0.0.1", StateDir: state,
+			Live:   router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: heartbeat, HeartbeatTimeout: 4 * heartbeat},
+			Logger: slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			srv.Shutdown(ctx)
+			if t.Failed() {
+				t.Logf("router log:\n%s", buf.String())
+			}
+		})
+		routers, logs = append(routers, srv), append(logs, buf)
+	}
+	a, b := routers[0], routers[1]
+	gate := make(chan struct{})
+	var opened sync.Once
+	open := func() { opened.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	path := fixtures.Model(t, "stories260K-f32.gguf")
+	for _, name := range []string{"w1", "w2"} {
+		startSharedWorker(t, path, name, []string{a.ORPCAddr, b.ORPCAddr}, a.Token.String(), gate)
+	}
+	load := func(s *router.Server, node string) (float64, bool) {
+		for _, w := range s.Live.Workers() {
+			if w.Node == node {
+				return w.Load, true
+			}
+		}
+		return 0, false
+	}
+	waitFor(t, "both routers to see both workers", func() bool {
+		return len(a.Live.Workers()) == 2 && len(b.Live.Workers()) == 2
+	})
+
+	type result struct {
+		worker string
+		code   int
+		err    error
+	}
+	send := func(s *router.Server) chan result {
+		ch := make(chan result, 1)
+		go func() {
+			resp, _, _, err := postErr(s.URL(), `{"model":"stories","prompt":"Once upon a time there was a little dog","max_tokens":3,"temperature":0}`)
+			r := result{err: err}
+			if err == nil {
+				r.worker, r.code = resp.Header.Get(openai.WorkerHeader), resp.StatusCode
+			}
+			ch <- r
+		}()
+		return ch
+	}
+
+	// A's request is held before its first token on some worker.
+	first := send(a)
+	var busy string
+	waitFor(t, "router A to dispatch", func() bool {
+		for _, w := range a.Live.Workers() {
+			if w.Load > 0 {
+				busy = w.Node
+				return true
+			}
+		}
+		return false
+	})
+	deadline := time.Now().Add(heartbeat / 4)
+	for {
+		if l, _ := load(b, busy); l > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("router B did not learn of A's request on %s within %v (heartbeat %v)", busy, heartbeat/4, heartbeat)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Identical prompt, nothing cached anywhere: B's only reason to avoid the busy worker
+	// is the load A put there.
+	second := send(b)
+	waitFor(t, "router B to dispatch", func() bool {
+		for _, w := range b.Live.Workers() {
+			if w.Node != busy && w.Load > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	open()
+	for i, ch := range []chan result{first, second} {
+		select {
+		case r := <-ch:
+			if r.err != nil || r.code != http.StatusOK {
+				t.Fatalf("request %d: %d %v", i, r.code, r.err)
+			}
+			if i == 0 && r.worker != busy {
+				t.Errorf("A's request served by %q, its router saw it on %q", r.worker, busy)
+			}
+			if i == 1 && r.worker == busy {
+				t.Errorf("B sent its request to %s, where A's request was waiting", busy)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("request %d did not finish", i)
+		}
+	}
+}
+
+// startSharedWorker runs an engine behind a gateEngine as worker name, joined to routers.
+func startSharedWorker(t *testing.T, path, name string, routers []string, token string, gate chan struct{}) {
+	t.Helper()
+	be := cpu.New(1)
+	m, err := model.Load(path, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	salt := kvcache.Salt(modelName, "", "")
+	eng, err := engine.New(m, be, engine.Config{KVBlocks: 256, Salt: salt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	format, files, err := worker.TokenizerFor(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(worker.Config{
+		Engine: gateEngine{eng, gate},
+		Card: cluster.ModelCard{Model: modelName, HashVersion: kvcache.HashVersion, BlockSize: engine.DefaultBlockSize, Salt: salt,
+			KVBlocks: 256, ContextLen: m.Config.ContextLen, TokenizerFormat: format, TokenizerFiles: files},
+		Node: name, Routers: routers, Token: token, StateDir: t.TempDir(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	engDone, wDone := make(chan struct{}), make(chan struct{})
+	go func() { eng.Run(ctx); close(engDone) }()
+	go func() { w.Run(ctx); close(wDone) }()
+	t.Cleanup(func() {
+		cancel()
+		for _, ch := range []chan struct{}{wDone, engDone} {
+			select {
+			case <-ch:
+			case <-time.After(10 * time.Second):
+				t.Errorf("worker %s did not stop", name)
+			}
+		}
+		m.Close()
+		be.Close()
+	})
+}
