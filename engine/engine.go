@@ -45,8 +45,9 @@ const (
 type Engine struct {
 	cfg    Config
 	m      *model.Model
-	runner *model.Runner
-	kv     hal.KVStore
+	runner *model.Runner // nil with NewWithForwarder
+	kv     hal.KVStore   // nil with NewWithForwarder
+	fwd    Forwarder
 	pool   *kvcache.Pool
 	log    *slog.Logger
 
@@ -93,6 +94,21 @@ type scheduled struct {
 
 // New builds an engine for m on be, allocating its KV store.
 func New(m *model.Model, be hal.Backend, cfg Config) (*Engine, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	kv, err := be.NewKVStore(m.KVLayout(cfg.KVBlocks, cfg.BlockSize))
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	e := newEngine(m, cfg)
+	e.runner, e.kv = model.NewRunner(m, be), kv
+	e.fwd = runnerForward{e.runner, kv}
+	return e, nil
+}
+
+// fill applies the defaults to c's zero fields and checks it.
+func (cfg *Config) fill() error {
 	if cfg.MaxBatchTokens <= 0 {
 		cfg.MaxBatchTokens = DefaultMaxBatchTokens
 	}
@@ -106,24 +122,22 @@ func New(m *model.Model, be hal.Backend, cfg Config) (*Engine, error) {
 		cfg.BlockSize = DefaultBlockSize
 	}
 	if cfg.KVBlocks <= 0 {
-		return nil, errors.New("engine: the KV pool needs at least one block")
+		return errors.New("engine: the KV pool needs at least one block")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	kv, err := be.NewKVStore(m.KVLayout(cfg.KVBlocks, cfg.BlockSize))
-	if err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
-	}
+	return nil
+}
+
+func newEngine(m *model.Model, cfg Config) *Engine {
 	return &Engine{
-		cfg:    cfg,
-		m:      m,
-		runner: model.NewRunner(m, be),
-		kv:     kv,
-		pool:   kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize),
-		log:    cfg.Logger,
-		wake:   make(chan struct{}, 1),
-	}, nil
+		cfg:  cfg,
+		m:    m,
+		pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize),
+		log:  cfg.Logger,
+		wake: make(chan struct{}, 1),
+	}
 }
 
 // Pool is the engine's KV block pool: its stats and KV events.
@@ -394,7 +408,7 @@ func (e *Engine) execute() error {
 		e.logits = make([]float32, need)
 	}
 	t0 := time.Now()
-	err := e.runner.Forward(e.kv, b, e.logits[:len(b.Outputs)*vocab])
+	err := e.fwd.Forward(b, e.logits[:len(b.Outputs)*vocab])
 	e.stepDone(time.Since(t0), len(b.Tokens))
 	if err != nil {
 		err = fmt.Errorf("engine: forward pass: %w", err)

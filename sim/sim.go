@@ -359,8 +359,7 @@ func (s *sim) kick(w *worker) {
 func (s *sim) schedule(w *worker) (time.Duration, bool) {
 	budget := s.cfg.TokenBudget
 	w.batch = w.batch[:0]
-	decodeN, kvRead, prefillN := 0, 0, 0
-	quad := 0.0
+	var shape StepShape
 	for i := 0; i < len(w.running) && budget > 0; i++ {
 		r := w.running[i]
 		if r.seq.Len() == len(r.tokens)-1 { // decode
@@ -375,15 +374,13 @@ func (s *sim) schedule(w *worker) (time.Duration, bool) {
 				break
 			}
 			w.batch = append(w.batch, chunk{r: r})
-			decodeN++
-			kvRead += len(r.tokens)
+			shape.Add(1, len(r.tokens))
 			budget--
 			continue
 		}
 		n := min(len(r.tokens)-r.seq.Len(), budget)
 		w.batch = append(w.batch, chunk{r: r, n: n})
-		prefillN += n
-		quad += float64(n) * float64(r.seq.Len()+n)
+		shape.Add(n, r.seq.Len()+n)
 		budget -= n
 	}
 	for len(w.waiting) > 0 && budget > 0 && len(w.running) < s.cfg.MaxSeqs {
@@ -411,23 +408,15 @@ func (s *sim) schedule(w *worker) (time.Duration, bool) {
 		r.state = stRunning
 		n := min(len(r.tokens)-cached, budget)
 		w.batch = append(w.batch, chunk{r: r, n: n})
-		prefillN += n
-		quad += float64(n) * float64(cached+n)
+		shape.Add(n, cached+n)
 		budget -= n
 	}
 	if len(w.batch) == 0 {
 		return 0, false
 	}
-	var d time.Duration
-	if decodeN > 0 {
-		d += s.cfg.Timing.Decode(decodeN, kvRead)
-	}
-	if prefillN > 0 {
-		d += s.cfg.Timing.Prefill(prefillN, quad)
-	}
-	w.stats.PrefillTokens += prefillN
-	w.stats.DecodeTokens += decodeN
-	return max(d, 1), true
+	w.stats.PrefillTokens += shape.PrefillTokens
+	w.stats.DecodeTokens += shape.DecodeSeqs
+	return max(s.cfg.Timing.Step(shape), 1), true
 }
 
 // preempt releases r's blocks and returns it to the head of w's waiting

@@ -20,7 +20,13 @@ import (
 //	decode = DecodeBase + DecodePerSeq·B + DecodePerKVToken·K
 //
 // where K is the KV tokens the step's attention reads (each sequence's length
-// including the token fed). A mixed step costs the sum of both.
+// including the token fed). A mixed step costs the sum of both. Moving KV
+// blocks between workers (disaggregated prefill, migration) costs
+//
+//	transfer = TransferBase + TransferPerMiB·bytes/2²⁰
+//
+// `tandem profile` fits these parameters from a real engine; `tandem simulate
+// --timing` and `tandem serve --backend sim --sim-profile` load them.
 type Timing struct {
 	PrefillBase      float64 `json:"prefill_base_ms"`
 	PrefillPerToken  float64 `json:"prefill_per_token_ms"`
@@ -28,24 +34,68 @@ type Timing struct {
 	DecodeBase       float64 `json:"decode_base_ms"`
 	DecodePerSeq     float64 `json:"decode_per_seq_ms"`
 	DecodePerKVToken float64 `json:"decode_per_kv_token_ms"`
+	TransferBase     float64 `json:"transfer_base_ms"`
+	TransferPerMiB   float64 `json:"transfer_per_mib_ms"`
+}
+
+// A StepShape is what one forward step computes, in the timing model's terms.
+type StepShape struct {
+	PrefillTokens int     // N: prompt tokens computed by sequences with more than one token in the step
+	PrefillQuad   float64 // Σ nᵢ·ctxᵢ over those sequences
+	DecodeSeqs    int     // B: sequences computing one token
+	KVTokens      int     // K: Σ ctxᵢ over those sequences
+}
+
+// Add counts a sequence that computes n tokens and has ctx tokens of context
+// after the step. A single token is a decode (it costs what a decode costs,
+// whether or not it was sampled: a fully cached prompt's last token is one).
+func (s *StepShape) Add(n, ctx int) {
+	if n == 1 {
+		s.DecodeSeqs++
+		s.KVTokens += ctx
+		return
+	}
+	s.PrefillTokens += n
+	s.PrefillQuad += float64(n) * float64(ctx)
+}
+
+// Step is the modelled time of a step of shape s.
+func (t Timing) Step(s StepShape) time.Duration {
+	ms := 0.0
+	if s.PrefillTokens > 0 {
+		ms += t.PrefillBase + t.PrefillPerToken*float64(s.PrefillTokens) + t.PrefillPerToken2*s.PrefillQuad
+	}
+	if s.DecodeSeqs > 0 {
+		ms += t.DecodeBase + t.DecodePerSeq*float64(s.DecodeSeqs) + t.DecodePerKVToken*float64(s.KVTokens)
+	}
+	return msDur(ms)
+}
+
+// Transfer is the modelled time of moving n bytes of KV between workers.
+func (t Timing) Transfer(n int64) time.Duration {
+	return msDur(t.TransferBase + t.TransferPerMiB*float64(n)/(1<<20))
 }
 
 // GPUTiming is the default: roughly an 8B model in bf16 on one H100-class GPU
 // (prefill ≈ 16k tokens/s, a decode step ≈ 6 ms of weight reads plus ≈ 44 ns
-// per KV token of a 128 KiB/token cache at 3 TB/s).
+// per KV token of a 128 KiB/token cache at 3 TB/s); KV moves at ≈ 25 GB/s
+// (RDMA or NVLink class) after 0.1 ms of set-up.
 func GPUTiming() Timing {
 	return Timing{
 		PrefillBase: 5, PrefillPerToken: 0.06,
 		DecodeBase: 6, DecodePerSeq: 0.05, DecodePerKVToken: 0.00005,
+		TransferBase: 0.1, TransferPerMiB: 0.04,
 	}
 }
 
 // CPUTiming is roughly a 0.5B model on 2 CPU cores: a decode step ≈ 40 ms +
-// 1 ms per sequence, prefill ≈ 15 ms per token.
+// 1 ms per sequence, prefill ≈ 15 ms per token; KV moves over loopback QUIC
+// at ≈ 330 MiB/s after 1 ms.
 func CPUTiming() Timing {
 	return Timing{
 		PrefillBase: 20, PrefillPerToken: 15,
 		DecodeBase: 40, DecodePerSeq: 1, DecodePerKVToken: 0.0005,
+		TransferBase: 1, TransferPerMiB: 3,
 	}
 }
 
@@ -61,7 +111,7 @@ func ReadTiming(r io.Reader) (Timing, error) {
 }
 
 func (t Timing) validate() error {
-	for _, v := range []float64{t.PrefillBase, t.PrefillPerToken, t.PrefillPerToken2, t.DecodeBase, t.DecodePerSeq, t.DecodePerKVToken} {
+	for _, v := range []float64{t.PrefillBase, t.PrefillPerToken, t.PrefillPerToken2, t.DecodeBase, t.DecodePerSeq, t.DecodePerKVToken, t.TransferBase, t.TransferPerMiB} {
 		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 			return fmt.Errorf("sim: timing parameters must be finite and ≥ 0: %+v", t)
 		}

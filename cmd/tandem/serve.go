@@ -55,6 +55,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	role := fs.String("role", cluster.RoleBoth, "cluster role: both, prefill or decode")
 	nodeName := fs.String("node-name", "", "this engine's name in the cluster (default: host name and ORPC port)")
 	advertise := fs.String("advertise", "", "ORPC address routers dial (default: --host and the ORPC port; an unspecified host means the address used to reach the router)")
+	bk := addBackendFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem serve [--model PATH] [--host H] [--port P] [flags]")
 		fs.PrintDefaults()
@@ -92,16 +93,23 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
+	timing, err := bk.check(joins, *advertise, *orpcPort)
+	if err != nil {
+		return err
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
 	t0 := time.Now()
-	be, m, closeModel, err := openModel(*modelPath, *threads)
+	be, m, closeModel, err := openModel(*modelPath, bk.threads(*threads))
 	if err != nil {
 		return err
 	}
 	defer closeModel()
-	m.Prefault(progressPrinter(stderr, "loading weights"))
+	if !bk.sim() { // the sim backend never reads the weights
+		m.Prefault(progressPrinter(stderr, "loading weights"))
+	}
 	loadTime := time.Since(t0)
 
 	name := *servedName
@@ -128,7 +136,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("a KV budget of %d bytes holds no useful context (%d bytes per token)", budget, perToken)
 	}
 	reg := metrics.NewRegistry()
-	eng, err := engine.New(m, be, engine.Config{
+	engines, err := bk.newEngines(m, be, timing, engine.Config{
 		MaxBatchTokens: *maxBatch,
 		MaxSeqs:        *maxSeqs,
 		MaxQueue:       *maxQueue,
@@ -141,9 +149,12 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	eng := engines[0]
 	engineCtx, stopEngine := context.WithCancel(context.Background())
-	engineDone := make(chan error, 1)
-	go func() { engineDone <- eng.Run(engineCtx) }()
+	engineDone := make(chan error, len(engines))
+	for _, e := range engines {
+		go func() { engineDone <- e.Run(engineCtx) }()
+	}
 
 	api := openai.NewHandler([]*openai.Model{{
 		ID:         name,
@@ -173,7 +184,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	ready.Store(true)
-	var workerDone, workerFatal chan error
+	var workerDone <-chan struct{}
+	var workerFatal <-chan error
 	if len(joins) > 0 {
 		tokFormat, tokFiles, err := tokenizerCard(*modelPath)
 		if err != nil {
@@ -181,8 +193,9 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			stopEngine()
 			return err
 		}
-		w, err := worker.New(worker.Config{
-			Engine: eng,
+		workerCtx, stopWorker := context.WithCancel(ctx)
+		defer stopWorker()
+		workerDone, workerFatal, err = startWorkers(workerCtx, engines, worker.Config{
 			Card: cluster.ModelCard{
 				Model: name, Role: *role, HashVersion: kvcache.HashVersion, BlockSize: *blockSize,
 				Salt: kvcache.Salt(name, "", ""), KVBlocks: blocks, ContextLen: m.Config.ContextLen,
@@ -192,32 +205,22 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			Routers:   joins,
 			Token:     *joinToken,
 			StateDir:  *stateDir,
-			Listen:    net.JoinHostPort(*host, strconv.Itoa(*orpcPort)),
 			Advertise: *advertise,
 			Logger:    log,
-		})
+		}, *host, *orpcPort, log)
 		if err != nil {
 			srv.Shutdown(context.Background())
 			stopEngine()
 			return err
 		}
-		workerDone = make(chan error, 1)
-		workerFatal = make(chan error, 1)
-		workerCtx, stopWorker := context.WithCancel(ctx)
-		defer stopWorker()
-		go func() {
-			err := w.Run(workerCtx)
-			if err != nil && workerCtx.Err() == nil {
-				log.Error("cluster membership failed", "err", err)
-				workerFatal <- err
-			}
-			workerDone <- err
-		}()
 	}
 	fmt.Fprintf(stderr, "tandem serve: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s), context %d\n  load time: %v, backend %s\n",
 		srv.URL(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
 		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), m.Config.ContextLen,
 		loadTime.Round(time.Millisecond), be.Name())
+	if bk.sim() {
+		fmt.Fprintf(stderr, "  sim backend: %d replica(s), modelled compute %+v\n", len(engines), timing)
+	}
 
 	var fatal error
 	select {
@@ -235,7 +238,9 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		<-workerDone
 	}
 	stopEngine()
-	<-engineDone
+	for range engines {
+		<-engineDone
+	}
 	if fatal != nil {
 		return fatal
 	}

@@ -1,0 +1,49 @@
+package engine
+
+import (
+	"tandem/hal"
+	"tandem/model"
+)
+
+// A Forwarder runs one forward pass over a flattened batch: it computes the KV of b's tokens
+// at their positions (b.Attn says where they go) and writes the logits of the positions in
+// b.Outputs, one vocabulary-sized row each, in order, into logits. The model's forward pass on
+// a hal backend is one; the sim backend's stand-in (package engine/simstep), which sleeps a
+// modelled time and writes deterministic logits, is another. It must be batch-invariant: a
+// sequence's logits depend on that sequence alone.
+type Forwarder interface {
+	Forward(b *model.Batch, logits []float32) error
+}
+
+// runnerForward is the model's own forward pass over a KV store.
+type runnerForward struct {
+	r  *model.Runner
+	kv hal.KVStore
+}
+
+func (f runnerForward) Forward(b *model.Batch, logits []float32) error {
+	return f.r.Forward(f.kv, b, logits)
+}
+
+// ModelForwarder is m's forward pass on be over a KV store of the given shape, allocated
+// here; offline tools (tandem profile) time it with the same batches the engine builds.
+func ModelForwarder(m *model.Model, be hal.Backend, blocks, blockSize int) (Forwarder, error) {
+	kv, err := be.NewKVStore(m.KVLayout(blocks, blockSize))
+	if err != nil {
+		return nil, err
+	}
+	return runnerForward{model.NewRunner(m, be), kv}, nil
+}
+
+// NewWithForwarder builds an engine whose forward passes f runs. m supplies the model's
+// config (vocabulary, context length) and tokenizer (stop rules) only: its weights are not
+// read, and no KV store is allocated, since f keeps whatever KV memory it needs. The
+// scheduler, KV block pool, prefix cache and KV events are the real ones.
+func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	e := newEngine(m, cfg)
+	e.fwd = f
+	return e, nil
+}

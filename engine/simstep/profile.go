@@ -1,0 +1,140 @@
+package simstep
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"tandem/hal"
+	"tandem/model"
+	"tandem/sim"
+)
+
+// Forwarder is a forward step to profile (engine.Forwarder: the model's own, or a Step).
+type Forwarder interface {
+	Forward(b *model.Batch, logits []float32) error
+}
+
+// PrefillShape is a step of Seqs sequences each computing Tokens prompt tokens on top of
+// Context tokens already in the KV cache.
+type PrefillShape struct{ Seqs, Tokens, Context int }
+
+// DecodeShape is a step of Seqs sequences each decoding one token after Context tokens.
+type DecodeShape struct{ Seqs, Context int }
+
+// A Plan lists the step shapes a profile times, each Reps times after a warm-up.
+type Plan struct {
+	Prefill []PrefillShape
+	Decode  []DecodeShape
+	Reps    int
+}
+
+// DefaultPlan covers prompt chunks of 16 to 512 tokens (alone, batched, and on top of a
+// cached context, which is what tells the quadratic term apart) and decode batches of 1 to
+// 32 sequences at 64 to 2048 tokens of context, within the limits given.
+func DefaultPlan(contextLen, maxBatchTokens, maxSeqs, reps int) Plan {
+	p := Plan{Reps: max(reps, 1)}
+	for _, s := range []PrefillShape{
+		{1, 16, 0}, {1, 32, 0}, {1, 64, 0}, {1, 128, 0}, {1, 256, 0}, {1, 512, 0},
+		{1, 128, 512}, {1, 64, 1024}, {1, 256, 1024}, {2, 128, 0}, {4, 64, 0}, {2, 64, 512},
+	} {
+		if s.Seqs*s.Tokens <= maxBatchTokens && s.Context+s.Tokens <= contextLen && s.Seqs <= maxSeqs {
+			p.Prefill = append(p.Prefill, s)
+		}
+	}
+	for _, ctx := range []int{64, 512, 2048} {
+		for _, n := range []int{1, 2, 4, 8, 16, 32} {
+			if ctx+1 <= contextLen && n <= maxSeqs && n <= maxBatchTokens {
+				p.Decode = append(p.Decode, DecodeShape{n, ctx})
+			}
+		}
+	}
+	return p
+}
+
+// Blocks is the KV blocks of blockSize tokens that the plan's largest step needs.
+func (p Plan) Blocks(blockSize int) int {
+	need := 0
+	for _, s := range p.Prefill {
+		need = max(need, s.Seqs*ceilDiv(s.Context+s.Tokens, blockSize))
+	}
+	for _, s := range p.Decode {
+		need = max(need, s.Seqs*ceilDiv(s.Context+1, blockSize))
+	}
+	return need
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// Profile times f on every step of p and returns one sample per shape: the median of its
+// repetitions, after one warm-up step. Token ids are arbitrary (pseudo-random below vocab):
+// the time of a step does not depend on them, nor on what the KV cache holds, so no
+// context is prefilled first. clock nil is the wall clock; progress, if set, is told how
+// many shapes are done.
+func Profile(ctx context.Context, f Forwarder, vocab, blockSize int, p Plan, clock Clock, progress func(done, total int)) ([]sim.Sample, error) {
+	if clock == nil {
+		clock = realClock{}
+	}
+	if vocab < 1 || blockSize < 1 {
+		return nil, fmt.Errorf("simstep: profile needs a vocabulary and a block size")
+	}
+	type shape struct{ seqs, tokens, context int }
+	var shapes []shape
+	for _, s := range p.Prefill {
+		shapes = append(shapes, shape{s.Seqs, s.Tokens, s.Context})
+	}
+	for _, s := range p.Decode {
+		shapes = append(shapes, shape{s.Seqs, 1, s.Context})
+	}
+	var (
+		out    []sim.Sample
+		logits []float32
+		b      model.Batch
+		times  []time.Duration
+		rng    = uint64(1)
+	)
+	for k, sh := range shapes {
+		if sh.seqs < 1 || sh.tokens < 1 || sh.context < 0 {
+			return nil, fmt.Errorf("simstep: profile shape %+v", sh)
+		}
+		per := ceilDiv(sh.context+sh.tokens, blockSize)
+		b = model.Batch{Attn: hal.AttnBatch{Blocks: make([][]int32, sh.seqs)}}
+		for s := range sh.seqs {
+			b.Attn.Blocks[s] = make([]int32, per)
+			for i := range per {
+				b.Attn.Blocks[s][i] = int32(s*per + i)
+			}
+			for j := range sh.tokens {
+				rng = splitmix(rng)
+				b.Tokens = append(b.Tokens, int32(rng%uint64(vocab)))
+				b.Attn.Pos = append(b.Attn.Pos, int32(sh.context+j))
+				b.Attn.SeqOf = append(b.Attn.SeqOf, int32(s))
+			}
+			b.Outputs = append(b.Outputs, len(b.Tokens)-1)
+		}
+		if need := sh.seqs * vocab; cap(logits) < need {
+			logits = make([]float32, need)
+		}
+		times = times[:0]
+		for r := range p.Reps + 1 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			t0 := clock.Now()
+			if err := f.Forward(&b, logits[:sh.seqs*vocab]); err != nil {
+				return nil, fmt.Errorf("simstep: profile step %+v: %w", sh, err)
+			}
+			if r > 0 {
+				times = append(times, clock.Now().Sub(t0))
+			}
+		}
+		slices.Sort(times)
+		st, _, _ := Shape(&b, nil, nil)
+		out = append(out, sim.Sample{Shape: st, Time: times[len(times)/2]})
+		if progress != nil {
+			progress(k+1, len(shapes))
+		}
+	}
+	return out, nil
+}
