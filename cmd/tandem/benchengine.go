@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -38,6 +40,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	reps := fs.Int("r", 3, "repetitions of each test")
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
 	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the tests to this file")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem bench-engine [--model FILE] [-p 512] [-n 64] [--batch 4,16] [-r 3] [--json]")
 		fs.PrintDefaults()
@@ -71,6 +74,17 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("tests need %d positions but the context is %d", need, m.Config.ContextLen)
 	}
 	ob := engine.NewOfflineBench(m, be)
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	base := benchResult{Model: modelName(*modelPath, m.Config.Name), ModelType: m.Config.Arch + " " + m.FileType,
 		SizeBytes: m.WeightBytes, Backend: cpu.KernelISA(), Threads: be.Threads()}
 	var results []benchResult

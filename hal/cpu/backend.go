@@ -17,6 +17,8 @@ type Backend struct {
 
 	xq      []byte      // activations converted to a weight's vec-dot type
 	scratch [][]float32 // per worker, attention scores
+	side    []int32     // per activation block: scale and correction for packed kernels
+	packs   packCache   // packed copies of weights
 }
 
 // New returns a CPU backend using threads workers (0 means all cores).

@@ -26,6 +26,10 @@ func (b *Backend) MatMul(out, x []float32, rows int, w *hal.Weight) {
 			QuantizeRow(vt, x[m*k:(m+1)*k], xq[m*xrb:(m+1)*xrb])
 		}
 	})
+	if p := b.packs.packed(w); p != nil {
+		b.matmulPacked(out, xq, xrb, rows, n, p)
+		return
+	}
 	wrb := w.RowBytes()
 	typ := w.Type
 	b.pool.run(n, func(_, lo, hi int) {

@@ -1,0 +1,196 @@
+package cpu
+
+import (
+	"math"
+	"sync"
+	"unsafe"
+
+	"tandem/hal"
+)
+
+// Packed weights: for the formats with a packed kernel (see packFormats),
+// MatMul first copies a weight once into an interleaved layout of groups of
+// packRows rows, so that one 64-byte vector holds four quants of each of 16
+// rows. A VNNI instruction then multiplies them with four activation bytes
+// broadcast to every lane, and each lane accumulates one output element's
+// exact int32 block sum: no horizontal reductions, each weight vector
+// loaded once for up to four activation rows. The per-block float
+// operations are the reference's, in its order, lane by lane, so every
+// output element keeps the bits of vecDotRef.
+//
+// The packed quants are unsigned (VPDPBUSD multiplies unsigned by signed
+// bytes): Q8_0 stores q+128, Q5_0 and Q4_0 their raw 5- and 4-bit codes
+// (q+16, q+8). The offset times Σx of the activation block is subtracted
+// from the int32 sum, which keeps it exact.
+
+// packRows is the number of weight rows interleaved in one group (the
+// int32 lanes of a 512-bit vector).
+const packRows = 16
+
+// packedWeight is a weight in the packed layout of its format.
+type packedWeight struct {
+	f      *packFormat
+	groups int
+	nb     int // blocks per row
+	data   []byte
+}
+
+// packFormat describes one packed layout and its kernels.
+type packFormat struct {
+	groupBlockBytes int   // bytes of one block of one 16-row group
+	corrMul         int32 // the weight codes' offset: s = Σcode·x − corrMul·Σx
+	// pack writes the group of rows src (at most packRows, each nb blocks)
+	// into dst; missing rows are zero.
+	pack func(dst []byte, src [][]byte, nb int)
+	// k4 and k1 compute 16 outputs (one per group row) for four and one
+	// activation rows; see packKernel4 and packKernel1.
+	k4 packKernel4
+	k1 packKernel1
+}
+
+// packKernel4 computes, for the group at w (nb blocks) and the activation
+// rows x + m·xstride (Q8_0) with their side rows side + m·sstride, the 16
+// outputs of row m at out + m·ostride bytes, for m < 4.
+type packKernel4 func(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
+
+// packKernel1 is packKernel4 for one activation row.
+type packKernel1 func(nb int, w, x, side *byte, out *float32)
+
+// packCache holds the packed copies of the weights a backend has seen,
+// keyed by the address of their data.
+type packCache struct {
+	mu sync.Mutex
+	m  map[*byte]*packedWeight
+}
+
+// packed returns w's packed copy, packing it on first use; nil when w's
+// format has no packed kernel on this CPU.
+func (c *packCache) packed(w *hal.Weight) *packedWeight {
+	f := packFormatFor(kern.isa, w.Type)
+	if f == nil || len(w.Data) == 0 || w.Cols%32 != 0 {
+		return nil
+	}
+	key := unsafe.SliceData(w.Data)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.m[key]; ok {
+		return p
+	}
+	if c.m == nil {
+		c.m = make(map[*byte]*packedWeight)
+	}
+	p := packWeight(f, w)
+	c.m[key] = p
+	return p
+}
+
+// packWeight copies w into f's layout.
+func packWeight(f *packFormat, w *hal.Weight) *packedWeight {
+	nb := w.Cols / 32
+	groups := (w.Rows + packRows - 1) / packRows
+	gb := f.groupBlockBytes * nb
+	p := &packedWeight{f: f, groups: groups, nb: nb, data: make([]byte, groups*gb)}
+	rb := w.RowBytes()
+	src := make([][]byte, 0, packRows)
+	for g := range groups {
+		src = src[:0]
+		for r := g * packRows; r < min((g+1)*packRows, w.Rows); r++ {
+			src = append(src, w.Data[r*rb:(r+1)*rb])
+		}
+		f.pack(p.data[g*gb:(g+1)*gb], src, nb)
+	}
+	return p
+}
+
+// packSide writes, for each Q8_0 block of the activation row xq, the
+// float32 scale and the int32 correction corrMul·Σx the packed kernels
+// read (8 bytes a block).
+func packSide(side []int32, xq []byte, nb int, corrMul int32) {
+	side = side[:2*nb]
+	xq = xq[:34*nb]
+	for i := range nb {
+		xb := xq[34*i : 34*i+34]
+		var s int32
+		for _, q := range xb[2:34] {
+			s += int32(int8(q))
+		}
+		side[2*i] = int32(math.Float32bits(f16At(xb)))
+		side[2*i+1] = corrMul * s
+	}
+}
+
+// matmulPacked computes out (rows × w.Rows) from the Q8_0 activation rows
+// xq with the packed weight p: work is split over row groups, each group
+// read once per four activation rows.
+func (b *Backend) matmulPacked(out []float32, xq []byte, xrb, rows, n int, p *packedWeight) {
+	nb := p.nb
+	if need := 2 * nb * rows; cap(b.side) < need {
+		b.side = make([]int32, need)
+	}
+	side := b.side[:2*nb*rows]
+	f := p.f
+	b.pool.run(rows, func(_, lo, hi int) {
+		for m := lo; m < hi; m++ {
+			packSide(side[2*nb*m:2*nb*(m+1)], xq[m*xrb:], nb, f.corrMul)
+		}
+	})
+	gb := f.groupBlockBytes * nb
+	sstride := 8 * nb
+	b.pool.run(p.groups, func(worker, lo, hi int) {
+		var tmp [4 * packRows]float32
+		for g := lo; g < hi; g++ {
+			w := &p.data[g*gb]
+			j := g * packRows
+			full := j+packRows <= n
+			m := 0
+			for ; m+4 <= rows; m += 4 {
+				if full {
+					f.k4(nb, w, &xq[m*xrb], xrb, (*byte)(unsafe.Pointer(&side[2*nb*m])), sstride, &out[m*n+j], 4*n)
+					continue
+				}
+				f.k4(nb, w, &xq[m*xrb], xrb, (*byte)(unsafe.Pointer(&side[2*nb*m])), sstride, &tmp[0], 4*packRows)
+				for mm := range 4 {
+					copy(out[(m+mm)*n+j:(m+mm+1)*n], tmp[mm*packRows:mm*packRows+n-j])
+				}
+			}
+			for ; m < rows; m++ {
+				if full {
+					f.k1(nb, w, &xq[m*xrb], (*byte)(unsafe.Pointer(&side[2*nb*m])), &out[m*n+j])
+					continue
+				}
+				f.k1(nb, w, &xq[m*xrb], (*byte)(unsafe.Pointer(&side[2*nb*m])), &tmp[0])
+				copy(out[m*n+j:(m+1)*n], tmp[:n-j])
+			}
+		}
+	})
+}
+
+// packQ8_0 lays out one 16-row group of Q8_0 rows: per block, the 16 FP16
+// scales (32 bytes), then for each 4-quant step k of 8 the four codes
+// q+128 of rows 0..15 (64 bytes).
+func packQ8_0(dst []byte, src [][]byte, nb int) {
+	const gbb = 32 + 8*64
+	dst = dst[:gbb*nb]
+	for i := range dst {
+		dst[i] = 0
+	}
+	for b := range nb {
+		d := dst[gbb*b : gbb*(b+1)]
+		for k := range 8 {
+			for r := range packRows {
+				for i := range 4 {
+					d[32+64*k+4*r+i] = 0x80 // code of a zero quant in missing rows
+				}
+			}
+		}
+		for r, row := range src {
+			blk := row[34*b : 34*b+34]
+			d[2*r], d[2*r+1] = blk[0], blk[1]
+			for k := range 8 {
+				for i := range 4 {
+					d[32+64*k+4*r+i] = blk[2+4*k+i] ^ 0x80
+				}
+			}
+		}
+	}
+}

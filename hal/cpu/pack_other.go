@@ -1,0 +1,8 @@
+//go:build !amd64
+
+package cpu
+
+import "tandem/hal"
+
+// packFormatFor: no packed kernels off amd64.
+func packFormatFor(isa string, t hal.DType) *packFormat { return nil }
