@@ -8,8 +8,10 @@ import (
 )
 
 // kvStore keeps each layer's keys and values block-major: within a block,
-// one KV head's BlockSize positions are contiguous, so attention streams a
-// head's keys through cache in order.
+// one KV head's BlockSize positions are contiguous. Values are stored
+// position by position ([slot][dim]); keys transposed ([dim][slot]), so
+// that the scores of a block's positions are computed lane by lane, each
+// with the sequential float32 sum of dotF32.
 type kvStore struct {
 	layout hal.KVLayout
 	k, v   [][]float32 // per layer
@@ -63,8 +65,11 @@ func (b *Backend) StoreKV(store hal.KVStore, layer int, k, v []float32, batch *h
 		slot := int(p) % l.BlockSize
 		for h := 0; h < l.KVHeads; h++ {
 			o := s.offset(blk, h, slot)
-			copy(s.k[layer][o:o+l.HeadDim], k[t*row+h*l.HeadDim:t*row+(h+1)*l.HeadDim])
 			copy(s.v[layer][o:o+l.HeadDim], v[t*row+h*l.HeadDim:t*row+(h+1)*l.HeadDim])
+			kb := s.k[layer][s.offset(blk, h, 0):]
+			for i, kv := range k[t*row+h*l.HeadDim : t*row+(h+1)*l.HeadDim] {
+				kb[i*l.BlockSize+slot] = kv
+			}
 		}
 	}
 }
@@ -72,31 +77,43 @@ func (b *Backend) StoreKV(store hal.KVStore, layer int, k, v []float32, batch *h
 // Attention computes, for each token and head, softmax(q·Kᵀ·scale)·V over
 // positions 0..pos of the token's sequence. Each (token, head) is computed
 // alone with a fixed order over positions, so the result does not depend on
-// the batch, the chunking, or the prefill/decode path.
+// the batch, the chunking, or the prefill/decode path. The SIMD kernels
+// (attnKernels) run the same float32 operations per score and per output
+// element as the scalar loops, only for several of them at once.
 func (b *Backend) Attention(out, q []float32, heads int, scale float32, store hal.KVStore, layer int, batch *hal.AttnBatch) {
 	s := store.(*kvStore)
 	l := s.layout
-	hd := l.HeadDim
+	hd, bs := l.HeadDim, l.BlockSize
 	group := heads / l.KVHeads
 	maxPos := int32(0)
 	for _, p := range batch.Pos {
 		maxPos = max(maxPos, p)
 	}
+	maxBlocks := int(maxPos)/bs + 1
 	kl, vl := s.k[layer], s.v[layer]
+	ak := attnKernelsFor(kern.isa, hd, bs)
 	b.pool.run(len(batch.Pos)*heads, func(worker, lo, hi int) {
-		scores := b.workerScratch(worker, int(maxPos)+1)
+		scores := b.workerScratch(worker, maxBlocks*bs)
+		offs := b.workerOffsets(worker, maxBlocks)
 		for i := lo; i < hi; i++ {
 			t, h := i/heads, i%heads
 			kvh := h / group
 			n := int(batch.Pos[t]) + 1
+			nblk := (n + bs - 1) / bs
 			blocks := batch.Blocks[batch.SeqOf[t]]
+			for bi := range nblk {
+				offs[bi] = int32(s.offset(int(blocks[bi]), kvh, 0))
+			}
 			qh := q[(t*heads+h)*hd : (t*heads+h+1)*hd]
-			sc := scores[:n]
+			sc := scores[:nblk*bs]
+			if ak != nil {
+				ak.scores(qh, kl, offs[:nblk], scale, sc)
+			} else {
+				attnScoresRef(qh, kl, offs[:nblk], bs, scale, sc)
+			}
+			sc = sc[:n]
 			maxScore := float32(math.Inf(-1))
-			for j := 0; j < n; j++ {
-				o := s.offset(int(blocks[j/l.BlockSize]), kvh, j%l.BlockSize)
-				d := dotF32(qh, kl[o:o+hd]) * scale
-				sc[j] = d
+			for _, d := range sc {
 				maxScore = max(maxScore, d)
 			}
 			var sum float64
@@ -106,30 +123,56 @@ func (b *Backend) Attention(out, q []float32, heads int, scale float32, store ha
 				sum += float64(e)
 			}
 			inv := float32(1 / sum)
-			oh := out[(t*heads+h)*hd : (t*heads+h+1)*hd]
-			clear(oh)
 			for j, w := range sc {
-				o := s.offset(int(blocks[j/l.BlockSize]), kvh, j%l.BlockSize)
-				axpy(oh, vl[o:o+hd], w*inv)
+				sc[j] = w * inv
+			}
+			oh := out[(t*heads+h)*hd : (t*heads+h+1)*hd]
+			if ak != nil {
+				ak.accumV(oh, vl, offs[:nblk], sc)
+			} else {
+				attnAccumVRef(oh, vl, offs[:nblk], bs, sc)
 			}
 		}
 	})
 }
 
-// dotF32 sums in float32 in index order; the order is fixed, so results are
-// reproducible for any batch.
-func dotF32(a, b []float32) float32 {
-	b = b[:len(a)]
-	var s float32
-	for i, v := range a {
-		s += v * b[i]
+// attnScoresRef sets sc[j] = (q·k_j)·scale for the positions of the blocks
+// at offs (keys transposed: k_j[i] at off + i·bs + slot), each dot product
+// summed in float32 in index order, as dotF32.
+func attnScoresRef(q, k []float32, offs []int32, bs int, scale float32, sc []float32) {
+	for bi, off := range offs {
+		kb := k[off : int(off)+len(q)*bs]
+		for slot := range bs {
+			var d float32
+			for i, qv := range q {
+				d += float32(qv * kb[i*bs+slot])
+			}
+			sc[bi*bs+slot] = d * scale
+		}
 	}
-	return s
+}
+
+// attnAccumVRef sets o = Σ_j w[j]·v_j over the positions j < len(w), in
+// order of j, as axpy does.
+func attnAccumVRef(o, v []float32, offs []int32, bs int, w []float32) {
+	clear(o)
+	hd := len(o)
+	for j, wj := range w {
+		off := int(offs[j/bs]) + (j%bs)*hd
+		axpy(o, v[off:off+hd], wj)
+	}
+}
+
+// attnKernels are the SIMD versions of attnScoresRef and attnAccumVRef for
+// one head size and block size.
+type attnKernels struct {
+	scores func(q, k []float32, offs []int32, scale float32, sc []float32)
+	accumV func(o, v []float32, offs []int32, w []float32)
 }
 
 func axpy(dst, x []float32, a float32) {
 	x = x[:len(dst)]
 	for i := range dst {
-		dst[i] += a * x[i]
+		dst[i] += float32(a * x[i])
 	}
 }

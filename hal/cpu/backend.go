@@ -17,6 +17,7 @@ type Backend struct {
 
 	xq      []byte      // activations converted to a weight's vec-dot type
 	scratch [][]float32 // per worker, attention scores
+	offsets [][]int32   // per worker, attention block offsets
 	side    []int32     // per activation block: scale and correction for packed kernels
 	packs   packCache   // packed copies of weights
 }
@@ -28,6 +29,7 @@ func New(threads int) *Backend {
 	}
 	b := &Backend{pool: newPool(threads)}
 	b.scratch = make([][]float32, threads)
+	b.offsets = make([][]int32, threads)
 	return b
 }
 

@@ -163,3 +163,10 @@ func (b *Backend) workerScratch(worker, n int) []float32 {
 	}
 	return b.scratch[worker][:n]
 }
+
+func (b *Backend) workerOffsets(worker, n int) []int32 {
+	if cap(b.offsets[worker]) < n {
+		b.offsets[worker] = make([]int32, n)
+	}
+	return b.offsets[worker][:n]
+}

@@ -6,3 +6,6 @@ import "tandem/hal"
 
 // packFormatFor: no packed kernels off amd64.
 func packFormatFor(isa string, t hal.DType) *packFormat { return nil }
+
+// attnKernelsFor: the scalar attention loops off amd64.
+func attnKernelsFor(isa string, hd, bs int) *attnKernels { return nil }
