@@ -45,9 +45,14 @@ type LiveConfig struct {
 	// MaxMigrations bounds how often one request moves to another worker when its worker
 	// fails mid-stream (0: DefaultMaxMigrations; negative: never).
 	MaxMigrations int
-	APIKey        string
-	Logger        *slog.Logger
-	Options       []orpc.Option // for the connections to workers
+	// KnownCards are the cards of models this router served before (its state directory
+	// keeps them): a worker of such a model is held to that card from its first
+	// registration. NewModel is called with the card of a model seen for the first time.
+	KnownCards map[string]Card
+	NewModel   func(Card)
+	APIKey     string
+	Logger     *slog.Logger
+	Options    []orpc.Option // for the connections to workers
 }
 
 // Live is the running router: the registry of workers that dialled in, one policy State per
@@ -289,7 +294,12 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	m = l.models[card.Model]
 	newModel := false
 	if m == nil {
-		st, err := NewState(l.cfg.Policy, nil)
+		pol := l.cfg.Policy
+		known, remembered := l.cfg.KnownCards[card.Model]
+		if remembered {
+			pol.Card = known
+		}
+		st, err := NewState(pol, nil)
 		if err != nil {
 			l.mu.Unlock()
 			return orpc.Errorf(orpc.Internal, "router: %v", err)
@@ -311,6 +321,9 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	id := l.nextID
 	if err := m.state.AddWorker(id, core); err != nil {
 		l.mu.Unlock()
+		if _, remembered := l.cfg.KnownCards[card.Model]; remembered && newModel {
+			err = fmt.Errorf("%w (the card this router remembers from earlier runs; to change it, stop the router and remove %s from its state directory)", err, cardsFile)
+		}
 		log.Error("refusing worker: model card mismatch", "err", err)
 		l.met.Refused.Inc()
 		return orpc.Errorf(orpc.FailedPrecondition, "%v", err)
@@ -318,6 +331,8 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	if newModel {
 		l.models[card.Model] = m
 	}
+	_, remembered := l.cfg.KnownCards[card.Model]
+	persist := newModel && !remembered && l.cfg.NewModel != nil
 	now := time.Now()
 	w := &liveWorker{id: id, node: card.Node, addr: addr, model: m, client: client, joined: now, lastBeat: now,
 		resyncing: true, kick: make(chan struct{}), key: rand.Uint64() | 1}
@@ -325,6 +340,9 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	l.byNode[card.Node] = id
 	l.signal()
 	l.mu.Unlock()
+	if persist {
+		l.cfg.NewModel(core)
+	}
 	if newModel {
 		l.rebuildAPI()
 	}

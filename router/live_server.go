@@ -74,8 +74,23 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	cards := newCardStore(cfg.StateDir)
+	known, err := cards.load()
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
 	reg := metrics.NewRegistry()
 	lc := cfg.Live
+	if lc.KnownCards == nil {
+		lc.KnownCards = known
+	}
+	if lc.NewModel == nil {
+		lc.NewModel = func(c Card) {
+			if err := cards.add(c); err != nil {
+				log.Error("cannot remember the model's card in the state directory", "model", c.Model, "err", err)
+			}
+		}
+	}
 	lc.Identity = id
 	lc.Name = name
 	lc.Registry = reg
