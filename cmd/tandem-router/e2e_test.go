@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -255,6 +256,22 @@ func TestEndToEndCluster(t *testing.T) {
 		t.Errorf("the router logged no migration after %s died mid-stream", killed)
 	}
 	r.wait(t, `worker left.*worker=`+killed, 15*time.Second)
+	// The router's /metrics account for it.
+	resp, err = http.Get(r.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	scrape, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		"tandem_router:migrations_total 1", "tandem_router:worker_joins_total 3", "tandem_router:worker_losses_total 1",
+		"tandem_router:routing_decision_seconds_count", "tandem_router:predicted_hit_blocks_total", "tandem_router:queue_depth 0",
+		`tandem_router:worker_load{model="stories",quantity="kv_usage",worker="`,
+	} {
+		if !strings.Contains(string(scrape), want) {
+			t.Errorf("router /metrics lacks %q", want)
+		}
+	}
 	for i := range 4 {
 		out, wk, err := completion(ctx, c, fmt.Sprintf("The little dog number %d", i), 8)
 		if err != nil {
