@@ -38,8 +38,11 @@ func run(t *testing.T, cfg Config) *Result {
 // within reports whether got is in [want, want+slack].
 func within(got, want, slack time.Duration) bool { return got >= want && got <= want+slack }
 
+// The fake server's delays are lower bounds of what the client measures; how much later a
+// loaded machine delivers is not asserted (timed upper bounds flake on shared machines), but
+// the metrics must agree with one another exactly as their definitions say.
 func TestRunTimings(t *testing.T) {
-	const first, gap, slack = 60 * time.Millisecond, 25 * time.Millisecond, 60 * time.Millisecond
+	const first, gap = 60 * time.Millisecond, 25 * time.Millisecond
 	srv := (&benchtest.Server{First: first, Gap: gap}).Start()
 	defer srv.Close()
 	res := run(t, Config{BaseURL: srv.URL + "/v1/", Workload: mustRandom(t, 6, 20, 5), IgnoreEOS: true, Warmups: 1})
@@ -51,7 +54,7 @@ func TestRunTimings(t *testing.T) {
 		t.Fatalf("completed %d failed %d: %+v", s.Completed, s.Failed, res.Requests)
 	}
 	for _, r := range res.Requests {
-		if !within(r.TTFT, first, slack) {
+		if r.TTFT < first {
 			t.Errorf("TTFT %v, server waits %v", r.TTFT, first)
 		}
 		if len(r.ITL) != 4 {
@@ -61,17 +64,22 @@ func TestRunTimings(t *testing.T) {
 		for _, d := range r.ITL {
 			sum += d
 		}
-		if !within(sum/4, gap-5*time.Millisecond, slack/2) || !within(r.TPOT(), gap-5*time.Millisecond, slack/2) {
-			t.Errorf("mean ITL %v TPOT %v, server gap %v", sum/4, r.TPOT(), gap)
+		if sum/4 < gap-5*time.Millisecond {
+			t.Errorf("mean ITL %v, server gap %v", sum/4, gap)
 		}
-		if !within(r.E2E, first+4*gap, slack) {
-			t.Errorf("E2E %v, want about %v", r.E2E, first+4*gap)
+		// vLLM's definitions: TPOT = (E2E − TTFT) / (output tokens − 1); the ITLs are the
+		// gaps between tokens, so TTFT + ΣITL is the last token's time, at most E2E.
+		if want := (r.E2E - r.TTFT) / 4; r.TPOT() != want {
+			t.Errorf("TPOT %v, (E2E − TTFT)/4 = %v", r.TPOT(), want)
+		}
+		if r.E2E < first+4*gap || r.TTFT+sum > r.E2E {
+			t.Errorf("E2E %v, TTFT %v + ΣITL %v; the server takes at least %v", r.E2E, r.TTFT, sum, first+4*gap)
 		}
 		if r.InputLen != 20 || r.OutputLen != 5 {
 			t.Errorf("lens %d/%d, want 20/5", r.InputLen, r.OutputLen)
 		}
 	}
-	if !within(time.Duration(s.TTFT.Median*float64(time.Millisecond)), first, slack) {
+	if time.Duration(s.TTFT.Median*float64(time.Millisecond)) < first {
 		t.Errorf("median TTFT %v ms", s.TTFT.Median)
 	}
 	if s.TotalInput != 120 || s.TotalOutput != 30 || s.PeakConcurrency != 6 {
@@ -268,8 +276,8 @@ func TestRunConcurrencyRateAndCancel(t *testing.T) {
 	}
 	res = run(t, Config{BaseURL: srv.URL, Workload: mustRandom(t, 4, 4, 2), Arrival: Constant, RequestRate: 10})
 	for i, r := range res.Requests {
-		// Never early; late only by scheduling delays (generous for loaded machines).
-		if want := time.Duration(i) * 100 * time.Millisecond; !within(r.Start, want, 150*time.Millisecond) {
+		// Never early; late only by scheduling delays (very generous for loaded machines).
+		if want := time.Duration(i) * 100 * time.Millisecond; !within(r.Start, want, time.Second) {
 			t.Errorf("request %d sent at %v, want %v", i, r.Start, want)
 		}
 	}
