@@ -11,16 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"tandem/cluster"
 	"tandem/engine"
-	"tandem/hal/cpu"
 	"tandem/internal/fixtures"
 	"tandem/kvcache"
 	"tandem/llm"
-	"tandem/model"
 	"tandem/openai"
 	"tandem/router"
-	"tandem/worker"
 )
 
 // startRouterWith is startRouter with a chosen policy and queue timeout.
@@ -33,9 +29,16 @@ func startRouterWith(t *testing.T, pol router.Config, queueTimeout time.Duration
 // startRouterLive starts a router with live's settings.
 func startRouterLive(t *testing.T, live router.LiveConfig) *testCluster {
 	t.Helper()
+	return startRouterIn(t, t.TempDir(), live)
+}
+
+// startRouterIn starts a router with live's settings whose state (cluster CA and join token)
+// is in dir: routers started in one dir form one cluster.
+func startRouterIn(t *testing.T, dir string, live router.LiveConfig) *testCluster {
+	t.Helper()
 	logs := &syncBuffer{}
 	srv, err := router.StartServer(router.ServerConfig{
-		Host: "127.0.0.1", StateDir: t.TempDir(), Live: live,
+		Host: "127.0.0.1", StateDir: dir, Live: live,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {
@@ -189,46 +192,7 @@ func TestLiveBackpressure(t *testing.T) {
 // addGatedWorker starts an engine behind a gateEngine as worker name of c.
 func addGatedWorker(t *testing.T, c *testCluster, name string, gate chan struct{}) {
 	t.Helper()
-	be := cpu.New(2)
-	m, err := model.Load(c.path, be)
-	if err != nil {
-		t.Fatal(err)
-	}
-	salt := kvcache.Salt(modelName, "", "")
-	eng, err := engine.New(m, be, engine.Config{KVBlocks: 256, Salt: salt})
-	if err != nil {
-		t.Fatal(err)
-	}
-	format, files, err := worker.TokenizerFor(c.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := worker.New(worker.Config{
-		Engine: gateEngine{eng, gate},
-		Card: cluster.ModelCard{Model: modelName, HashVersion: kvcache.HashVersion, BlockSize: engine.DefaultBlockSize, Salt: salt,
-			KVBlocks: 256, ContextLen: m.Config.ContextLen, TokenizerFormat: format, TokenizerFiles: files},
-		Node: name, Routers: []string{c.router.ORPCAddr}, Token: c.router.Token.String(), StateDir: t.TempDir(),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	engDone, wDone := make(chan struct{}), make(chan struct{})
-	go func() { eng.Run(ctx); close(engDone) }()
-	go func() { w.Run(ctx); close(wDone) }()
-	t.Cleanup(func() {
-		cancel()
-		for _, ch := range []chan struct{}{wDone, engDone} {
-			select {
-			case <-ch:
-			case <-time.After(10 * time.Second):
-				t.Errorf("worker %s did not stop", name)
-			}
-		}
-		m.Close()
-		be.Close()
-	})
+	startGatedWorker(t, c.path, name, []string{c.router.ORPCAddr}, c.router.Token.String(), gate)
 }
 
 // Session affinity: requests of one session (X-Session-Id, or the user field) stay on one

@@ -27,36 +27,15 @@ import (
 func TestRoutersShareInflightLoad(t *testing.T) {
 	const heartbeat = 20 * time.Second // periodic reports cannot explain what B learns
 	state := t.TempDir()               // one cluster: the routers share the CA and token
-	var routers []*router.Server
-	var logs []*syncBuffer
-	for range 2 {
-		buf := &syncBuffer{}
-		srv, err := router.StartServer(router.ServerConfig{
-			Host: "127.0.0.1", StateDir: state,
-			Live:   router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: heartbeat, HeartbeatTimeout: 4 * heartbeat},
-			Logger: slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			srv.Shutdown(ctx)
-			if t.Failed() {
-				t.Logf("router log:\n%s", buf.String())
-			}
-		})
-		routers, logs = append(routers, srv), append(logs, buf)
-	}
-	a, b := routers[0], routers[1]
+	live := router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: heartbeat, HeartbeatTimeout: 4 * heartbeat}
+	a, b := startRouterIn(t, state, live).router, startRouterIn(t, state, live).router
 	gate := make(chan struct{})
 	var opened sync.Once
 	open := func() { opened.Do(func() { close(gate) }) }
 	t.Cleanup(open)
 	path := fixtures.Model(t, "stories260K-f32.gguf")
 	for _, name := range []string{"w1", "w2"} {
-		startSharedWorker(t, path, name, []string{a.ORPCAddr, b.ORPCAddr}, a.Token.String(), gate)
+		startGatedWorker(t, path, name, []string{a.ORPCAddr, b.ORPCAddr}, a.Token.String(), gate)
 	}
 	load := func(s *router.Server, node string) (float64, bool) {
 		for _, w := range s.Live.Workers() {
@@ -140,8 +119,8 @@ func TestRoutersShareInflightLoad(t *testing.T) {
 	}
 }
 
-// startSharedWorker runs an engine behind a gateEngine as worker name, joined to routers.
-func startSharedWorker(t *testing.T, path, name string, routers []string, token string, gate chan struct{}) {
+// startGatedWorker runs an engine behind a gateEngine as worker name, joined to routers.
+func startGatedWorker(t *testing.T, path, name string, routers []string, token string, gate chan struct{}) {
 	t.Helper()
 	be := cpu.New(1)
 	m, err := model.Load(path, be)
