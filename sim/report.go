@@ -18,6 +18,7 @@ func (r *Result) WriteTable(w io.Writer) error {
 	row("Routing mode:", r.Routing)
 	row("Simulated workers:", len(r.Workers))
 	row("Prefix cache hit rate:", fmt.Sprintf("%.4f", r.HitRate))
+	row("Hit rate, one unbounded cache:", fmt.Sprintf("%.4f", r.IdealHitRate))
 	row("Imbalance, tokens (max/mean):", fmt.Sprintf("%.3f", r.TokenImbalance))
 	row("Imbalance, tokens (CV):", fmt.Sprintf("%.3f", r.TokenCV))
 	row("Imbalance, active requests (max/mean):", fmt.Sprintf("%.3f", r.ActiveImbalance))
@@ -40,6 +41,7 @@ func (r *Result) JSON() map[string]any {
 	m["routing"] = string(r.Routing)
 	m["num_workers"] = len(r.Workers)
 	m["prefix_cache_hit_rate"] = r.HitRate
+	m["ideal_prefix_cache_hit_rate"] = r.IdealHitRate
 	m["total_prompt_tokens_admitted"] = r.PromptTokens
 	m["imbalance_tokens_max_over_mean"] = r.TokenImbalance
 	m["imbalance_tokens_cv"] = r.TokenCV

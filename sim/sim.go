@@ -89,7 +89,13 @@ type Result struct {
 
 	PromptTokens, CachedTokens int     // over first admissions
 	HitRate                    float64 // CachedTokens / PromptTokens
-	Workers                    []WorkerStats
+	// IdealHitRate is the hit rate of one prefix cache of unbounded size that every
+	// request passes through in arrival order, at the same block size and with the same
+	// rule (full blocks, the last prompt token always computed): the most any routing
+	// and any KV capacity could reach. The gap to HitRate is what finite per-worker
+	// caches (eviction) and spreading prefixes over workers cost.
+	IdealHitRate float64
+	Workers      []WorkerStats
 	// Load imbalance: max/mean and coefficient of variation of per-worker
 	// processed tokens (prefill + decode); ActiveImbalance is the mean over
 	// load-report ticks with work of max/mean requests on a worker.
@@ -181,21 +187,23 @@ func (q *eventQueue) Pop() any {
 var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 type sim struct {
-	cfg     Config
-	salt    uint64
-	state   *router.State
-	workers []*worker
-	reqs    []*sreq
-	queue   eventQueue
-	nseq    uint64
-	now     time.Duration
-	rqueue  []*sreq // router queue: all workers busy
-	left    int     // requests not finished
-	queued  int
-	events  int
-	hashes  []uint64
-	actSum  float64
-	actN    int
+	cfg                Config
+	salt               uint64
+	state              *router.State
+	workers            []*worker
+	reqs               []*sreq
+	queue              eventQueue
+	nseq               uint64
+	now                time.Duration
+	rqueue             []*sreq // router queue: all workers busy
+	left               int     // requests not finished
+	queued             int
+	events             int
+	hashes             []uint64
+	ideal              map[uint64]struct{} // every block hash seen, for IdealHitRate
+	idealHit, idealAll int
+	actSum             float64
+	actN               int
 }
 
 // Run replays reqs over cfg.Workers simulated workers, routing each request
@@ -207,7 +215,7 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 	if len(reqs) == 0 {
 		return nil, errors.New("sim: no requests")
 	}
-	s := &sim{cfg: cfg, salt: kvcache.Salt("sim", "", "")}
+	s := &sim{cfg: cfg, salt: kvcache.Salt("sim", "", ""), ideal: map[uint64]struct{}{}}
 	rc := cfg.Router
 	rc.Card = router.Card{Model: "sim", HashVersion: kvcache.HashVersion, BlockSize: cfg.BlockSize, Salt: s.salt, KVBlocks: cfg.KVBlocks}
 	var err error
@@ -283,9 +291,29 @@ func (s *sim) route(r *sreq) {
 			}
 		}
 	}
+	s.idealMatch(r)
 	if len(s.rqueue) > 0 || !s.dispatch(r) { // first come, first served
 		s.rqueue = append(s.rqueue, r)
 		s.queued++
+	}
+}
+
+// idealMatch counts r's prompt against the unbounded cache of IdealHitRate, then adds it.
+func (s *sim) idealMatch(r *sreq) {
+	bs := s.cfg.BlockSize
+	s.hashes = kvcache.HashBlocks(s.salt, r.tokens, bs, s.hashes[:0])
+	usable := (r.promptLen - 1) / bs // Match leaves at least one token to compute
+	hit := 0
+	for hit < min(usable, len(s.hashes)) {
+		if _, ok := s.ideal[s.hashes[hit]]; !ok {
+			break
+		}
+		hit++
+	}
+	s.idealHit += hit * bs
+	s.idealAll += r.promptLen
+	for _, h := range s.hashes {
+		s.ideal[h] = struct{}{}
 	}
 }
 
@@ -552,6 +580,9 @@ func (s *sim) result() *Result {
 	}
 	if res.PromptTokens > 0 {
 		res.HitRate = float64(res.CachedTokens) / float64(res.PromptTokens)
+	}
+	if s.idealAll > 0 {
+		res.IdealHitRate = float64(s.idealHit) / float64(s.idealAll)
 	}
 	dur := end - t0
 	res.Bench = &bench.Result{

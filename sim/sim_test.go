@@ -202,3 +202,20 @@ func TestReadTiming(t *testing.T) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// TestIdealHitRate: the unbounded shared cache bounds every routing's hit rate, and one
+// worker whose cache holds the whole replay reaches it, so a lower hit rate on the trace is
+// the cost of finite caches and of spreading prefixes over workers, not of the replay.
+func TestIdealHitRate(t *testing.T) {
+	reqs := traceReqs(t, 400, 64)
+	one := run(t, Config{Workers: 1, KVBlocks: 1 << 16, MaxSeqs: 1024}, reqs)
+	if one.IdealHitRate < 0.1 || math.Abs(one.HitRate-one.IdealHitRate) > 0.01*one.IdealHitRate {
+		t.Errorf("one large worker: hit rate %.4f, unbounded cache %.4f; want them equal and > 0.1", one.HitRate, one.IdealHitRate)
+	}
+	for _, mode := range []router.Mode{router.ModeKV, router.ModeRoundRobin} {
+		res := run(t, modeConfig(mode, 4), reqs)
+		if res.IdealHitRate != one.IdealHitRate || res.HitRate > res.IdealHitRate {
+			t.Errorf("%s: hit rate %.4f, unbounded %.4f (one worker's unbounded %.4f)", mode, res.HitRate, res.IdealHitRate, one.IdealHitRate)
+		}
+	}
+}
