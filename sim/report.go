@@ -53,6 +53,7 @@ func (r *Result) JSON() map[string]any {
 		"timing": c.Timing, "block_size": c.BlockSize, "kv_blocks": c.KVBlocks,
 		"max_num_batched_tokens": c.TokenBudget, "max_num_seqs": c.MaxSeqs,
 		"report_interval_ms": c.ReportInterval.Seconds() * 1000, "seed": c.Seed,
+		"report_delay_ms": c.ReportDelay.Seconds() * 1000, "event_delay_ms": c.EventDelay.Seconds() * 1000,
 		"overlap_weight": c.Router.OverlapWeight, "temperature": c.Router.Temperature,
 	}
 	ws := make([]map[string]any, len(r.Workers))

@@ -24,8 +24,12 @@ type Config struct {
 	TokenBudget    int           // tokens per step (max_num_batched_tokens); 0 → 8192
 	MaxSeqs        int           // running sequences per worker; 0 → 256
 	ReportInterval time.Duration // load reports; 0 → 100 ms
-	Seed           int64         // seeds the router's RNG (random mode, softmax)
-	Percentiles    []float64     // nil → 90, 99
+	// ReportDelay and EventDelay are how long a load report and a KV event take to reach
+	// the router (network and queueing); 0: at once. Meanwhile the router decides on what it
+	// knew, plus its own in-flight predictions, as the live router does.
+	ReportDelay, EventDelay time.Duration
+	Seed                    int64     // seeds the router's RNG (random mode, softmax)
+	Percentiles             []float64 // nil → 90, 99
 }
 
 func (c *Config) defaults() error {
@@ -43,6 +47,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Workers < 1 || c.BlockSize < 1 || c.KVBlocks < 1 || c.TokenBudget < 1 || c.MaxSeqs < 1 || c.ReportInterval < 0 {
 		return fmt.Errorf("sim: workers, block size, KV blocks, token budget, max seqs and report interval must be positive")
+	}
+	if c.ReportDelay < 0 || c.EventDelay < 0 {
+		return fmt.Errorf("sim: report and event delays must be ≥ 0")
 	}
 	return c.Timing.validate()
 }
@@ -132,17 +139,25 @@ type sreq struct {
 }
 
 type worker struct {
-	id       int
-	pool     *kvcache.Pool
-	events   <-chan kvcache.Event
-	waiting  []*sreq
-	running  []*sreq
-	stepping bool
-	kicking  bool // an evKick is queued
-	batch    []chunk
-	stats    WorkerStats
-	activeAt time.Duration // for the time-weighted active count
-	activeNs float64
+	id        int
+	pool      *kvcache.Pool
+	events    <-chan kvcache.Event
+	waiting   []*sreq
+	running   []*sreq
+	stepping  bool
+	kicking   bool // an evKick is queued
+	batch     []chunk
+	stats     WorkerStats
+	activeAt  time.Duration // for the time-weighted active count
+	activeNs  float64
+	inTransit []delayed // KV events and load reports on their way to the router, in time order
+}
+
+// delayed is a KV event or load report that reaches the router at t.
+type delayed struct {
+	t      time.Duration
+	ev     kvcache.Event
+	report *router.LoadReport
 }
 
 type chunk struct {
@@ -163,6 +178,7 @@ const (
 	evStepEnd
 	evReport
 	evKick
+	evDeliver // a worker's delayed events and reports arrive
 )
 
 type eventQueue []event
@@ -257,6 +273,9 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 			s.route(s.reqs[e.r])
 		case evStepEnd:
 			s.stepEnd(s.workers[e.w])
+			s.retryQueue()
+		case evDeliver:
+			s.deliver(s.workers[e.w])
 			s.retryQueue()
 		case evKick:
 			s.workers[e.w].kicking = false
@@ -512,14 +531,52 @@ func (s *sim) drain(w *worker) {
 	for {
 		select {
 		case ev := <-w.events:
-			gap, err := s.state.ApplyEvent(router.WorkerID(w.id), ev)
-			if err == nil && gap {
-				s.state.ResetWorker(router.WorkerID(w.id), w.pool.Snapshot())
+			if s.cfg.EventDelay > 0 {
+				s.send(w, delayed{t: s.now + s.cfg.EventDelay, ev: ev})
+				continue
 			}
+			s.apply(w, ev)
 		default:
 			return
 		}
 	}
+}
+
+func (s *sim) apply(w *worker, ev kvcache.Event) {
+	gap, err := s.state.ApplyEvent(router.WorkerID(w.id), ev)
+	if err == nil && gap {
+		s.state.ResetWorker(router.WorkerID(w.id), w.pool.Snapshot())
+	}
+}
+
+// send puts d on its way to the router. Both delays are constant, so one kind arrives in
+// the order sent; with two different delays, the queue is kept in arrival-time order.
+func (s *sim) send(w *worker, d delayed) {
+	i := len(w.inTransit)
+	for i > 0 && w.inTransit[i-1].t > d.t {
+		i--
+	}
+	w.inTransit = append(w.inTransit, delayed{})
+	copy(w.inTransit[i+1:], w.inTransit[i:])
+	w.inTransit[i] = d
+	s.push(event{t: d.t, kind: evDeliver, w: w.id})
+}
+
+// deliver hands the router what has reached it from w by now.
+func (s *sim) deliver(w *worker) {
+	n := 0
+	for _, d := range w.inTransit {
+		if d.t > s.now {
+			break
+		}
+		n++
+		if d.report != nil {
+			s.state.Report(router.WorkerID(w.id), *d.report, epoch.Add(d.t))
+		} else {
+			s.apply(w, d.ev)
+		}
+	}
+	w.inTransit = append(w.inTransit[:0], w.inTransit[n:]...)
 }
 
 // report sends every worker's load report.
@@ -542,7 +599,11 @@ func (s *sim) report() {
 			}
 			lr.DecodeBlocks += len(r.seq.Blocks())
 		}
-		s.state.Report(router.WorkerID(w.id), lr, epoch.Add(s.now))
+		if s.cfg.ReportDelay > 0 {
+			s.send(w, delayed{t: s.now + s.cfg.ReportDelay, report: &lr})
+		} else {
+			s.state.Report(router.WorkerID(w.id), lr, epoch.Add(s.now))
+		}
 		a := len(w.waiting) + len(w.running)
 		maxA, sumA = max(maxA, a), sumA+a
 	}

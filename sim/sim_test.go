@@ -219,3 +219,26 @@ func TestIdealHitRate(t *testing.T) {
 		}
 	}
 }
+
+// TestDelays: KV events and load reports that reach the router late still let every
+// request finish; events that never arrive (a delay past the replay) leave kv routing with
+// only its own in-flight predictions, and its hit rate falls.
+func TestDelays(t *testing.T) {
+	reqs := traceReqs(t, 400, 64)
+	base := run(t, modeConfig(router.ModeKV, 4), reqs)
+	for _, d := range []time.Duration{50 * time.Millisecond, 100 * time.Hour} {
+		cfg := modeConfig(router.ModeKV, 4)
+		cfg.EventDelay, cfg.ReportDelay = d, d
+		res := run(t, cfg, reqs)
+		if s := res.Bench.Summary; s.Completed != len(reqs) {
+			t.Fatalf("delay %v: %d of %d completed", d, s.Completed, len(reqs))
+		}
+		t.Logf("delay %v: hit rate %.4f (no delay %.4f)", d, res.HitRate, base.HitRate)
+		if d > time.Hour && res.HitRate >= base.HitRate {
+			t.Errorf("events that never arrive: hit rate %.4f, not below %.4f with them", res.HitRate, base.HitRate)
+		}
+	}
+	if _, err := Run(Config{EventDelay: -1}, reqs); err == nil {
+		t.Error("a negative delay was accepted")
+	}
+}

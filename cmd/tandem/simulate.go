@@ -29,6 +29,8 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	budget := fs.Int("max-num-batched-tokens", 8192, "token budget of a step")
 	maxSeqs := fs.Int("max-num-seqs", 256, "running sequences per worker")
 	reportEvery := fs.Duration("report-interval", 100*time.Millisecond, "load report interval (virtual time)")
+	reportDelay := fs.Duration("report-delay", 0, "how long a load report takes to reach the router")
+	eventDelay := fs.Duration("event-delay", 0, "how long a KV event takes to reach the router")
 	overlapW := fs.Float64("overlap-weight", router.DefaultConfig().OverlapWeight, "kv: weight of prefill blocks against decode blocks")
 	temp := fs.Float64("router-temperature", 0, "kv: softmax temperature (0: cheapest worker)")
 	busyWaiting := fs.Int("busy-waiting", router.DefaultConfig().BusyWaiting, "a worker with this many requests before their first token takes no more (0: no limit)")
@@ -71,6 +73,9 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		percentiles = append(percentiles, p)
 	}
+	if *reportDelay < 0 || *eventDelay < 0 {
+		return fmt.Errorf("--report-delay and --event-delay must be ≥ 0")
+	}
 	if *workers < 1 || *blockSize < 1 || *kvBlocks < 1 || *budget < 1 || *maxSeqs < 1 || *reportEvery <= 0 || *traceBlock < 1 {
 		return fmt.Errorf("--workers, --block-size, --kv-blocks, --max-num-batched-tokens, --max-num-seqs, --report-interval and --trace-block-size must be positive")
 	}
@@ -97,7 +102,7 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	start := time.Now()
 	res, err := sim.Run(sim.Config{
 		Workers: *workers, Router: rc, Timing: timing, BlockSize: *blockSize, KVBlocks: *kvBlocks,
-		TokenBudget: *budget, MaxSeqs: *maxSeqs, ReportInterval: *reportEvery, Seed: *seed, Percentiles: percentiles,
+		TokenBudget: *budget, MaxSeqs: *maxSeqs, ReportInterval: *reportEvery, ReportDelay: *reportDelay, EventDelay: *eventDelay, Seed: *seed, Percentiles: percentiles,
 	}, reqs)
 	if err != nil {
 		return err
