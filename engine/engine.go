@@ -67,6 +67,7 @@ type Engine struct {
 	last    kvcache.Stats
 
 	stats statsBox // published by Run for Stats
+	held  heldTable // prefill-only sequences' blocks, pinned for a KV transfer (kvexport.go)
 }
 
 type sequence struct {
@@ -80,6 +81,7 @@ type sequence struct {
 	kv        *kvcache.Seq
 	cached    int // prompt tokens found in the prefix cache at first admission
 	admitted  bool
+	hold      uint64 // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
 
 	arrival, firstScheduled, firstToken, lastToken time.Time
 }
@@ -159,6 +161,15 @@ func (e *Engine) signal() {
 // Generate queues req and returns its token stream. The stream is closed,
 // and the sequence freed, when ctx is done.
 func (e *Engine) Generate(ctx context.Context, req *llm.Request) (llm.Stream, error) {
+	st, err := e.submit(ctx, req, 0)
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// submit queues req; a non-zero hold pins its blocks at finish (see Prefill).
+func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*stream, error) {
 	c := &e.m.Config
 	switch {
 	case len(req.Prompt) == 0:
@@ -189,6 +200,7 @@ func (e *Engine) Generate(ctx context.Context, req *llm.Request) (llm.Stream, er
 			maxTokens: maxNewTokens(c.ContextLen, len(req.Prompt), req.MaxTokens)},
 		arrival: req.Arrival,
 		sampler: resumedSampler(req, c.VocabSize),
+		hold:    hold,
 	}
 	if seq.arrival.IsZero() {
 		seq.arrival = time.Now()
@@ -464,8 +476,8 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 	}
 	ev.Finish = finish
 	ev.Usage = e.usage(s)
+	e.finishKV(s) // before the event: a prefill caller may use the held blocks at once
 	s.stream.push(ev)
-	s.kv.Release()
 	e.finishMetrics(s, finish)
 }
 

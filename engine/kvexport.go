@@ -1,0 +1,446 @@
+package engine
+
+// KV export and import, for disaggregated prefill and decode (docs/disaggregation.md).
+//
+// A prefill worker runs a request in prefill-only mode (Prefill): the scheduler computes the
+// prompt's KV and the first token as usual, and at finish pins the sequence's blocks under a
+// handle instead of releasing them. A decode worker later reads those blocks (ExportBlocks,
+// on the prefill side) and writes them into blocks of its own pool (Import), which then enter
+// its prefix cache as if computed there: its next request with that prompt finds them as
+// cached tokens.
+//
+// None of this runs on the scheduler goroutine, and it need not: the pool is locked, a held
+// or imported block is referenced by a sequence the scheduler does not know (so it is never
+// evicted, reused or written by a forward pass), and a full committed block is never written
+// again. Reads of a held block may overlap with the forward pass reading the same block for
+// another sequence that shares the prefix; reads do not race.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"tandem/hal"
+	"tandem/kvcache"
+	"tandem/llm"
+)
+
+// KVFormat describes a KV block as a transfer carries it: for each layer in order, the keys
+// then the values of the block, each KVHeads × BlockSize × HeadDim values of DType
+// (kv head major, then slot, then dimension), little-endian. Two engines can exchange blocks
+// only when their formats are equal.
+type KVFormat struct {
+	DType     string // "f32": IEEE float32, little-endian
+	BlockSize int    // positions per block
+	Layers    int
+	KVHeads   int
+	HeadDim   int
+}
+
+// BlockBytes is the size of one block in this format.
+func (f KVFormat) BlockBytes() int {
+	return f.Layers * 2 * f.BlockSize * f.KVHeads * f.HeadDim * dtypeSize(f.DType)
+}
+
+func dtypeSize(t string) int {
+	if t == "f32" {
+		return 4
+	}
+	return 0
+}
+
+func (f KVFormat) String() string {
+	return fmt.Sprintf("%s, block size %d, %d layers, %d KV heads, head dim %d", f.DType, f.BlockSize, f.Layers, f.KVHeads, f.HeadDim)
+}
+
+// ErrKVFormat is wrapped by the error of KVFormat.Check.
+var ErrKVFormat = errors.New("KV layouts differ")
+
+// Check returns nil if blocks in format other can be imported into an engine of format f,
+// else an error naming both layouts: engines that store KV differently (another dtype, block
+// size or model shape) cannot exchange blocks, and must recompute instead.
+func (f KVFormat) Check(other KVFormat) error {
+	if f == other && dtypeSize(f.DType) > 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: this engine stores %v; the other %v", ErrKVFormat, f, other)
+}
+
+// blockIO reads and writes whole blocks of a host-memory KV store laid out per layer as
+// [block][kv head][slot][head dim] float32 arrays (hal/cpu's store).
+type blockIO struct {
+	k, v [][]float32
+	n    int // floats of one block in one layer's K (or V) array
+	f    KVFormat
+}
+
+// kvArrays is the optional KVStore capability to expose its per-layer K and V arrays. A
+// store without it is read by reflection when it has k and v fields of type [][]float32
+// (hal/cpu's does), until hal grows a block read/write op.
+type kvArrays interface {
+	KVArrays() (k, v [][]float32)
+}
+
+func newBlockIO(st hal.KVStore) (*blockIO, error) {
+	l := st.Layout()
+	var k, v [][]float32
+	if a, ok := st.(kvArrays); ok {
+		k, v = a.KVArrays()
+	} else {
+		rv := reflect.ValueOf(st)
+		if rv.Kind() == reflect.Pointer && rv.Elem().Kind() == reflect.Struct {
+			e := rv.Elem()
+			fk, fv := e.FieldByName("k"), e.FieldByName("v")
+			typ := reflect.TypeFor[[][]float32]()
+			if fk.IsValid() && fv.IsValid() && fk.Type() == typ && fv.Type() == typ {
+				k = *(*[][]float32)(unsafe.Pointer(fk.UnsafeAddr()))
+				v = *(*[][]float32)(unsafe.Pointer(fv.UnsafeAddr()))
+			}
+		}
+	}
+	n := l.BlockSize * l.KVHeads * l.HeadDim
+	if len(k) != l.Layers || len(v) != l.Layers {
+		return nil, fmt.Errorf("engine: the KV store %T does not expose its blocks; KV transfer needs a host-memory float32 store", st)
+	}
+	for i := range k {
+		if len(k[i]) != l.Blocks*n || len(v[i]) != l.Blocks*n {
+			return nil, fmt.Errorf("engine: the KV store %T's arrays do not match its layout %+v", st, l)
+		}
+	}
+	var probe uint16 = 1
+	if *(*byte)(unsafe.Pointer(&probe)) != 1 {
+		return nil, errors.New("engine: KV transfer needs a little-endian host")
+	}
+	f := KVFormat{DType: "f32", BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
+	return &blockIO{k: k, v: v, n: n, f: f}, nil
+}
+
+// bytesOf views floats as bytes (always aligned, unlike the other way round).
+func bytesOf(x []float32) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x)) }
+
+func (b *blockIO) read(block int32, dst []byte) {
+	o, sz := int(block)*b.n, 4*b.n
+	for l := range b.k {
+		copy(dst[2*l*sz:], bytesOf(b.k[l][o:o+b.n]))
+		copy(dst[(2*l+1)*sz:], bytesOf(b.v[l][o:o+b.n]))
+	}
+}
+
+func (b *blockIO) write(block int32, src []byte) {
+	o, sz := int(block)*b.n, 4*b.n
+	for l := range b.k {
+		copy(bytesOf(b.k[l][o:o+b.n]), src[2*l*sz:(2*l+1)*sz])
+		copy(bytesOf(b.v[l][o:o+b.n]), src[(2*l+1)*sz:(2*l+2)*sz])
+	}
+}
+
+// heldTable holds the blocks of finished prefill-only sequences, by handle.
+type heldTable struct {
+	mu      sync.Mutex
+	next    uint64
+	m       map[uint64]*heldKV
+	expired atomic.Int64
+
+	ioOnce sync.Once
+	io     *blockIO
+	ioErr  error
+}
+
+type heldKV struct {
+	ttl      time.Duration
+	seq      *kvcache.Seq // nil until the sequence finished
+	hashes   []uint64     // sequence hashes of the prompt's full blocks
+	blocks   []int32      // their blocks
+	users    int          // exports in progress
+	released bool
+	timer    *time.Timer
+}
+
+func (e *Engine) blockIO() (*blockIO, error) {
+	t := &e.held
+	t.ioOnce.Do(func() { t.io, t.ioErr = newBlockIO(e.kv) })
+	return t.io, t.ioErr
+}
+
+// KVFormat returns the format of the engine's KV blocks, or an error if its KV store cannot
+// be read and written block by block.
+func (e *Engine) KVFormat() (KVFormat, error) {
+	b, err := e.blockIO()
+	if err != nil {
+		return KVFormat{}, err
+	}
+	return b.f, nil
+}
+
+// ErrNotHeld: no held blocks under that handle (never held, released, or expired).
+var ErrNotHeld = errors.New("engine: no KV blocks held under that handle (released or expired)")
+
+// PrefillResult is the outcome of a prefill-only request.
+type PrefillResult struct {
+	// Handle names the held blocks until ReleaseHeld or the hold's expiry.
+	Handle uint64
+	// First is the first generated token, as a Generate stream would have sent it; its
+	// Finish is "length" (the prefill-only cap) unless a stop rule ended the request first.
+	First llm.Event
+	// Hashes are the sequence hashes of the prompt's full blocks, all held.
+	Hashes []uint64
+}
+
+// Prefill runs req in prefill-only mode: the prompt's KV is computed (reusing the prefix
+// cache), the first token sampled, and the prompt's blocks kept (pinned) under the returned
+// handle for a KV transfer, until ReleaseHeld or ttl passes. If ctx ends first, the
+// sequence is freed and nothing is held.
+func (e *Engine) Prefill(ctx context.Context, req *llm.Request, ttl time.Duration) (*PrefillResult, error) {
+	if ttl <= 0 {
+		return nil, fmt.Errorf("%w: a prefill hold needs a positive timeout", llm.ErrInvalid)
+	}
+	r := *req
+	r.MaxTokens = 1
+	t := &e.held
+	t.mu.Lock()
+	if t.m == nil {
+		t.m = map[uint64]*heldKV{}
+	}
+	t.next++
+	h := t.next
+	t.m[h] = &heldKV{ttl: ttl}
+	t.mu.Unlock()
+	st, err := e.submit(ctx, &r, h)
+	if err != nil {
+		e.ReleaseHeld(h)
+		return nil, err
+	}
+	ev, err := st.Next(ctx)
+	if err != nil {
+		// Closing first makes a finish racing with this release free the blocks itself.
+		st.Close()
+		e.ReleaseHeld(h)
+		return nil, err
+	}
+	st.Close()
+	t.mu.Lock()
+	x := t.m[h]
+	ok := x != nil && x.seq != nil
+	var hashes []uint64
+	if ok {
+		hashes = x.hashes
+	}
+	t.mu.Unlock()
+	if !ok {
+		e.ReleaseHeld(h)
+		return nil, fmt.Errorf("%w: the prefill finished without holding its blocks", llm.ErrUnavailable)
+	}
+	return &PrefillResult{Handle: h, First: ev, Hashes: hashes}, nil
+}
+
+// finishKV frees a finished sequence's blocks, or pins them if it is a prefill-only one
+// whose caller still waits. Called by Run's goroutine.
+func (e *Engine) finishKV(s *sequence) {
+	if s.hold == 0 {
+		s.kv.Release()
+		return
+	}
+	t := &e.held
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	x := t.m[s.hold]
+	if x == nil || x.seq != nil || s.stream.closed.Load() {
+		s.kv.Release()
+		return
+	}
+	x.seq = s.kv
+	x.hashes = slices.Clone(s.kv.Hashes())
+	x.blocks = slices.Clone(s.kv.Blocks()[:len(x.hashes)])
+	h := s.hold
+	x.timer = time.AfterFunc(x.ttl, func() {
+		if e.ReleaseHeld(h) {
+			t.expired.Add(1)
+			e.log.Warn("held KV blocks expired unclaimed", "handle", h, "blocks", len(x.hashes))
+		}
+	})
+	s.kv = e.pool.NewSeq(e.cfg.Salt) // the sequence is done; it must not release the held blocks
+}
+
+// ReleaseHeld frees the blocks held under handle h (at once, or when the exports in
+// progress end). It reports whether h was held.
+func (e *Engine) ReleaseHeld(h uint64) bool {
+	t := &e.held
+	t.mu.Lock()
+	x := t.m[h]
+	if x == nil {
+		t.mu.Unlock()
+		return false
+	}
+	delete(t.m, h)
+	x.released = true
+	if x.timer != nil {
+		x.timer.Stop()
+	}
+	var seq *kvcache.Seq
+	if x.users == 0 { // else the last export releases it
+		seq, x.seq = x.seq, nil
+	}
+	t.mu.Unlock()
+	if seq != nil {
+		seq.Release()
+	}
+	return true
+}
+
+// HeldStats returns the number of handles holding blocks now and the number that expired
+// unclaimed since start.
+func (e *Engine) HeldStats() (held int, expired int64) {
+	t := &e.held
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m), t.expired.Load()
+}
+
+// ExportBlocks calls fn, in the order of want, with each wanted block held under h: its
+// index in the prompt, its sequence hash and its bytes in the engine's KVFormat (valid only
+// during the call). It fails if a wanted hash is not among the held blocks, or when fn
+// fails. The blocks stay held while it runs, even if ReleaseHeld is called meanwhile.
+func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn func(index int, hash uint64, data []byte) error) error {
+	io, err := e.blockIO()
+	if err != nil {
+		return err
+	}
+	t := &e.held
+	t.mu.Lock()
+	x := t.m[h]
+	if x == nil || x.seq == nil {
+		t.mu.Unlock()
+		return ErrNotHeld
+	}
+	x.users++
+	hashes, blocks := x.hashes, x.blocks
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		x.users--
+		var seq *kvcache.Seq
+		if x.released && x.users == 0 {
+			seq, x.seq = x.seq, nil
+		}
+		t.mu.Unlock()
+		if seq != nil {
+			seq.Release()
+		}
+	}()
+	idx := make(map[uint64]int, len(hashes))
+	for i, hh := range hashes {
+		idx[hh] = i
+	}
+	buf := make([]byte, io.f.BlockBytes())
+	for _, hh := range want {
+		i, ok := idx[hh]
+		if !ok {
+			return fmt.Errorf("engine: block %#016x is not among the %d held under handle %d", hh, len(hashes), h)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		io.read(blocks[i], buf)
+		if err := fn(i, hh, buf); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// An Import writes blocks received from another engine into this engine's pool. Begin one
+// with BeginImport, Write the missing blocks in order, then Commit; keep it until the
+// request that needs the blocks has been admitted (its prefix match took them), then
+// Release. Blocks written and committed stay in the prefix cache after Release, like
+// computed ones; reserved but unwritten ones are freed.
+type Import struct {
+	e         *Engine
+	io        *blockIO
+	seq       *kvcache.Seq
+	tokens    []int32  // the prompt's full blocks
+	hashes    []uint64 // their sequence hashes
+	have      int      // leading blocks the cache had already
+	next      int      // next block to write
+	committed int
+	released  bool
+}
+
+// BeginImport prepares the import of the full blocks of prompt: it takes the leading blocks
+// the prefix cache already holds and reserves blocks for the rest. Missing lists what to
+// fetch.
+func (e *Engine) BeginImport(prompt []int32) (*Import, error) {
+	io, err := e.blockIO()
+	if err != nil {
+		return nil, err
+	}
+	bs := e.cfg.BlockSize
+	n := len(prompt) / bs
+	tokens := prompt[:n*bs]
+	seq := e.pool.NewSeq(e.cfg.Salt)
+	have := seq.Match(tokens, 0) / bs
+	if err := seq.Reserve((n - have) * bs); err != nil {
+		seq.Release()
+		return nil, fmt.Errorf("engine: no room for %d imported KV blocks: %w", n-have, err)
+	}
+	return &Import{e: e, io: io, seq: seq, tokens: tokens, hashes: kvcache.HashBlocks(e.cfg.Salt, tokens, bs, nil),
+		have: have, next: have}, nil
+}
+
+// Have is the number of leading full blocks of the prompt that were cached already.
+func (im *Import) Have() int { return im.have }
+
+// Missing returns the sequence hashes of the blocks to fetch, in prompt order.
+func (im *Import) Missing() []uint64 { return im.hashes[im.have:] }
+
+// Written is the number of blocks written so far.
+func (im *Import) Written() int { return im.next - im.have }
+
+// Write stores the next missing block: hash must be the prompt's hash at that position (the
+// sender's block belongs to another prompt or salt otherwise) and data one block in the
+// engine's KVFormat.
+func (im *Import) Write(hash uint64, data []byte) error {
+	if im.released {
+		return errors.New("engine: write to a released import")
+	}
+	if im.next >= len(im.hashes) {
+		return fmt.Errorf("engine: import of %d blocks is complete; got another", len(im.hashes)-im.have)
+	}
+	if want := im.hashes[im.next]; hash != want {
+		return fmt.Errorf("engine: imported block %d has hash %#016x, this prompt's is %#016x", im.next, hash, want)
+	}
+	if len(data) != im.io.f.BlockBytes() {
+		return fmt.Errorf("engine: imported block of %d bytes, the format's is %d", len(data), im.io.f.BlockBytes())
+	}
+	blk, _ := im.seq.Slot(im.next * im.e.cfg.BlockSize)
+	im.io.write(blk, data)
+	im.next++
+	return nil
+}
+
+// Commit enters the blocks written so far into the prefix cache and returns how many are
+// new since the last Commit.
+func (im *Import) Commit() int {
+	n := im.next - im.have - im.committed
+	if im.released || n == 0 {
+		return 0
+	}
+	im.seq.Commit(im.tokens[:im.next*im.e.cfg.BlockSize])
+	im.committed += n
+	return n
+}
+
+// Release drops the import's references: committed blocks stay cached (evictable), the
+// rest are freed. It is idempotent.
+func (im *Import) Release() {
+	if im.released {
+		return
+	}
+	im.released = true
+	im.seq.Release()
+}
