@@ -66,7 +66,7 @@ type Engine struct {
 	sched   []scheduled
 	last    kvcache.Stats
 
-	stats statsBox // published by Run for Stats
+	stats statsBox  // published by Run for Stats
 	held  heldTable // prefill-only sequences' blocks, pinned for a KV transfer (kvexport.go)
 }
 

@@ -122,7 +122,9 @@ func newBlockIO(st hal.KVStore) (*blockIO, error) {
 }
 
 // bytesOf views floats as bytes (always aligned, unlike the other way round).
-func bytesOf(x []float32) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x)) }
+func bytesOf(x []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
+}
 
 func (b *blockIO) read(block int32, dst []byte) {
 	o, sz := int(block)*b.n, 4*b.n
