@@ -21,6 +21,7 @@ import (
 	"tandem/engine"
 	"tandem/kvcache"
 	"tandem/llm"
+	"tandem/metrics"
 	"tandem/orpc"
 )
 
@@ -61,8 +62,14 @@ type Config struct {
 	Advertise string
 	// EventBuffer is the KV event subscription buffer per router (default 4096).
 	EventBuffer int
-	Logger      *slog.Logger
-	Options     []orpc.Option // for the ORPC server and clients
+	// KVHold is how long prefilled blocks wait for a decode worker's pull (default
+	// DefaultKVHold); KVPullTimeout bounds a pull (default DefaultKVPullTimeout); KVMetrics,
+	// if set, counts transfers (kvtransfer.go).
+	KVHold        time.Duration
+	KVPullTimeout time.Duration
+	KVMetrics     *metrics.KVTransfer
+	Logger        *slog.Logger
+	Options       []orpc.Option // for the ORPC server and clients
 }
 
 // Worker is an engine's cluster membership.
@@ -83,6 +90,7 @@ type Worker struct {
 	connected map[string]uint64 // router → worker id there
 
 	regs registrations
+	kvx  kvXfer // clients to other workers, for KV pulls
 }
 
 // New checks cfg and returns a Worker; Run starts it.
@@ -107,6 +115,12 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.EventBuffer <= 0 {
 		cfg.EventBuffer = 4096
+	}
+	if cfg.KVHold <= 0 {
+		cfg.KVHold = DefaultKVHold
+	}
+	if cfg.KVPullTimeout <= 0 {
+		cfg.KVPullTimeout = DefaultKVPullTimeout
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -193,6 +207,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.srv = orpc.NewServer(opts...)
 	orpc.ServerStream(w.srv, cluster.MethodGenerate, w.generate)
 	orpc.Unary(w.srv, cluster.MethodSnapshot, w.snapshot)
+	w.registerKV(w.srv)
+	defer w.closePeers()
 	l, err := w.srv.ListenPacket(pc, id.ServerTLS())
 	if err != nil {
 		return fmt.Errorf("worker: ORPC listen: %w", err)

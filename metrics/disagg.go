@@ -1,0 +1,65 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// KVTransfer holds a worker's metrics of disaggregated prefill and decode: the KV blocks it
+// sends (as a prefill worker) and receives (as a decode worker).
+type KVTransfer struct {
+	Bytes      *prometheus.CounterVec // label direction: sent, received
+	Blocks     *prometheus.CounterVec // label direction
+	Pulls      *prometheus.CounterVec // label result: ok, none_missing, failed, timeout
+	Latency    prometheus.Observer    // seconds per pull, receiver side, from request to last block
+	Throughput prometheus.Observer    // bytes per second per pull, receiver side
+	Prefills   prometheus.Counter     // prefill-only requests served
+	Expired    prometheus.Counter     // held block sets freed by their timeout, unclaimed
+}
+
+// NewKVTransfer registers a worker's KV transfer metrics for model on reg.
+func NewKVTransfer(reg prometheus.Registerer, model string) *KVTransfer {
+	labels := prometheus.Labels{"model_name": model}
+	f := factory{reg: reg, labels: labels}
+	vec := func(name, help, label string) *prometheus.CounterVec {
+		return f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, []string{label})).(*prometheus.CounterVec)
+	}
+	return &KVTransfer{
+		Bytes:      vec("tandem:kv_transfer_bytes_total", "KV block bytes transferred between workers, by direction.", "direction"),
+		Blocks:     vec("tandem:kv_transfer_blocks_total", "KV blocks transferred between workers, by direction.", "direction"),
+		Pulls:      vec("tandem:kv_transfer_pulls_total", "KV pulls by a decode worker, by result.", "result"),
+		Latency:    f.histogram("tandem:kv_transfer_seconds", "Duration of a KV pull, from request to last block.", latencyBuckets),
+		Throughput: f.histogram("tandem:kv_transfer_bytes_per_second", "Throughput of a KV pull.", prometheus.ExponentialBuckets(1<<20, 2, 16)),
+		Prefills:   f.counter("tandem:prefill_only_requests_total", "Prefill-only requests served for a decode worker."),
+		Expired:    f.counter("tandem:kv_held_expired_total", "Held KV block sets freed by their timeout, never released by a decode worker."),
+	}
+}
+
+// Disagg holds the router's metrics of disaggregated prefill and decode.
+type Disagg struct {
+	// Prefills counts requests by where their prefill ran (where: remote, local) and why.
+	Prefills *prometheus.CounterVec
+	// Fallbacks counts remote prefills that failed, by stage (prefill, transfer), after
+	// which the decode worker prefilled locally.
+	Fallbacks *prometheus.CounterVec
+	// TTFT and ITL as the router sees them, by the pool of the worker that produced the
+	// token (prefill, decode, both).
+	TTFT *prometheus.HistogramVec
+	ITL  *prometheus.HistogramVec
+}
+
+// NewDisagg registers the router's disaggregation metrics on reg.
+func NewDisagg(reg prometheus.Registerer) *Disagg {
+	f := factory{reg: reg}
+	return &Disagg{
+		Prefills: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:prefills_total",
+			Help: "Requests by where their prefill ran (remote: a prefill worker; local: the decode worker) and why."},
+			[]string{"where", "reason"})).(*prometheus.CounterVec),
+		Fallbacks: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:remote_prefill_fallbacks_total",
+			Help: "Remote prefills that failed, after which the decode worker prefilled locally, by stage."},
+			[]string{"stage"})).(*prometheus.CounterVec),
+		TTFT: f.register(prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tandem_router:time_to_first_token_seconds",
+			Help: "Time to first token at the router, by the pool of the worker that produced it.", Buckets: latencyBuckets},
+			[]string{"pool"})).(*prometheus.HistogramVec),
+		ITL: f.register(prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tandem_router:inter_token_latency_seconds",
+			Help: "Inter-token latency at the router, by the pool of the worker that produced the token.", Buckets: latencyBuckets},
+			[]string{"pool"})).(*prometheus.HistogramVec),
+	}
+}

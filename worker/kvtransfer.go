@@ -1,0 +1,342 @@
+package worker
+
+// Disaggregated prefill and decode on the worker side (docs/disaggregation.md):
+// Worker.Prefill and Worker.PullKV/ReleaseKV on a prefill worker, Worker.Decode on a decode
+// worker, which pulls the blocks it lacks straight from the prefill worker over ORPC.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"tandem/cluster"
+	"tandem/engine"
+	"tandem/llm"
+	"tandem/metrics"
+	"tandem/orpc"
+)
+
+// KVEngine is an Engine that can serve prefill-only requests and move KV blocks
+// (tandem/engine.Engine does).
+type KVEngine interface {
+	Engine
+	Prefill(ctx context.Context, req *llm.Request, ttl time.Duration) (*engine.PrefillResult, error)
+	ReleaseHeld(h uint64) bool
+	ExportBlocks(ctx context.Context, h uint64, want []uint64, fn func(index int, hash uint64, data []byte) error) error
+	BeginImport(prompt []int32) (*engine.Import, error)
+	KVFormat() (engine.KVFormat, error)
+	HeldStats() (held int, expired int64)
+}
+
+// Defaults of the disaggregation knobs.
+const (
+	DefaultKVHold        = 30 * time.Second // how long P keeps blocks nobody pulled
+	DefaultKVPullTimeout = 10 * time.Second // how long D waits for a pull
+)
+
+// kvXfer is the worker's transfer state: clients to peers (other workers) by address.
+type kvXfer struct {
+	mu      sync.Mutex
+	peers   map[string]*orpc.Client
+	expired int64
+}
+
+func layoutOf(f engine.KVFormat) cluster.KVLayout {
+	return cluster.KVLayout{DType: f.DType, BlockSize: f.BlockSize, Layers: f.Layers, KVHeads: f.KVHeads, HeadDim: f.HeadDim}
+}
+
+func formatOf(l cluster.KVLayout) engine.KVFormat {
+	return engine.KVFormat{DType: l.DType, BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
+}
+
+// registerKV adds the disaggregation methods to the worker's ORPC server when its engine
+// can move KV blocks.
+func (w *Worker) registerKV(srv *orpc.Server) {
+	if _, ok := w.cfg.Engine.(KVEngine); !ok {
+		return
+	}
+	orpc.Unary(srv, cluster.MethodPrefill, w.prefill)
+	orpc.ServerStream(srv, cluster.MethodPullKV, w.pullKV)
+	orpc.Unary(srv, cluster.MethodReleaseKV, w.releaseKV)
+	orpc.ServerStream(srv, cluster.MethodDecode, w.decode)
+}
+
+func (w *Worker) kvEngine() KVEngine { return w.cfg.Engine.(KVEngine) }
+
+func (w *Worker) met() *metrics.KVTransfer { return w.cfg.KVMetrics }
+
+// prefill serves Worker.Prefill.
+func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*cluster.PrefillReply, error) {
+	eng := w.kvEngine()
+	f, err := eng.KVFormat()
+	if err != nil {
+		return nil, orpc.Errorf(orpc.FailedPrecondition, "worker: cannot export KV: %v", err)
+	}
+	hold := time.Duration(req.HoldMs) * time.Millisecond
+	if hold <= 0 {
+		hold = w.cfg.KVHold
+	}
+	r := req.Generate.Request
+	w.waiting.Add(1)
+	w.prefillT.Add(int64(max(len(r.Prompt)-req.Generate.PredictedCached, 1)))
+	res, err := eng.Prefill(ctx, &r, hold)
+	w.waiting.Add(-1)
+	w.prefillT.Add(-int64(max(len(r.Prompt)-req.Generate.PredictedCached, 1)))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return &cluster.PrefillReply{First: *cluster.ErrorEvent(err)}, nil
+	}
+	w.noteExpired(eng)
+	if m := w.met(); m != nil {
+		m.Prefills.Inc()
+	}
+	first := res.First
+	// The request ends here if a stop rule ended it or only one token was asked for; else
+	// the prefill-only cap's "length" is not the request's finish.
+	if first.Finish == llm.FinishStop || r.MaxTokens == 1 {
+		eng.ReleaseHeld(res.Handle)
+		return &cluster.PrefillReply{First: cluster.GenerateEvent{Kind: cluster.EventToken, Event: first}, Layout: layoutOf(f)}, nil
+	}
+	first.Finish, first.Usage.CompletionTokens = "", 0
+	return &cluster.PrefillReply{First: cluster.GenerateEvent{Kind: cluster.EventToken, Event: first}, Handle: res.Handle,
+		Blocks: len(res.Hashes), Layout: layoutOf(f)}, nil
+}
+
+// noteExpired counts holds that expired since the last look.
+func (w *Worker) noteExpired(eng KVEngine) {
+	_, exp := eng.HeldStats()
+	w.kvx.mu.Lock()
+	d := exp - w.kvx.expired
+	w.kvx.expired = exp
+	w.kvx.mu.Unlock()
+	if m := w.met(); m != nil && d > 0 {
+		m.Expired.Add(float64(d))
+	}
+}
+
+// pullKV serves Worker.PullKV: the wanted held blocks, each with its checksum.
+func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func(*cluster.KVBlock) error) error {
+	eng := w.kvEngine()
+	f, err := eng.KVFormat()
+	if err != nil {
+		return orpc.Errorf(orpc.FailedPrecondition, "worker: cannot export KV: %v", err)
+	}
+	if err := f.Check(formatOf(req.Layout)); err != nil {
+		return orpc.Errorf(orpc.FailedPrecondition, "worker %s: %v", w.cfg.Card.Node, err)
+	}
+	var blk cluster.KVBlock
+	err = eng.ExportBlocks(ctx, req.Handle, req.Hashes, func(i int, hash uint64, data []byte) error {
+		blk = cluster.KVBlock{Index: i, Hash: hash, CRC: cluster.BlockCRC(data), Data: data}
+		if err := send(&blk); err != nil {
+			return err
+		}
+		if m := w.met(); m != nil {
+			m.Bytes.WithLabelValues("sent").Add(float64(len(data)))
+			m.Blocks.WithLabelValues("sent").Inc()
+		}
+		return nil
+	})
+	if errors.Is(err, engine.ErrNotHeld) {
+		w.noteExpired(eng)
+		return orpc.Errorf(orpc.NotFound, "worker %s: %v", w.cfg.Card.Node, err)
+	}
+	return err
+}
+
+// releaseKV serves Worker.ReleaseKV.
+func (w *Worker) releaseKV(ctx context.Context, req *cluster.ReleaseRequest) (*cluster.ReleaseReply, error) {
+	return &cluster.ReleaseReply{Released: w.kvEngine().ReleaseHeld(req.Handle)}, nil
+}
+
+// peer returns a client to another worker at addr, dialling it (with this worker's cluster
+// identity: the peer's server checks it like a router's) when there is none or it died.
+func (w *Worker) peer(ctx context.Context, addr string) (*orpc.Client, error) {
+	w.kvx.mu.Lock()
+	if w.kvx.peers == nil {
+		w.kvx.peers = map[string]*orpc.Client{}
+	}
+	c := w.kvx.peers[addr]
+	w.kvx.mu.Unlock()
+	if c != nil {
+		select {
+		case <-c.Done():
+		default:
+			return c, nil
+		}
+	}
+	opts := append([]orpc.Option{orpc.WithLogger(w.log), orpc.WithAgent("tandem-worker " + w.cfg.Card.Node)}, w.cfg.Options...)
+	nc, err := orpc.Dial(ctx, addr, w.id.ClientTLS(), opts...)
+	if err != nil {
+		return nil, err
+	}
+	w.kvx.mu.Lock()
+	if old := w.kvx.peers[addr]; old != nil && old != c {
+		select {
+		case <-old.Done():
+		default:
+			w.kvx.mu.Unlock()
+			nc.Close()
+			return old, nil // another request dialled first
+		}
+	}
+	w.kvx.peers[addr] = nc
+	w.kvx.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+	return nc, nil
+}
+
+func (w *Worker) closePeers() {
+	w.kvx.mu.Lock()
+	defer w.kvx.mu.Unlock()
+	for _, c := range w.kvx.peers {
+		c.Close()
+	}
+	w.kvx.peers = nil
+}
+
+// errTransfer marks a failed pull.
+var errTransfer = errors.New("KV transfer failed")
+
+// pull fetches into im the blocks it lacks from src, and asks src to free its copy however
+// the pull ends. It returns the number of blocks written.
+func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Import) (n int, err error) {
+	eng := w.kvEngine()
+	m := w.met()
+	missing := im.Missing()
+	t0 := time.Now()
+	timeout := time.Duration(src.TimeoutMs) * time.Millisecond
+	if timeout <= 0 {
+		timeout = w.cfg.KVPullTimeout
+	}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c, err := w.peer(pctx, src.Addr)
+	if err != nil {
+		return 0, w.pullFailed(pctx, fmt.Errorf("%w: dialling %s at %s: %v", errTransfer, src.Node, src.Addr, err))
+	}
+	// Whatever happens, tell P its copy is no longer wanted (P also frees it after its
+	// hold timeout, should this not arrive).
+	defer func() {
+		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer rcancel()
+		c.Call(rctx, cluster.MethodReleaseKV, &cluster.ReleaseRequest{Handle: src.Handle}, &cluster.ReleaseReply{})
+	}()
+	if len(missing) == 0 {
+		if m != nil {
+			m.Pulls.WithLabelValues("none_missing").Inc()
+		}
+		return 0, nil
+	}
+	f, err := eng.KVFormat()
+	if err != nil {
+		return 0, w.pullFailed(pctx, fmt.Errorf("%w: %v", errTransfer, err))
+	}
+	cs, err := c.Stream(pctx, cluster.MethodPullKV, &cluster.PullRequest{Handle: src.Handle, Layout: layoutOf(f), Hashes: missing})
+	if err != nil {
+		return 0, w.pullFailed(pctx, fmt.Errorf("%w: from %s: %v", errTransfer, src.Node, err))
+	}
+	defer cs.Close()
+	var blk cluster.KVBlock
+	bytes := 0
+	for {
+		err := cs.RecvMsg(&blk)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err == nil {
+			err = blk.Verify()
+		}
+		if err == nil {
+			err = im.Write(blk.Hash, blk.Data)
+		}
+		if err != nil {
+			n = im.Written()
+			im.Commit() // the blocks received intact are good: keep them in the cache
+			return n, w.pullFailed(pctx, fmt.Errorf("%w: from %s after %d of %d blocks: %v", errTransfer, src.Node, n, len(missing), err))
+		}
+		bytes += len(blk.Data)
+	}
+	n = im.Written()
+	im.Commit()
+	if n != len(missing) {
+		return n, w.pullFailed(pctx, fmt.Errorf("%w: %s sent %d of %d blocks", errTransfer, src.Node, n, len(missing)))
+	}
+	if m != nil {
+		d := time.Since(t0)
+		m.Pulls.WithLabelValues("ok").Inc()
+		m.Bytes.WithLabelValues("received").Add(float64(bytes))
+		m.Blocks.WithLabelValues("received").Add(float64(n))
+		m.Latency.Observe(d.Seconds())
+		if d > 0 {
+			m.Throughput.Observe(float64(bytes) / d.Seconds())
+		}
+	}
+	w.log.Debug("pulled KV blocks", "from", src.Node, "blocks", n, "had", im.Have(), "bytes", bytes, "in", time.Since(t0))
+	return n, nil
+}
+
+func (w *Worker) pullFailed(ctx context.Context, err error) error {
+	if m := w.met(); m != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			m.Pulls.WithLabelValues("timeout").Inc()
+		} else {
+			m.Pulls.WithLabelValues("failed").Inc()
+		}
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		err = fmt.Errorf("%w (deadline exceeded; transfer abandoned)", err)
+	}
+	return err
+}
+
+// decode serves Worker.Decode: Accepted at once, then the pull of the blocks this engine
+// lacks, then generation as Worker.Generate does it. A failed pull falls back to computing
+// the prompt here, unless the source is strict.
+func (w *Worker) decode(ctx context.Context, req *cluster.DecodeRequest, send func(*cluster.GenerateEvent) error) error {
+	eng := w.kvEngine()
+	if err := send(&cluster.GenerateEvent{Kind: cluster.EventAccepted}); err != nil {
+		return err
+	}
+	src := &req.Source
+	prompt := req.Generate.Prompt
+	im, err := eng.BeginImport(prompt[:src.PromptLen])
+	imported := 0
+	if err == nil {
+		defer im.Release()
+		imported, err = w.pull(ctx, src, im)
+	} else {
+		err = fmt.Errorf("%w: %v", errTransfer, err)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if src.Strict {
+			return send(cluster.ErrorEvent(fmt.Errorf("%w: %v", llm.ErrUnavailable, err)))
+		}
+		w.log.Warn("KV transfer failed; prefilling locally", "from", src.Node, "err", err)
+	}
+	bs := w.cfg.Card.BlockSize
+	accepted := false
+	return w.generate(ctx, &req.Generate, func(ev *cluster.GenerateEvent) error {
+		switch {
+		case ev.Kind == cluster.EventAccepted && !accepted:
+			accepted = true
+			return nil // sent already
+		case ev.Kind == cluster.EventToken && im != nil:
+			im.Release() // admitted: the sequence holds the imported blocks now
+			if ev.Event.Finish != "" {
+				// Count as cached only what this worker held before the transfer.
+				ev.Event.Usage.CachedTokens = max(0, ev.Event.Usage.CachedTokens-imported*bs)
+			}
+		}
+		return send(ev)
+	})
+}
