@@ -18,6 +18,7 @@ import (
 
 	"tandem/cluster"
 	"tandem/kvcache"
+	"tandem/metrics"
 	"tandem/openai"
 	"tandem/orpc"
 	"tandem/tokenizer"
@@ -51,8 +52,10 @@ type LiveConfig struct {
 	KnownCards map[string]Card
 	NewModel   func(Card)
 	APIKey     string
-	Logger     *slog.Logger
-	Options    []orpc.Option // for the connections to workers
+	// Disagg configures disaggregated prefill and decode, for models with prefill workers.
+	Disagg  DisaggConfig
+	Logger  *slog.Logger
+	Options []orpc.Option // for the connections to workers
 }
 
 // Live is the running router: the registry of workers that dialled in, one policy State per
@@ -62,6 +65,7 @@ type Live struct {
 	cfg LiveConfig
 	log *slog.Logger
 	met *liveMetrics
+	dis *metrics.Disagg
 
 	mu      sync.Mutex
 	models  map[string]*liveModel
@@ -147,6 +151,12 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if d := DefaultDisaggConfig(); cfg.Disagg.Hold <= 0 {
+		cfg.Disagg.Hold = d.Hold
+	}
+	if d := DefaultDisaggConfig(); cfg.Disagg.TransferTimeout <= 0 {
+		cfg.Disagg.TransferTimeout = d.TransferTimeout
+	}
 	l := &Live{
 		cfg:     cfg,
 		log:     cfg.Logger,
@@ -160,6 +170,7 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 		reg = prometheus.NewRegistry()
 	}
 	l.met = newLiveMetrics(l, reg)
+	l.dis = metrics.NewDisagg(reg)
 	l.rebuildAPI()
 	return l, nil
 }
@@ -289,7 +300,7 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	}
 	defer client.Close()
 
-	core := Card{Model: card.Model, HashVersion: card.HashVersion, BlockSize: card.BlockSize, Salt: card.Salt, KVBlocks: card.KVBlocks}
+	core := Card{Model: card.Model, HashVersion: card.HashVersion, BlockSize: card.BlockSize, Salt: card.Salt, KVBlocks: card.KVBlocks, Role: card.Role}
 	l.mu.Lock()
 	m = l.models[card.Model]
 	newModel := false

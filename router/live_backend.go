@@ -36,16 +36,24 @@ func (b *liveBackend) Generate(ctx context.Context, req *llm.Request) (llm.Strea
 	if len(req.Prompt) == 0 {
 		return nil, fmt.Errorf("%w: empty prompt", llm.ErrInvalid)
 	}
+	start := time.Now()
 	s := &liveStream{b: b, orig: *req, session: sessionFrom(ctx), ctx: ctx}
 	s.orig.Prompt = req.Prompt
 	if p := &s.orig.Sampling; !p.HasSeed && p.Temperature > 0 {
 		// The router picks the seed, so that a migrated request resumes the same draws.
 		p.Seed, p.HasSeed = rand.Uint64(), true
 	}
-	if err := s.dispatch(ctx, &s.orig); err != nil {
+	dreq, err := s.prefillRemote(ctx) // live_disagg.go: with a prefill pool, P may go first
+	if err != nil {
 		return nil, err
 	}
-	return s, nil
+	if dreq != nil {
+		if err := s.dispatch(ctx, dreq); err != nil {
+			s.abandonRemote()
+			return nil, err
+		}
+	}
+	return s.timed(start), nil
 }
 
 // liveStream is a generation on a worker; it implements llm.Stream and openai.WorkerStream.
@@ -60,6 +68,7 @@ type liveStream struct {
 	w      *liveWorker
 	in     Inflight
 	closed bool
+	dis    disaggStream // live_disagg.go
 
 	worker    string
 	workers   []string
@@ -93,7 +102,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 	for attempt := 0; attempt < l.cfg.MaxAttempts; {
 		t0 := time.Now()
 		l.mu.Lock()
-		d, err := m.state.Decide(Request{Hashes: hashes, PromptTokens: len(req.Prompt), SessionID: s.session, Now: t0})
+		d, err := s.decide(Request{Hashes: hashes, PromptTokens: len(req.Prompt), SessionID: s.session, Now: t0})
 		var w *liveWorker
 		if err == nil {
 			w = l.workers[d.Worker]
@@ -141,7 +150,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 			"cost", d.Cost.Total, "candidates", d.Candidates)
 		greq.PredictedCached = min(d.HostOverlap*c.BlockSize, len(req.Prompt))
 		greq.DispatchKey, greq.DispatchSeq = w.key, d.Inflight.Seq()
-		cs, err := w.client.Stream(ctx, cluster.MethodGenerate, greq)
+		cs, err := s.open(ctx, w, greq)
 		var ev cluster.GenerateEvent
 		if err == nil {
 			err = cs.RecvMsg(&ev)
@@ -218,6 +227,9 @@ func (s *liveStream) release() {
 // MaxMigrations times); the client sees the same stream.
 func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 	for {
+		if ev, ok := s.popPending(); ok {
+			return ev, nil
+		}
 		if s.done {
 			return llm.Event{}, io.EOF
 		}
@@ -247,11 +259,7 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 			if ev.Finish != "" {
 				s.done = true
 				s.release()
-				if s.migrated > 0 {
-					ev.Usage.PromptTokens = len(s.orig.Prompt)
-					ev.Usage.CachedTokens = min(ev.Usage.CachedTokens, len(s.orig.Prompt))
-					ev.Usage.CompletionTokens += s.prefix
-				}
+				s.fixUsage(&ev.Usage)
 			}
 			return ev, nil
 		}

@@ -18,6 +18,9 @@ type Request struct {
 	SessionID string
 	// Now is the time of the decision, for session expiry.
 	Now time.Time
+	// Pool restricts the decision to the workers of some roles (disagg.go); PoolAny, the
+	// zero value, considers every worker.
+	Pool Pool
 }
 
 // Cost is the breakdown of cost(w) = OverlapWeight·Prefill + Decode, in
@@ -66,7 +69,7 @@ func (s *State) Decide(req Request) (Decision, error) {
 	cands := s.cands[:0]
 	healthy := 0
 	for _, w := range s.workers {
-		if !w.Healthy {
+		if !w.Healthy || !req.Pool.admits(w.Card.Role) {
 			continue
 		}
 		healthy++
@@ -101,7 +104,7 @@ func (s *State) Decide(req Request) (Decision, error) {
 	sticky := req.SessionID != "" && s.cfg.AffinityTTL > 0
 	if sticky {
 		if b, ok := s.sessions[req.SessionID]; ok && req.Now.Before(b.expires) {
-			if w := s.byID[b.worker]; w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) {
+			if w := s.byID[b.worker]; w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) && req.Pool.admits(w.Card.Role) {
 				pick, reason = w, ReasonAffinity
 			}
 		}

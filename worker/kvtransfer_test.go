@@ -57,8 +57,9 @@ func (env *peerEnv) identity(name string) *orpc.Identity {
 	return id
 }
 
-// start runs an engine on modelPath as worker name; cfg's Engine, Card, Node, Identity and
-// Listen are filled in.
+// start runs an engine on modelPath as worker name; cfg's Engine, Card (but its Role),
+// Node and Listen are filled in, and without a join token an Identity and a router that
+// does not answer.
 func (env *peerEnv) start(name, modelPath string, cfg worker.Config) *peerNode {
 	t := env.t
 	t.Helper()
@@ -75,10 +76,19 @@ func (env *peerEnv) start(name, modelPath string, cfg worker.Config) *peerNode {
 	met := metrics.NewKVTransfer(prometheus.NewRegistry(), modelName)
 	logs := &syncBuffer{}
 	cfg.Engine = eng
+	format, files, err := worker.TokenizerFor(modelPath)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg.Card = cluster.ModelCard{Model: modelName, HashVersion: kvcache.HashVersion, BlockSize: 16, Salt: salt, KVBlocks: 128,
-		ContextLen: m.Config.ContextLen}
-	cfg.Node, cfg.Identity, cfg.Listen, cfg.KVMetrics = name, env.identity(name), "127.0.0.1:0", met
-	cfg.Routers = []string{"127.0.0.1:9"} // nobody: the worker keeps retrying in the background
+		ContextLen: m.Config.ContextLen, TokenizerFormat: format, TokenizerFiles: files, Role: cfg.Card.Role}
+	cfg.Node, cfg.Listen, cfg.KVMetrics = name, "127.0.0.1:0", met
+	if cfg.Token == "" {
+		cfg.Identity = env.identity(name)
+	}
+	if len(cfg.Routers) == 0 {
+		cfg.Routers = []string{"127.0.0.1:9"} // nobody: the worker keeps retrying in the background
+	}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	w, err := worker.New(cfg)
 	if err != nil {

@@ -53,6 +53,11 @@ func run(args []string, stderr io.Writer) error {
 	name := fs.String("name", "tandem-router", "this router's name in the cluster")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long running requests may take to finish")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	dis := router.DefaultDisaggConfig()
+	fs.IntVar(&dis.MinRemoteTokens, "disagg-min-tokens", dis.MinRemoteTokens, "with prefill workers: prefill on one only when the decode worker lacks at least this many prompt tokens")
+	fs.BoolVar(&dis.Strict, "disagg-strict", dis.Strict, "fail a request whose remote prefill or KV transfer fails, instead of prefilling on the decode worker")
+	fs.DurationVar(&dis.Hold, "kv-hold", dis.Hold, "how long a prefill worker keeps a prompt's KV blocks for the decode worker's pull")
+	fs.DurationVar(&dis.TransferTimeout, "kv-transfer-timeout", dis.TransferTimeout, "deadline of a KV pull; past it the transfer is abandoned")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -77,6 +82,7 @@ func run(args []string, stderr io.Writer) error {
 		Live: router.LiveConfig{
 			Policy: pol, Name: *name, Heartbeat: *heartbeat, HeartbeatTimeout: *hbTimeout,
 			QueueTimeout: *queueTimeout, MaxQueue: *maxQueue, APIKey: *apiKey, MaxMigrations: noneIfZero(*maxMigrations),
+			Disagg: dis,
 		},
 		DrainTimeout: *drain,
 		Logger:       log,

@@ -206,6 +206,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			Token:     *joinToken,
 			StateDir:  *stateDir,
 			Advertise: *advertise,
+			KVMetrics: metrics.NewKVTransfer(reg, name),
 			Logger:    log,
 		}, *host, *orpcPort, log)
 		if err != nil {

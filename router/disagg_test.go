@@ -1,0 +1,108 @@
+package router
+
+import (
+	"testing"
+
+	"tandem/kvcache"
+)
+
+// disaggState has decode workers 1 and 2 and prefill workers 3 and 4.
+func disaggState(t *testing.T) *State {
+	t.Helper()
+	s := newTestState(t, DefaultConfig())
+	for id, role := range map[WorkerID]string{1: RoleDecode, 2: RoleDecode, 3: RolePrefill, 4: RolePrefill} {
+		c := testCard
+		c.Role = role
+		if err := s.AddWorker(id, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+func TestDecideDisagg(t *testing.T) {
+	long := toks(0, 40*testBlock+3) // 40 full blocks and 3 tokens
+	cfg := DisaggConfig{MinRemoteTokens: 10 * testBlock}
+	tests := []struct {
+		name        string
+		prompt      []int32
+		setup       func(t *testing.T, s *State)
+		wantWhere   string
+		wantReason  string
+		wantDecode  WorkerID
+		wantPrefill WorkerID
+		wantUncache int
+	}{
+		{name: "short prompt stays on D", prompt: toks(0, 5*testBlock),
+			wantWhere: PrefillLocal, wantReason: ReasonShortPrompt, wantDecode: 1, wantUncache: 5 * testBlock},
+		{name: "long uncached prompt goes to P", prompt: long,
+			wantWhere: PrefillRemote, wantReason: ReasonLongPrompt, wantDecode: 1, wantPrefill: 3, wantUncache: len(long)},
+		{name: "D and P chosen by their KV", prompt: long,
+			setup: func(t *testing.T, s *State) {
+				h := hashes(long)
+				cache(t, s, 2, kvcache.TierDevice, h[:10])
+				cache(t, s, 4, kvcache.TierDevice, h[:20])
+			},
+			wantWhere: PrefillRemote, wantReason: ReasonLongPrompt, wantDecode: 2, wantPrefill: 4, wantUncache: len(long) - 10*testBlock},
+		{name: "prefix on D leaves too little to move", prompt: long,
+			setup:     func(t *testing.T, s *State) { cache(t, s, 2, kvcache.TierDevice, hashes(long)[:35]) },
+			wantWhere: PrefillLocal, wantReason: ReasonShortPrompt, wantDecode: 2, wantUncache: 5*testBlock + 3},
+		{name: "busy prefill pool", prompt: long,
+			setup: func(t *testing.T, s *State) {
+				setLoad(t, s, 3, load{waiting: 100})
+				setLoad(t, s, 4, load{usage: 0.99})
+			},
+			wantWhere: PrefillLocal, wantReason: ReasonPrefillBusy, wantDecode: 1, wantUncache: len(long)},
+		{name: "no healthy prefill worker", prompt: long,
+			setup: func(t *testing.T, s *State) {
+				s.SetHealthy(3, false)
+				s.SetHealthy(4, false)
+			},
+			wantWhere: PrefillLocal, wantReason: ReasonNoPrefill, wantDecode: 1, wantUncache: len(long)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := disaggState(t)
+			if tc.setup != nil {
+				tc.setup(t, s)
+			}
+			d, err := DecideDisagg(s, req(tc.prompt), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Where != tc.wantWhere || d.Reason != tc.wantReason || d.Decode.Worker != tc.wantDecode || d.Uncached != tc.wantUncache {
+				t.Errorf("got %s (%s) on D %d, %d uncached; want %s (%s) on D %d, %d uncached",
+					d.Where, d.Reason, d.Decode.Worker, d.Uncached, tc.wantWhere, tc.wantReason, tc.wantDecode, tc.wantUncache)
+			}
+			switch {
+			case tc.wantPrefill == 0 && d.Prefill != nil:
+				t.Errorf("prefill on %d, want none", d.Prefill.Worker)
+			case tc.wantPrefill != 0 && (d.Prefill == nil || d.Prefill.Worker != tc.wantPrefill):
+				t.Errorf("prefill decision %+v, want worker %d", d.Prefill, tc.wantPrefill)
+			}
+			// Decode decisions never land on a prefill worker; in-flight records are kept.
+			if w, _ := s.Worker(d.Decode.Worker); w.Card.Role == RolePrefill || w.Inflight != 1 {
+				t.Errorf("decode worker %+v", w)
+			}
+		})
+	}
+}
+
+// Without a prefill pool, DecideDisagg is Decide; with only prefill workers, they decode.
+func TestDecideDisaggWithoutPools(t *testing.T) {
+	s := newTestState(t, DefaultConfig(), 1, 2)
+	d, err := DecideDisagg(s, req(toks(0, 40*testBlock)), DisaggConfig{MinRemoteTokens: 1})
+	if err != nil || d.Where != PrefillLocal || d.Reason != ReasonNotDisaggreged || d.Prefill != nil {
+		t.Errorf("aggregated cluster: %+v, %v", d, err)
+	}
+	s = newTestState(t, DefaultConfig())
+	c := testCard
+	c.Role = RolePrefill
+	if err := s.AddWorker(7, c); err != nil {
+		t.Fatal(err)
+	}
+	d, err = DecideDisagg(s, req(toks(0, 40*testBlock)), DisaggConfig{MinRemoteTokens: 1})
+	if err != nil || d.Decode.Worker != 7 || d.Prefill != nil || d.Reason != ReasonNoPrefill {
+		t.Errorf("prefill workers only: %+v, %v", d, err)
+	}
+}
