@@ -32,8 +32,9 @@ const (
 
 // KVLayout is how an engine stores a KV block, as a transfer carries it: per layer, keys then
 // values, each KVHeads × BlockSize × HeadDim values of DType ("f32": little-endian IEEE
-// float32), kv head major, then slot, then dimension.
+// float32) in the element order of the engine's KV store, which Store names.
 type KVLayout struct {
+	Store     string
 	DType     string
 	BlockSize int
 	Layers    int
@@ -43,6 +44,7 @@ type KVLayout struct {
 
 // MarshalORPC implements orpc.Marshaler.
 func (l *KVLayout) MarshalORPC(e *orpc.Encoder) {
+	e.String(l.Store)
 	e.String(l.DType)
 	e.Uvarint(uint64(l.BlockSize))
 	e.Uvarint(uint64(l.Layers))
@@ -52,6 +54,7 @@ func (l *KVLayout) MarshalORPC(e *orpc.Encoder) {
 
 // UnmarshalORPC implements orpc.Unmarshaler.
 func (l *KVLayout) UnmarshalORPC(d *orpc.Decoder) error {
+	l.Store = d.String()
 	l.DType = d.String()
 	l.BlockSize = uvint(d)
 	l.Layers = uvint(d)

@@ -32,10 +32,12 @@ import (
 )
 
 // KVFormat describes a KV block as a transfer carries it: for each layer in order, the keys
-// then the values of the block, each KVHeads × BlockSize × HeadDim values of DType
-// (kv head major, then slot, then dimension), little-endian. Two engines can exchange blocks
-// only when their formats are equal.
+// then the values of the block, each KVHeads × BlockSize × HeadDim values of DType,
+// little-endian, in the order the backend's store keeps them within a block (Store names
+// it; hal/cpu keeps keys [kv head][dim][slot] and values [kv head][slot][dim]). Two engines
+// can exchange blocks only when their formats are equal.
 type KVFormat struct {
+	Store     string // the KV store's element order within a block: its Go type (e.g. "*cpu.kvStore")
 	DType     string // "f32": IEEE float32, little-endian
 	BlockSize int    // positions per block
 	Layers    int
@@ -56,7 +58,7 @@ func dtypeSize(t string) int {
 }
 
 func (f KVFormat) String() string {
-	return fmt.Sprintf("%s, block size %d, %d layers, %d KV heads, head dim %d", f.DType, f.BlockSize, f.Layers, f.KVHeads, f.HeadDim)
+	return fmt.Sprintf("%s %s, block size %d, %d layers, %d KV heads, head dim %d", f.Store, f.DType, f.BlockSize, f.Layers, f.KVHeads, f.HeadDim)
 }
 
 // ErrKVFormat is wrapped by the error of KVFormat.Check.
@@ -72,8 +74,8 @@ func (f KVFormat) Check(other KVFormat) error {
 	return fmt.Errorf("%w: this engine stores %v; the other %v", ErrKVFormat, f, other)
 }
 
-// blockIO reads and writes whole blocks of a host-memory KV store laid out per layer as
-// [block][kv head][slot][head dim] float32 arrays (hal/cpu's store).
+// blockIO reads and writes whole blocks of a host-memory KV store whose per-layer K and V
+// arrays are float32, block-major (hal/cpu's store): a block's bytes are copied as they lie.
 type blockIO struct {
 	k, v [][]float32
 	n    int // floats of one block in one layer's K (or V) array
@@ -117,7 +119,7 @@ func newBlockIO(st hal.KVStore) (*blockIO, error) {
 	if *(*byte)(unsafe.Pointer(&probe)) != 1 {
 		return nil, errors.New("engine: KV transfer needs a little-endian host")
 	}
-	f := KVFormat{DType: "f32", BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
+	f := KVFormat{Store: fmt.Sprintf("%T", st), DType: "f32", BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
 	return &blockIO{k: k, v: v, n: n, f: f}, nil
 }
 

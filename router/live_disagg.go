@@ -133,6 +133,7 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 		TimeoutMs: int(cfg.TransferTimeout / time.Millisecond), Strict: cfg.Strict}
 	req := s.orig
 	req.Prompt = append(slices.Clone(s.orig.Prompt), ev.Token)
+	req.Resumed = s.orig.Resumed + 1 // D's sampler replays P's draw: seeded sampling matches
 	if req.MaxTokens > 0 {
 		req.MaxTokens--
 	}

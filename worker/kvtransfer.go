@@ -45,11 +45,11 @@ type kvXfer struct {
 }
 
 func layoutOf(f engine.KVFormat) cluster.KVLayout {
-	return cluster.KVLayout{DType: f.DType, BlockSize: f.BlockSize, Layers: f.Layers, KVHeads: f.KVHeads, HeadDim: f.HeadDim}
+	return cluster.KVLayout{Store: f.Store, DType: f.DType, BlockSize: f.BlockSize, Layers: f.Layers, KVHeads: f.KVHeads, HeadDim: f.HeadDim}
 }
 
 func formatOf(l cluster.KVLayout) engine.KVFormat {
-	return engine.KVFormat{DType: l.DType, BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
+	return engine.KVFormat{Store: l.Store, DType: l.DType, BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
 }
 
 // registerKV adds the disaggregation methods to the worker's ORPC server when its engine
