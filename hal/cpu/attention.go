@@ -84,7 +84,6 @@ func (b *Backend) Attention(out, q []float32, heads int, scale float32, store ha
 	s := store.(*kvStore)
 	l := s.layout
 	hd, bs := l.HeadDim, l.BlockSize
-	group := heads / l.KVHeads
 	maxPos := int32(0)
 	for _, p := range batch.Pos {
 		maxPos = max(maxPos, p)
@@ -92,48 +91,69 @@ func (b *Backend) Attention(out, q []float32, heads int, scale float32, store ha
 	maxBlocks := int(maxPos)/bs + 1
 	kl, vl := s.k[layer], s.v[layer]
 	ak := attnKernelsFor(kern.isa, hd, bs)
-	b.pool.run(len(batch.Pos)*heads, func(worker, lo, hi int) {
-		scores := b.workerScratch(worker, maxBlocks*bs)
-		offs := b.workerOffsets(worker, maxBlocks)
-		for i := lo; i < hi; i++ {
-			t, h := i/heads, i%heads
-			kvh := h / group
-			n := int(batch.Pos[t]) + 1
-			nblk := (n + bs - 1) / bs
-			blocks := batch.Blocks[batch.SeqOf[t]]
-			for bi := range nblk {
-				offs[bi] = int32(s.offset(int(blocks[bi]), kvh, 0))
-			}
-			qh := q[(t*heads+h)*hd : (t*heads+h+1)*hd]
-			sc := scores[:nblk*bs]
-			if ak != nil {
-				ak.scores(qh, kl, offs[:nblk], scale, sc)
-			} else {
-				attnScoresRef(qh, kl, offs[:nblk], bs, scale, sc)
-			}
-			sc = sc[:n]
-			maxScore := float32(math.Inf(-1))
-			for _, d := range sc {
-				maxScore = max(maxScore, d)
-			}
-			var sum float64
-			for j, v := range sc {
-				e := float32(math.Exp(float64(v - maxScore)))
-				sc[j] = e
-				sum += float64(e)
-			}
-			inv := float32(1 / sum)
-			for j, w := range sc {
-				sc[j] = w * inv
-			}
-			oh := out[(t*heads+h)*hd : (t*heads+h+1)*hd]
-			if ak != nil {
-				ak.accumV(oh, vl, offs[:nblk], sc)
-			} else {
-				attnAccumVRef(oh, vl, offs[:nblk], bs, sc)
-			}
+	b.attn = attnTask{b: b, s: s, out: out, q: q, heads: heads, scale: scale, kl: kl, vl: vl, batch: batch, ak: ak, maxBlocks: maxBlocks}
+	b.pool.run(len(batch.Pos)*heads, &b.attn)
+}
+
+// attnTask computes attention for a range of (token, head) pairs.
+type attnTask struct {
+	b         *Backend
+	s         *kvStore
+	out, q    []float32
+	heads     int
+	scale     float32
+	kl, vl    []float32
+	batch     *hal.AttnBatch
+	ak        *attnKernels
+	maxBlocks int
+}
+
+func (a *attnTask) runRange(worker, lo, hi int) {
+	b, s, batch, heads, ak, kl, vl, scale, q, out := a.b, a.s, a.batch, a.heads, a.ak, a.kl, a.vl, a.scale, a.q, a.out
+	l := s.layout
+	hd, bs := l.HeadDim, l.BlockSize
+	group := heads / l.KVHeads
+	maxBlocks := a.maxBlocks
+	scores := b.workerScratch(worker, maxBlocks*bs)
+	offs := b.workerOffsets(worker, maxBlocks)
+	for i := lo; i < hi; i++ {
+		t, h := i/heads, i%heads
+		kvh := h / group
+		n := int(batch.Pos[t]) + 1
+		nblk := (n + bs - 1) / bs
+		blocks := batch.Blocks[batch.SeqOf[t]]
+		for bi := range nblk {
+			offs[bi] = int32(s.offset(int(blocks[bi]), kvh, 0))
 		}
-	})
+		qh := q[(t*heads+h)*hd : (t*heads+h+1)*hd]
+		sc := scores[:nblk*bs]
+		if ak != nil {
+			ak.scores(qh, kl, offs[:nblk], scale, sc)
+		} else {
+			attnScoresRef(qh, kl, offs[:nblk], bs, scale, sc)
+		}
+		sc = sc[:n]
+		maxScore := float32(math.Inf(-1))
+		for _, d := range sc {
+			maxScore = max(maxScore, d)
+		}
+		var sum float64
+		for j, v := range sc {
+			e := float32(math.Exp(float64(v - maxScore)))
+			sc[j] = e
+			sum += float64(e)
+		}
+		inv := float32(1 / sum)
+		for j, w := range sc {
+			sc[j] = w * inv
+		}
+		oh := out[(t*heads+h)*hd : (t*heads+h+1)*hd]
+		if ak != nil {
+			ak.accumV(oh, vl, offs[:nblk], sc)
+		} else {
+			attnAccumVRef(oh, vl, offs[:nblk], bs, sc)
+		}
+	}
 }
 
 // attnScoresRef sets sc[j] = (q·k_j)·scale for the positions of the blocks

@@ -38,6 +38,7 @@ func BenchmarkMatMulDecode(b *testing.B) {
 		x := testRandRow(rand.New(rand.NewPCG(1, 2)), k)
 		out := make([]float32, rows)
 		be := New(0)
+		be.MatMul(out, x, 1, w) // packs w where its format is packed
 		b.Run(typ.String(), func(b *testing.B) {
 			b.SetBytes(int64(len(w.Data)))
 			b.ReportAllocs()
@@ -60,6 +61,7 @@ func BenchmarkMatMulPrompt(b *testing.B) {
 		x := testRandRow(rand.New(rand.NewPCG(1, 2)), m*k)
 		out := make([]float32, m*n)
 		be := New(0)
+		be.MatMul(out, x, m, w)
 		b.Run(typ.String(), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

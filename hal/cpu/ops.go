@@ -21,20 +21,41 @@ func (b *Backend) MatMul(out, x []float32, rows int, w *hal.Weight) {
 		b.xq = make([]byte, need)
 	}
 	xq := b.xq[:rows*xrb]
-	b.pool.run(rows, func(_, lo, hi int) {
-		for m := lo; m < hi; m++ {
-			QuantizeRow(vt, x[m*k:(m+1)*k], xq[m*xrb:(m+1)*xrb])
-		}
-	})
+	b.quant = quantTask{vt: vt, k: k, x: x, xq: xq, xrb: xrb}
+	b.pool.run(rows, &b.quant)
 	if p := b.packs.packed(w); p != nil {
 		b.matmulPacked(out, xq, xrb, rows, n, p)
 		return
 	}
-	wrb := w.RowBytes()
-	typ := w.Type
-	b.pool.run(n, func(_, lo, hi int) {
-		matmulRange(kern, typ, k, n, rows, w.Data, wrb, xq, xrb, out, lo, hi)
-	})
+	b.mm = matmulTask{b: b, typ: w.Type, k: k, n: n, rows: rows, w: w.Data, wrb: w.RowBytes(), xq: xq, xrb: xrb, out: out}
+	b.pool.run(n, &b.mm)
+}
+
+// quantTask converts activation rows to a vec-dot type.
+type quantTask struct {
+	vt     hal.DType
+	k, xrb int
+	x      []float32
+	xq     []byte
+}
+
+func (t *quantTask) runRange(_, lo, hi int) {
+	for m := lo; m < hi; m++ {
+		QuantizeRow(t.vt, t.x[m*t.k:(m+1)*t.k], t.xq[m*t.xrb:(m+1)*t.xrb])
+	}
+}
+
+// matmulTask runs matmulRange over a range of weight rows.
+type matmulTask struct {
+	b                    *Backend
+	typ                  hal.DType
+	k, n, rows, wrb, xrb int
+	w, xq                []byte
+	out                  []float32
+}
+
+func (t *matmulTask) runRange(worker, lo, hi int) {
+	matmulRange(kern, t.typ, t.k, t.n, t.rows, t.w, t.wrb, t.xq, t.xrb, t.out, lo, hi, &t.b.wbufs[worker])
 }
 
 // Embed dequantizes the embedding rows of ids.
@@ -57,11 +78,21 @@ func (b *Backend) RMSNorm(out, x, weight []float32, eps float32) {
 		}
 		return
 	}
-	b.pool.run(rows, func(_, lo, hi int) {
-		for r := lo; r < hi; r++ {
-			rmsNormRow(out[r*n:(r+1)*n], x[r*n:(r+1)*n], weight, eps)
-		}
-	})
+	b.norm = normTask{out: out, x: x, weight: weight, eps: eps}
+	b.pool.run(rows, &b.norm)
+}
+
+// normTask normalises a range of rows.
+type normTask struct {
+	out, x, weight []float32
+	eps            float32
+}
+
+func (t *normTask) runRange(_, lo, hi int) {
+	n := len(t.weight)
+	for r := lo; r < hi; r++ {
+		rmsNormRow(t.out[r*n:(r+1)*n], t.x[r*n:(r+1)*n], t.weight, t.eps)
+	}
 }
 
 func rmsNormRow(out, x, weight []float32, eps float32) {
@@ -82,17 +113,30 @@ func rmsNormRow(out, x, weight []float32, eps float32) {
 // built as ggml builds them: θ_i = pos · base^(-2i/dims) by repeated float32
 // multiplication, divided by the frequency factor and scaled.
 func (b *Backend) RoPE(x []float32, heads, headDim int, pos []int32, r *hal.RoPE) {
-	rowLen := heads * headDim
-	b.pool.run(len(pos), func(worker, lo, hi int) {
-		cache := b.workerScratch(worker, r.Dims)
-		for t := lo; t < hi; t++ {
-			ropeCache(cache, float32(pos[t]), r)
-			row := x[t*rowLen : (t+1)*rowLen]
-			for h := 0; h < heads; h++ {
-				ropeHead(row[h*headDim:(h+1)*headDim], cache, r)
-			}
+	b.rope = ropeTask{b: b, x: x, heads: heads, headDim: headDim, pos: pos, r: r}
+	b.pool.run(len(pos), &b.rope)
+}
+
+// ropeTask rotates a range of rows.
+type ropeTask struct {
+	b              *Backend
+	x              []float32
+	heads, headDim int
+	pos            []int32
+	r              *hal.RoPE
+}
+
+func (t *ropeTask) runRange(worker, lo, hi int) {
+	r := t.r
+	rowLen := t.heads * t.headDim
+	cache := t.b.workerScratch(worker, r.Dims)
+	for i := lo; i < hi; i++ {
+		ropeCache(cache, float32(t.pos[i]), r)
+		row := t.x[i*rowLen : (i+1)*rowLen]
+		for h := 0; h < t.heads; h++ {
+			ropeHead(row[h*t.headDim:(h+1)*t.headDim], cache, r)
 		}
-	})
+	}
 }
 
 func ropeCache(cache []float32, p float32, r *hal.RoPE) {

@@ -124,45 +124,74 @@ func packSide(side []int32, xq []byte, nb int, corrMul int32) {
 // read once per four activation rows.
 func (b *Backend) matmulPacked(out []float32, xq []byte, xrb, rows, n int, p *packedWeight) {
 	nb := p.nb
-	if need := 2 * nb * rows; cap(b.side) < need {
-		b.side = make([]int32, need)
+	if need := 2 * nb * rows; cap(b.sideBuf) < need {
+		b.sideBuf = make([]int32, need)
 	}
-	side := b.side[:2*nb*rows]
-	f := p.f
-	b.pool.run(rows, func(_, lo, hi int) {
-		for m := lo; m < hi; m++ {
-			packSide(side[2*nb*m:2*nb*(m+1)], xq[m*xrb:], nb, f.corrMul)
-		}
-	})
+	side := b.sideBuf[:2*nb*rows]
+	b.side = sideTask{side: side, xq: xq, xrb: xrb, nb: nb, corrMul: p.f.corrMul}
+	b.pool.run(rows, &b.side)
+	b.mmPack = packedTask{b: b, p: p, out: out, xq: xq, xrb: xrb, rows: rows, n: n, side: side}
+	b.pool.run(p.groups, &b.mmPack)
+}
+
+// sideTask writes the side rows of a range of activation rows.
+type sideTask struct {
+	side    []int32
+	xq      []byte
+	xrb, nb int
+	corrMul int32
+}
+
+func (t *sideTask) runRange(_, lo, hi int) {
+	nb := t.nb
+	for m := lo; m < hi; m++ {
+		packSide(t.side[2*nb*m:2*nb*(m+1)], t.xq[m*t.xrb:], nb, t.corrMul)
+	}
+}
+
+// packedTask computes the outputs of a range of row groups of a packed
+// weight for all activation rows, each group read once per four rows.
+type packedTask struct {
+	b            *Backend
+	p            *packedWeight
+	out          []float32
+	xq           []byte
+	xrb, rows, n int
+	side         []int32
+}
+
+func (t *packedTask) runRange(worker, lo, hi int) {
+	p, f, nb, n, rows, xrb := t.p, t.p.f, t.p.nb, t.n, t.rows, t.xrb
+	xq, side, out := t.xq, t.side, t.out
 	gb := f.groupBlockBytes * nb
 	sstride := 8 * nb
-	b.pool.run(p.groups, func(worker, lo, hi int) {
-		var tmp [4 * packRows]float32
-		for g := lo; g < hi; g++ {
-			w := &p.data[g*gb]
-			j := g * packRows
-			full := j+packRows <= n
-			m := 0
-			for ; m+4 <= rows; m += 4 {
-				if full {
-					f.k4(nb, w, &xq[m*xrb], xrb, (*byte)(unsafe.Pointer(&side[2*nb*m])), sstride, &out[m*n+j], 4*n)
-					continue
-				}
-				f.k4(nb, w, &xq[m*xrb], xrb, (*byte)(unsafe.Pointer(&side[2*nb*m])), sstride, &tmp[0], 4*packRows)
-				for mm := range 4 {
-					copy(out[(m+mm)*n+j:(m+mm+1)*n], tmp[mm*packRows:mm*packRows+n-j])
-				}
+	tmp := &t.b.wbufs[worker].tmp
+	for g := lo; g < hi; g++ {
+		w := &p.data[g*gb]
+		j := g * packRows
+		full := j+packRows <= n
+		m := 0
+		for ; m+4 <= rows; m += 4 {
+			sp := (*byte)(unsafe.Pointer(&side[2*nb*m]))
+			if full {
+				f.k4(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n)
+				continue
 			}
-			for ; m < rows; m++ {
-				if full {
-					f.k1(nb, w, &xq[m*xrb], (*byte)(unsafe.Pointer(&side[2*nb*m])), &out[m*n+j])
-					continue
-				}
-				f.k1(nb, w, &xq[m*xrb], (*byte)(unsafe.Pointer(&side[2*nb*m])), &tmp[0])
-				copy(out[m*n+j:(m+1)*n], tmp[:n-j])
+			f.k4(nb, w, &xq[m*xrb], xrb, sp, sstride, &tmp[0], 4*packRows)
+			for mm := range 4 {
+				copy(out[(m+mm)*n+j:(m+mm+1)*n], tmp[mm*packRows:mm*packRows+n-j])
 			}
 		}
-	})
+		for ; m < rows; m++ {
+			sp := (*byte)(unsafe.Pointer(&side[2*nb*m]))
+			if full {
+				f.k1(nb, w, &xq[m*xrb], sp, &out[m*n+j])
+				continue
+			}
+			f.k1(nb, w, &xq[m*xrb], sp, &tmp[0])
+			copy(out[m*n+j:(m+1)*n], tmp[:n-j])
+		}
+	}
 }
 
 // packQ8_0 lays out one 16-row group of Q8_0 rows: per block, the 16 FP16

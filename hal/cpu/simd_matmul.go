@@ -8,7 +8,7 @@ import "tandem/hal"
 // where one exists, the two-weight-row kernel for weight rows in pairs;
 // all of them perform the same operations per (m, j), so the split does
 // not show in the result.
-func matmulRange(kt *kernelTable, typ hal.DType, k, n, rows int, w []byte, wrb int, xq []byte, xrb int, out []float32, lo, hi int) {
+func matmulRange(kt *kernelTable, typ hal.DType, k, n, rows int, w []byte, wrb int, xq []byte, xrb int, out []float32, lo, hi int, wb *workerBufs) {
 	var dot dotFunc
 	var dot4 dot4Func
 	var dot2 dot2Func
@@ -18,8 +18,7 @@ func matmulRange(kt *kernelTable, typ hal.DType, k, n, rows int, w []byte, wrb i
 	if dot == nil {
 		dot = func(n int, w, x []byte) float32 { return vecDotRef(typ, n, w, x) }
 	}
-	var r4 [4]float32
-	var r2 [2]float32
+	r4, r2 := &wb.r4, &wb.r2
 	j := lo
 	if dot2 != nil {
 		for ; j+2 <= hi; j += 2 {
@@ -28,7 +27,7 @@ func matmulRange(kt *kernelTable, typ hal.DType, k, n, rows int, w []byte, wrb i
 			if dot4 != nil {
 				for ; m+4 <= rows; m += 4 {
 					for jj := j; jj < j+2; jj++ {
-						dot4(k, w[jj*wrb:(jj+1)*wrb], xq[m*xrb:(m+4)*xrb], xrb, &r4)
+						dot4(k, w[jj*wrb:(jj+1)*wrb], xq[m*xrb:(m+4)*xrb], xrb, r4)
 						out[m*n+jj] = r4[0]
 						out[(m+1)*n+jj] = r4[1]
 						out[(m+2)*n+jj] = r4[2]
@@ -37,7 +36,7 @@ func matmulRange(kt *kernelTable, typ hal.DType, k, n, rows int, w []byte, wrb i
 				}
 			}
 			for ; m < rows; m++ {
-				dot2(k, wpair, wrb, xq[m*xrb:(m+1)*xrb], &r2)
+				dot2(k, wpair, wrb, xq[m*xrb:(m+1)*xrb], r2)
 				out[m*n+j] = r2[0]
 				out[m*n+j+1] = r2[1]
 			}
@@ -48,7 +47,7 @@ func matmulRange(kt *kernelTable, typ hal.DType, k, n, rows int, w []byte, wrb i
 		m := 0
 		if dot4 != nil {
 			for ; m+4 <= rows; m += 4 {
-				dot4(k, wrow, xq[m*xrb:(m+4)*xrb], xrb, &r4)
+				dot4(k, wrow, xq[m*xrb:(m+4)*xrb], xrb, r4)
 				out[m*n+j] = r4[0]
 				out[(m+1)*n+j] = r4[1]
 				out[(m+2)*n+j] = r4[2]
@@ -59,4 +58,12 @@ func matmulRange(kt *kernelTable, typ hal.DType, k, n, rows int, w []byte, wrb i
 			out[m*n+j] = dot(k, wrow, xq[m*xrb:(m+1)*xrb])
 		}
 	}
+}
+
+// workerBufs are a worker's fixed result buffers for the kernels: passed
+// through function values they would escape if declared per call.
+type workerBufs struct {
+	r4  [4]float32
+	r2  [2]float32
+	tmp [4 * packRows]float32
 }

@@ -134,8 +134,8 @@ func testSIMDMultiRowBitEqual(t *testing.T, blocks int) {
 					xq = append(xq, x...)
 				}
 				out := make([]float32, rows*n)
-				matmulRange(kt, typ, k, n, rows, w, wrb, xq, xrb, out, 0, 3)
-				matmulRange(kt, typ, k, n, rows, w, wrb, xq, xrb, out, 3, n)
+				matmulRange(kt, typ, k, n, rows, w, wrb, xq, xrb, out, 0, 3, &workerBufs{})
+				matmulRange(kt, typ, k, n, rows, w, wrb, xq, xrb, out, 3, n, &workerBufs{})
 				single := kt.dot[typ]
 				if single == nil {
 					single = func(n int, w, x []byte) float32 { return vecDotRef(typ, n, w, x) }

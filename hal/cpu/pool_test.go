@@ -1,0 +1,51 @@
+package cpu
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"tandem/hal"
+)
+
+// TestOpsAllocateNothing: after a warm-up (scratch growth, weight packing),
+// the ops of a forward pass allocate nothing, with one and two workers.
+func TestOpsAllocateNothing(t *testing.T) {
+	r := rand.New(rand.NewPCG(61, 62))
+	const k, n, rows = 256, 40, 5
+	x := testRandRow(r, rows*k)
+	out := make([]float32, rows*n)
+	weights := map[hal.DType]*hal.Weight{}
+	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.F16} {
+		weights[typ] = benchWeight(typ, n, k)
+	}
+	norm := testRandRow(r, k)
+	const heads, kvHeads, hd = 4, 2, 64
+	q := testRandRow(r, rows*heads*hd)
+	kv := testRandRow(r, rows*kvHeads*hd)
+	ao := make([]float32, rows*heads*hd)
+	rope := &hal.RoPE{Dims: hd, Base: 10000, Neox: true}
+	batch := &hal.AttnBatch{Blocks: [][]int32{{0, 1}}, Pos: []int32{0, 1, 2, 3, 17}, SeqOf: []int32{0, 0, 0, 0, 0}}
+	for _, threads := range []int{1, 2} {
+		be := New(threads)
+		store, err := be.NewKVStore(hal.KVLayout{Layers: 1, Blocks: 2, BlockSize: 16, KVHeads: kvHeads, HeadDim: hd})
+		if err != nil {
+			t.Fatal(err)
+		}
+		step := func() {
+			for _, w := range weights {
+				be.MatMul(out, x, rows, w)
+				be.MatMul(out[:n], x[:k], 1, w)
+			}
+			be.RMSNorm(x, x, norm, 1e-6)
+			be.RoPE(q, heads, hd, batch.Pos, rope)
+			be.StoreKV(store, 0, kv, kv, batch)
+			be.Attention(ao, q, heads, 0.125, store, 0, batch)
+			be.SiLUMul(x[:k], x[k:2*k])
+		}
+		step()
+		if a := testing.AllocsPerRun(5, step); a != 0 {
+			t.Errorf("threads=%d: %v allocations per forward step", threads, a)
+		}
+		be.Close()
+	}
+}
