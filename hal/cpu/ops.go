@@ -175,7 +175,19 @@ func ropeHead(x, cache []float32, r *hal.RoPE) {
 }
 
 // SiLUMul sets gate[i] = silu(gate[i]) · up[i].
+// The SIMD kernel gives the same bits (see silu_amd64.s); it leaves chunks
+// with extreme inputs to siluMulRef.
 func (b *Backend) SiLUMul(gate, up []float32) {
+	up = up[:len(gate)]
+	for i := 0; i < len(gate); {
+		i += siluMulSIMD(gate[i:], up[i:])
+		end := min(i+8, len(gate))
+		siluMulRef(gate[i:end], up[i:end])
+		i = end
+	}
+}
+
+func siluMulRef(gate, up []float32) {
 	up = up[:len(gate)]
 	for i, g := range gate {
 		gate[i] = g / (1 + float32(math.Exp(float64(-g)))) * up[i]

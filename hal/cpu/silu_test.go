@@ -1,0 +1,49 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestSiLUMulBitEqual holds Backend.SiLUMul (SIMD where the CPU has it) to
+// the scalar formula bit for bit: ordinary values, a sweep over the whole
+// range where exp is finite, extremes that take the scalar fallback (±Inf,
+// NaN, huge, tiny, ±0), and lengths that are not multiples of the vector.
+func TestSiLUMulBitEqual(t *testing.T) {
+	r := rand.New(rand.NewPCG(71, 72))
+	var in []float32
+	for range 5000 {
+		in = append(in, float32(r.NormFloat64()*4))
+	}
+	for x := float32(-120); x < 120; x += 0.0137 {
+		in = append(in, x, math.Nextafter32(x, 1e9))
+	}
+	for range 20000 {
+		in = append(in, math.Float32frombits(r.Uint32())) // every exponent, NaNs
+	}
+	in = append(in, 0, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()),
+		700, -700, 700.1, -700.1, 1e-40, -1e-40, math.MaxFloat32, -math.MaxFloat32)
+	up := make([]float32, len(in))
+	for i := range up {
+		up[i] = float32(r.NormFloat64())
+	}
+	be := New(1)
+	defer be.Close()
+	for _, n := range []int{0, 1, 7, 8, 9, 15, 16, 17, len(in)} {
+		for off := range 3 {
+			if off+n > len(in) {
+				continue
+			}
+			got := append([]float32(nil), in[off:off+n]...)
+			want := append([]float32(nil), in[off:off+n]...)
+			be.SiLUMul(got, up[off:off+n])
+			siluMulRef(want, up[off:off+n])
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(math.IsNaN(float64(got[i])) && math.IsNaN(float64(want[i]))) {
+					t.Fatalf("n=%d off=%d: silu(%g)·%g = %g, scalar %g", n, off, in[off+i], up[off+i], got[i], want[i])
+				}
+			}
+		}
+	}
+}
