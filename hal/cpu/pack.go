@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"encoding/binary"
 	"math"
 	"sync"
 	"unsafe"
@@ -219,6 +220,55 @@ func packQ8_0(dst []byte, src [][]byte, nb int) {
 				for i := range 4 {
 					d[32+64*k+4*r+i] = blk[2+4*k+i] ^ 0x80
 				}
+			}
+		}
+	}
+}
+
+// packQ5_0 lays out one 16-row group of Q5_0 rows: per block, the 16 FP16
+// scales (32 bytes); for t < 4 the bytes 4t..4t+3 of the 16 rows' low-bit
+// nibbles (64 bytes each: low nibbles are quants 4t.., high nibbles quants
+// 16+4t..); then each row's high bits as a 32-bit word H (64 bytes), where
+// the high bit of quant 4s+i (s < 8, i < 4) is bit 8i+s, so that one shift
+// and mask put step s's four high bits at bit 4 of their bytes.
+func packQ5_0(dst []byte, src [][]byte, nb int) {
+	const gbb = 32 + 4*64 + 64
+	dst = dst[:gbb*nb]
+	clear(dst)
+	for b := range nb {
+		d := dst[gbb*b : gbb*(b+1)]
+		for r, row := range src {
+			blk := row[22*b : 22*b+22]
+			d[2*r], d[2*r+1] = blk[0], blk[1]
+			qh := binary.LittleEndian.Uint32(blk[2:6])
+			for t := range 4 {
+				copy(d[32+64*t+4*r:32+64*t+4*r+4], blk[6+4*t:6+4*t+4])
+			}
+			var h uint32
+			for s := range 8 {
+				for i := range 4 {
+					h |= (qh >> (4*s + i) & 1) << (8*i + s)
+				}
+			}
+			binary.LittleEndian.PutUint32(d[288+4*r:], h)
+		}
+	}
+}
+
+// packQ4_0 lays out one 16-row group of Q4_0 rows: per block, the 16 FP16
+// scales (32 bytes), then for t < 4 the bytes 4t..4t+3 of the 16 rows'
+// nibbles (64 bytes each).
+func packQ4_0(dst []byte, src [][]byte, nb int) {
+	const gbb = 32 + 4*64
+	dst = dst[:gbb*nb]
+	clear(dst)
+	for b := range nb {
+		d := dst[gbb*b : gbb*(b+1)]
+		for r, row := range src {
+			blk := row[18*b : 18*b+18]
+			d[2*r], d[2*r+1] = blk[0], blk[1]
+			for t := range 4 {
+				copy(d[32+64*t+4*r:32+64*t+4*r+4], blk[2+4*t:2+4*t+4])
 			}
 		}
 	}
