@@ -43,8 +43,11 @@ func New(threads int) *Backend {
 	return b
 }
 
-// Close stops the worker goroutines.
-func (b *Backend) Close() { b.pool.close() }
+// Close stops the worker goroutines and frees the packed weights.
+func (b *Backend) Close() {
+	b.pool.close()
+	b.packs.release()
+}
 
 // Name describes the backend.
 func (b *Backend) Name() string {

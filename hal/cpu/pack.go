@@ -34,6 +34,8 @@ type packedWeight struct {
 	groups int
 	nb     int // blocks per row
 	data   []byte
+	free   func() // releases data
+	src    packSource
 }
 
 // packFormat describes one packed layout and its kernels.
@@ -57,11 +59,13 @@ type packKernel4 func(nb int, w, x *byte, xstride int, side *byte, sstride int, 
 // packKernel1 is packKernel4 for one activation row.
 type packKernel1 func(nb int, w, x, side *byte, out *float32)
 
-// packCache holds the packed copies of the weights a backend has seen,
-// keyed by the address of their data.
+// packCache holds the packed copies of the weights a backend has seen. It
+// is keyed by the *hal.Weight, which it keeps alive, so that no other
+// weight can take its address; a weight whose data, type or shape changed
+// is packed anew. Copies live until Close.
 type packCache struct {
 	mu sync.Mutex
-	m  map[*byte]*packedWeight
+	m  map[*hal.Weight]*packedWeight
 }
 
 // packed returns w's packed copy, packing it on first use; nil when w's
@@ -71,18 +75,42 @@ func (c *packCache) packed(w *hal.Weight) *packedWeight {
 	if f == nil || len(w.Data) == 0 || w.Cols%32 != 0 {
 		return nil
 	}
-	key := unsafe.SliceData(w.Data)
+	src := packSource{data: unsafe.SliceData(w.Data), n: len(w.Data), typ: w.Type, rows: w.Rows, cols: w.Cols}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if p, ok := c.m[key]; ok {
-		return p
+	if p, ok := c.m[w]; ok {
+		if p.src == src {
+			return p
+		}
+		p.free()
+		delete(c.m, w)
 	}
 	if c.m == nil {
-		c.m = make(map[*byte]*packedWeight)
+		c.m = make(map[*hal.Weight]*packedWeight)
 	}
 	p := packWeight(f, w)
-	c.m[key] = p
+	p.src = src
+	c.m[w] = p
+	releaseSource(w.Data)
 	return p
+}
+
+// packSource identifies the bytes a packed copy was made from.
+type packSource struct {
+	data       *byte
+	n          int
+	typ        hal.DType
+	rows, cols int
+}
+
+// release frees every packed copy.
+func (c *packCache) release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, p := range c.m {
+		p.free()
+		delete(c.m, k)
+	}
 }
 
 // packWeight copies w into f's layout.
@@ -90,7 +118,8 @@ func packWeight(f *packFormat, w *hal.Weight) *packedWeight {
 	nb := w.Cols / 32
 	groups := (w.Rows + packRows - 1) / packRows
 	gb := f.groupBlockBytes * nb
-	p := &packedWeight{f: f, groups: groups, nb: nb, data: make([]byte, groups*gb)}
+	data, free := allocPacked(groups * gb)
+	p := &packedWeight{f: f, groups: groups, nb: nb, data: data, free: free}
 	rb := w.RowBytes()
 	src := make([][]byte, 0, packRows)
 	for g := range groups {
@@ -273,3 +302,5 @@ func packQ4_0(dst []byte, src [][]byte, nb int) {
 		}
 	}
 }
+
+func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

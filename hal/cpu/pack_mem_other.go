@@ -1,0 +1,7 @@
+//go:build !linux
+
+package cpu
+
+func allocPacked(n int) ([]byte, func()) { return make([]byte, n), func() {} }
+
+func releaseSource(b []byte) {}
