@@ -32,6 +32,17 @@ func NewKVTransfer(reg prometheus.Registerer, model string) *KVTransfer {
 	}
 }
 
+// RegisterKVState registers gauges read at scrape time from an engine: the KV blocks
+// referenced now (by sequences, holds and imports; the pool's Used) and the block sets
+// held for a pull. Failure tests watch them return to their baseline.
+func RegisterKVState(reg prometheus.Registerer, model string, used, held func() float64) {
+	labels := prometheus.Labels{"model_name": model}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tandem:kv_blocks_in_use", Help: "KV blocks referenced now (by sequences, held prefills and imports).", ConstLabels: labels}, used),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tandem:kv_held_prefills", Help: "Prefilled block sets held for a decode worker's pull.", ConstLabels: labels}, held),
+	)
+}
+
 // Disagg holds the router's metrics of disaggregated prefill and decode.
 type Disagg struct {
 	// Prefills counts requests by where their prefill ran (where: remote, local) and why.

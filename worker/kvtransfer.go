@@ -130,7 +130,16 @@ func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func
 		return orpc.Errorf(orpc.FailedPrecondition, "worker %s: %v", w.cfg.Card.Node, err)
 	}
 	var blk cluster.KVBlock
+	t0, sent := time.Now(), 0
 	err = eng.ExportBlocks(ctx, req.Handle, req.Hashes, func(i int, hash uint64, data []byte) error {
+		if rate := w.cfg.KVSendRate; rate > 0 {
+			// Pace to the configured bandwidth: block i may leave once the bytes before it
+			// have had their time.
+			if d := time.Duration(float64(sent)/rate*float64(time.Second)) - time.Since(t0); d > 0 && !sleep(ctx, d) {
+				return ctx.Err()
+			}
+		}
+		sent += len(data)
 		blk = cluster.KVBlock{Index: i, Hash: hash, CRC: cluster.BlockCRC(data), Data: data}
 		if err := send(&blk); err != nil {
 			return err

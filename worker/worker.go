@@ -67,6 +67,7 @@ type Config struct {
 	// if set, counts transfers (kvtransfer.go).
 	KVHold        time.Duration
 	KVPullTimeout time.Duration
+	KVSendRate    float64 // bytes per second a KV pull is served at (0: unlimited)
 	KVMetrics     *metrics.KVTransfer
 	Logger        *slog.Logger
 	Options       []orpc.Option // for the ORPC server and clients

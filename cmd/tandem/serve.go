@@ -54,6 +54,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	stateDir := fs.String("state-dir", "tandem-state", "where the cluster identity earned with --join-token is kept")
 	role := fs.String("role", cluster.RoleBoth, "cluster role: both, prefill or decode")
 	nodeName := fs.String("node-name", "", "this engine's name in the cluster (default: host name and ORPC port)")
+	kvHold := fs.Duration("kv-hold", worker.DefaultKVHold, "prefill role: how long prefilled KV blocks wait for the decode worker's pull, unless the router says")
+	kvSendRate := fs.String("kv-send-rate", "", "cap on the bandwidth KV pulls are served at, per pull, e.g. 1GB (bytes per second; default unlimited)")
 	advertise := fs.String("advertise", "", "ORPC address routers dial (default: --host and the ORPC port; an unspecified host means the address used to reach the router)")
 	bk := addBackendFlags(fs)
 	fs.Usage = func() {
@@ -86,6 +88,13 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	case cluster.RoleBoth, cluster.RolePrefill, cluster.RoleDecode:
 	default:
 		return fmt.Errorf("--role %q: want both, prefill or decode", *role)
+	}
+	var sendRate int64
+	if *kvSendRate != "" {
+		var err error
+		if sendRate, err = parseBytes(*kvSendRate); err != nil {
+			return fmt.Errorf("--kv-send-rate: %w", err)
+		}
 	}
 	if len(joins) > 0 && *joinToken == "" {
 		if _, err := os.Stat(filepath.Join(*stateDir, orpc.NodeCertFile)); err != nil {
@@ -150,6 +159,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	eng := engines[0]
+	metrics.RegisterKVState(reg, name, func() float64 { return float64(eng.Pool().Stats().Used) },
+		func() float64 { h, _ := eng.HeldStats(); return float64(h) })
 	engineCtx, stopEngine := context.WithCancel(context.Background())
 	engineDone := make(chan error, len(engines))
 	for _, e := range engines {
@@ -201,13 +212,15 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 				Salt: kvcache.Salt(name, "", ""), KVBlocks: blocks, ContextLen: m.Config.ContextLen,
 				TokenizerFormat: tokFormat, TokenizerFiles: tokFiles, ChatTemplate: m.ChatTemplate,
 			},
-			Node:      *nodeName,
-			Routers:   joins,
-			Token:     *joinToken,
-			StateDir:  *stateDir,
-			Advertise: *advertise,
-			KVMetrics: metrics.NewKVTransfer(reg, name),
-			Logger:    log,
+			Node:       *nodeName,
+			Routers:    joins,
+			Token:      *joinToken,
+			StateDir:   *stateDir,
+			Advertise:  *advertise,
+			KVMetrics:  metrics.NewKVTransfer(reg, name),
+			KVHold:     *kvHold,
+			KVSendRate: float64(sendRate),
+			Logger:     log,
 		}, *host, *orpcPort, log)
 		if err != nil {
 			srv.Shutdown(context.Background())
