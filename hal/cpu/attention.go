@@ -137,10 +137,9 @@ func (a *attnTask) runRange(worker, lo, hi int) {
 		for _, d := range sc {
 			maxScore = max(maxScore, d)
 		}
+		expShifted(sc, maxScore)
 		var sum float64
-		for j, v := range sc {
-			e := float32(math.Exp(float64(v - maxScore)))
-			sc[j] = e
+		for _, e := range sc {
 			sum += float64(e)
 		}
 		inv := float32(1 / sum)
@@ -194,5 +193,18 @@ func axpy(dst, x []float32, a float32) {
 	x = x[:len(dst)]
 	for i := range dst {
 		dst[i] += float32(a * x[i])
+	}
+}
+
+// expShifted sets v[j] = float32(math.Exp(float64(v[j] - m))), with SIMD
+// where it gives the same bits.
+func expShifted(v []float32, m float32) {
+	for i := 0; i < len(v); {
+		i += expShiftedSIMD(v[i:], m)
+		end := min(i+8, len(v))
+		for j := i; j < end; j++ {
+			v[j] = float32(math.Exp(float64(v[j] - m)))
+		}
+		i = end
 	}
 }

@@ -11,3 +11,7 @@ func packFormatFor(isa string, t hal.DType) *packFormat { return nil }
 func attnKernelsFor(isa string, hd, bs int) *attnKernels { return nil }
 
 func siluMulSIMD(gate, up []float32) int { return 0 }
+
+func quantizeQ8_0SIMD(src []float32, dst []byte) int { return 0 }
+
+func expShiftedSIMD(v []float32, m float32) int { return 0 }

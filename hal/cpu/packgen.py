@@ -14,6 +14,11 @@ FORMATS = {
     "Q4_0": (288, "q4", "s_first"),   # sum += (float32(s)*dw) * dx
 }
 
+import os
+
+# PF: how many blocks ahead the single-row kernels prefetch (0: none).
+PF = int(os.environ.get("PF", "0"))
+
 out = []
 P = out.append
 
@@ -80,6 +85,9 @@ def kernel(fmt, M):
         P(f"\tVPXORD Z{4+m}, Z{4+m}, Z{4+m}")
     if M == 1:
         P("\tVPXORD Z8, Z8, Z8")
+    if M == 1 and PF:
+        for c in range(0, gbb, 64):
+            P(f"\tPREFETCHT0 {PF*gbb+c}(SI)")
     xo = steps(dec, P)
     for k in range(8):
         for m in range(M):

@@ -223,6 +223,10 @@ func quantizeQ8Block(x []float32, q *[32]byte) (d float32, sum int32) {
 
 func quantizeQ8_0(src []float32, dst []byte) {
 	for i := 0; i < len(src)/32; i++ {
+		if n := quantizeQ8_0SIMD(src[32*i:], dst[34*i:]); n > 0 {
+			i += n - 1 // the SIMD kernel stopped before a block with NaN or Inf
+			continue
+		}
 		b := dst[34*i : 34*i+34]
 		d, _ := quantizeQ8Block(src[32*i:], (*[32]byte)(b[2:34]))
 		putF16(b, d)

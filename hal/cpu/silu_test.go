@@ -47,3 +47,34 @@ func TestSiLUMulBitEqual(t *testing.T) {
 		}
 	}
 }
+
+// TestExpShiftedBitEqual: the softmax's exp(v − max) is the scalar
+// float32(math.Exp(float64(v−m))) bit for bit, including differences
+// beyond the SIMD range (−700), −Inf, NaN and lengths off the vector width.
+func TestExpShiftedBitEqual(t *testing.T) {
+	r := rand.New(rand.NewPCG(73, 74))
+	for trial := range 200 {
+		n := trial % 41
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(r.NormFloat64() * 30)
+			switch r.IntN(40) {
+			case 0:
+				v[i] = -800
+			case 1:
+				v[i] = float32(math.Inf(-1))
+			case 2:
+				v[i] = float32(math.NaN())
+			}
+		}
+		m := float32(r.NormFloat64() * 10)
+		got := append([]float32(nil), v...)
+		expShifted(got, m)
+		for i, x := range v {
+			want := float32(math.Exp(float64(x - m)))
+			if math.Float32bits(got[i]) != math.Float32bits(want) && !(math.IsNaN(float64(want)) && math.IsNaN(float64(got[i]))) {
+				t.Fatalf("trial %d: exp(%g - %g) = %g, scalar %g", trial, x, m, got[i], want)
+			}
+		}
+	}
+}
