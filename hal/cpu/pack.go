@@ -41,7 +41,12 @@ type packedWeight struct {
 // packFormat describes one packed layout and its kernels.
 type packFormat struct {
 	groupBlockBytes int   // bytes of one block of one 16-row group
+	blockElems      int   // elements in a block: 32, or 256 for K-quants
 	corrMul         int32 // the weight codes' offset: s = Σcode·x − corrMul·Σx
+	// sideWords is the int32 words per block of an activation side row,
+	// which side writes from the activation row xq (nb blocks).
+	sideWords int
+	side      func(side []int32, xq []byte, nb int, corrMul int32)
 	// pack writes the group of rows src (at most packRows, each nb blocks)
 	// into dst; missing rows are zero.
 	pack func(dst []byte, src [][]byte, nb int)
@@ -72,7 +77,7 @@ type packCache struct {
 // format has no packed kernel on this CPU.
 func (c *packCache) packed(w *hal.Weight) *packedWeight {
 	f := packFormatFor(kern.isa, w.Type)
-	if f == nil || len(w.Data) == 0 || w.Cols%32 != 0 {
+	if f == nil || len(w.Data) == 0 || w.Cols%f.blockElems != 0 {
 		return nil
 	}
 	src := packSource{data: unsafe.SliceData(w.Data), n: len(w.Data), typ: w.Type, rows: w.Rows, cols: w.Cols}
@@ -115,7 +120,7 @@ func (c *packCache) release() {
 
 // packWeight copies w into f's layout.
 func packWeight(f *packFormat, w *hal.Weight) *packedWeight {
-	nb := w.Cols / 32
+	nb := w.Cols / f.blockElems
 	groups := (w.Rows + packRows - 1) / packRows
 	gb := f.groupBlockBytes * nb
 	data, free := allocPacked(groups * gb)
@@ -132,10 +137,10 @@ func packWeight(f *packFormat, w *hal.Weight) *packedWeight {
 	return p
 }
 
-// packSide writes, for each Q8_0 block of the activation row xq, the
+// sideQ8_0 writes, for each Q8_0 block of the activation row xq, the
 // float32 scale and the int32 correction corrMul·Σx the packed kernels
 // read (8 bytes a block).
-func packSide(side []int32, xq []byte, nb int, corrMul int32) {
+func sideQ8_0(side []int32, xq []byte, nb int, corrMul int32) {
 	side = side[:2*nb]
 	xq = xq[:34*nb]
 	for i := range nb {
@@ -154,11 +159,12 @@ func packSide(side []int32, xq []byte, nb int, corrMul int32) {
 // read once per four activation rows.
 func (b *Backend) matmulPacked(out []float32, xq []byte, xrb, rows, n int, p *packedWeight) {
 	nb := p.nb
-	if need := 2 * nb * rows; cap(b.sideBuf) < need {
+	sw := p.f.sideWords * nb // words per side row
+	if need := sw * rows; cap(b.sideBuf) < need {
 		b.sideBuf = make([]int32, need)
 	}
-	side := b.sideBuf[:2*nb*rows]
-	b.side = sideTask{side: side, xq: xq, xrb: xrb, nb: nb, corrMul: p.f.corrMul}
+	side := b.sideBuf[:sw*rows]
+	b.side = sideTask{f: p.f, side: side, xq: xq, xrb: xrb, nb: nb}
 	b.pool.run(rows, &b.side)
 	b.mmPack = packedTask{b: b, p: p, out: out, xq: xq, xrb: xrb, rows: rows, n: n, side: side}
 	b.pool.run(p.groups, &b.mmPack)
@@ -169,13 +175,13 @@ type sideTask struct {
 	side    []int32
 	xq      []byte
 	xrb, nb int
-	corrMul int32
+	f       *packFormat
 }
 
 func (t *sideTask) runRange(_, lo, hi int) {
-	nb := t.nb
+	sw := t.f.sideWords * t.nb
 	for m := lo; m < hi; m++ {
-		packSide(t.side[2*nb*m:2*nb*(m+1)], t.xq[m*t.xrb:], nb, t.corrMul)
+		t.f.side(t.side[sw*m:sw*(m+1)], t.xq[m*t.xrb:], t.nb, t.f.corrMul)
 	}
 }
 
@@ -194,7 +200,8 @@ func (t *packedTask) runRange(worker, lo, hi int) {
 	p, f, nb, n, rows, xrb := t.p, t.p.f, t.p.nb, t.n, t.rows, t.xrb
 	xq, side, out := t.xq, t.side, t.out
 	gb := f.groupBlockBytes * nb
-	sstride := 8 * nb
+	sw := f.sideWords * nb
+	sstride := 4 * sw
 	tmp := &t.b.wbufs[worker].tmp
 	for g := lo; g < hi; g++ {
 		w := &p.data[g*gb]
@@ -202,7 +209,7 @@ func (t *packedTask) runRange(worker, lo, hi int) {
 		full := j+packRows <= n
 		m := 0
 		for ; m+4 <= rows; m += 4 {
-			sp := (*byte)(unsafe.Pointer(&side[2*nb*m]))
+			sp := (*byte)(unsafe.Pointer(&side[sw*m]))
 			if full {
 				f.k4(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n)
 				continue
@@ -213,7 +220,7 @@ func (t *packedTask) runRange(worker, lo, hi int) {
 			}
 		}
 		for ; m < rows; m++ {
-			sp := (*byte)(unsafe.Pointer(&side[2*nb*m]))
+			sp := (*byte)(unsafe.Pointer(&side[sw*m]))
 			if full {
 				f.k1(nb, w, &xq[m*xrb], sp, &out[m*n+j])
 				continue
@@ -304,3 +311,54 @@ func packQ4_0(dst []byte, src [][]byte, nb int) {
 }
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// packQ4_K lays out one 16-row group of Q4_K rows: per super-block, the
+// rows' FP16 d (32 bytes) and dmin (32 bytes); the 6-bit scales as bytes,
+// sub-block j's 16 at 64+16j; the 6-bit mins as bytes in pairs, rows'
+// (m_2i, m_2i+1) at 192+32i (a word pair per row once widened); then for
+// each 32-byte chunk c of the quants and step t the bytes 32c+4t..32c+4t+3
+// of the 16 rows (64 bytes at 320+512c+64t: low nibbles are sub-block 2c,
+// high nibbles sub-block 2c+1).
+func packQ4_K(dst []byte, src [][]byte, nb int) {
+	const gbb = 2368
+	dst = dst[:gbb*nb]
+	clear(dst)
+	for b := range nb {
+		d := dst[gbb*b : gbb*(b+1)]
+		for r, row := range src {
+			blk := row[144*b : 144*b+144]
+			d[2*r], d[2*r+1] = blk[0], blk[1]
+			d[32+2*r], d[32+2*r+1] = blk[2], blk[3]
+			scales := (*[12]byte)(blk[4:16])
+			for j := range 8 {
+				sc, m := scaleMinK4(j, scales)
+				d[64+16*j+r] = sc
+				d[192+32*(j/2)+2*r+j%2] = m
+			}
+			for c := range 4 {
+				for t := range 8 {
+					copy(d[320+512*c+64*t+4*r:320+512*c+64*t+4*r+4], blk[16+32*c+4*t:16+32*c+4*t+4])
+				}
+			}
+		}
+	}
+}
+
+// sideQ8_K writes, for each Q8_K super-block of the activation row xq, the
+// float32 scale and the four int16 pairs (p_2i, p_2i+1), p_j the sum of
+// sub-block j's quants (from the block's 16-element sums), which the
+// packed K-quant kernels multiply with the mins (8 words a block).
+func sideQ8_K(side []int32, xq []byte, nb int, _ int32) {
+	side = side[:8*nb]
+	for i := range nb {
+		yd, _, bs := q8K(xq[292*i:])
+		o := side[8*i : 8*i+8]
+		o[0] = int32(math.Float32bits(yd))
+		for k := range 4 {
+			p0 := bsum(bs, 4*k) + bsum(bs, 4*k+1)
+			p1 := bsum(bs, 4*k+2) + bsum(bs, 4*k+3)
+			o[1+k] = int32(uint32(uint16(int16(p0))) | uint32(uint16(int16(p1)))<<16)
+		}
+		o[5], o[6], o[7] = 0, 0, 0
+	}
+}
