@@ -362,3 +362,49 @@ func sideQ8_K(side []int32, xq []byte, nb int, _ int32) {
 		o[5], o[6], o[7] = 0, 0, 0
 	}
 }
+
+// packQ6_K lays out one 16-row group of Q6_K rows: per super-block, the
+// rows' FP16 d (32 bytes); the 16 int8 group scales, group G's 16 at
+// 32+16G; then for each half h the low-bit bytes (ql) in 4-byte chunks j,
+// 64 bytes of 16 rows at 288+1024h+64j; then the high bits (qh) in
+// chunks j < 8 at 2336+512h+64j.
+func packQ6_K(dst []byte, src [][]byte, nb int) {
+	const gbb = 3360
+	dst = dst[:gbb*nb]
+	clear(dst)
+	for b := range nb {
+		d := dst[gbb*b : gbb*(b+1)]
+		for r, row := range src {
+			blk := row[210*b : 210*b+210]
+			d[2*r], d[2*r+1] = blk[208], blk[209]
+			for g := range 16 {
+				d[32+16*g+r] = blk[192+g]
+			}
+			for h := range 2 {
+				for j := range 16 {
+					copy(d[288+1024*h+64*j+4*r:288+1024*h+64*j+4*r+4], blk[64*h+4*j:64*h+4*j+4])
+				}
+				for j := range 8 {
+					copy(d[2336+512*h+64*j+4*r:2336+512*h+64*j+4*r+4], blk[128+32*h+4*j:128+32*h+4*j+4])
+				}
+			}
+		}
+	}
+}
+
+// sideQ6_K writes, for each Q8_K super-block of the activation row xq, the
+// float32 scale and 32·(sum of quant group G) for the 16 groups, which
+// the packed Q6_K kernels subtract for the codes' offset of 32 (20 words
+// a block).
+func sideQ6_K(side []int32, xq []byte, nb int, _ int32) {
+	side = side[:20*nb]
+	for i := range nb {
+		yd, _, bs := q8K(xq[292*i:])
+		o := side[20*i : 20*i+20]
+		o[0] = int32(math.Float32bits(yd))
+		for g := range 16 {
+			o[1+g] = 32 * bsum(bs, g)
+		}
+		o[17], o[18], o[19] = 0, 0, 0
+	}
+}
