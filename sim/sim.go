@@ -56,22 +56,49 @@ func (c *Config) defaults() error {
 
 // A Request is one request of a replay: its arrival, its prompt as synthetic
 // segments (equal segments give equal tokens, hence shared prefixes) and the
-// number of tokens it generates.
+// number of tokens it generates. A conversation's later turns are its
+// FollowUps: each is sent Think after the previous turn's last token, its
+// prompt the whole conversation so far (the earlier prompts and the generated
+// answers) followed by its own segments, as tandem bench's multi-turn
+// workload sends them.
 type Request struct {
 	At        time.Duration
 	Segments  []bench.Segment
 	OutputLen int
+	FollowUps []bench.Request
+	Think     time.Duration
 }
 
-// FromWorkload takes a workload's requests: every session must have one turn.
-// Untimed workloads arrive all at once.
+// FromWorkload takes a workload's sessions, arriving at their At (untimed
+// workloads: all at once); see FromSessions.
 func FromWorkload(w bench.Workload) ([]Request, error) {
+	ss := w.Sessions()
+	at := make([]time.Duration, len(ss))
+	for i, s := range ss {
+		at[i] = s.At
+	}
+	return FromSessions(ss, at)
+}
+
+// FromSessions makes one Request per session, arriving at at[i] (in
+// non-decreasing order), its later turns as follow-ups. Prompts must be
+// synthetic (segments, not literal text).
+func FromSessions(ss []bench.Session, at []time.Duration) ([]Request, error) {
+	if len(at) != len(ss) {
+		return nil, fmt.Errorf("sim: %d arrival times for %d sessions", len(at), len(ss))
+	}
 	var reqs []Request
-	for i, s := range w.Sessions() {
-		if len(s.Turns) != 1 || len(s.Turns[0].Segments) == 0 {
-			return nil, fmt.Errorf("sim: session %d: only single-turn synthetic workloads can be simulated", i)
+	for i, s := range ss {
+		if len(s.Turns) == 0 {
+			return nil, fmt.Errorf("sim: session %d has no turns", i)
 		}
-		reqs = append(reqs, Request{At: s.At, Segments: s.Turns[0].Segments, OutputLen: s.Turns[0].OutputLen})
+		for _, t := range s.Turns {
+			if len(t.Segments) == 0 {
+				return nil, fmt.Errorf("sim: session %d: only synthetic prompts (segments) can be simulated", i)
+			}
+		}
+		reqs = append(reqs, Request{At: at[i], Segments: s.Turns[0].Segments, OutputLen: s.Turns[0].OutputLen,
+			FollowUps: s.Turns[1:], Think: s.Think})
 	}
 	return reqs, nil
 }
@@ -120,6 +147,9 @@ const (
 
 type sreq struct {
 	id        int
+	session   int
+	next      *sreq // the conversation's next turn, sent think after this one ends
+	think     time.Duration
 	at        time.Duration
 	segs      []bench.Segment
 	outLen    int
@@ -246,11 +276,12 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 		}
 		s.workers = append(s.workers, w)
 	}
+	var later []*sreq // follow-up turns, numbered after the first turns
 	for i, r := range reqs {
 		if i > 0 && r.At < reqs[i-1].At {
 			return nil, fmt.Errorf("sim: request %d arrives before request %d", i, i-1)
 		}
-		q := &sreq{id: i, at: r.At, segs: r.Segments, outLen: max(r.OutputLen, 1), worker: -1}
+		q := &sreq{id: i, session: i, at: r.At, segs: r.Segments, outLen: max(r.OutputLen, 1), worker: -1, think: r.Think}
 		for _, sg := range r.Segments {
 			q.promptLen += sg.Len
 		}
@@ -259,8 +290,18 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 		}
 		s.reqs = append(s.reqs, q)
 		s.push(event{t: r.At, kind: evArrival, r: i})
+		prev := q
+		for _, f := range r.FollowUps {
+			n := &sreq{session: i, segs: f.Segments, outLen: max(f.OutputLen, 1), worker: -1, think: r.Think}
+			prev.next, prev = n, n
+			later = append(later, n)
+		}
 	}
-	s.left = len(reqs)
+	for _, q := range later {
+		q.id = len(s.reqs)
+		s.reqs = append(s.reqs, q)
+	}
+	s.left = len(s.reqs)
 	if cfg.ReportInterval > 0 {
 		s.push(event{t: reqs[0].At, kind: evReport})
 	}
@@ -373,6 +414,28 @@ func (s *sim) fail(r *sreq, msg string) {
 	r.err, r.state = msg, stDone
 	r.tokens = nil
 	s.left--
+	for q := r.next; q != nil; q = q.next {
+		q.err, q.state = "sim: an earlier turn of the conversation failed", stDone
+		s.left--
+	}
+}
+
+// followUp sends the turn after r, which has just finished: its prompt is r's
+// prompt and answer, then its own segments.
+func (s *sim) followUp(r *sreq) {
+	q := r.next
+	q.tokens = make([]int32, len(r.tokens), len(r.tokens)+q.outLen+64)
+	copy(q.tokens, r.tokens)
+	var buf []uint32
+	for _, sg := range q.segs {
+		buf = sg.Tokens(buf[:0])
+		for _, t := range buf {
+			q.tokens = append(q.tokens, int32(t&0x7fffffff))
+		}
+	}
+	q.promptLen = len(q.tokens)
+	q.at = s.now + r.think
+	s.push(event{t: q.at, kind: evArrival, r: q.id})
 }
 
 // account adds w's requests since the last call to its time-weighted count;
@@ -520,6 +583,9 @@ func (s *sim) emit(w *worker, r *sreq) {
 		}
 	}
 	r.state = stDone
+	if r.next != nil {
+		s.followUp(r)
+	}
 	r.tokens = nil
 	s.state.RemoveInflight(r.inflight)
 	s.left--
@@ -623,7 +689,7 @@ func (s *sim) result() *Result {
 	var end time.Duration
 	reqs := make([]bench.RequestResult, len(s.reqs))
 	for i, r := range s.reqs {
-		q := bench.RequestResult{Session: i, Start: r.at - t0, InputLen: r.promptLen, OutputLen: len(r.times), CachedTokens: r.cached, Err: r.err}
+		q := bench.RequestResult{Session: r.session, Start: r.at - t0, InputLen: r.promptLen, OutputLen: len(r.times), CachedTokens: r.cached, Err: r.err}
 		if r.err == "" && len(r.times) > 0 {
 			q.TTFT = r.first - r.at
 			q.E2E = r.times[len(r.times)-1] - r.at

@@ -242,3 +242,45 @@ func TestDelays(t *testing.T) {
 		t.Error("a negative delay was accepted")
 	}
 }
+
+func TestMultiTurn(t *testing.T) {
+	// Turn 1: 64 tokens, 3 out: 74 ms prefill, two 22 ms decodes, done at 118 ms.
+	// Turn 2 goes 100 ms later (218 ms) with the 64 + 3 tokens so far and 30 new:
+	// the first 64 (4 full blocks) are cached, 33 computed: TTFT 10 + 33 = 43 ms.
+	r := Request{Segments: []bench.Segment{{Seed: 1, Len: 64}}, OutputLen: 3, Think: 100 * time.Millisecond,
+		FollowUps: []bench.Request{{Segments: []bench.Segment{{Seed: 2, Len: 30}}, OutputLen: 2}}}
+	res := run(t, Config{Workers: 2, Timing: fixed}, []Request{r})
+	q := res.Bench.Requests
+	if len(q) != 2 || !q[0].OK() || !q[1].OK() {
+		t.Fatalf("results %+v", q)
+	}
+	if q[0].E2E != 118*time.Millisecond || q[1].Start != 218*time.Millisecond || q[1].InputLen != 97 ||
+		q[1].CachedTokens != 64 || q[1].TTFT != 43*time.Millisecond || q[1].Session != 0 {
+		t.Errorf("turn 1 E2E %v; turn 2 starts %v, %d prompt tokens, %d cached, TTFT %v, session %d; want 118ms; 218ms, 97, 64, 43ms, 0",
+			q[0].E2E, q[1].Start, q[1].InputLen, q[1].CachedTokens, q[1].TTFT, q[1].Session)
+	}
+
+	// A multi-turn workload runs whole, and kv routing keeps conversations on their workers.
+	wl, err := bench.MultiTurn(bench.MultiTurnOptions{Conversations: 16, Turns: 4, InputLen: 200, OutputLen: 20, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss := wl.Sessions()
+	at := make([]time.Duration, len(ss))
+	for i := range at {
+		at[i] = time.Duration(i) * 50 * time.Millisecond
+	}
+	reqs, err := FromSessions(ss, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := run(t, modeConfig(router.ModeKV, 4), reqs)
+	rr := run(t, modeConfig(router.ModeRoundRobin, 4), reqs)
+	if kv.Bench.Summary.Completed != 64 || rr.Bench.Summary.Completed != 64 {
+		t.Fatalf("completed %d and %d of 64", kv.Bench.Summary.Completed, rr.Bench.Summary.Completed)
+	}
+	t.Logf("multi-turn hit rate: kv %.3f, round-robin %.3f, bound %.3f", kv.HitRate, rr.HitRate, kv.IdealHitRate)
+	if kv.HitRate <= rr.HitRate || kv.HitRate > kv.IdealHitRate {
+		t.Errorf("kv hit rate %.3f, round-robin %.3f, bound %.3f", kv.HitRate, rr.HitRate, kv.IdealHitRate)
+	}
+}

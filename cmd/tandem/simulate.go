@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -17,6 +18,19 @@ import (
 func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("tandem simulate", flag.ContinueOnError)
 	tracePath := fs.String("trace", "", "Mooncake trace (JSONL: timestamp ms, input_length, output_length, hash_ids of 512-token blocks)")
+	kind := fs.String("workload", "mooncake", "mooncake (--trace, at its timestamps), shared-prefix or multi-turn (at --request-rate)")
+	rate := fs.Float64("request-rate", math.Inf(1), "shared-prefix and multi-turn: sessions per second, Poisson (inf: all at once)")
+	spGroups := fs.Int("shared-prefix-groups", 64, "shared-prefix: groups (system prompts)")
+	spPer := fs.Int("shared-prefix-prompts-per-group", 16, "shared-prefix: questions per group")
+	spSys := fs.Int("shared-prefix-system-len", 2048, "shared-prefix: system prompt tokens")
+	spQ := fs.Int("shared-prefix-question-len", 128, "shared-prefix: question tokens")
+	spOut := fs.Int("shared-prefix-output-len", 256, "shared-prefix: output tokens")
+	mtConv := fs.Int("multi-turn-conversations", 32, "multi-turn: conversations")
+	mtTurns := fs.Int("multi-turn-turns", 4, "multi-turn: turns per conversation")
+	mtSys := fs.Int("multi-turn-system-len", 0, "multi-turn: system prompt tokens per conversation")
+	mtIn := fs.Int("multi-turn-input-len", 256, "multi-turn: new user tokens per turn")
+	mtOut := fs.Int("multi-turn-output-len", 128, "multi-turn: output tokens per turn")
+	mtThink := fs.Duration("multi-turn-think-time", 0, "multi-turn: pause between an answer and the next turn")
 	workers := fs.Int("workers", 4, "simulated workers")
 	routing := fs.String("routing", "kv", "routing mode: kv, round-robin, random or least-loaded")
 	jsonOut := fs.String("json-out", "", "write the JSON report (tandem bench's, plus hit rate and imbalance) here")
@@ -41,8 +55,8 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	} else if len(pos) > 0 {
 		return fmt.Errorf("unexpected arguments %q", pos)
 	}
-	if *tracePath == "" {
-		return fmt.Errorf("--trace is required")
+	if *kind == "mooncake" && *tracePath == "" {
+		return fmt.Errorf("--trace is required (or --workload shared-prefix or multi-turn)")
 	}
 	mode, err := router.ParseMode(*routing)
 	if err != nil {
@@ -80,20 +94,40 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--workers, --block-size, --kv-blocks, --max-num-batched-tokens, --max-num-seqs, --report-interval and --trace-block-size must be positive")
 	}
 
-	f, err := os.Open(*tracePath)
+	var wl bench.Workload
+	switch *kind {
+	case "mooncake":
+		f, ferr := os.Open(*tracePath)
+		if ferr != nil {
+			return ferr
+		}
+		rows, perr := bench.ParseMooncake(f)
+		f.Close()
+		if perr != nil {
+			return perr
+		}
+		wl, err = bench.Mooncake(rows, bench.MooncakeOptions{N: *numPrompts, BlockSize: *traceBlock, MaxOutputLen: *maxOut, Seed: *seed})
+	case "shared-prefix":
+		wl, err = bench.SharedPrefix(bench.SharedPrefixOptions{Groups: *spGroups, PromptsPerGroup: *spPer, SystemLen: *spSys,
+			QuestionLen: *spQ, OutputLen: *spOut, N: *numPrompts, Seed: *seed})
+	case "multi-turn":
+		wl, err = bench.MultiTurn(bench.MultiTurnOptions{Conversations: *mtConv, Turns: *mtTurns, SystemLen: *mtSys,
+			InputLen: *mtIn, OutputLen: *mtOut, Think: *mtThink, Seed: *seed})
+	default:
+		return fmt.Errorf("--workload %q: want mooncake, shared-prefix or multi-turn", *kind)
+	}
 	if err != nil {
 		return err
 	}
-	rows, err := bench.ParseMooncake(f)
-	f.Close()
-	if err != nil {
-		return err
+	var reqs []sim.Request
+	if wl.Timed() {
+		reqs, err = sim.FromWorkload(wl)
+	} else {
+		var at []time.Duration
+		if at, err = bench.Schedule(bench.Poisson, wl.Sessions(), *rate, 1, 1, *seed); err == nil {
+			reqs, err = sim.FromSessions(wl.Sessions(), at)
+		}
 	}
-	wl, err := bench.Mooncake(rows, bench.MooncakeOptions{N: *numPrompts, BlockSize: *traceBlock, MaxOutputLen: *maxOut, Seed: *seed})
-	if err != nil {
-		return err
-	}
-	reqs, err := sim.FromWorkload(wl)
 	if err != nil {
 		return err
 	}

@@ -48,7 +48,16 @@ func TestSimulateCmd(t *testing.T) {
 	if hr, _ := m["prefix_cache_hit_rate"].(float64); hr <= 0 {
 		t.Errorf("hit rate %v, want > 0", m["prefix_cache_hit_rate"])
 	}
-	for _, bad := range [][]string{{}, {"--trace", trace, "--routing", "nope"}, {"--trace", trace, "--workers", "0"}, {"--trace", trace, "extra"}} {
+	// Synthetic workloads at a request rate: multi-turn conversations' later turns included.
+	stdout.Reset()
+	if err := simulateCmd([]string{"--workload", "multi-turn", "--multi-turn-conversations", "4", "--multi-turn-turns", "3",
+		"--multi-turn-input-len", "100", "--multi-turn-output-len", "10", "--request-rate", "5", "--workers", "2"}, &stdout, &stderr); err != nil {
+		t.Fatalf("multi-turn: %v", err)
+	}
+	if !strings.Contains(stdout.String(), "Successful requests:                     12") {
+		t.Errorf("multi-turn: want 12 requests:\n%s", stdout.String())
+	}
+	for _, bad := range [][]string{{}, {"--trace", trace, "--routing", "nope"}, {"--workload", "nope"}, {"--trace", trace, "--event-delay", "-1s"}, {"--trace", trace, "--workers", "0"}, {"--trace", trace, "extra"}} {
 		if err := simulateCmd(bad, &stdout, &stderr); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
