@@ -28,6 +28,7 @@ func profileCmd(args []string, stdout, stderr io.Writer) error {
 	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "KV block size in tokens")
 	maxBatch := fs.Int("max-batch-tokens", engine.DefaultMaxBatchTokens, "largest step to time, in tokens (the serving engine's budget)")
 	maxSeqs := fs.Int("max-seqs", 32, "largest decode batch to time")
+	transfers := fs.Bool("transfer", true, "with --backend cpu: also time KV-sized transfers (64 KiB to 64 MiB) over loopback ORPC and fit the transfer parameters")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem profile [--model FILE] [--out FILE] [-r 3] [--max-batch-tokens 512] [--max-seqs 32]")
 		fs.PrintDefaults()
@@ -94,11 +95,20 @@ func profileCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fit, err := sim.Fit(samples, nil, base)
+	var moved []sim.TransferSample
+	if *transfers && *backend == "cpu" {
+		if moved, err = profileTransfers(ctx, []int64{64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}, *reps); err != nil {
+			return err
+		}
+	}
+	fit, err := sim.Fit(samples, moved, base)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stderr, "profiled in %.1f s\n\n%s", time.Since(t0).Seconds(), fitTable(samples, fit))
+	for _, m := range moved {
+		fmt.Fprintf(stderr, "transfer %8.2f MiB: %10s measured, %10s fitted\n", float64(m.Bytes)/(1<<20), m.Time.Round(time.Microsecond), fit.Transfer(m.Bytes).Round(time.Microsecond))
+	}
 	data, err := json.MarshalIndent(fit, "", "  ")
 	if err != nil {
 		return err

@@ -84,3 +84,19 @@ func TestServeBackendFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestProfileTransfers(t *testing.T) {
+	sizes := []int64{64 << 10, 3<<20 + 5}
+	got, err := profileTransfers(t.Context(), sizes, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(sizes) {
+		t.Fatalf("%d samples for %d sizes", len(got), len(sizes))
+	}
+	for i, s := range got {
+		if s.Bytes != sizes[i] || s.Time <= 0 {
+			t.Errorf("sample %d: %+v", i, s)
+		}
+	}
+}
