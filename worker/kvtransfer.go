@@ -228,7 +228,7 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 	defer cancel()
 	c, err := w.peer(pctx, src.Addr)
 	if err != nil {
-		return 0, w.pullFailed(pctx, fmt.Errorf("%w: dialling %s at %s: %v", errTransfer, src.Node, src.Addr, err))
+		return 0, w.pullFailed(pctx, fmt.Errorf("%w: dialling %s at %s: %w", errTransfer, src.Node, src.Addr, err))
 	}
 	// Whatever happens, tell P its copy is no longer wanted (P also frees it after its
 	// hold timeout, should this not arrive).
@@ -249,7 +249,7 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 	}
 	cs, err := c.Stream(pctx, cluster.MethodPullKV, &cluster.PullRequest{Handle: src.Handle, Layout: layoutOf(f), Hashes: missing})
 	if err != nil {
-		return 0, w.pullFailed(pctx, fmt.Errorf("%w: from %s: %v", errTransfer, src.Node, err))
+		return 0, w.pullFailed(pctx, fmt.Errorf("%w: from %s: %w", errTransfer, src.Node, err))
 	}
 	defer cs.Close()
 	var blk cluster.KVBlock
@@ -268,7 +268,7 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 		if err != nil {
 			n = im.Written()
 			im.Commit() // the blocks received intact are good: keep them in the cache
-			return n, w.pullFailed(pctx, fmt.Errorf("%w: from %s after %d of %d blocks: %v", errTransfer, src.Node, n, len(missing), err))
+			return n, w.pullFailed(pctx, fmt.Errorf("%w: from %s after %d of %d blocks: %w", errTransfer, src.Node, n, len(missing), err))
 		}
 		bytes += len(blk.Data)
 	}
@@ -292,14 +292,16 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 }
 
 func (w *Worker) pullFailed(ctx context.Context, err error) error {
+	// The deadline shows in ctx, or first in the call's status (the holder saw it too).
+	timeout := errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)
 	if m := w.met(); m != nil {
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if timeout {
 			m.Pulls.WithLabelValues("timeout").Inc()
 		} else {
 			m.Pulls.WithLabelValues("failed").Inc()
 		}
 	}
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	if timeout {
 		err = fmt.Errorf("%w (deadline exceeded; transfer abandoned)", err)
 	}
 	return err

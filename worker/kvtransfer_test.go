@@ -341,3 +341,28 @@ func TestKVTransferLayoutMismatch(t *testing.T) {
 	}
 	p.idle(t)
 }
+
+// A pull that outlives its deadline is abandoned: D computes the prompt itself and answers
+// correctly, and both sides free their blocks (D its import, P its hold, released by D).
+func TestKVTransferDeadline(t *testing.T) {
+	env := newPeerEnv(t)
+	path := fixtures.Model(t, "stories260K-f32.gguf")
+	p := env.start("p", path, worker.Config{KVSendRate: 4000}) // a 10 KiB block every 2.5 s
+	d := env.start("d", path, worker.Config{})
+	agg := env.start("agg", path, worker.Config{})
+	pc, dc := env.dial(p), env.dial(d)
+	prompt := p.m.Tokenizer.Encode(strings.Repeat("Lily and Ben played in the park with a big red ball. ", 3), true, false)
+	want := reference(t, agg, prompt, 16)
+	got, _, err := disagg(t, pc, dc, p, prompt, 16, cluster.KVSource{TimeoutMs: 300})
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("after an abandoned transfer: %v, %v; want %v", got, err, want)
+	}
+	if n := testutil.ToFloat64(d.met.Pulls.WithLabelValues("timeout")); n != 1 {
+		t.Errorf("timed-out pulls %v, want 1", n)
+	}
+	if !strings.Contains(d.logs.String(), "transfer abandoned") {
+		t.Errorf("D logged no abandoned transfer:\n%s", d.logs.String())
+	}
+	p.idle(t)
+	d.idle(t)
+}

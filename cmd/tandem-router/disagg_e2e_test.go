@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -33,9 +35,10 @@ type disaggCluster struct {
 	engines map[string]*disaggEngine
 }
 
-// startDisaggCluster starts a router (with extra flags) and the named engines: names
-// starting with p get --role prefill, with d --role decode; each gets engineArgs.
-func startDisaggCluster(t *testing.T, routerArgs []string, names []string, engineArgs ...string) *disaggCluster {
+// startDisaggCluster starts a router (with extra flags) and the named engines serving model
+// as "stories": names starting with p get --role prefill, with d --role decode; each gets
+// engineArgs.
+func startDisaggCluster(t *testing.T, model string, routerArgs []string, names []string, engineArgs ...string) *disaggCluster {
 	t.Helper()
 	args := append([]string{"--port", "0", "--orpc-port", "0", "--state-dir", t.TempDir(), "--join-token", e2eToken,
 		"--heartbeat", "100ms", "--heartbeat-timeout", "3s", "--queue-timeout", "5s"}, routerArgs...)
@@ -44,7 +47,7 @@ func startDisaggCluster(t *testing.T, routerArgs []string, names []string, engin
 	c := &disaggCluster{r: r, engines: map[string]*disaggEngine{}}
 	for _, name := range names {
 		role := map[byte]string{'p': "prefill", 'd': "decode"}[name[0]]
-		e := startProc(t, name, "tandem", append([]string{"serve", "--model", fixtures.Model(t, "stories260K-f32.gguf"),
+		e := startProc(t, name, "tandem", append([]string{"serve", "--model", model,
 			"--served-model-name", "stories", "--port", "0", "--join", r.orpc, "--join-token", e2eToken,
 			"--state-dir", t.TempDir(), "--node-name", name, "--role", role, "--threads", "1"}, engineArgs...)...)
 		c.engines[name] = &disaggEngine{proc: e, role: role}
@@ -147,7 +150,7 @@ func TestDisaggregatedEndToEnd(t *testing.T) {
 	}
 	// 100 KB/s: a prompt's 5 or 6 blocks of 10 KiB take about half a second to move, so a
 	// test can act in the middle of a transfer.
-	c := startDisaggCluster(t, []string{"--disagg-min-tokens", "32"}, []string{"p1", "p2", "d1", "d2"}, "--kv-send-rate", "100KB")
+	c := startDisaggCluster(t, fixtures.Model(t, "stories260K-f32.gguf"), []string{"--disagg-min-tokens", "32"}, []string{"p1", "p2", "d1", "d2"}, "--kv-send-rate", "100KB")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	rc := sdkClient(c.r.url)
@@ -340,4 +343,77 @@ func TestDisaggregatedEndToEnd(t *testing.T) {
 		wg.Wait()
 		c.waitBaseline(t)
 	})
+}
+
+// genModel writes a random-weight model big enough that a long prompt's prefill takes a
+// while on one thread (about 2 s for 1,000 tokens here): 12 layers, 768 wide, q8_0.
+func genModel(t *testing.T) string {
+	t.Helper()
+	dir, err := buildBins()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "mid.gguf")
+	cmd := exec.Command(filepath.Join(dir, "tandem"), "gen-model", "--preset", "demo", "--embd", "768", "--layers", "12",
+		"--heads", "12", "--kv-heads", "4", "--ffn", "2048", "--ctx", "2048", "--type", "q8_0", "--out", out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("gen-model: %v\n%s", err, b)
+	}
+	return out
+}
+
+// SIGKILL of the prefill engine in the middle of a long prefill: the router's call to it
+// fails, the decode engine prefills the prompt itself, and the request completes with the
+// tokens of an uninterrupted run; the decode engine's KV usage returns to its baseline.
+func TestDisaggregatedPrefillEngineDies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs three processes")
+	}
+	c := startDisaggCluster(t, genModel(t), []string{"--disagg-min-tokens", "64"}, []string{"p1", "d1"}, "--max-batch-tokens", "64")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	prompt := strings.Repeat("a long prompt that takes a while to read. ", 24) // about 1,000 byte-level tokens
+	type result struct {
+		out *sdk.Completion
+		wk  string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, wk, err := completion(ctx, sdkClient(c.r.url), prompt, 8)
+		done <- result{out, wk, err}
+	}()
+	p := c.engines["p1"]
+	deadline := time.Now().Add(60 * time.Second)
+	for metricValue(t, p.url, "tandem:num_requests_running") < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the prefill engine never started the request")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := counter(t, p.url, "tandem:prefill_only_requests_total"); n != 0 {
+		t.Fatalf("the prefill finished (%v) before it could be interrupted", n)
+	}
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	res := <-done
+	if res.err != nil {
+		t.Fatalf("after killing the prefill engine mid-prefill: %v", res.err)
+	}
+	if res.wk != "d1" {
+		t.Errorf("served by %q, want d1 alone", res.wk)
+	}
+	want, _, err := completion(ctx, sdkClient(c.engines["d1"].url), prompt, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.out.Choices[0].Text != want.Choices[0].Text {
+		t.Errorf("after the prefill engine died: %q, want %q", res.out.Choices[0].Text, want.Choices[0].Text)
+	}
+	if n := counter(t, c.r.url, "tandem_router:remote_prefill_fallbacks_total", `stage="prefill"`); n != 1 {
+		t.Errorf("prefill fallbacks %v, want 1", n)
+	}
+	if n := counter(t, c.r.url, "tandem_router:prefills_total", `where="local"`, `reason="prefill_failed"`); n != 1 {
+		t.Errorf("local prefills after a failure: %v, want 1", n)
+	}
+	c.waitBaseline(t)
 }
