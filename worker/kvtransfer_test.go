@@ -37,11 +37,11 @@ type peerNode struct {
 }
 
 type peerEnv struct {
-	t  *testing.T
+	t  testing.TB
 	ca *orpc.CA
 }
 
-func newPeerEnv(t *testing.T) *peerEnv {
+func newPeerEnv(t testing.TB) *peerEnv {
 	ca, err := orpc.NewCA("test cluster")
 	if err != nil {
 		t.Fatal(err)
