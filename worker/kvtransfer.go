@@ -232,11 +232,7 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 	}
 	// Whatever happens, tell P its copy is no longer wanted (P also frees it after its
 	// hold timeout, should this not arrive).
-	defer func() {
-		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer rcancel()
-		c.Call(rctx, cluster.MethodReleaseKV, &cluster.ReleaseRequest{Handle: src.Handle}, &cluster.ReleaseReply{})
-	}()
+	defer releaseRemote(c, src.Handle)
 	if len(missing) == 0 {
 		if m != nil {
 			m.Pulls.WithLabelValues("none_missing").Inc()
@@ -291,6 +287,13 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 	return n, nil
 }
 
+// releaseRemote asks the holder of handle to free it, briefly and on a best-effort basis.
+func releaseRemote(c *orpc.Client, handle uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c.Call(ctx, cluster.MethodReleaseKV, &cluster.ReleaseRequest{Handle: handle}, &cluster.ReleaseReply{})
+}
+
 func (w *Worker) pullFailed(ctx context.Context, err error) error {
 	// The deadline shows in ctx, or first in the call's status (the holder saw it too).
 	timeout := errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)
@@ -323,7 +326,10 @@ func (w *Worker) decode(ctx context.Context, req *cluster.DecodeRequest, send fu
 		defer im.Release()
 		imported, err = w.pull(ctx, src, im)
 	} else {
-		err = fmt.Errorf("%w: %v", errTransfer, err)
+		err = fmt.Errorf("%w: %w", errTransfer, err)
+		if c, perr := w.peer(ctx, src.Addr); perr == nil {
+			go releaseRemote(c, src.Handle) // no room here: P need not wait for its hold to expire
+		}
 	}
 	if err != nil {
 		if ctx.Err() != nil {
