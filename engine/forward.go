@@ -47,3 +47,12 @@ func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) 
 	e.fwd = f
 	return e, nil
 }
+
+// simBlockIO is the block reader and writer of an engine built with NewWithForwarder, which
+// has no KV memory: exported blocks are zeros of the model's layout and imported ones are
+// dropped. So the sim backend takes part in disaggregated serving with the real transfer
+// path (the bytes a real block would take cross the wire) while computing nothing.
+func (e *Engine) simBlockIO() *blockIO {
+	l := e.m.KVLayout(e.cfg.KVBlocks, e.cfg.BlockSize)
+	return &blockIO{f: KVFormat{Store: "sim", DType: "f32", BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}}
+}

@@ -129,6 +129,10 @@ func bytesOf(x []float32) []byte {
 }
 
 func (b *blockIO) read(block int32, dst []byte) {
+	if b.k == nil {
+		clear(dst[:b.f.BlockBytes()])
+		return
+	}
 	o, sz := int(block)*b.n, 4*b.n
 	for l := range b.k {
 		copy(dst[2*l*sz:], bytesOf(b.k[l][o:o+b.n]))
@@ -137,6 +141,9 @@ func (b *blockIO) read(block int32, dst []byte) {
 }
 
 func (b *blockIO) write(block int32, src []byte) {
+	if b.k == nil {
+		return
+	}
 	o, sz := int(block)*b.n, 4*b.n
 	for l := range b.k {
 		copy(bytesOf(b.k[l][o:o+b.n]), src[2*l*sz:(2*l+1)*sz])
@@ -168,7 +175,13 @@ type heldKV struct {
 
 func (e *Engine) blockIO() (*blockIO, error) {
 	t := &e.held
-	t.ioOnce.Do(func() { t.io, t.ioErr = newBlockIO(e.kv) })
+	t.ioOnce.Do(func() {
+		if e.kv == nil { // NewWithForwarder: no KV memory (see simBlockIO)
+			t.io = e.simBlockIO()
+			return
+		}
+		t.io, t.ioErr = newBlockIO(e.kv)
+	})
 	return t.io, t.ioErr
 }
 

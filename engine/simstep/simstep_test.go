@@ -210,3 +210,87 @@ func TestEngineOnSimStep(t *testing.T) {
 		t.Fatal("no KV events")
 	}
 }
+
+// TestSimDisaggregation: sim engines hold no KV memory, yet a prompt prefilled on one and
+// imported by another through the engine's export/import path (zeros of the model's block
+// size cross over) is found cached there, and the decode continues as one engine's would.
+func TestSimDisaggregation(t *testing.T) {
+	m := demoModel(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	start := func() *engine.Engine {
+		step, err := New(Config{Timing: sim.Timing{PrefillPerToken: 0.01, DecodeBase: 0.2}, Vocab: m.Config.VocabSize})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.NewWithForwarder(m, step, engine.Config{KVBlocks: 64, BlockSize: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { e.Run(runCtx); close(done) }()
+		t.Cleanup(func() { stop(); <-done })
+		return e
+	}
+	agg, p, d := start(), start(), start()
+	prompt := m.Tokenizer.Encode("a prompt of a few blocks, prefilled on one simulated worker and decoded on another one", false, false)
+	req := func() *llm.Request { return &llm.Request{Prompt: prompt, MaxTokens: 8} }
+	read := func(s llm.Stream) ([]int32, llm.Usage) {
+		var ids []int32
+		var u llm.Usage
+		for {
+			ev, err := s.Next(ctx)
+			if errors.Is(err, io.EOF) {
+				return ids, u
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids, u = append(ids, ev.Token), ev.Usage
+		}
+	}
+	s, err := agg.Generate(ctx, req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := read(s)
+
+	fp, err := p.KVFormat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, _ := d.KVFormat()
+	if err := fd.Check(fp); err != nil || fp.BlockBytes() != m.KVLayout(1, 16).Layers*2*16*m.Config.KVHeads*m.Config.HeadDim*4 {
+		t.Fatalf("formats %v / %v: %v", fp, fd, err)
+	}
+	res, err := p.Prefill(ctx, req(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := d.BeginImport(prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	err = p.ExportBlocks(ctx, res.Handle, im.Missing(), func(i int, hash uint64, data []byte) error {
+		if len(data) != fp.BlockBytes() {
+			t.Errorf("block of %d bytes, want %d", len(data), fp.BlockBytes())
+		}
+		n++
+		return im.Write(hash, slices.Clone(data))
+	})
+	if err != nil || n == 0 || n != len(res.Hashes) {
+		t.Fatalf("exported %d of %d blocks: %v", n, len(res.Hashes), err)
+	}
+	im.Commit()
+	p.ReleaseHeld(res.Handle)
+	s, err = d.Generate(ctx, req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, u := read(s)
+	if !slices.Equal(got, want) || u.CachedTokens < 16*n {
+		t.Fatalf("decode side: %v with %d cached tokens; aggregated %v, %d blocks imported", got, u.CachedTokens, want, n)
+	}
+}
