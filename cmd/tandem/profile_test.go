@@ -33,7 +33,9 @@ func TestProfileAndServeSim(t *testing.T) {
 	}
 	tm, err := sim.ReadTiming(f)
 	f.Close()
-	if err != nil || tm.DecodeBase <= 0 || tm.PrefillPerToken <= 0 {
+	// Its values depend on the machine's load (the steps sleep in real time), so only
+	// its form is checked here; engine/simstep checks the fit itself on a virtual clock.
+	if err != nil || tm == (sim.Timing{}) {
 		t.Fatalf("profile %+v, %v", tm, err)
 	}
 	for _, bad := range [][]string{{"--backend", "gpu"}, {"--sim-profile", out}, {"-r", "0"}, {"extra"}} {
