@@ -11,8 +11,8 @@ import (
 
 // One real tandem-router and one `tandem serve --backend sim --replicas 8` process: eight
 // simulated workers, each its own engine and ORPC endpoint, join the router, and requests
-// are routed across all of them. With kv routing, a repeated long prompt then stays with
-// the replica whose prefix cache holds it.
+// are routed across all of them (round-robin reaches each). With kv routing, a repeated long
+// prompt stays with the replica whose prefix cache holds it.
 func TestSimReplicasBehindRouter(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs two processes")
@@ -62,10 +62,15 @@ func TestSimReplicasBehindRouter(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("requests per replica: %v", served)
+			// Round-robin reaches every replica whatever the timing; kv spreads distinct
+			// prompts only as far as they overlap in time, so it is not held to it.
 			for i := range n {
-				if served[fmt.Sprintf("sim-%d", i)] == 0 {
-					t.Errorf("replica sim-%d served nothing: %v", i, served)
+				if name := fmt.Sprintf("sim-%d", i); mode == "round-robin" && served[name] == 0 {
+					t.Errorf("replica %s served nothing: %v", name, served)
 				}
+			}
+			if len(served) == 0 {
+				t.Fatal("no request named its worker")
 			}
 			if mode != "kv" {
 				return
