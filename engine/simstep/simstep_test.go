@@ -294,3 +294,28 @@ func TestSimDisaggregation(t *testing.T) {
 		t.Fatalf("decode side: %v with %d cached tokens; aggregated %v, %d blocks imported", got, u.CachedTokens, want, n)
 	}
 }
+
+// BenchmarkForward is the sim step's own cost (zero modelled time) on a 64-sequence decode
+// batch of the demo model's vocabulary: what a simulated worker spends per step besides the
+// scheduler. It should not allocate.
+func BenchmarkForward(b *testing.B) {
+	const seqs, vocab = 64, 512
+	s, err := New(Config{Vocab: vocab, Clock: &virtualClock{}, Skip: func(id int32) bool { return id < 3 }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	batch := &model.Batch{Attn: hal.AttnBatch{Blocks: make([][]int32, seqs)}}
+	for i := range seqs {
+		batch.Tokens = append(batch.Tokens, int32(i))
+		batch.Attn.Pos = append(batch.Attn.Pos, int32(100+i))
+		batch.Attn.SeqOf = append(batch.Attn.SeqOf, int32(i))
+		batch.Outputs = append(batch.Outputs, i)
+	}
+	logits := make([]float32, seqs*vocab)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := s.Forward(batch, logits); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
