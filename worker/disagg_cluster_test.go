@@ -2,6 +2,8 @@ package worker_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -10,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	sdk "github.com/openai/openai-go/v3"
 
 	"tandem/cluster"
 	"tandem/internal/fixtures"
@@ -41,18 +45,15 @@ func scrape(t *testing.T, url, name string, labels ...string) float64 {
 	return -1
 }
 
-// In process: a router, two prefill and two decode workers. A long prompt is prefilled on a
-// prefill worker and decoded on a decode worker, with the tokens of an engine doing both; a
-// short one is prefilled where it is decoded; the decisions are in the router's metrics.
-func TestDisaggregatedThroughRouter(t *testing.T) {
+// startDisaggRouter starts a router with dis and one worker per role given (p* prefill,
+// d* decode), and waits for them to register.
+func startDisaggRouter(t *testing.T, dis router.DisaggConfig, names ...string) (*router.Server, map[string]*peerNode) {
+	t.Helper()
 	path := fixtures.Model(t, "stories260K-f32.gguf")
 	logs := &syncBuffer{}
-	pol := router.DefaultConfig()
-	dis := router.DefaultDisaggConfig()
-	dis.MinRemoteTokens = 32
 	srv, err := router.StartServer(router.ServerConfig{
 		Host: "127.0.0.1", StateDir: t.TempDir(),
-		Live:   router.LiveConfig{Policy: pol, Heartbeat: 50 * time.Millisecond, HeartbeatTimeout: 2 * time.Second, Disagg: dis},
+		Live:   router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond, HeartbeatTimeout: 2 * time.Second, Disagg: dis},
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {
@@ -68,12 +69,51 @@ func TestDisaggregatedThroughRouter(t *testing.T) {
 	})
 	env := newPeerEnv(t)
 	nodes := map[string]*peerNode{}
-	for _, n := range []struct{ name, role string }{{"p1", cluster.RolePrefill}, {"p2", cluster.RolePrefill}, {"d1", cluster.RoleDecode}, {"d2", cluster.RoleDecode}} {
-		nodes[n.name] = env.start(n.name, path, worker.Config{Routers: []string{srv.ORPCAddr}, Token: srv.Token.String(),
-			StateDir: t.TempDir(), Card: cluster.ModelCard{Role: n.role}})
+	for _, name := range names {
+		role := map[byte]string{'p': cluster.RolePrefill, 'd': cluster.RoleDecode}[name[0]]
+		nodes[name] = env.start(name, path, worker.Config{Routers: []string{srv.ORPCAddr}, Token: srv.Token.String(),
+			StateDir: t.TempDir(), Card: cluster.ModelCard{Role: role}})
 	}
-	waitFor(t, "workers to register", func() bool { return len(srv.Live.Workers()) == 4 })
-	agg := env.start("agg", path, worker.Config{})
+	waitFor(t, "workers to register", func() bool { return len(srv.Live.Workers()) == len(names) })
+	return srv, nodes
+}
+
+// A prefill worker that fails its prefills: by default the decode worker prefills and the
+// request succeeds; with Strict the request fails with 503.
+func TestDisaggregatedPrefillFailure(t *testing.T) {
+	long := strings.Repeat("Lily and Ben played in the park with a big red ball. ", 3)
+	for _, strict := range []bool{false, true} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			dis := router.DefaultDisaggConfig()
+			dis.MinRemoteTokens, dis.Strict = 32, strict
+			srv, nodes := startDisaggRouter(t, dis, "p1", "d1")
+			nodes["p1"].stopEngine()
+			out, err := client(srv.URL()).Completions.New(testCtx(t), sdk.CompletionNewParams{
+				Model: modelName, Prompt: sdk.CompletionNewParamsPromptUnion{OfString: sdk.String(long)},
+				Temperature: sdk.Float(0), MaxTokens: sdk.Int(8)})
+			var apiErr *sdk.Error
+			switch {
+			case strict && (!errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable):
+				t.Errorf("strict: %v, want 503", err)
+			case !strict && (err != nil || out.Usage.CompletionTokens != 8):
+				t.Errorf("fallback: %+v, %v", out, err)
+			}
+			if n := scrape(t, srv.URL(), "tandem_router:remote_prefill_fallbacks_total", `stage="prefill"`); n != 1 {
+				t.Errorf("prefill fallbacks %v, want 1", n)
+			}
+			nodes["d1"].idle(t)
+		})
+	}
+}
+
+// In process: a router, two prefill and two decode workers. A long prompt is prefilled on a
+// prefill worker and decoded on a decode worker, with the tokens of an engine doing both; a
+// short one is prefilled where it is decoded; the decisions are in the router's metrics.
+func TestDisaggregatedThroughRouter(t *testing.T) {
+	dis := router.DefaultDisaggConfig()
+	dis.MinRemoteTokens = 32
+	srv, nodes := startDisaggRouter(t, dis, "p1", "p2", "d1", "d2")
+	agg := newPeerEnv(t).start("agg", fixtures.Model(t, "stories260K-f32.gguf"), worker.Config{})
 	dc := direct(t, &node{eng: agg.eng, m: agg.m})
 	rc := client(srv.URL())
 

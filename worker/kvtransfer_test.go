@@ -34,6 +34,9 @@ type peerNode struct {
 	w    *worker.Worker
 	met  *metrics.KVTransfer
 	logs *syncBuffer
+	// stopEngine stops the engine alone: the worker stays registered and answers, but
+	// every generation fails as unavailable.
+	stopEngine context.CancelFunc
 }
 
 type peerEnv struct {
@@ -95,8 +98,9 @@ func (env *peerEnv) start(name, modelPath string, cfg worker.Config) *peerNode {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	engCtx, stopEngine := context.WithCancel(ctx)
 	done := make(chan struct{}, 2)
-	go func() { eng.Run(ctx); done <- struct{}{} }()
+	go func() { eng.Run(engCtx); done <- struct{}{} }()
 	go func() { w.Run(ctx); done <- struct{}{} }()
 	t.Cleanup(func() {
 		cancel()
@@ -113,7 +117,7 @@ func (env *peerEnv) start(name, modelPath string, cfg worker.Config) *peerNode {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("%s not ready", name)
 	}
-	return &peerNode{name: name, eng: eng, m: m, w: w, met: met, logs: logs}
+	return &peerNode{name: name, eng: eng, m: m, w: w, met: met, logs: logs, stopEngine: stopEngine}
 }
 
 func (env *peerEnv) dial(n *peerNode) *orpc.Client {
