@@ -67,18 +67,27 @@ func (l *KVLayout) UnmarshalORPC(d *orpc.Decoder) error {
 type PrefillRequest struct {
 	Generate GenerateRequest // the whole request; P generates only its first token
 	HoldMs   int             // how long P keeps the blocks for a pull, unless released
+	// TransferID names the transfer in PullKV and ReleaseKV (the caller's choice, random;
+	// 0: P picks one and returns it as PrefillReply.Handle). A pull may arrive before the
+	// prefill does, and wait for it: so the router can start D as it starts P, and the
+	// blocks flow while later ones are still being computed.
+	TransferID uint64
 }
 
 // MarshalORPC implements orpc.Marshaler.
 func (r *PrefillRequest) MarshalORPC(e *orpc.Encoder) {
 	e.Message(&r.Generate)
 	e.Uvarint(uint64(max(r.HoldMs, 0)))
+	e.Uint64(r.TransferID)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
 func (r *PrefillRequest) UnmarshalORPC(d *orpc.Decoder) error {
 	d.Message(&r.Generate)
 	r.HoldMs = uvint(d)
+	if d.Len() > 0 {
+		r.TransferID = d.Uint64()
+	}
 	return d.Err()
 }
 
@@ -88,7 +97,7 @@ func (r *PrefillRequest) UnmarshalORPC(d *orpc.Decoder) error {
 // and nothing is held (Handle 0).
 type PrefillReply struct {
 	First  GenerateEvent
-	Handle uint64 // names the held blocks in PullKV and ReleaseKV
+	Handle uint64 // the transfer id: names the held blocks in PullKV and ReleaseKV
 	Blocks int    // full prompt blocks held
 	Layout KVLayout
 }
@@ -124,9 +133,12 @@ type KVSource struct {
 	Strict bool
 }
 
-// DecodeRequest asks D to continue a request whose prompt's KV is on P.
+// DecodeRequest asks D to run a request whose prompt's KV is (being) computed on P.
 type DecodeRequest struct {
-	Generate GenerateRequest // prompt: the original prompt and P's first token
+	// Generate is the request. Its prompt is the original one (D computes the first token
+	// again from the pulled KV: the same token, the kernels being batch-invariant), or,
+	// when the router waited for P, the original with P's first token appended and resumed.
+	Generate GenerateRequest
 	Source   KVSource
 }
 

@@ -165,6 +165,7 @@ type heldTable struct {
 
 type heldKV struct {
 	ttl      time.Duration
+	prompt   []uint64     // sequence hashes of every full prompt block, known from the start
 	seq      *kvcache.Seq // nil until the sequence finished
 	hashes   []uint64     // sequence hashes of the prompt's full blocks
 	blocks   []int32      // their blocks
@@ -205,7 +206,8 @@ type PrefillResult struct {
 	// First is the first generated token, as a Generate stream would have sent it; its
 	// Finish is "length" (the prefill-only cap) unless a stop rule ended the request first.
 	First llm.Event
-	// Hashes are the sequence hashes of the prompt's full blocks, all held.
+	// Hashes are the sequence hashes of the prompt's full blocks, all held; nil when nothing
+	// is held any more (released before the prefill finished).
 	Hashes []uint64
 }
 
@@ -214,8 +216,19 @@ type PrefillResult struct {
 // handle for a KV transfer, until ReleaseHeld or ttl passes. If ctx ends first, the
 // sequence is freed and nothing is held.
 func (e *Engine) Prefill(ctx context.Context, req *llm.Request, ttl time.Duration) (*PrefillResult, error) {
+	_, wait, err := e.StartPrefill(ctx, req, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return wait()
+}
+
+// StartPrefill queues req as Prefill does and returns its handle at once, before the
+// prefill runs: ExportBlocks under it streams the prompt's blocks as they are computed.
+// wait returns Prefill's result.
+func (e *Engine) StartPrefill(ctx context.Context, req *llm.Request, ttl time.Duration) (h uint64, wait func() (*PrefillResult, error), err error) {
 	if ttl <= 0 {
-		return nil, fmt.Errorf("%w: a prefill hold needs a positive timeout", llm.ErrInvalid)
+		return 0, nil, fmt.Errorf("%w: a prefill hold needs a positive timeout", llm.ErrInvalid)
 	}
 	r := *req
 	r.MaxTokens = 1
@@ -225,14 +238,19 @@ func (e *Engine) Prefill(ctx context.Context, req *llm.Request, ttl time.Duratio
 		t.m = map[uint64]*heldKV{}
 	}
 	t.next++
-	h := t.next
-	t.m[h] = &heldKV{ttl: ttl}
+	h = t.next
+	t.m[h] = &heldKV{ttl: ttl, prompt: kvcache.HashBlocks(e.cfg.Salt, req.Prompt, e.cfg.BlockSize, nil)}
 	t.mu.Unlock()
 	st, err := e.submit(ctx, &r, h)
 	if err != nil {
 		e.ReleaseHeld(h)
-		return nil, err
+		return 0, nil, err
 	}
+	return h, func() (*PrefillResult, error) { return e.finishPrefill(ctx, h, st) }, nil
+}
+
+func (e *Engine) finishPrefill(ctx context.Context, h uint64, st *stream) (*PrefillResult, error) {
+	t := &e.held
 	ev, err := st.Next(ctx)
 	if err != nil {
 		// Closing first makes a finish racing with this release free the blocks itself.
@@ -250,8 +268,10 @@ func (e *Engine) Prefill(ctx context.Context, req *llm.Request, ttl time.Duratio
 	}
 	t.mu.Unlock()
 	if !ok {
+		// Released already (a consumer that got every block early), or closed at the finish:
+		// the first token stands; nothing is held.
 		e.ReleaseHeld(h)
-		return nil, fmt.Errorf("%w: the prefill finished without holding its blocks", llm.ErrUnavailable)
+		return &PrefillResult{Handle: h, First: ev}, nil
 	}
 	return &PrefillResult{Handle: h, First: ev, Hashes: hashes}, nil
 }
@@ -319,10 +339,13 @@ func (e *Engine) HeldStats() (held int, expired int64) {
 	return len(t.m), t.expired.Load()
 }
 
-// ExportBlocks calls fn, in the order of want, with each wanted block held under h: its
-// index in the prompt, its sequence hash and its bytes in the engine's KVFormat (valid only
-// during the call). It fails if a wanted hash is not among the held blocks, or when fn
-// fails. The blocks stay held while it runs, even if ReleaseHeld is called meanwhile.
+// ExportBlocks calls fn, in the order of want, with each wanted block of the prompt under
+// h: its index in the prompt, its sequence hash and its bytes in the engine's KVFormat
+// (valid only during the call). While the prefill runs, blocks go out as they are computed
+// (entering the prefix cache, chunk by chunk) and ExportBlocks waits for the rest; after
+// it, from the held blocks. It fails if a wanted hash is not the prompt's, if the prefill
+// fails or the hold is released before the blocks were sent, or when fn or ctx ends. The
+// blocks being read stay referenced, even if ReleaseHeld is called meanwhile.
 func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn func(index int, hash uint64, data []byte) error) error {
 	io, err := e.blockIO()
 	if err != nil {
@@ -331,7 +354,63 @@ func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn f
 	t := &e.held
 	t.mu.Lock()
 	x := t.m[h]
-	if x == nil || x.seq == nil {
+	if x == nil {
+		t.mu.Unlock()
+		return ErrNotHeld
+	}
+	idx := make(map[uint64]int, len(x.prompt))
+	for i, hh := range x.prompt {
+		idx[hh] = i
+	}
+	for _, hh := range want {
+		if _, ok := idx[hh]; !ok {
+			t.mu.Unlock()
+			return fmt.Errorf("engine: block %#016x is not among the %d of the prompt held under handle %d", hh, len(x.prompt), h)
+		}
+	}
+	t.mu.Unlock()
+	buf := make([]byte, io.f.BlockBytes())
+	// While the prefill runs: pin the computed leading blocks through the prefix cache, send
+	// the wanted ones among them, and wait for more.
+	sent := 0
+	for {
+		t.mu.Lock()
+		if t.m[h] != x || x.released {
+			t.mu.Unlock()
+			return ErrNotHeld
+		}
+		done := x.seq != nil
+		t.mu.Unlock()
+		if done {
+			break
+		}
+		pin := e.pool.NewSeq(e.cfg.Salt)
+		n := pin.MatchHashes(x.prompt) / e.cfg.BlockSize
+		progress := false
+		for sent < len(want) && idx[want[sent]] < n {
+			i := idx[want[sent]]
+			io.read(pin.Blocks()[i], buf)
+			if err := fn(i, want[sent], buf); err != nil {
+				pin.Release()
+				return err
+			}
+			sent, progress = sent+1, true
+		}
+		pin.Release()
+		if sent == len(want) {
+			return nil
+		}
+		if !progress {
+			select {
+			case <-time.After(2 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	want = want[sent:]
+	t.mu.Lock()
+	if t.m[h] != x || x.seq == nil {
 		t.mu.Unlock()
 		return ErrNotHeld
 	}
@@ -350,14 +429,9 @@ func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn f
 			seq.Release()
 		}
 	}()
-	idx := make(map[uint64]int, len(hashes))
-	for i, hh := range hashes {
-		idx[hh] = i
-	}
-	buf := make([]byte, io.f.BlockBytes())
 	for _, hh := range want {
 		i, ok := idx[hh]
-		if !ok {
+		if !ok || i >= len(hashes) || hashes[i] != hh {
 			return fmt.Errorf("engine: block %#016x is not among the %d held under handle %d", hh, len(hashes), h)
 		}
 		if err := ctx.Err(); err != nil {

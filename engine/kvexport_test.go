@@ -148,3 +148,39 @@ func TestPrefillCancelHoldsNothing(t *testing.T) {
 		t.Errorf("%d handles held after a cancelled prefill", held)
 	}
 }
+
+// Blocks exported while the prefill still runs (one block per step here) are the blocks
+// computed: the decode engine's output equals the aggregated one.
+func TestExportDuringPrefill(t *testing.T) {
+	agg, m := startEngine(t, Config{})
+	p, _ := startEngine(t, Config{MaxBatchTokens: 16})
+	d, _ := startEngine(t, Config{})
+	prompt := m.Tokenizer.Encode(prompts[7]+" and they all went home", true, false)
+	ref, _ := collectReq(t, agg, &llm.Request{Prompt: prompt, MaxTokens: 16})
+	h, wait, err := p.StartPrefill(context.Background(), &llm.Request{Prompt: prompt, MaxTokens: 16}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := d.BeginImport(prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := transfer(t, p, h, im); n != len(prompt)/16 {
+		t.Fatalf("streamed %d blocks, want %d", n, len(prompt)/16)
+	}
+	res, err := wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Handle != h || res.First.Token != ref[0] {
+		t.Errorf("prefill result %+v, want handle %d and first token %d", res, h, ref[0])
+	}
+	p.ReleaseHeld(h)
+	got, _ := collectReq(t, d, &llm.Request{Prompt: prompt, MaxTokens: 16})
+	im.Release()
+	if !slices.Equal(got, ref) {
+		t.Errorf("decode engine %v, aggregated %v", got, ref)
+	}
+	waitIdle(t, p)
+	waitIdle(t, d)
+}

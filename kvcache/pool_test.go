@@ -408,3 +408,32 @@ func TestClear(t *testing.T) {
 	wantStats(t, p, 0, 0, 8)
 	checkInvariants(t, p, nil)
 }
+
+func TestMatchHashes(t *testing.T) {
+	p := NewPool(8, 4)
+	salt := Salt("m", "", "")
+	tokens := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	s := p.NewSeq(salt)
+	s.Match(tokens, 1)
+	if err := s.Reserve(len(tokens)); err != nil {
+		t.Fatal(err)
+	}
+	s.Commit(tokens)
+	before := p.Stats()
+	hs := HashBlocks(salt, append(tokens, 11, 12, 13, 14), 4, nil) // 3 full blocks, 2 cached
+	e := p.NewSeq(salt)
+	if n := e.MatchHashes(hs); n != 8 || len(e.Blocks()) != 2 || e.Blocks()[1] != s.Blocks()[1] {
+		t.Fatalf("MatchHashes: %d tokens, blocks %v (the sequence's %v)", n, e.Blocks(), s.Blocks())
+	}
+	if after := p.Stats(); after.Queries != before.Queries || after.Hits != before.Hits {
+		t.Errorf("MatchHashes counted prefix queries: %+v then %+v", before, after)
+	}
+	s.Release()
+	if p.Stats().Used != 2 {
+		t.Errorf("the export's references do not hold the blocks: %+v", p.Stats())
+	}
+	e.Release()
+	if st := p.Stats(); st.Used != 0 || st.Cached != 2 {
+		t.Errorf("after release: %+v", st)
+	}
+}

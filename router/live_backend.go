@@ -52,6 +52,10 @@ func (b *liveBackend) Generate(ctx context.Context, req *llm.Request) (llm.Strea
 			s.abandonRemote()
 			return nil, err
 		}
+		if err := s.awaitPrefill(ctx); err != nil { // P's first token, when P prefills
+			s.Close()
+			return nil, err
+		}
 	}
 	return s.timed(start), nil
 }
@@ -242,6 +246,9 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 		stop()
 		if err == nil && ge.Kind == cluster.EventError {
 			err = ge.Error()
+		}
+		if err == nil && s.dropEcho(ge.Event) {
+			continue // D's first token, the one P sent already
 		}
 		if err == nil {
 			ev := ge.Event

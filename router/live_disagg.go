@@ -3,16 +3,18 @@ package router
 // Disaggregated prefill and decode in the live router (docs/disaggregation.md). With workers
 // of role prefill serving a model, a request goes through DecideDisagg: a decode worker D,
 // and, when the prompt tokens D lacks are many enough and the prefill pool is not busy, a
-// prefill worker P. P computes the prompt's KV and the first token (Worker.Prefill), which
-// the client gets at once; D then continues the request (Worker.Decode) after pulling the
-// blocks it lacks from P directly. A failed remote prefill falls back to D computing the
-// prompt, unless DisaggConfig.Strict; D's death mid-stream migrates the request as usual.
+// prefill worker P. The router starts both at once: P computes the prompt's KV and the first
+// token (Worker.Prefill), which the client gets as soon as P has it; D (Worker.Decode) pulls
+// the blocks it lacks from P directly, as P computes them, computes the rest of the prompt
+// and the first token again (the same one: its echo is dropped), and decodes on. A failed
+// remote prefill or transfer falls back to D computing the prompt, unless
+// DisaggConfig.Strict; D's death mid-stream migrates the request as usual.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"math/rand/v2"
 	"time"
 
 	"tandem/cluster"
@@ -23,18 +25,29 @@ import (
 
 // disaggStream is a liveStream's disaggregation state.
 type disaggStream struct {
-	pool    Pool              // where decode decisions (first, retries, migrations) look
-	pre     *Decision         // decode decision taken with the prefill's; dispatch's first attempt uses it
-	source  *cluster.KVSource // where D pulls the prompt's KV; nil: D prefills
-	pw      *liveWorker       // P, when the prefill ran there
-	pCached int               // prompt tokens P had cached
-	role    string            // role of the worker streaming now, for the per-pool metrics
-	pending []llm.Event       // tokens received before the stream was returned (P's first)
+	pool    Pool               // where decode decisions (first, retries, migrations) look
+	pre     *Decision          // decode decision taken with the prefill's; dispatch's first attempt uses it
+	source  *cluster.KVSource  // where D pulls the prompt's KV; nil: D prefills
+	pw      *liveWorker        // P, when the prefill runs there
+	pres    chan prefillResult // P's answer, while awaited
+	pcancel context.CancelFunc // cancels the call to P
+	pinfl   Inflight           // P's in-flight record
+	reason  string             // why the prefill went to P
+	pCached int                // prompt tokens P had cached
+	skip    bool               // D's first token is P's, sent already: drop it
+	role    string             // role of the worker streaming now, for the per-pool metrics
+	pending []llm.Event        // tokens received before the stream was returned (P's first)
 }
 
-// prefillRemote takes the disaggregated decision for s.orig and, if it says so, runs the
-// prefill on P. It returns the request to dispatch to D (the original, or the original with
-// P's first token appended), or nil when the request already finished on P.
+type prefillResult struct {
+	rep cluster.PrefillReply
+	err error
+}
+
+// prefillRemote takes the disaggregated decision for s.orig and, if it says so, starts the
+// prefill on P under a new transfer id. It returns the request to dispatch to D, at once:
+// D pulls the blocks as P computes them (Worker.PullKV waits for them), while the router
+// waits for P's first token (awaitPrefill).
 func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 	l, m := s.b.l, s.b.m
 	cfg := l.cfg.Disagg
@@ -67,33 +80,68 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 		return &s.orig, nil
 	}
 	l.met.decision(*dd.Prefill, nil, time.Since(t0))
-	done := func() {
-		l.mu.Lock()
-		m.state.RemoveInflight(dd.Prefill.Inflight)
-		l.signal()
-		l.mu.Unlock()
-	}
+	s.dis.pinfl = dd.Prefill.Inflight
 	if pw == nil {
-		done()
+		s.prefillDone()
 		l.dis.Prefills.WithLabelValues(PrefillLocal, ReasonNoPrefill).Inc()
 		return &s.orig, nil
 	}
+	id := rand.Uint64() | 1
 	greq := cluster.GenerateRequest{Request: s.orig, PredictedCached: min(dd.Prefill.HostOverlap*c.BlockSize, len(s.orig.Prompt))}
-	var rep cluster.PrefillReply
-	err = pw.client.Call(ctx, cluster.MethodPrefill, &cluster.PrefillRequest{Generate: greq, HoldMs: int(cfg.Hold / time.Millisecond)}, &rep)
-	done()
-	if err == nil && rep.First.Kind == cluster.EventError {
-		err = rep.First.Error()
-	} else if err == nil && rep.First.Kind != cluster.EventToken {
-		err = fmt.Errorf("worker %s: unexpected prefill reply kind %d", pw.node, rep.First.Kind)
+	preq := &cluster.PrefillRequest{Generate: greq, HoldMs: int(cfg.Hold / time.Millisecond), TransferID: id}
+	pctx, cancel := context.WithCancel(ctx)
+	ch := make(chan prefillResult, 1)
+	go func() {
+		var r prefillResult
+		r.err = pw.client.Call(pctx, cluster.MethodPrefill, preq, &r.rep)
+		ch <- r
+	}()
+	s.dis.pw, s.dis.pres, s.dis.pcancel, s.dis.reason = pw, ch, cancel, dd.Reason
+	s.dis.source = &cluster.KVSource{Addr: pw.addr, Node: pw.node, Handle: id, PromptLen: len(s.orig.Prompt),
+		TimeoutMs: int(cfg.TransferTimeout / time.Millisecond), Strict: cfg.Strict}
+	return &s.orig, nil
+}
+
+// prefillDone ends P's in-flight record.
+func (s *liveStream) prefillDone() {
+	l := s.b.l
+	l.mu.Lock()
+	s.b.m.state.RemoveInflight(s.dis.pinfl)
+	l.signal()
+	l.mu.Unlock()
+	s.dis.pinfl = Inflight{}
+}
+
+// awaitPrefill waits for P's first token, once D has accepted the request. The token is
+// the stream's first (D's own first token, the same, is dropped when it comes). If P
+// failed, D's pull fails too and D computes the prompt itself, unless strict (then the
+// request fails, as it does on P's verdict that the request is invalid).
+func (s *liveStream) awaitPrefill(ctx context.Context) error {
+	if s.dis.pres == nil {
+		return nil
+	}
+	l, m, pw := s.b.l, s.b.m, s.dis.pw
+	var r prefillResult
+	select {
+	case r = <-s.dis.pres:
+	case <-ctx.Done():
+		s.abandonRemote()
+		return ctx.Err()
+	}
+	s.dis.pres = nil
+	s.prefillDone()
+	err := r.err
+	if err == nil && r.rep.First.Kind == cluster.EventError {
+		err = r.rep.First.Error()
+	} else if err == nil && r.rep.First.Kind != cluster.EventToken {
+		err = fmt.Errorf("worker %s: unexpected prefill reply kind %d", pw.node, r.rep.First.Kind)
 	}
 	if err != nil {
-		if ctx.Err() != nil || errors.Is(err, llm.ErrInvalid) || errors.Is(err, llm.ErrPromptTooLong) {
-			s.dropPre()
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return nil, err // the request's own fault: D would say the same
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, llm.ErrInvalid) || errors.Is(err, llm.ErrPromptTooLong) {
+			return err // the request's own fault: D would say the same
 		}
 		if workerFailed(err) {
 			l.mu.Lock()
@@ -101,43 +149,53 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 			l.mu.Unlock()
 		}
 		l.dis.Fallbacks.WithLabelValues("prefill").Inc()
-		if cfg.Strict {
-			s.dropPre()
-			return nil, fmt.Errorf("%w: remote prefill on %s failed: %v", llm.ErrUnavailable, pw.node, err)
+		if l.cfg.Disagg.Strict {
+			return fmt.Errorf("%w: remote prefill on %s failed: %v", llm.ErrUnavailable, pw.node, err)
 		}
 		l.log.Warn("remote prefill failed; the decode worker prefills", "prefill_worker", pw.node, "err", err)
 		l.dis.Prefills.WithLabelValues(PrefillLocal, ReasonPrefillFailed).Inc()
-		return &s.orig, nil
+		return nil
 	}
-	l.dis.Prefills.WithLabelValues(PrefillRemote, dd.Reason).Inc()
-	ev := rep.First.Event
-	s.generated = append(s.generated, ev.Token)
-	s.prefix = 1
-	s.workers = append(s.workers, pw.node)
-	s.worker = pw.node
-	s.dis.role = RolePrefill
+	l.dis.Prefills.WithLabelValues(PrefillRemote, s.dis.reason).Inc()
+	ev := r.rep.First.Event
+	s.workers = append([]string{pw.node}, s.workers...)
 	if ev.Finish != "" { // a stop token, or one token asked for: done on P
-		s.dropPre()
 		s.dis.pending = append(s.dis.pending, ev)
+		s.generated = append(s.generated, ev.Token)
+		s.mu.Lock()
+		cs := s.cs
+		s.mu.Unlock()
+		cs.Close()
+		s.release()
 		s.done = true
-		return nil, nil
+		return nil
 	}
 	s.dis.pCached = ev.Usage.CachedTokens
 	ev.Usage = llm.Usage{}
 	s.dis.pending = append(s.dis.pending, ev)
+	s.generated = append(s.generated, ev.Token)
+	s.dis.skip = true
 	l.mu.Lock()
-	m.state.PrefillDone(&s.dis.pre.Inflight) // D's prefill work is done elsewhere
-	l.mu.Unlock()
-	s.dis.pw = pw
-	s.dis.source = &cluster.KVSource{Addr: pw.addr, Node: pw.node, Handle: rep.Handle, PromptLen: len(s.orig.Prompt),
-		TimeoutMs: int(cfg.TransferTimeout / time.Millisecond), Strict: cfg.Strict}
-	req := s.orig
-	req.Prompt = append(slices.Clone(s.orig.Prompt), ev.Token)
-	req.Resumed = s.orig.Resumed + 1 // D's sampler replays P's draw: seeded sampling matches
-	if req.MaxTokens > 0 {
-		req.MaxTokens--
+	s.mu.Lock()
+	if s.w != nil {
+		m.state.PrefillDone(&s.in) // D's prefill is done elsewhere
 	}
-	return &req, nil
+	s.mu.Unlock()
+	l.mu.Unlock()
+	return nil
+}
+
+// dropEcho reports whether ev is D's first token, which P sent already.
+func (s *liveStream) dropEcho(ev llm.Event) bool {
+	if !s.dis.skip || ev.Finish != "" {
+		return false
+	}
+	s.dis.skip = false
+	if ev.Token != s.generated[0] {
+		s.b.l.log.Error("the decode worker's first token differs from the prefill worker's; continuing with the decode worker's",
+			"prefill", s.generated[0], "decode", ev.Token)
+	}
+	return true
 }
 
 // dropPre forgets the decode decision taken with the prefill's.
@@ -156,6 +214,13 @@ func (s *liveStream) dropPre() {
 // abandonRemote tells P to free the blocks it holds for a request that will not be decoded.
 func (s *liveStream) abandonRemote() {
 	s.dropPre()
+	if s.dis.pcancel != nil {
+		s.dis.pcancel()
+	}
+	if s.dis.pres != nil {
+		s.dis.pres = nil
+		s.prefillDone()
+	}
 	pw, src := s.dis.pw, s.dis.source
 	if pw == nil || src == nil {
 		return
@@ -190,6 +255,7 @@ func (s *liveStream) open(ctx context.Context, w *liveWorker, greq *cluster.Gene
 		s.dis.role = RoleBoth
 	}
 	if s.dis.source == nil || s.migrated > 0 {
+		s.dis.skip = false // a migrated request's prompt carries the tokens sent so far
 		return w.client.Stream(ctx, cluster.MethodGenerate, greq)
 	}
 	return w.client.Stream(ctx, cluster.MethodDecode, &cluster.DecodeRequest{Generate: *greq, Source: *s.dis.source})
@@ -205,15 +271,14 @@ func (s *liveStream) popPending() (llm.Event, bool) {
 	return ev, true
 }
 
-// fixUsage makes the final usage of a request whose prompt grew (a migration, or P's first
-// token) describe the client's request.
+// fixUsage makes the final usage of a request whose prompt grew (a migration) describe the
+// client's request, and counts as cached what P or D held before it.
 func (s *liveStream) fixUsage(u *llm.Usage) {
-	if s.migrated == 0 && s.prefix == 0 {
-		return
+	if s.migrated > 0 || s.prefix > 0 {
+		u.PromptTokens = len(s.orig.Prompt)
+		u.CompletionTokens += s.prefix
 	}
-	u.PromptTokens = len(s.orig.Prompt)
 	u.CachedTokens = min(max(u.CachedTokens, s.dis.pCached), len(s.orig.Prompt))
-	u.CompletionTokens += s.prefix
 }
 
 // timedStream records the router's time to first token and inter-token latency by the pool

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -23,7 +24,7 @@ import (
 // (tandem/engine.Engine does).
 type KVEngine interface {
 	Engine
-	Prefill(ctx context.Context, req *llm.Request, ttl time.Duration) (*engine.PrefillResult, error)
+	StartPrefill(ctx context.Context, req *llm.Request, ttl time.Duration) (h uint64, wait func() (*engine.PrefillResult, error), err error)
 	ReleaseHeld(h uint64) bool
 	ExportBlocks(ctx context.Context, h uint64, want []uint64, fn func(index int, hash uint64, data []byte) error) error
 	BeginImport(prompt []int32) (*engine.Import, error)
@@ -37,11 +38,63 @@ const (
 	DefaultKVPullTimeout = 10 * time.Second // how long D waits for a pull
 )
 
-// kvXfer is the worker's transfer state: clients to peers (other workers) by address.
+// kvXfer is the worker's transfer state: clients to peers (other workers) by address, and
+// the transfers this worker prefills, by transfer id.
 type kvXfer struct {
-	mu      sync.Mutex
-	peers   map[string]*orpc.Client
-	expired int64
+	mu        sync.Mutex
+	peers     map[string]*orpc.Client
+	expired   int64
+	transfers map[uint64]*transfer
+}
+
+// A transfer is a prefill whose blocks peers may pull, by its transfer id (chosen by the
+// router, so that a pull can be on its way before the prefill has started here).
+type transfer struct {
+	ready   chan struct{} // closed once handle is set (0: the prefill did not start)
+	once    sync.Once
+	handle  uint64 // the engine's hold
+	created time.Time
+}
+
+func (tr *transfer) start(h uint64) {
+	tr.once.Do(func() {
+		tr.handle = h
+		close(tr.ready)
+	})
+}
+
+// pullGrace is how long a pull waits for a transfer id no prefill has announced yet: the
+// router calls the prefill worker first, so the wait is short unless the prefill never comes.
+const pullGrace = 2 * time.Second
+
+// transferOf returns the transfer of id, creating it (not started) if create is set; it
+// also forgets transfers far past any hold.
+func (w *Worker) transferOf(id uint64, create bool) *transfer {
+	w.kvx.mu.Lock()
+	defer w.kvx.mu.Unlock()
+	if w.kvx.transfers == nil {
+		w.kvx.transfers = map[uint64]*transfer{}
+	}
+	tr := w.kvx.transfers[id]
+	if tr == nil && create {
+		now := time.Now()
+		for k, old := range w.kvx.transfers {
+			if now.Sub(old.created) > 2*w.cfg.KVHold+10*time.Minute {
+				delete(w.kvx.transfers, k)
+			}
+		}
+		tr = &transfer{ready: make(chan struct{}), created: now}
+		w.kvx.transfers[id] = tr
+	}
+	return tr
+}
+
+func (w *Worker) dropTransfer(id uint64, tr *transfer) {
+	w.kvx.mu.Lock()
+	if w.kvx.transfers[id] == tr {
+		delete(w.kvx.transfers, id)
+	}
+	w.kvx.mu.Unlock()
 }
 
 func layoutOf(f engine.KVFormat) cluster.KVLayout {
@@ -80,12 +133,23 @@ func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*clu
 		hold = w.cfg.KVHold
 	}
 	r := req.Generate.Request
+	id := req.TransferID
+	for id == 0 {
+		id = rand.Uint64()
+	}
+	tr := w.transferOf(id, true)
 	w.waiting.Add(1)
 	w.prefillT.Add(int64(max(len(r.Prompt)-req.Generate.PredictedCached, 1)))
-	res, err := eng.Prefill(ctx, &r, hold)
+	h, wait, err := eng.StartPrefill(ctx, &r, hold)
+	tr.start(h) // pulls waiting for this transfer go ahead (or fail, if h is 0)
+	var res *engine.PrefillResult
+	if err == nil {
+		res, err = wait()
+	}
 	w.waiting.Add(-1)
 	w.prefillT.Add(-int64(max(len(r.Prompt)-req.Generate.PredictedCached, 1)))
 	if err != nil {
+		w.dropTransfer(id, tr)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -98,12 +162,17 @@ func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*clu
 	first := res.First
 	// The request ends here if a stop rule ended it or only one token was asked for; else
 	// the prefill-only cap's "length" is not the request's finish.
-	if first.Finish == llm.FinishStop || r.MaxTokens == 1 {
+	if first.Finish == llm.FinishStop || r.MaxTokens == 1 || res.Hashes == nil {
 		eng.ReleaseHeld(res.Handle)
+		w.dropTransfer(id, tr)
+		if res.Hashes == nil && first.Finish != llm.FinishStop && r.MaxTokens != 1 {
+			// Pulled and released before the prefill finished: the request goes on elsewhere.
+			first.Finish, first.Usage.CompletionTokens = "", 0
+		}
 		return &cluster.PrefillReply{First: cluster.GenerateEvent{Kind: cluster.EventToken, Event: first}, Layout: layoutOf(f)}, nil
 	}
 	first.Finish, first.Usage.CompletionTokens = "", 0
-	return &cluster.PrefillReply{First: cluster.GenerateEvent{Kind: cluster.EventToken, Event: first}, Handle: res.Handle,
+	return &cluster.PrefillReply{First: cluster.GenerateEvent{Kind: cluster.EventToken, Event: first}, Handle: id,
 		Blocks: len(res.Hashes), Layout: layoutOf(f)}, nil
 }
 
@@ -129,9 +198,23 @@ func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func
 	if err := f.Check(formatOf(req.Layout)); err != nil {
 		return orpc.Errorf(orpc.FailedPrecondition, "worker %s: %v", w.cfg.Card.Node, err)
 	}
+	tr := w.transferOf(req.Handle, true)
+	grace := time.NewTimer(pullGrace)
+	defer grace.Stop()
+	select {
+	case <-tr.ready:
+	case <-grace.C:
+		w.dropTransfer(req.Handle, tr)
+		return orpc.Errorf(orpc.NotFound, "worker %s: no prefill for transfer %d", w.cfg.Card.Node, req.Handle)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if tr.handle == 0 {
+		return orpc.Errorf(orpc.NotFound, "worker %s: the prefill of transfer %d did not start", w.cfg.Card.Node, req.Handle)
+	}
 	var blk cluster.KVBlock
 	t0, sent := time.Now(), 0
-	err = eng.ExportBlocks(ctx, req.Handle, req.Hashes, func(i int, hash uint64, data []byte) error {
+	err = eng.ExportBlocks(ctx, tr.handle, req.Hashes, func(i int, hash uint64, data []byte) error {
 		if rate := w.cfg.KVSendRate; rate > 0 {
 			// Pace to the configured bandwidth: block i may leave once the bytes before it
 			// have had their time.
@@ -159,7 +242,17 @@ func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func
 
 // releaseKV serves Worker.ReleaseKV.
 func (w *Worker) releaseKV(ctx context.Context, req *cluster.ReleaseRequest) (*cluster.ReleaseReply, error) {
-	return &cluster.ReleaseReply{Released: w.kvEngine().ReleaseHeld(req.Handle)}, nil
+	tr := w.transferOf(req.Handle, false)
+	if tr == nil {
+		return &cluster.ReleaseReply{}, nil
+	}
+	w.dropTransfer(req.Handle, tr)
+	select {
+	case <-tr.ready:
+		return &cluster.ReleaseReply{Released: tr.handle != 0 && w.kvEngine().ReleaseHeld(tr.handle)}, nil
+	default:
+		return &cluster.ReleaseReply{}, nil // not started: its hold expires by itself
+	}
 }
 
 // peer returns a client to another worker at addr, dialling it (with this worker's cluster
