@@ -1,6 +1,5 @@
-// Package simstep is the forward step of `tandem serve --backend sim`: it sleeps the time a
-// sim.Timing model gives the batch and writes deterministic logits; it also times any step
-// (the real model's included) over chosen batch shapes, for `tandem profile` to fit a Timing.
+// Package simstep is the sim backend's forward step (sleeps sim.Timing's time, writes deterministic
+// logits) and the profiler that times any forward step over batch shapes for `tandem profile`.
 package simstep
 
 import (
