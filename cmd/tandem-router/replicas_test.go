@@ -94,3 +94,46 @@ func TestSimReplicasBehindRouter(t *testing.T) {
 		})
 	}
 }
+
+// Sim replicas as disaggregated pools: two prefill and two decode replicas (two processes)
+// behind a router that must prefill remotely. Sim engines hold no KV memory, yet every
+// request goes through a remote prefill and a KV pull of zero blocks and completes.
+func TestSimReplicasDisaggregated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs three processes")
+	}
+	p := startProc(t, "tandem-router", "tandem-router", "--port", "0", "--orpc-port", "0", "--state-dir", t.TempDir(),
+		"--join-token", e2eToken, "--heartbeat", "100ms", "--queue-timeout", "5s", "--disagg-strict", "--disagg-min-tokens", "32")
+	r := &e2eRouter{proc: p, url: p.wait(t, `tandem-router: (http://\S+)`, 60*time.Second)[1], orpc: p.wait(t, `ORPC for engines: (\S+)`, 10*time.Second)[1]}
+	urls := map[string]string{}
+	for _, role := range []string{"prefill", "decode"} {
+		e := startProc(t, role, "tandem", "serve", "--backend", "sim", "--replicas", "2", "--role", role, "--served-model-name", "stories",
+			"--node-name", role, "--port", "0", "--join", r.orpc, "--join-token", e2eToken, "--state-dir", t.TempDir())
+		urls[role] = e.wait(t, `tandem serve: (http://\S+)`, 60*time.Second)[1]
+		for i := range 2 {
+			r.wait(t, fmt.Sprintf(`worker joined.*worker=%s-%d `, role, i), 60*time.Second)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := sdkClient(r.url)
+	const n = 8
+	for i := range n {
+		out, _, err := completion(ctx, c, fmt.Sprintf("request %d: %s", i, strings.Repeat("a prompt long enough for a remote prefill. ", 4)), 8)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if out.Usage.CompletionTokens != 8 {
+			t.Errorf("request %d: %d tokens, want 8", i, out.Usage.CompletionTokens)
+		}
+	}
+	if got := counter(t, r.url, "tandem_router:prefills_total", `where="remote"`); got < n {
+		t.Errorf("%v remote prefills, want %d", got, n)
+	}
+	// The KV transfer metrics are per process (both replicas'), on replica 0's /metrics.
+	sent := counter(t, urls["prefill"], "tandem:kv_transfer_blocks_total", `direction="sent"`)
+	got := counter(t, urls["decode"], "tandem:kv_transfer_blocks_total", `direction="received"`)
+	if got < n || sent != got {
+		t.Errorf("KV blocks sent %v, received %v; want equal and ≥ %d", sent, got, n)
+	}
+}
