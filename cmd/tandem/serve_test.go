@@ -369,7 +369,7 @@ func TestServeBadRequestsAndQueue(t *testing.T) {
 	long := `{"model":"tandem-demo","prompt":"hi","max_tokens":3000,"ignore_eos":true}`
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	waitFor := func(running, waiting int) {
+	waitFor := func(running, waiting int, ended chan string) {
 		t.Helper()
 		wantRunning := fmt.Sprintf("tandem:num_requests_running{model_name=\"tandem-demo\"} %d\n", running)
 		wantWaiting := fmt.Sprintf("tandem:num_requests_waiting{model_name=\"tandem-demo\"} %d\n", waiting)
@@ -379,23 +379,35 @@ func TestServeBadRequestsAndQueue(t *testing.T) {
 			if strings.Contains(m, wantRunning) && strings.Contains(m, wantWaiting) {
 				return
 			}
+			select {
+			case how := <-ended:
+				if ctx.Err() == nil {
+					t.Fatalf("a long request ended before the client left: %.300s\n%s", how, s.log())
+				}
+			default:
+			}
 			if time.Now().After(deadline) {
-				t.Fatalf("never reached %d running, %d waiting:\n%s", running, waiting, grepLines(m, "num_requests"))
+				t.Fatalf("never reached %d running, %d waiting:\n%s\n%s", running, waiting, grepLines(m, "num_requests"), s.log())
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	ended := make(chan string, 2) // how a long request ended early, if it did
 	for i := range 2 {
 		req, _ := http.NewRequestWithContext(ctx, "POST", s.url+"/v1/completions", strings.NewReader(long))
 		req.Header.Set("Authorization", "Bearer k")
 		req.Header.Set("Content-Type", "application/json")
 		go func() {
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				ended <- err.Error()
+				return
 			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			ended <- fmt.Sprintf("%d %s", resp.StatusCode, b)
 		}()
-		waitFor(1, i)
+		waitFor(1, i, ended)
 	}
 	code, hdr, body := post("/v1/completions", good, "k")
 	if code != 429 || hdr.Get("Retry-After") == "" || !strings.Contains(body, `"error"`) {
