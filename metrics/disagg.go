@@ -8,8 +8,8 @@ type KVTransfer struct {
 	Bytes      *prometheus.CounterVec // label direction: sent, received
 	Blocks     *prometheus.CounterVec // label direction
 	Pulls      *prometheus.CounterVec // label result: ok, none_missing, failed, timeout
-	Latency    prometheus.Observer    // seconds per pull, receiver side, from request to last block
-	Throughput prometheus.Observer    // bytes per second per pull, receiver side
+	Latency    prometheus.Observer    // seconds per pull, receiver side, from request to last block (waits for P's compute included)
+	Throughput prometheus.Observer    // bytes per second per pull, receiver side: bytes / Latency
 	Prefills   prometheus.Counter     // prefill-only requests served
 	Expired    prometheus.Counter     // held block sets freed by their timeout, unclaimed
 }
@@ -25,8 +25,8 @@ func NewKVTransfer(reg prometheus.Registerer, model string) *KVTransfer {
 		Bytes:      vec("tandem:kv_transfer_bytes_total", "KV block bytes transferred between workers, by direction.", "direction"),
 		Blocks:     vec("tandem:kv_transfer_blocks_total", "KV blocks transferred between workers, by direction.", "direction"),
 		Pulls:      vec("tandem:kv_transfer_pulls_total", "KV pulls by a decode worker, by result.", "result"),
-		Latency:    f.histogram("tandem:kv_transfer_seconds", "Duration of a KV pull, from request to last block.", latencyBuckets),
-		Throughput: f.histogram("tandem:kv_transfer_bytes_per_second", "Throughput of a KV pull.", prometheus.ExponentialBuckets(1<<20, 2, 16)),
+		Latency:    f.histogram("tandem:kv_transfer_seconds", "Duration of a KV pull, from request to last block; a pull overlapping the prefill waits for its compute too.", latencyBuckets),
+		Throughput: f.histogram("tandem:kv_transfer_bytes_per_second", "Bytes of a KV pull over its duration (tandem:kv_transfer_seconds).", prometheus.ExponentialBuckets(1<<20, 2, 16)),
 		Prefills:   f.counter("tandem:prefill_only_requests_total", "Prefill-only requests served for a decode worker."),
 		Expired:    f.counter("tandem:kv_held_expired_total", "Held KV block sets freed by their timeout, never released by a decode worker."),
 	}
