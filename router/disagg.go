@@ -67,14 +67,15 @@ type DisaggConfig struct {
 	// prefilling it on the decode worker.
 	Strict bool
 	// Hold is how long a prefill worker keeps a prompt's blocks for the decode worker's
-	// pull; TransferTimeout bounds the pull, after which it is abandoned.
+	// pull; TransferTimeout bounds the pull, after which it is abandoned. The pull starts
+	// with the prefill and overlaps it, so TransferTimeout bounds P's queue and compute too.
 	Hold            time.Duration
 	TransferTimeout time.Duration
 }
 
 // DefaultDisaggConfig returns the documented defaults.
 func DefaultDisaggConfig() DisaggConfig {
-	return DisaggConfig{MinRemoteTokens: 256, Hold: 30 * time.Second, TransferTimeout: 10 * time.Second}
+	return DisaggConfig{MinRemoteTokens: 256, Hold: 30 * time.Second, TransferTimeout: 30 * time.Second}
 }
 
 // Where the prefill of a request runs, and why (DisaggDecision.Where and Reason, and the

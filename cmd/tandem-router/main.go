@@ -57,7 +57,7 @@ func run(args []string, stderr io.Writer) error {
 	fs.IntVar(&dis.MinRemoteTokens, "disagg-min-tokens", dis.MinRemoteTokens, "with prefill workers: prefill on one only when the decode worker lacks at least this many prompt tokens")
 	fs.BoolVar(&dis.Strict, "disagg-strict", dis.Strict, "fail a request whose remote prefill or KV transfer fails, instead of prefilling on the decode worker")
 	fs.DurationVar(&dis.Hold, "kv-hold", dis.Hold, "how long a prefill worker keeps a prompt's KV blocks for the decode worker's pull")
-	fs.DurationVar(&dis.TransferTimeout, "kv-transfer-timeout", dis.TransferTimeout, "deadline of a KV pull; past it the transfer is abandoned")
+	fs.DurationVar(&dis.TransferTimeout, "kv-transfer-timeout", dis.TransferTimeout, "deadline of a KV pull, which overlaps the prefill it pulls from; past it the transfer is abandoned and the decode worker computes")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
