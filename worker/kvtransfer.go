@@ -35,7 +35,7 @@ type KVEngine interface {
 // Defaults of the disaggregation knobs.
 const (
 	DefaultKVHold        = 30 * time.Second // how long P keeps blocks nobody pulled
-	DefaultKVPullTimeout = 10 * time.Second // how long D waits for a pull
+	DefaultKVPullTimeout = 30 * time.Second // how long D waits for a pull (which overlaps P's prefill)
 )
 
 // kvXfer is the worker's transfer state: clients to peers (other workers) by address, and
