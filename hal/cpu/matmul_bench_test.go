@@ -50,6 +50,32 @@ func BenchmarkMatMulDecode(b *testing.B) {
 	}
 }
 
+// BenchmarkMatMulBatch16 streams a weight far larger than the caches
+// through 16 activation rows, as a batched decode step of 16 sequences
+// does (GB/s of weights).
+func BenchmarkMatMulBatch16(b *testing.B) {
+	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.Q6_K} {
+		k := 896
+		if typ.BlockSize() == 256 {
+			k = 4864
+		}
+		rb, _ := typ.RowBytes(k)
+		rows := (192 << 20) / rb
+		w := benchWeight(typ, rows, k)
+		x := testRandRow(rand.New(rand.NewPCG(1, 2)), 16*k)
+		out := make([]float32, 16*rows)
+		be := New(0)
+		be.MatMul(out, x, 16, w)
+		b.Run(typ.String(), func(b *testing.B) {
+			b.SetBytes(int64(len(w.Data)))
+			for b.Loop() {
+				be.MatMul(out, x, 16, w)
+			}
+		})
+		be.Close()
+	}
+}
+
 // BenchmarkMatMulPrompt: a 64-row batch against an FFN-sized weight.
 func BenchmarkMatMulPrompt(b *testing.B) {
 	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.Q6_K, hal.F16} {

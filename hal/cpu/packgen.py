@@ -18,6 +18,7 @@ import os
 
 # PF: how many blocks ahead the single-row kernels prefetch (0: none).
 PF = int(os.environ.get("PF", "0"))
+PF4 = int(os.environ.get("PF4", "0"))
 
 out = []
 P = out.append
@@ -68,6 +69,8 @@ def kernel(fmt, M):
         P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
         P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ x+16(FP), DI\n\tMOVQ xstride+24(FP), R8\n\tLEAQ (R8)(R8*2), R9\n\tMOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11\n\tLEAQ (R11)(R11*2), R12")
+        if PF4:
+            P(f"\tMOVQ nb+0(FP), R13\n\tIMULQ ${gbb}, R13")
     else:
         P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
@@ -88,6 +91,9 @@ def kernel(fmt, M):
     if M == 1 and PF:
         for c in range(0, gbb, 64):
             P(f"\tPREFETCHT0 {PF*gbb+c}(SI)")
+    if M == 4 and PF4:
+        for c in range(0, gbb, 64):
+            P(f"\tPREFETCHT0 {c}(SI)(R13*1)")
     xo = steps(dec, P)
     for k in range(8):
         for m in range(M):
