@@ -8,7 +8,12 @@ package cpu
 // The multi-row kernels run the same per-row operations, so an output
 // element never depends on how many rows were computed together.
 
-import "tandem/hal"
+import (
+	"encoding/binary"
+	"math"
+
+	"tandem/hal"
+)
 
 func cpuid(eax, ecx uint32) (a, b, c, d uint32)
 func xgetbv() (eax, edx uint32)
@@ -120,6 +125,10 @@ func simdKernels(t hal.DType, isa string) (dotFunc, dot4Func) {
 		return wrapF16(false)
 	case hal.Q6_K:
 		return wrapQK(210, dotQ6_KAVX2, dotQ6_Kx4AVX2)
+	case hal.BF16:
+		return wrapBF16()
+	case hal.F32:
+		return wrapF32()
 	}
 	return nil, nil
 }
@@ -294,3 +303,47 @@ func dotQ8_0x1VNNI(nb int, w, x *byte, pf int) float32
 
 //go:noescape
 func dotQ5_0x1VNNI(nb int, w, x *byte, pf int) float32
+
+//go:noescape
+func dotBF16AVX2(n16 int, w, x *byte) float64
+
+//go:noescape
+func dotF32AVX2(n16 int, w, x *byte) float64
+
+// wrapBF16 is the single-row BF16 kernel: 16 float64 lanes, folded, then
+// the tail in order (as wrapF16).
+func wrapBF16() (dotFunc, dot4Func) {
+	return func(n int, w, x []byte) float32 {
+		_, _ = w[:2*n], x[:2*n]
+		n16 := n / 16
+		var s float64
+		if n16 > 0 {
+			s = dotBF16AVX2(n16, &w[0], &x[0])
+		}
+		for i := 16 * n16; i < n; i++ {
+			a := math.Float32frombits(uint32(w[2*i])<<16 | uint32(w[2*i+1])<<24)
+			b := math.Float32frombits(uint32(x[2*i])<<16 | uint32(x[2*i+1])<<24)
+			s += float64(a) * float64(b)
+		}
+		return float32(s)
+	}, nil
+}
+
+// wrapF32 is the single-row F32 kernel: products rounded to float32, 16
+// float64 lanes, folded, then the tail in order.
+func wrapF32() (dotFunc, dot4Func) {
+	return func(n int, w, x []byte) float32 {
+		_, _ = w[:4*n], x[:4*n]
+		n16 := n / 16
+		var s float64
+		if n16 > 0 {
+			s = dotF32AVX2(n16, &w[0], &x[0])
+		}
+		for i := 16 * n16; i < n; i++ {
+			a := math.Float32frombits(binary.LittleEndian.Uint32(w[4*i:]))
+			b := math.Float32frombits(binary.LittleEndian.Uint32(x[4*i:]))
+			s += float64(float32(a * b))
+		}
+		return float32(s)
+	}, nil
+}
