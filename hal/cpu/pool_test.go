@@ -2,7 +2,9 @@ package cpu
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"testing"
+	"time"
 
 	"tandem/hal"
 )
@@ -47,5 +49,52 @@ func TestOpsAllocateNothing(t *testing.T) {
 			t.Errorf("threads=%d: %v allocations per forward step", threads, a)
 		}
 		be.Close()
+	}
+}
+
+// countTask counts how often each index is run.
+type countTask struct{ hits []int32 }
+
+func (c *countTask) runRange(_, lo, hi int) {
+	for i := lo; i < hi; i++ {
+		c.hits[i]++
+	}
+}
+
+// TestPoolRunsEachIndexOnce: for thread counts 1–5 and job sizes from 1
+// (fewer indices than workers) to 37, thousands of back-to-back jobs run
+// every index exactly once, and Close stops the workers.
+func TestPoolRunsEachIndexOnce(t *testing.T) {
+	before := runtime.NumGoroutine()
+	for threads := 1; threads <= 5; threads++ {
+		p := newPool(threads)
+		task := &countTask{hits: make([]int32, 37)}
+		for job := range 3000 {
+			n := 1 + job%37
+			clear(task.hits)
+			p.run(n, task)
+			for i, h := range task.hits {
+				if want := int32(0); i < n {
+					want = 1
+					if h != want {
+						t.Fatalf("threads=%d job %d (n=%d): index %d ran %d times", threads, job, n, i, h)
+					}
+				} else if h != want {
+					t.Fatalf("threads=%d job %d (n=%d): index %d ran", threads, job, n, i)
+				}
+			}
+			if job%500 == 499 {
+				time.Sleep(2 * time.Millisecond) // let the workers park
+			}
+		}
+		p.close()
+		p.close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Errorf("%d goroutines after Close, %d before", n, before)
 	}
 }
