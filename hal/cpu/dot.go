@@ -13,9 +13,11 @@ import (
 // already converted to VecDotType of the weight type.
 //
 // Numerics (deterministic: they depend only on the two rows):
-//   - F32, F16, BF16: each product is formed in float32 (exact for F16 and
-//     BF16, rounded for F32) and summed sequentially in float64, as ggml's
-//     generic ggml_vec_dot_{f32,f16,bf16}. The result is rounded to float32.
+//   - F32, BF16: each product is formed in float32 (exact for BF16, rounded
+//     for F32) and summed sequentially in float64, as ggml's generic
+//     ggml_vec_dot_{f32,bf16}. The result is rounded to float32.
+//   - F16: the exact float32 products are summed sequentially in float32,
+//     which the packed kernels do for 16 rows per vector.
 //   - Quantized types: each block's quants are multiplied and summed in
 //     int32 (exact, so order does not matter); the block's contribution is
 //     then scaled with float32 operations in the order of ggml's generic
@@ -179,16 +181,19 @@ func dotRowF32(n int, w, x []byte) float32 {
 	return float32(sum)
 }
 
+// dotRowF16 sums the products, each exact in float32 (11-bit significands),
+// in float32 in index order: the order the packed F16 kernels keep in each
+// lane (with or without FMA, as the products are exact).
 func dotRowF16(n int, w, x []byte) float32 {
 	w, x = w[:2*n], x[:2*n]
 	tab := fp16Table
-	var sum float64
+	var sum float32
 	for i := 0; i+2 <= len(w) && i+2 <= len(x); i += 2 {
 		a := tab[binary.LittleEndian.Uint16(w[i:])]
 		b := tab[binary.LittleEndian.Uint16(x[i:])]
-		sum += float64(a) * float64(b)
+		sum += a * b
 	}
-	return float32(sum)
+	return sum
 }
 
 func dotRowBF16(n int, w, x []byte) float32 {

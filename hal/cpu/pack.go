@@ -408,3 +408,29 @@ func sideQ6_K(side []int32, xq []byte, nb int, _ int32) {
 		o[17], o[18], o[19] = 0, 0, 0
 	}
 }
+
+// packF16 lays out one 16-row group of F16 rows: for each of the block's
+// 16 columns k, the 16 rows' values (32 bytes).
+func packF16(dst []byte, src [][]byte, nb int) {
+	const gbb = 16 * 32
+	dst = dst[:gbb*nb]
+	clear(dst)
+	for r, row := range src {
+		row = row[:32*nb]
+		for k := range 16 * nb {
+			dst[32*k+2*r], dst[32*k+2*r+1] = row[2*k], row[2*k+1]
+		}
+	}
+}
+
+// sideF16 widens the F16 activation row xq to float32 (16 words a block of
+// 16), which the packed F16 kernels broadcast.
+func sideF16(side []int32, xq []byte, nb int, _ int32) {
+	n := 16 * nb
+	side = side[:n]
+	xq = xq[:2*n]
+	tab := fp16Table
+	for i := range side {
+		side[i] = int32(math.Float32bits(tab[binary.LittleEndian.Uint16(xq[2*i:])]))
+	}
+}
