@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -145,6 +146,26 @@ func TestDisaggregatedThroughRouter(t *testing.T) {
 	}
 	if n := scrape(t, srv.URL(), "tandem_router:time_to_first_token_seconds_count", `pool="prefill"`); n != 1 {
 		t.Errorf("TTFT samples of the prefill pool: %v", n)
+	}
+	// Eight long prompts at once, all prefilled remotely: every one equals the engine's own
+	// answer.
+	remote := scrape(t, srv.URL(), "tandem_router:prefills_total", `where="remote"`)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := fmt.Sprintf("Story %d. %s", i, long)
+			want, _ := complete(t, dc, p, 12)
+			got, wk := complete(t, rc, p, 12)
+			if got.Choices[0].Text != want.Choices[0].Text || got.Usage.CompletionTokens != 12 {
+				t.Errorf("concurrent %d via %q: %q (%+v), want %q", i, wk, got.Choices[0].Text, got.Usage, want.Choices[0].Text)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := scrape(t, srv.URL(), "tandem_router:prefills_total", `where="remote"`); n != remote+8 {
+		t.Errorf("remote prefills %v after 8 more long prompts, was %v", n, remote)
 	}
 	for _, n := range nodes {
 		n.idle(t)
