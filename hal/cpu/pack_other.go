@@ -15,3 +15,5 @@ func siluMulSIMD(gate, up []float32) int { return 0 }
 func quantizeQ8_0SIMD(src []float32, dst []byte) int { return 0 }
 
 func expShiftedSIMD(v []float32, m float32) int { return 0 }
+
+func f32ToF16SIMD(src []float32, dst []byte) int { return 0 }

@@ -67,8 +67,11 @@ func QuantizeRow(t hal.DType, src []float32, dst []byte) {
 			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
 		}
 	case hal.F16:
-		for i, v := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:], FP32ToFP16(v))
+		for i := 0; i < len(src); i++ {
+			i += f32ToF16SIMD(src[i:], dst[2*i:])
+			if i < len(src) {
+				binary.LittleEndian.PutUint16(dst[2*i:], FP32ToFP16(src[i]))
+			}
 		}
 	case hal.BF16:
 		for i, v := range src {

@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"tandem/hal"
 )
 
 // TestQuantizeQ8_0SIMDBitEqual: the Q8_0 activation quantizer gives the
@@ -52,6 +54,36 @@ func TestQuantizeQ8_0SIMDBitEqual(t *testing.T) {
 		}
 		if !bytes.Equal(got, want) {
 			t.Fatalf("trial %d (%d blocks): SIMD\n%x\nscalar\n%x", trial, nb, got, want)
+		}
+	}
+}
+
+// TestQuantizeF16SIMDBitEqual: converting activations to F16 gives
+// FP32ToFP16's bits for random bit patterns (every exponent: subnormal
+// halves, overflow, infinities, NaNs left to the scalar code), values near
+// rounding ties, and lengths off the vector width.
+func TestQuantizeF16SIMDBitEqual(t *testing.T) {
+	r := rand.New(rand.NewPCG(83, 84))
+	for trial := range 300 {
+		n := trial % 53
+		src := make([]float32, n)
+		for i := range src {
+			switch r.IntN(3) {
+			case 0:
+				src[i] = math.Float32frombits(r.Uint32())
+			case 1:
+				src[i] = math.Float32frombits(uint32(r.IntN(1<<16))<<13 | 0x1000) // ties
+			default:
+				src[i] = float32(r.NormFloat64() * math.Pow(2, float64(r.IntN(40)-25)))
+			}
+		}
+		got := make([]byte, 2*n)
+		QuantizeRow(hal.F16, src, got)
+		for i, v := range src {
+			want := FP32ToFP16(v)
+			if g := uint16(got[2*i]) | uint16(got[2*i+1])<<8; g != want {
+				t.Fatalf("trial %d: %g (%#x) → %#x, FP32ToFP16 %#x", trial, v, math.Float32bits(v), g, want)
+			}
 		}
 	}
 }

@@ -49,3 +49,16 @@ func expShiftedSIMD(v []float32, m float32) int {
 	}
 	return expShiftedAVX512(&v[0], len(v), m)
 }
+
+//go:noescape
+func f32ToF16AVX512(src *float32, dst *byte, n int) int
+
+// f32ToF16SIMD converts a prefix of src to FP16 in dst with the bits of
+// FP32ToFP16 and returns its length.
+func f32ToF16SIMD(src []float32, dst []byte) int {
+	if kern.isa != "avx512vnni" || len(src) < 16 {
+		return 0
+	}
+	_ = dst[2*len(src)-1]
+	return f32ToF16AVX512(&src[0], &dst[0], len(src))
+}
