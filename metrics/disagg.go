@@ -11,7 +11,6 @@ type KVTransfer struct {
 	Latency    prometheus.Observer    // seconds per pull, receiver side, from request to last block (waits for P's compute included)
 	Throughput prometheus.Observer    // bytes per second per pull, receiver side: bytes / Latency
 	Prefills   prometheus.Counter     // prefill-only requests served
-	Expired    prometheus.Counter     // held block sets freed by their timeout, unclaimed
 }
 
 // NewKVTransfer registers a worker's KV transfer metrics for model on reg.
@@ -28,18 +27,19 @@ func NewKVTransfer(reg prometheus.Registerer, model string) *KVTransfer {
 		Latency:    f.histogram("tandem:kv_transfer_seconds", "Duration of a KV pull, from request to last block; a pull overlapping the prefill waits for its compute too.", latencyBuckets),
 		Throughput: f.histogram("tandem:kv_transfer_bytes_per_second", "Bytes of a KV pull over its duration (tandem:kv_transfer_seconds).", prometheus.ExponentialBuckets(1<<20, 2, 16)),
 		Prefills:   f.counter("tandem:prefill_only_requests_total", "Prefill-only requests served for a decode worker."),
-		Expired:    f.counter("tandem:kv_held_expired_total", "Held KV block sets freed by their timeout, never released by a decode worker."),
 	}
 }
 
-// RegisterKVState registers gauges read at scrape time from an engine: the KV blocks
-// referenced now (by sequences, holds and imports; the pool's Used) and the block sets
-// held for a pull. Failure tests watch them return to their baseline.
-func RegisterKVState(reg prometheus.Registerer, model string, used, held func() float64) {
+// RegisterKVState registers metrics read at scrape time from an engine: the KV blocks
+// referenced now (by sequences, holds and imports; the pool's Used), the block sets held
+// for a pull, and the holds that expired unclaimed. Failure tests watch the first two
+// return to their baseline.
+func RegisterKVState(reg prometheus.Registerer, model string, used, held, expired func() float64) {
 	labels := prometheus.Labels{"model_name": model}
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tandem:kv_blocks_in_use", Help: "KV blocks referenced now (by sequences, held prefills and imports).", ConstLabels: labels}, used),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tandem:kv_held_prefills", Help: "Prefilled block sets held for a decode worker's pull.", ConstLabels: labels}, held),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tandem:kv_held_expired_total", Help: "Held KV block sets freed by their timeout, never released by a decode worker.", ConstLabels: labels}, expired),
 	)
 }
 

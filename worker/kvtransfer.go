@@ -43,7 +43,6 @@ const (
 type kvXfer struct {
 	mu        sync.Mutex
 	peers     map[string]*orpc.Client
-	expired   int64
 	transfers map[uint64]*transfer
 }
 
@@ -155,7 +154,6 @@ func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*clu
 		}
 		return &cluster.PrefillReply{First: *cluster.ErrorEvent(err)}, nil
 	}
-	w.noteExpired(eng)
 	if m := w.met(); m != nil {
 		m.Prefills.Inc()
 	}
@@ -174,18 +172,6 @@ func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*clu
 	first.Finish, first.Usage.CompletionTokens = "", 0
 	return &cluster.PrefillReply{First: cluster.GenerateEvent{Kind: cluster.EventToken, Event: first}, Handle: id,
 		Blocks: len(res.Hashes), Layout: layoutOf(f)}, nil
-}
-
-// noteExpired counts holds that expired since the last look.
-func (w *Worker) noteExpired(eng KVEngine) {
-	_, exp := eng.HeldStats()
-	w.kvx.mu.Lock()
-	d := exp - w.kvx.expired
-	w.kvx.expired = exp
-	w.kvx.mu.Unlock()
-	if m := w.met(); m != nil && d > 0 {
-		m.Expired.Add(float64(d))
-	}
 }
 
 // pullKV serves Worker.PullKV: the wanted held blocks, each with its checksum.
@@ -234,7 +220,6 @@ func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func
 		return nil
 	})
 	if errors.Is(err, engine.ErrNotHeld) {
-		w.noteExpired(eng)
 		return orpc.Errorf(orpc.NotFound, "worker %s: %v", w.cfg.Card.Node, err)
 	}
 	return err

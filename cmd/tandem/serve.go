@@ -160,7 +160,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	eng := engines[0]
 	metrics.RegisterKVState(reg, name, func() float64 { return float64(eng.Pool().Stats().Used) },
-		func() float64 { h, _ := eng.HeldStats(); return float64(h) })
+		func() float64 { h, _ := eng.HeldStats(); return float64(h) },
+		func() float64 { _, x := eng.HeldStats(); return float64(x) })
 	engineCtx, stopEngine := context.WithCancel(context.Background())
 	engineDone := make(chan error, len(engines))
 	for _, e := range engines {
