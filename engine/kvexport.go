@@ -90,6 +90,9 @@ type kvArrays interface {
 }
 
 func newBlockIO(st hal.KVStore) (*blockIO, error) {
+	if st == nil {
+		return nil, errors.New("engine: this engine keeps no KV data (a modelled forward pass); KV transfer needs a host-memory float32 store")
+	}
 	l := st.Layout()
 	var k, v [][]float32
 	if a, ok := st.(kvArrays); ok {
