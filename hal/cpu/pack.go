@@ -319,14 +319,24 @@ func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceDat
 // each 32-byte chunk c of the quants and step t the bytes 32c+4t..32c+4t+3
 // of the 16 rows (64 bytes at 320+512c+64t: low nibbles are sub-block 2c,
 // high nibbles sub-block 2c+1).
-func packQ4_K(dst []byte, src [][]byte, nb int) {
-	const gbb = 2368
+func packQ4_K(dst []byte, src [][]byte, nb int) { packQK(dst, src, nb, false) }
+
+// packQ5_K is packQ4_K's layout for Q5_K rows, followed by the 5th bits:
+// for step t the bytes 4t..4t+3 of the 16 rows' qh (64 bytes at 2368+64t;
+// bit 2c is the 5th bit of chunk c's low nibble, bit 2c+1 of its high one).
+func packQ5_K(dst []byte, src [][]byte, nb int) { packQK(dst, src, nb, true) }
+
+func packQK(dst []byte, src [][]byte, nb int, q5 bool) {
+	gbb, bb, qs := 2368, 144, 16
+	if q5 {
+		gbb, bb, qs = 2880, 176, 48
+	}
 	dst = dst[:gbb*nb]
 	clear(dst)
 	for b := range nb {
 		d := dst[gbb*b : gbb*(b+1)]
 		for r, row := range src {
-			blk := row[144*b : 144*b+144]
+			blk := row[bb*b : bb*(b+1)]
 			d[2*r], d[2*r+1] = blk[0], blk[1]
 			d[32+2*r], d[32+2*r+1] = blk[2], blk[3]
 			scales := (*[12]byte)(blk[4:16])
@@ -337,7 +347,12 @@ func packQ4_K(dst []byte, src [][]byte, nb int) {
 			}
 			for c := range 4 {
 				for t := range 8 {
-					copy(d[320+512*c+64*t+4*r:320+512*c+64*t+4*r+4], blk[16+32*c+4*t:16+32*c+4*t+4])
+					copy(d[320+512*c+64*t+4*r:320+512*c+64*t+4*r+4], blk[qs+32*c+4*t:qs+32*c+4*t+4])
+				}
+			}
+			if q5 {
+				for t := range 8 {
+					copy(d[2368+64*t+4*r:2368+64*t+4*r+4], blk[16+4*t:16+4*t+4])
 				}
 			}
 		}

@@ -124,10 +124,11 @@ def kernel(fmt, M):
     P("\tVZEROUPPER\n\tRET\n")
 
 
-def kernel_q4k(M):
-    """Q4_K super-blocks (256 quants) against Q8_K rows; layout in pack.go."""
-    gbb = 2368
-    name = f"packQ4_Kx{M}VNNI"
+def kernel_q4k(M, q5=False):
+    """Q4_K (or, with q5, Q5_K) super-blocks (256 quants) against Q8_K rows;
+    layouts in pack.go."""
+    gbb = 2880 if q5 else 2368
+    name = f"packQ5_Kx{M}VNNI" if q5 else f"packQ4_Kx{M}VNNI"
     if M == 4:
         P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
@@ -139,6 +140,8 @@ def kernel_q4k(M):
     xa = ["(DI)", "(DI)(R8*1)", "(DI)(R8*2)", "(DI)(R9*1)"]
     sa = ["(R10)", "(R10)(R11*1)", "(R10)(R11*2)", "(R10)(R12*1)"]
     P("\tMOVL $0x0f0f0f0f, AX\n\tVPBROADCASTD AX, Z22")
+    if q5:
+        P("\tMOVL $0x10101010, AX\n\tVPBROADCASTD AX, Z27")
     for m in range(M):
         P(f"\tVPXORD Z{m}, Z{m}, Z{m}")
     P("\tTESTQ CX, CX")
@@ -154,9 +157,24 @@ def kernel_q4k(M):
         for t in range(8):
             w, lo, hi = (16, 17, 18) if t % 2 == 0 else (19, 20, 21)
             P(f"\tVMOVDQU32 {320+512*c+64*t}(SI), Z{w}")
-            P(f"\tVPANDD Z22, Z{w}, Z{lo}")
-            P(f"\tVPSRLW $4, Z{w}, Z{hi}")
-            P(f"\tVPANDD Z22, Z{hi}, Z{hi}")
+            if not q5:
+                P(f"\tVPANDD Z22, Z{w}, Z{lo}")
+                P(f"\tVPSRLW $4, Z{w}, Z{hi}")
+                P(f"\tVPANDD Z22, Z{hi}, Z{hi}")
+            else:
+                # the 5th bits: qh bit 2c (low nibbles), 2c+1 (high), to bit 4
+                P(f"\tVMOVDQU32 {2368+64*t}(SI), Z28")
+                for dst, bit in ((lo, 2*c), (hi, 2*c+1)):
+                    if bit < 4:
+                        P(f"\tVPSLLD ${4-bit}, Z28, Z{dst}")
+                    elif bit > 4:
+                        P(f"\tVPSRLD ${bit-4}, Z28, Z{dst}")
+                    else:
+                        P(f"\tVMOVDQA32 Z28, Z{dst}")
+                    P(f"\tVPANDD Z27, Z{dst}, Z{dst}")
+                P(f"\tVPTERNLOGD $0xF8, Z22, Z{w}, Z{lo}")
+                P(f"\tVPSRLW $4, Z{w}, Z{w}")
+                P(f"\tVPTERNLOGD $0xF8, Z22, Z{w}, Z{hi}")
             for m in range(M):
                 P(f"\tVPDPBUSD.BCST {4+64*c+4*t}{xa[m]}, Z{lo}, Z{8+m}")
                 P(f"\tVPDPBUSD.BCST {4+64*c+32+4*t}{xa[m]}, Z{hi}, Z{12+m}")
@@ -320,6 +338,8 @@ for f in FORMATS:
     kernel(f, 1)
 kernel_q4k(4)
 kernel_q4k(1)
+kernel_q4k(4, q5=True)
+kernel_q4k(1, q5=True)
 kernel_q6k(4)
 kernel_q6k(1)
 kernel_f16(4)
