@@ -276,17 +276,10 @@ func packQ5_0(dst []byte, src [][]byte, nb int) {
 		for r, row := range src {
 			blk := row[22*b : 22*b+22]
 			d[2*r], d[2*r+1] = blk[0], blk[1]
-			qh := binary.LittleEndian.Uint32(blk[2:6])
 			for t := range 4 {
 				copy(d[32+64*t+4*r:32+64*t+4*r+4], blk[6+4*t:6+4*t+4])
 			}
-			var h uint32
-			for s := range 8 {
-				for i := range 4 {
-					h |= (qh >> (4*s + i) & 1) << (8*i + s)
-				}
-			}
-			binary.LittleEndian.PutUint32(d[288+4*r:], h)
+			binary.LittleEndian.PutUint32(d[288+4*r:], q5HighWord(binary.LittleEndian.Uint32(blk[2:6])))
 		}
 	}
 }
@@ -447,5 +440,68 @@ func sideF16(side []int32, xq []byte, nb int, _ int32) {
 	tab := fp16Table
 	for i := range side {
 		side[i] = int32(math.Float32bits(tab[binary.LittleEndian.Uint16(xq[2*i:])]))
+	}
+}
+
+// packQ4_1 lays out one 16-row group of Q4_1 rows: per block, the 16 FP16
+// scales d (32 bytes) and mins m (32 bytes), then the nibbles as packQ4_0.
+func packQ4_1(dst []byte, src [][]byte, nb int) {
+	const gbb = 64 + 4*64
+	dst = dst[:gbb*nb]
+	clear(dst)
+	for b := range nb {
+		d := dst[gbb*b : gbb*(b+1)]
+		for r, row := range src {
+			blk := row[20*b : 20*b+20]
+			d[2*r], d[2*r+1] = blk[0], blk[1]
+			d[32+2*r], d[32+2*r+1] = blk[2], blk[3]
+			for t := range 4 {
+				copy(d[64+64*t+4*r:64+64*t+4*r+4], blk[4+4*t:4+4*t+4])
+			}
+		}
+	}
+}
+
+// packQ5_1 lays out one 16-row group of Q5_1 rows: d and m as packQ4_1,
+// then the nibbles and high-bit words as packQ5_0.
+func packQ5_1(dst []byte, src [][]byte, nb int) {
+	const gbb = 64 + 4*64 + 64
+	dst = dst[:gbb*nb]
+	clear(dst)
+	for b := range nb {
+		d := dst[gbb*b : gbb*(b+1)]
+		for r, row := range src {
+			blk := row[24*b : 24*b+24]
+			d[2*r], d[2*r+1] = blk[0], blk[1]
+			d[32+2*r], d[32+2*r+1] = blk[2], blk[3]
+			for t := range 4 {
+				copy(d[64+64*t+4*r:64+64*t+4*r+4], blk[8+4*t:8+4*t+4])
+			}
+			binary.LittleEndian.PutUint32(d[320+4*r:], q5HighWord(binary.LittleEndian.Uint32(blk[4:8])))
+		}
+	}
+}
+
+// q5HighWord reorders a Q5 block's high bits: the bit of quant 4s+i goes
+// to bit 8i+s.
+func q5HighWord(qh uint32) uint32 {
+	var h uint32
+	for s := range 8 {
+		for i := range 4 {
+			h |= (qh >> (4*s + i) & 1) << (8*i + s)
+		}
+	}
+	return h
+}
+
+// sideQ8_1 writes, for each Q8_1 block of the activation row xq, its scale
+// d and its stored sum s as float32 (8 bytes a block).
+func sideQ8_1(side []int32, xq []byte, nb int, _ int32) {
+	side = side[:2*nb]
+	xq = xq[:36*nb]
+	for i := range nb {
+		xb := xq[36*i : 36*i+36]
+		side[2*i] = int32(math.Float32bits(f16At(xb)))
+		side[2*i+1] = int32(math.Float32bits(f16At(xb[2:])))
 	}
 }

@@ -8,10 +8,13 @@ and in the order of the per-block float operations (the reference's).
 """
 
 FORMATS = {
-    # name: (group block bytes, decode, float tail)
-    "Q8_0": (544, "q8", "d_first"),   # sum += float32(s) * (dw*dx)
-    "Q5_0": (352, "q5", "d_first"),   # sum += (dw*dx) * float32(s)
-    "Q4_0": (288, "q4", "s_first"),   # sum += (float32(s)*dw) * dx
+    # name: (group block bytes, decode, float tail, header bytes, activation block bytes)
+    "Q8_0": (544, "q8", "d_first", 32, 34),   # sum += float32(s) * (dw*dx)
+    "Q5_0": (352, "q5", "d_first", 32, 34),   # sum += (dw*dx) * float32(s)
+    "Q4_0": (288, "q4", "s_first", 32, 34),   # sum += (float32(s)*dw) * dx
+    # against Q8_1: sum += (dw*dx)*float32(s) + mw*sx
+    "Q4_1": (320, "q4", "min", 64, 36),
+    "Q5_1": (384, "q5", "min", 64, 36),
 }
 
 import os
@@ -24,8 +27,10 @@ out = []
 P = out.append
 
 
-def steps(dec, P):
-    """Emit code leaving step k's codes in Z16+k; return x byte offsets."""
+def steps(dec, P, hdr=32, xq=2):
+    """Emit code leaving step k's codes in Z16+k; return x byte offsets.
+    hdr: bytes of scales before the codes; xq: offset of the activation
+    block's quants."""
     xo = []
     if dec == "q8":
         for k in range(8):
@@ -35,9 +40,9 @@ def steps(dec, P):
     # 4-bit codes: step t (0..3) low nibbles of bytes 4t..4t+3 -> quants
     # 4t..4t+3; step 4+t high nibbles -> quants 16+4t...
     if dec == "q5":
-        P("\tVMOVDQU32 288(SI), Z28")
+        P(f"\tVMOVDQU32 {hdr+256}(SI), Z28")
     for t in range(4):
-        P(f"\tVMOVDQU32 {32+64*t}(SI), Z{24+t}")
+        P(f"\tVMOVDQU32 {hdr+64*t}(SI), Z{24+t}")
     for s in range(8):
         t = s % 4
         dst = f"Z{16+s}"
@@ -58,12 +63,12 @@ def steps(dec, P):
                 P(f"\tVMOVDQA32 Z28, {dst}")
             P(f"\tVPANDD Z13, {dst}, {dst}")
             P(f"\tVPTERNLOGD $0xF8, Z12, {src}, {dst}")  # dst |= src & 0x0F
-        xo.append(2 + 4 * t + (16 if s >= 4 else 0))
+        xo.append(xq + 4 * t + (16 if s >= 4 else 0))
     return xo
 
 
 def kernel(fmt, M):
-    gbb, dec, tail = FORMATS[fmt]
+    gbb, dec, tail, hdr, xbs = FORMATS[fmt]
     name = f"pack{fmt}x{M}VNNI"
     if M == 4:
         P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
@@ -94,7 +99,7 @@ def kernel(fmt, M):
     if M == 4 and PF4:
         for c in range(0, gbb, 64):
             P(f"\tPREFETCHT0 {c}(SI)(R13*1)")
-    xo = steps(dec, P)
+    xo = steps(dec, P, hdr, xbs - 32)
     for k in range(8):
         for m in range(M):
             acc = 4 + m
@@ -104,8 +109,18 @@ def kernel(fmt, M):
     if M == 1:
         P("\tVPADDD Z8, Z4, Z4")
     P("\tVCVTPH2PS (SI), Z10")
+    if tail == "min":
+        P("\tVCVTPH2PS 32(SI), Z9")
     for m in range(M):
         a = 4 + m
+        if tail == "min":
+            P(f"\tVCVTDQ2PS Z{a}, Z{a}")
+            P(f"\tVMULPS.BCST {sa[m]}, Z10, Z11")   # dd = dw*dx
+            P(f"\tVMULPS Z11, Z{a}, Z{a}")         # dd*s
+            P(f"\tVMULPS.BCST 4{sa[m]}, Z9, Z14")  # mw*sx
+            P(f"\tVADDPS Z14, Z{a}, Z{a}")
+            P(f"\tVADDPS Z{a}, Z{m}, Z{m}")
+            continue
         P(f"\tVPSUBD.BCST 4{sa[m]}, Z{a}, Z{a}")
         P(f"\tVCVTDQ2PS Z{a}, Z{a}")
         if tail == "d_first":
@@ -115,7 +130,7 @@ def kernel(fmt, M):
             P(f"\tVMULPS Z10, Z{a}, Z{a}")
             P(f"\tVMULPS.BCST {sa[m]}, Z{a}, Z{a}")
         P(f"\tVADDPS Z{a}, Z{m}, Z{m}")
-    P(f"\tADDQ ${gbb}, SI\n\tADDQ $34, DI\n\tADDQ $8, R10\n\tDECQ CX\n\tJNE {name}_loop")
+    P(f"\tADDQ ${gbb}, SI\n\tADDQ ${xbs}, DI\n\tADDQ $8, R10\n\tDECQ CX\n\tJNE {name}_loop")
     P(f"{name}_done:")
     if M == 4:
         P("\tMOVQ out+48(FP), AX\n\tMOVQ ostride+56(FP), BX\n\tLEAQ (BX)(BX*2), DX\n\tVMOVUPS Z0, (AX)\n\tVMOVUPS Z1, (AX)(BX*1)\n\tVMOVUPS Z2, (AX)(BX*2)\n\tVMOVUPS Z3, (AX)(DX*1)")
