@@ -60,8 +60,8 @@ func (s *State) PoolSize(p Pool) (workers, healthy int) {
 // explains the defaults.
 type DisaggConfig struct {
 	// MinRemoteTokens: prefill runs on a prefill worker only when the prompt tokens the
-	// decode worker lacks (not in its prefix cache) number at least this many; shorter ones
-	// are cheaper to compute where they are decoded than to move.
+	// decode worker lacks (not in its prefix cache) number at least this many, and at least
+	// a block; shorter ones are cheaper to compute where they are decoded than to move.
 	MinRemoteTokens int
 	// Strict fails a request whose remote prefill or KV transfer failed, instead of
 	// prefilling it on the decode worker.
@@ -128,7 +128,8 @@ func DecideDisagg(s *State, req Request, cfg DisaggConfig) (DisaggDecision, erro
 		tokens = len(req.Hashes) * bs
 	}
 	out.Uncached = max(0, tokens-d.Overlap*bs)
-	if dreq.Pool == PoolAny || out.Uncached < max(cfg.MinRemoteTokens, 1) {
+	// Less than a block to move moves nothing: D would compute it anyway.
+	if dreq.Pool == PoolAny || out.Uncached < max(cfg.MinRemoteTokens, bs) {
 		out.Reason = ReasonShortPrompt
 		if dreq.Pool == PoolAny {
 			out.Reason = ReasonNoPrefill
