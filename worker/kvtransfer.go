@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"tandem/cluster"
@@ -53,6 +54,9 @@ type transfer struct {
 	once    sync.Once
 	handle  uint64 // the engine's hold
 	created time.Time
+	// released: a ReleaseKV came before the prefill did (the decode worker needed nothing,
+	// or gave up); the prefill then holds nothing when it finishes.
+	released atomic.Bool
 }
 
 func (tr *transfer) start(h uint64) {
@@ -160,10 +164,10 @@ func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*clu
 	first := res.First
 	// The request ends here if a stop rule ended it or only one token was asked for; else
 	// the prefill-only cap's "length" is not the request's finish.
-	if first.Finish == llm.FinishStop || r.MaxTokens == 1 || res.Hashes == nil {
+	if first.Finish == llm.FinishStop || r.MaxTokens == 1 || res.Hashes == nil || tr.released.Load() {
 		eng.ReleaseHeld(res.Handle)
 		w.dropTransfer(id, tr)
-		if res.Hashes == nil && first.Finish != llm.FinishStop && r.MaxTokens != 1 {
+		if first.Finish != llm.FinishStop && r.MaxTokens != 1 {
 			// Pulled and released before the prefill finished: the request goes on elsewhere.
 			first.Finish, first.Usage.CompletionTokens = "", 0
 		}
@@ -227,16 +231,15 @@ func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func
 
 // releaseKV serves Worker.ReleaseKV.
 func (w *Worker) releaseKV(ctx context.Context, req *cluster.ReleaseRequest) (*cluster.ReleaseReply, error) {
-	tr := w.transferOf(req.Handle, false)
-	if tr == nil {
-		return &cluster.ReleaseReply{}, nil
-	}
-	w.dropTransfer(req.Handle, tr)
+	tr := w.transferOf(req.Handle, true) // a release may come first: it then marks the transfer
+	tr.released.Store(true)
 	select {
 	case <-tr.ready:
+		w.dropTransfer(req.Handle, tr)
 		return &cluster.ReleaseReply{Released: tr.handle != 0 && w.kvEngine().ReleaseHeld(tr.handle)}, nil
 	default:
-		return &cluster.ReleaseReply{}, nil // not started: its hold expires by itself
+		// Not started: the mark stays, and the prefill, when it comes, holds nothing.
+		return &cluster.ReleaseReply{}, nil
 	}
 }
 

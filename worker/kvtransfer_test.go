@@ -370,3 +370,26 @@ func TestKVTransferDeadline(t *testing.T) {
 	p.idle(t)
 	d.idle(t)
 }
+
+// A release that arrives before its prefill (the decode worker needed nothing) makes the
+// prefill hold nothing when it finishes.
+func TestKVReleaseBeforePrefill(t *testing.T) {
+	env := newPeerEnv(t)
+	p := env.start("p", fixtures.Model(t, "stories260K-f32.gguf"), worker.Config{})
+	pc := env.dial(p)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const id = 0xabcdef
+	var rel cluster.ReleaseReply
+	if err := pc.Call(ctx, cluster.MethodReleaseKV, &cluster.ReleaseRequest{Handle: id}, &rel); err != nil || rel.Released {
+		t.Fatalf("early release: %+v, %v", rel, err)
+	}
+	prompt := p.m.Tokenizer.Encode(strings.Repeat("Lily and Ben played. ", 5), true, false)
+	var rep cluster.PrefillReply
+	err := pc.Call(ctx, cluster.MethodPrefill, &cluster.PrefillRequest{TransferID: id,
+		Generate: cluster.GenerateRequest{Request: llm.Request{Prompt: prompt, MaxTokens: 8}}}, &rep)
+	if err != nil || rep.First.Kind != cluster.EventToken || rep.Handle != 0 || rep.First.Event.Finish != "" {
+		t.Fatalf("prefill after its release: %+v, %v", rep, err)
+	}
+	p.idle(t)
+}
