@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"tandem/llm"
+	"tandem/model"
 )
 
 // Stats counts what the scheduler holds: admitted sequences split into prefilling and
@@ -64,7 +65,20 @@ func TestStatsPublish(t *testing.T) {
 // On a running engine, Stats shows the sequences while they run and the last step's
 // timing, and returns to idle afterwards; reading it concurrently is safe.
 func TestStatsLive(t *testing.T) {
-	e, m := startEngine(t, Config{MaxSeqs: 1})
+	m, be := loadStories(t)
+	e, err := New(m, be, Config{MaxSeqs: 1, KVBlocks: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The scheduler never waits for its clients, so the test holds its forward passes to
+	// look at a state that would otherwise last a few milliseconds.
+	held := &heldForwarder{f: e.fwd}
+	held.cond = sync.NewCond(&held.mu)
+	e.fwd = held
+	runCtx, stopRun := context.WithCancel(context.Background())
+	runDone := make(chan struct{})
+	go func() { e.Run(runCtx); close(runDone) }()
+	t.Cleanup(func() { held.hold(false); stopRun(); <-runDone })
 	if st := e.Stats(); st.Running != 0 || st.Waiting != 0 || st.Steps != 0 || st.KVBlocks != 256 {
 		t.Fatalf("fresh engine: %+v", st)
 	}
@@ -91,14 +105,19 @@ func TestStatsLive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s1.Next(ctx); err != nil { // s1 is admitted and decoding
-		t.Fatal(err)
+	for range 2 { // the prefill's token, then a decode step's
+		if _, err := s1.Next(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
+	held.hold(true)
 	s2, err := e.Generate(ctx, &llm.Request{Prompt: prompt, MaxTokens: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// MaxSeqs 1: s2 waits behind s1.
+	// MaxSeqs 1: s2 waits behind s1. One more pass lets the scheduler take s2 in; the
+	// next one holds the state still.
+	held.step()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		st := e.Stats()
@@ -111,6 +130,7 @@ func TestStatsLive(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	held.hold(false)
 	s1.Close()
 	collect(t, s2)
 	waitIdle(t, e)
@@ -138,4 +158,39 @@ func TestStatsNoAlloc(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { e.publish(); e.stepDone(time.Millisecond, 8); _ = e.Stats() }); n != 0 {
 		t.Errorf("%v allocations per publish+Stats", n)
 	}
+}
+
+// heldForwarder runs f's forward passes except while held; step lets one through.
+type heldForwarder struct {
+	f     Forwarder
+	mu    sync.Mutex
+	cond  *sync.Cond
+	held  bool
+	allow int
+}
+
+func (h *heldForwarder) hold(on bool) {
+	h.mu.Lock()
+	h.held = on
+	h.mu.Unlock()
+	h.cond.Broadcast()
+}
+
+func (h *heldForwarder) step() {
+	h.mu.Lock()
+	h.allow++
+	h.mu.Unlock()
+	h.cond.Broadcast()
+}
+
+func (h *heldForwarder) Forward(b *model.Batch, logits []float32) error {
+	h.mu.Lock()
+	for h.held && h.allow == 0 {
+		h.cond.Wait()
+	}
+	if h.held {
+		h.allow--
+	}
+	h.mu.Unlock()
+	return h.f.Forward(b, logits)
 }

@@ -10,8 +10,10 @@ import (
 // between load reports; to learn of the others', it needs a report soon after another
 // router's request arrives. So the worker keeps, per registration (by its dispatch key),
 // the highest dispatch number received, reported back as LoadReport.Received (which tells a
-// router which of its own dispatches a report counts), and, when a request arrives or
-// ends, nudges every registration to report at once, at most once per minReportGap.
+// router which of its own dispatches a report counts), and, when a request arrives, nudges
+// every registration to report at once, at most once per minReportGap. (Not when one ends:
+// the engine's figures still hold the finished sequence until its next step, and such a
+// report would make the worker look busier than it is until the next heartbeat.)
 // (The highest number rather than a count: a dispatch lost on its way must not hold back
 // the later ones.)
 

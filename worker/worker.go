@@ -474,7 +474,6 @@ func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, sen
 		return send(cluster.ErrorEvent(err))
 	}
 	w.regs.nudgeAll()
-	defer w.regs.nudgeAll()
 	defer st.Close()
 	n := int64(max(len(r.Prompt)-req.PredictedCached, 1))
 	w.waiting.Add(1)

@@ -217,7 +217,7 @@ func TestEndToEndRouterFeatures(t *testing.T) {
 			}
 			e.wait(t, `(?s)registered with router.*registered with router`, 10*time.Second) // again, same process
 		}
-		time.Sleep(300 * time.Millisecond) // snapshots reach the new router
+		waitRouterSees(t, base, holder, before.Usage.PromptTokens/16) // snapshots reached the new router
 		wk, out := complete(t, longBody)
 		if wk != holder {
 			t.Errorf("after the restart the long prompt went to %q, its prefix is on %q", wk, holder)

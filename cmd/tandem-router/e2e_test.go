@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -194,7 +195,7 @@ func TestEndToEndCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // the holder's KV events and a load report reach the router
+	waitRouterSees(t, r.url, holder, int(first.Usage.PromptTokens)/16)
 	for i := range 3 {
 		out, wk, err := completion(ctx, c, long, 4)
 		if err != nil {
@@ -280,6 +281,33 @@ func TestEndToEndCluster(t *testing.T) {
 		if wk == killed || engines[wk] == nil || len(out.Choices) != 1 {
 			t.Errorf("request %d after losing %s served by %q", i, killed, wk)
 		}
+	}
+}
+
+// waitRouterSees polls the router's /metrics until it indexes at least blocks KV blocks of
+// worker and predicts no load there (its KV events and a load report after the last request
+// have arrived), for up to 20 s.
+func waitRouterSees(t *testing.T, routerURL, worker string, blocks int) {
+	t.Helper()
+	line := regexp.MustCompile(`(?m)^tandem_router:worker_load\{model="[^"]*",quantity="([a-z_]+)",worker="` + regexp.QuoteMeta(worker) + `"\} (\S+)$`)
+	deadline := time.Now().Add(20 * time.Second)
+	var last map[string]float64
+	for {
+		if resp, err := http.Get(routerURL + "/metrics"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			last = map[string]float64{}
+			for _, m := range line.FindAllStringSubmatch(string(b), -1) {
+				last[m[1]], _ = strconv.ParseFloat(m[2], 64)
+			}
+			if last["index_blocks"] >= float64(blocks) && last["prefill_blocks"] == 0 && last["decode_blocks"] == 0 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the router's view of %s after 20 s: %v; want ≥ %d indexed blocks and no load", worker, last, blocks)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -80,7 +80,7 @@ func TestSimReplicasBehindRouter(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(300 * time.Millisecond) // the holder's KV events reach the router
+			waitRouterSees(t, r.url, holder, int(first.Usage.PromptTokens)/16)
 			for range 3 {
 				out, wk, err := completion(ctx, c, long, 4)
 				if err != nil {
