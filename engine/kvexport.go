@@ -19,7 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -82,9 +81,8 @@ type blockIO struct {
 	f    KVFormat
 }
 
-// kvArrays is the optional KVStore capability to expose its per-layer K and V arrays. A
-// store without it is read by reflection when it has k and v fields of type [][]float32
-// (hal/cpu's does), until hal grows a block read/write op.
+// kvArrays is what a KV store offers for KV transfer: its per-layer K and V arrays in host
+// memory (hal/cpu's store has it). A device store would offer block reads and writes instead.
 type kvArrays interface {
 	KVArrays() (k, v [][]float32)
 }
@@ -97,17 +95,6 @@ func newBlockIO(st hal.KVStore) (*blockIO, error) {
 	var k, v [][]float32
 	if a, ok := st.(kvArrays); ok {
 		k, v = a.KVArrays()
-	} else {
-		rv := reflect.ValueOf(st)
-		if rv.Kind() == reflect.Pointer && rv.Elem().Kind() == reflect.Struct {
-			e := rv.Elem()
-			fk, fv := e.FieldByName("k"), e.FieldByName("v")
-			typ := reflect.TypeFor[[][]float32]()
-			if fk.IsValid() && fv.IsValid() && fk.Type() == typ && fv.Type() == typ {
-				k = *(*[][]float32)(unsafe.Pointer(fk.UnsafeAddr()))
-				v = *(*[][]float32)(unsafe.Pointer(fv.UnsafeAddr()))
-			}
-		}
 	}
 	n := l.BlockSize * l.KVHeads * l.HeadDim
 	if len(k) != l.Layers || len(v) != l.Layers {
