@@ -210,7 +210,7 @@ func TestDisaggregatedEndToEnd(t *testing.T) {
 		}
 		d := strings.Split(wk, ",")[len(strings.Split(wk, ","))-1]
 		de := c.engines[d]
-		waitRouterSees(t, c.r.url, d, 2) // a's two full blocks, from d's KV events
+		waitRouterSees(t, c.r.url, d, len(tokenize(t, de.url, a))/16) // a's full blocks, from d's KV events
 		before := counter(t, de.url, "tandem:kv_transfer_blocks_total", `direction="received"`)
 		got, wk2, err := completion(ctx, rc, ab, 8)
 		if err != nil {
