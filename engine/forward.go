@@ -49,10 +49,12 @@ func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) 
 }
 
 // simBlockIO is the block reader and writer of an engine built with NewWithForwarder, which
-// has no KV memory: exported blocks are zeros of the model's layout and imported ones are
-// dropped. So the sim backend takes part in disaggregated serving with the real transfer
-// path (the bytes a real block would take cross the wire) while computing nothing.
+// has no KV memory: its format is the model's layout in the modelled store SimStore, whose
+// blocks export with an empty payload and import as bookkeeping only (hash checks, prefix
+// cache, KV events). So the sim backend takes part in disaggregated serving through the real
+// transfer path while moving no KV bytes; the worker models the time the real bytes
+// (BlockBytes) would take.
 func (e *Engine) simBlockIO() *blockIO {
 	l := e.m.KVLayout(e.cfg.KVBlocks, e.cfg.BlockSize)
-	return &blockIO{f: KVFormat{Store: "sim", DType: "f32", BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}}
+	return &blockIO{f: KVFormat{Store: SimStore, DType: "f32", BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}}
 }

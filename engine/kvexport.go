@@ -44,9 +44,27 @@ type KVFormat struct {
 	HeadDim   int
 }
 
-// BlockBytes is the size of one block in this format.
+// BlockBytes is the size of one block in this format: what a transfer moves per block, or,
+// for a modelled store, what it would move (and is counted and timed as moving).
 func (f KVFormat) BlockBytes() int {
 	return f.Layers * 2 * f.BlockSize * f.KVHeads * f.HeadDim * dtypeSize(f.DType)
+}
+
+// SimStore names the KV "store" of an engine whose forward pass is modelled
+// (NewWithForwarder, the sim backend): it keeps no KV data.
+const SimStore = "sim"
+
+// Modelled reports whether blocks of this format are modelled rather than stored: a transfer
+// of them carries no payload (WireBytes is 0) and takes the modelled time of BlockBytes.
+func (f KVFormat) Modelled() bool { return f.Store == SimStore }
+
+// WireBytes is the payload of one block as a transfer carries it: BlockBytes, or nothing for
+// a modelled store.
+func (f KVFormat) WireBytes() int {
+	if f.Modelled() {
+		return 0
+	}
+	return f.BlockBytes()
 }
 
 func dtypeSize(t string) int {
@@ -119,8 +137,7 @@ func bytesOf(x []float32) []byte {
 }
 
 func (b *blockIO) read(block int32, dst []byte) {
-	if b.k == nil {
-		clear(dst[:b.f.BlockBytes()])
+	if b.k == nil { // modelled: no payload
 		return
 	}
 	o, sz := int(block)*b.n, 4*b.n
@@ -359,7 +376,7 @@ func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn f
 		}
 	}
 	t.mu.Unlock()
-	buf := make([]byte, io.f.BlockBytes())
+	buf := make([]byte, io.f.WireBytes())
 	// While the prefill runs: pin the computed leading blocks through the prefix cache, send
 	// the wanted ones among them, and wait for more.
 	sent := 0
@@ -484,7 +501,7 @@ func (im *Import) Written() int { return im.next - im.have }
 
 // Write stores the next missing block: hash must be the prompt's hash at that position (the
 // sender's block belongs to another prompt or salt otherwise) and data one block in the
-// engine's KVFormat.
+// engine's KVFormat (empty for a modelled one: its WireBytes).
 func (im *Import) Write(hash uint64, data []byte) error {
 	if im.released {
 		return errors.New("engine: write to a released import")
@@ -495,8 +512,8 @@ func (im *Import) Write(hash uint64, data []byte) error {
 	if want := im.hashes[im.next]; hash != want {
 		return fmt.Errorf("engine: imported block %d has hash %#016x, this prompt's is %#016x", im.next, hash, want)
 	}
-	if len(data) != im.io.f.BlockBytes() {
-		return fmt.Errorf("engine: imported block of %d bytes, the format's is %d", len(data), im.io.f.BlockBytes())
+	if len(data) != im.io.f.WireBytes() {
+		return fmt.Errorf("engine: imported block of %d bytes, the format's is %d", len(data), im.io.f.WireBytes())
 	}
 	blk, _ := im.seq.Slot(im.next * im.e.cfg.BlockSize)
 	im.io.write(blk, data)

@@ -204,7 +204,12 @@ func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func
 	}
 	var blk cluster.KVBlock
 	t0, sent := time.Now(), 0
+	var link time.Time // modelled blocks: when the modelled link has moved the blocks sent so far
 	err = eng.ExportBlocks(ctx, tr.handle, req.Hashes, func(i int, hash uint64, data []byte) error {
+		n := len(data)
+		if f.Modelled() {
+			n = f.BlockBytes() // the bytes the block stands for: counted and timed, not sent
+		}
 		if rate := w.cfg.KVSendRate; rate > 0 {
 			// Pace to the configured bandwidth: block i may leave once the bytes before it
 			// have had their time.
@@ -212,13 +217,27 @@ func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func
 				return ctx.Err()
 			}
 		}
-		sent += len(data)
+		if tt := w.cfg.KVTransferTime; f.Modelled() && tt != nil {
+			// The modelled link moves one block at a time, from when it is ready or the
+			// link is free, whichever is later; the block leaves when the model says it
+			// has arrived. Back to back, the pull takes tt(all bytes) (set-up included once).
+			now := time.Now()
+			d := tt(int64(sent+n)) - tt(int64(sent))
+			if link.IsZero() {
+				d = tt(int64(n))
+			}
+			link = later(link, now).Add(d)
+			if d := link.Sub(now); d > 0 && !sleep(ctx, d) {
+				return ctx.Err()
+			}
+		}
+		sent += n
 		blk = cluster.KVBlock{Index: i, Hash: hash, CRC: cluster.BlockCRC(data), Data: data}
 		if err := send(&blk); err != nil {
 			return err
 		}
 		if m := w.met(); m != nil {
-			m.Bytes.WithLabelValues("sent").Add(float64(len(data)))
+			m.Bytes.WithLabelValues("sent").Add(float64(n))
 			m.Blocks.WithLabelValues("sent").Inc()
 		}
 		return nil
@@ -227,6 +246,13 @@ func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func
 		return orpc.Errorf(orpc.NotFound, "worker %s: %v", w.cfg.Card.Node, err)
 	}
 	return err
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // releaseKV serves Worker.ReleaseKV.
@@ -347,7 +373,11 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 			im.Commit() // the blocks received intact are good: keep them in the cache
 			return n, w.pullFailed(pctx, fmt.Errorf("%w: from %s after %d of %d blocks: %w", errTransfer, src.Node, n, len(missing), err))
 		}
-		bytes += len(blk.Data)
+		if f.Modelled() {
+			bytes += f.BlockBytes() // no payload: count what the block stands for
+		} else {
+			bytes += len(blk.Data)
+		}
 	}
 	n = im.Written()
 	im.Commit()

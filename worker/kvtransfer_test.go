@@ -76,6 +76,15 @@ func (env *peerEnv) start(name, modelPath string, cfg worker.Config) *peerNode {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return env.startEngine(name, modelPath, m, eng, cfg, func() { m.Close(); be.Close() })
+}
+
+// startEngine runs eng (an engine of 128 blocks of 16 on m, whose salt is modelName's) as
+// worker name, as start does; closeModel runs at cleanup, after both stopped.
+func (env *peerEnv) startEngine(name, modelPath string, m *model.Model, eng *engine.Engine, cfg worker.Config, closeModel func()) *peerNode {
+	t := env.t
+	t.Helper()
+	salt := kvcache.Salt(modelName, "", "")
 	met := metrics.NewKVTransfer(prometheus.NewRegistry(), modelName)
 	logs := &syncBuffer{}
 	cfg.Engine = eng
@@ -106,8 +115,7 @@ func (env *peerEnv) start(name, modelPath string, cfg worker.Config) *peerNode {
 		cancel()
 		<-done
 		<-done
-		m.Close()
-		be.Close()
+		closeModel()
 		if t.Failed() {
 			t.Logf("%s log:\n%s", name, logs.String())
 		}

@@ -71,6 +71,11 @@ type Config struct {
 	KVMetrics     *metrics.KVTransfer
 	Logger        *slog.Logger
 	Options       []orpc.Option // for the ORPC server and clients
+
+	// KVTransferTime is the modelled time to move n bytes of KV (the sim backend's
+	// sim.Timing.Transfer): a pull of modelled blocks (engine.KVFormat.Modelled) sends no
+	// payload and is paced to it instead. nil: such pulls take no modelled time.
+	KVTransferTime func(n int64) time.Duration
 }
 
 // Worker is an engine's cluster membership.

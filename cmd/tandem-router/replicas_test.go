@@ -97,7 +97,8 @@ func TestSimReplicasBehindRouter(t *testing.T) {
 
 // Sim replicas as disaggregated pools: two prefill and two decode replicas (two processes)
 // behind a router that must prefill remotely. Sim engines hold no KV memory, yet every
-// request goes through a remote prefill and a KV pull of zero blocks and completes.
+// request goes through a remote prefill and a KV pull of payload-free blocks and completes;
+// the transfer metrics count the bytes the blocks stand for.
 func TestSimReplicasDisaggregated(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs three processes")
@@ -135,5 +136,10 @@ func TestSimReplicasDisaggregated(t *testing.T) {
 	got := counter(t, urls["decode"], "tandem:kv_transfer_blocks_total", `direction="received"`)
 	if got < n || sent != got {
 		t.Errorf("KV blocks sent %v, received %v; want equal and ≥ %d", sent, got, n)
+	}
+	sentB := counter(t, urls["prefill"], "tandem:kv_transfer_bytes_total", `direction="sent"`)
+	gotB := counter(t, urls["decode"], "tandem:kv_transfer_bytes_total", `direction="received"`)
+	if gotB <= 0 || sentB != gotB {
+		t.Errorf("KV bytes sent %v, received %v; want equal and the modelled size of %v blocks", sentB, gotB, got)
 	}
 }

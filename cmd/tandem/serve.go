@@ -207,7 +207,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		workerCtx, stopWorker := context.WithCancel(ctx)
 		defer stopWorker()
-		workerDone, workerFatal, err = startWorkers(workerCtx, engines, worker.Config{
+		workerDone, workerFatal, err = bk.startWorkers(workerCtx, engines, worker.Config{
 			Card: cluster.ModelCard{
 				Model: name, Role: *role, HashVersion: kvcache.HashVersion, BlockSize: *blockSize,
 				Salt: kvcache.Salt(name, "", ""), KVBlocks: blocks, ContextLen: m.Config.ContextLen,

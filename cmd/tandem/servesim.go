@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"time"
 
 	"tandem/engine"
 	"tandem/engine/simstep"
@@ -25,6 +26,7 @@ type backendFlags struct {
 	backend  *string
 	profile  *string
 	replicas *int
+	timing   sim.Timing // loaded by check
 }
 
 func addBackendFlags(fs *flag.FlagSet) *backendFlags {
@@ -61,7 +63,9 @@ func (b *backendFlags) check(joins []string, advertise string, orpcPort int) (si
 	if orpcPort > 0 && orpcPort+*b.replicas-1 > 65535 {
 		return sim.Timing{}, fmt.Errorf("--orpc-port %d + %d replicas runs past port 65535", orpcPort, *b.replicas)
 	}
-	return loadTiming(*b.profile)
+	t, err := loadTiming(*b.profile)
+	b.timing = t
+	return t, err
 }
 
 // loadTiming reads a timing model: "gpu" or "" (the default), "cpu", or a JSON file.
@@ -78,6 +82,15 @@ func loadTiming(name string) (sim.Timing, error) {
 	}
 	defer f.Close()
 	return sim.ReadTiming(f)
+}
+
+// transferTime is the workers' modelled KV transfer time: the timing model's, with the sim
+// backend, whose blocks cross the wire without payload (docs/disaggregation.md).
+func (b *backendFlags) transferTime() func(int64) time.Duration {
+	if !b.sim() {
+		return nil
+	}
+	return b.timing.Transfer
 }
 
 // threads is the CPU threads to start: the sim backend computes nothing.
@@ -122,8 +135,8 @@ func (b *backendFlags) newEngines(m *model.Model, be hal.Backend, timing sim.Tim
 // earned from the state directory instead of each joining. Replica i listens on
 // orpcPort+i (a free port when orpcPort is 0) and is named node-i (default names already
 // differ by port). fatal receives the first error that ends a member; done is closed when
-// all have returned.
-func startWorkers(ctx context.Context, engines []*engine.Engine, base worker.Config, host string, orpcPort int, log *slog.Logger) (done <-chan struct{}, fatal <-chan error, err error) {
+// all have returned. With the sim backend, the workers model KV transfer time.
+func (b *backendFlags) startWorkers(ctx context.Context, engines []*engine.Engine, base worker.Config, host string, orpcPort int, log *slog.Logger) (done <-chan struct{}, fatal <-chan error, err error) {
 	n := len(engines)
 	ws := make([]*worker.Worker, n)
 	advHost := ""
@@ -135,6 +148,7 @@ func startWorkers(ctx context.Context, engines []*engine.Engine, base worker.Con
 	for i, e := range engines {
 		c := base
 		c.Engine = e
+		c.KVTransferTime = b.transferTime()
 		port := 0
 		if orpcPort > 0 {
 			port = orpcPort + i

@@ -212,8 +212,9 @@ func TestEngineOnSimStep(t *testing.T) {
 }
 
 // TestSimDisaggregation: sim engines hold no KV memory, yet a prompt prefilled on one and
-// imported by another through the engine's export/import path (zeros of the model's block
-// size cross over) is found cached there, and the decode continues as one engine's would.
+// imported by another through the engine's export/import path (blocks with no payload, in a
+// modelled format that still stands for the model's block size) is found cached there, and
+// the decode continues as one engine's would.
 func TestSimDisaggregation(t *testing.T) {
 	m := demoModel(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -261,8 +262,9 @@ func TestSimDisaggregation(t *testing.T) {
 		t.Fatal(err)
 	}
 	fd, _ := d.KVFormat()
-	if err := fd.Check(fp); err != nil || fp.BlockBytes() != m.KVLayout(1, 16).Layers*2*16*m.Config.KVHeads*m.Config.HeadDim*4 {
-		t.Fatalf("formats %v / %v: %v", fp, fd, err)
+	if err := fd.Check(fp); err != nil || fp.BlockBytes() != m.KVLayout(1, 16).Layers*2*16*m.Config.KVHeads*m.Config.HeadDim*4 ||
+		!fp.Modelled() || fp.WireBytes() != 0 {
+		t.Fatalf("formats %v / %v (modelled %v, %d bytes on the wire): %v", fp, fd, fp.Modelled(), fp.WireBytes(), err)
 	}
 	res, err := p.Prefill(ctx, req(), time.Minute)
 	if err != nil {
@@ -274,8 +276,8 @@ func TestSimDisaggregation(t *testing.T) {
 	}
 	n := 0
 	err = p.ExportBlocks(ctx, res.Handle, im.Missing(), func(i int, hash uint64, data []byte) error {
-		if len(data) != fp.BlockBytes() {
-			t.Errorf("block of %d bytes, want %d", len(data), fp.BlockBytes())
+		if len(data) != 0 {
+			t.Errorf("block of %d bytes, want no payload", len(data))
 		}
 		n++
 		return im.Write(hash, slices.Clone(data))
