@@ -29,6 +29,11 @@ type benchResult struct {
 	TokensPerSecond float64   `json:"tokens_per_second"`
 	Stddev          float64   `json:"stddev_tokens_per_second"`
 	Samples         []float64 `json:"samples_tokens_per_second"`
+	// CPUSamples are tokens per second of process CPU time (user+system)
+	// times the thread count: an upper bound on what the test reaches with
+	// its cores to itself (it assumes every thread busy throughout), which
+	// on a shared machine the wall clock hides.
+	CPUSamples []float64 `json:"samples_tokens_per_cpu_second_x_threads,omitempty"`
 }
 
 func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
@@ -95,11 +100,15 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		for range *reps {
+			c0 := cpuSeconds()
 			d, err := f()
 			if err != nil {
 				return err
 			}
 			r.Samples = append(r.Samples, float64(max(np, ng*seqs))/d.Seconds())
+			if c := cpuSeconds() - c0; c > 0 {
+				r.CPUSamples = append(r.CPUSamples, float64(max(np, ng*seqs))/c*float64(be.Threads()))
+			}
 		}
 		r.TokensPerSecond, r.Stddev = meanStddev(r.Samples)
 		results = append(results, r)
