@@ -129,6 +129,11 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
+	if rss, peak := residentBytes(); rss > 0 {
+		// Resident memory after the tests, against the weights: packed
+		// copies replace the file's pages (see docs/architecture.md).
+		fmt.Fprintf(stderr, "resident memory %s (peak %s); weights %s\n", formatBytes(rss), formatBytes(peak), formatBytes(m.WeightBytes))
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
