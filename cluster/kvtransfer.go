@@ -84,7 +84,7 @@ func (r *PrefillRequest) MarshalORPC(e *orpc.Encoder) {
 // UnmarshalORPC implements orpc.Unmarshaler.
 func (r *PrefillRequest) UnmarshalORPC(d *orpc.Decoder) error {
 	d.Message(&r.Generate)
-	r.HoldMs = uvint(d)
+	r.HoldMs = durationMs(d)
 	if d.Len() > 0 {
 		r.TransferID = d.Uint64()
 	}
@@ -162,7 +162,7 @@ func (r *DecodeRequest) UnmarshalORPC(d *orpc.Decoder) error {
 	s.Node = d.String()
 	s.Handle = d.Uvarint()
 	s.PromptLen = uvint(d)
-	s.TimeoutMs = uvint(d)
+	s.TimeoutMs = durationMs(d)
 	s.Strict = d.Bool()
 	if d.Err() == nil && s.PromptLen > len(r.Generate.Prompt) {
 		d.Fail(fmt.Errorf("cluster: KV source prompt length %d beyond the prompt's %d", s.PromptLen, len(r.Generate.Prompt)))
@@ -254,4 +254,18 @@ func (r *ReleaseReply) MarshalORPC(e *orpc.Encoder) { e.Bool(r.Released) }
 func (r *ReleaseReply) UnmarshalORPC(d *orpc.Decoder) error {
 	r.Released = d.Bool()
 	return d.Err()
+}
+
+// maxDurationMs bounds the durations a peer may ask for (a hold, a pull deadline): a day,
+// far above any sensible value, and far below what overflows a time.Duration in ms.
+const maxDurationMs = 24 * 60 * 60 * 1000
+
+// durationMs reads a duration in milliseconds of at most maxDurationMs.
+func durationMs(d *orpc.Decoder) int {
+	v := d.Uvarint()
+	if v > maxDurationMs {
+		d.Fail(fmt.Errorf("cluster: a duration of %d ms (at most %d)", v, maxDurationMs))
+		return 0
+	}
+	return int(v)
 }

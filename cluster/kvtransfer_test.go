@@ -47,6 +47,25 @@ func TestDecodeRequestPromptLenBound(t *testing.T) {
 	}
 }
 
+// A hold or a pull deadline from the wire is bounded: a larger one is refused rather than
+// overflowing a time.Duration or pinning blocks for ever.
+func TestDurationsBounded(t *testing.T) {
+	const day = 24 * 60 * 60 * 1000
+	for _, ms := range []int{day + 1, 1 << 60} {
+		if err := orpc.Unmarshal(orpc.Marshal(&PrefillRequest{HoldMs: ms}), &PrefillRequest{}); err == nil {
+			t.Errorf("hold of %d ms accepted", ms)
+		}
+		dr := &DecodeRequest{Generate: GenerateRequest{Request: llm.Request{Prompt: []int32{1}}}, Source: KVSource{PromptLen: 1, TimeoutMs: ms}}
+		if err := orpc.Unmarshal(orpc.Marshal(dr), &DecodeRequest{}); err == nil {
+			t.Errorf("pull deadline of %d ms accepted", ms)
+		}
+	}
+	var got PrefillRequest
+	if err := orpc.Unmarshal(orpc.Marshal(&PrefillRequest{HoldMs: day}), &got); err != nil || got.HoldMs != day {
+		t.Errorf("a day's hold: %v, %d", err, got.HoldMs)
+	}
+}
+
 // The messages a worker decodes from its peers never panic on arbitrary bytes.
 func FuzzKVTransferMessages(f *testing.F) {
 	f.Add(orpc.Marshal(&PullRequest{Handle: 1, Layout: KVLayout{DType: "f32", BlockSize: 16}, Hashes: []uint64{5}}))

@@ -533,6 +533,15 @@ func (im *Import) Commit() int {
 	return n
 }
 
+// Trim frees the blocks reserved for writes that will not come (a pull cut short), keeping
+// the committed ones referenced until Release.
+func (im *Import) Trim() {
+	if !im.released {
+		im.Commit()
+		im.seq.Trim()
+	}
+}
+
 // Release drops the import's references: committed blocks stay cached (evictable), the
 // rest are freed. It is idempotent.
 func (im *Import) Release() {

@@ -437,3 +437,28 @@ func TestMatchHashes(t *testing.T) {
 		t.Errorf("after release: %+v", st)
 	}
 }
+
+// Trim gives back the blocks reserved past Len and keeps the written ones.
+func TestTrimFreesUnwrittenBlocks(t *testing.T) {
+	p := NewPool(8, 4)
+	s := p.NewSeq(testSalt)
+	if err := s.Reserve(20); err != nil { // 5 blocks
+		t.Fatal(err)
+	}
+	prompt := tokens(1, 8)
+	s.Commit(prompt[:6]) // one full block, one partial
+	wantStats(t, p, 5, 0, 3)
+	s.Trim()
+	wantStats(t, p, 2, 0, 6)
+	if len(s.Blocks()) != 2 || s.Cap() != 8 {
+		t.Fatalf("after Trim: %d blocks, cap %d; want 2 and 8", len(s.Blocks()), s.Cap())
+	}
+	s.Trim() // nothing past Len: a no-op
+	wantStats(t, p, 2, 0, 6)
+	s.Commit(prompt) // the kept partial block still takes its tokens
+	s.Release()
+	wantStats(t, p, 0, 2, 6)
+	if got := p.NewSeq(testSalt).Match(prompt, 0); got != 8 {
+		t.Errorf("the written blocks are not cached: matched %d of 8", got)
+	}
+}

@@ -164,6 +164,22 @@ func (s *Seq) Commit(tokens []int32) {
 	}
 }
 
+// Trim frees the blocks reserved past Len and keeps the rest: a sequence whose reservation
+// turned out larger than what it will write (an import cut short) gives the excess back.
+func (s *Seq) Trim() {
+	keep := (s.n + s.pool.blockSize - 1) / s.pool.blockSize
+	if keep >= len(s.blocks) {
+		return
+	}
+	p := s.pool
+	p.mu.Lock()
+	for i := len(s.blocks) - 1; i >= keep; i-- {
+		p.release(s.blocks[i])
+	}
+	p.mu.Unlock()
+	s.blocks = s.blocks[:keep]
+}
+
 // Release drops the sequence's references to all its blocks and empties it, for
 // reuse with the same salt: on completion, abort, or preemption by recompute.
 // Cached blocks stay in the prefix cache until evicted (a recomputed sequence

@@ -47,8 +47,9 @@ func RegisterKVState(reg prometheus.Registerer, model string, used, held, expire
 type Disagg struct {
 	// Prefills counts requests by where their prefill ran (where: remote, local) and why.
 	Prefills *prometheus.CounterVec
-	// Fallbacks counts remote prefills that failed, by stage (prefill, transfer), after
-	// which the decode worker prefilled locally.
+	// Fallbacks counts remote prefills that failed, by stage, after which the decode worker
+	// prefilled locally. The router sees the prefill stage ("prefill"); a failed transfer
+	// shows in the decode worker's KVTransfer.Pulls (result failed or timeout).
 	Fallbacks *prometheus.CounterVec
 	// TTFT and ITL as the router sees them, by the pool of the worker that produced the
 	// token (prefill, decode, both).

@@ -15,7 +15,7 @@ type Card struct {
 	BlockSize   int    // tokens per KV block
 	Salt        uint64 // kvcache.Salt(model, namespace, lora)
 	KVBlocks    int    // KV capacity in blocks
-	Role        string // RoleBoth (or ""), RolePrefill or RoleDecode: the pools it serves in
+	Role        string // cluster.RoleBoth (or ""), RolePrefill or RoleDecode: the pools it serves in
 }
 
 // ErrCardMismatch is wrapped by the errors of CheckCard.

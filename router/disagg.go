@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"tandem/cluster"
 )
 
 // A Pool restricts a decision to the workers of some roles (the model card's role).
@@ -16,19 +18,12 @@ const (
 	PoolPrefill      // workers with role prefill
 )
 
-// Worker roles as model cards name them (cluster.Role*).
-const (
-	RoleBoth    = "both"
-	RolePrefill = "prefill"
-	RoleDecode  = "decode"
-)
-
 func (p Pool) admits(role string) bool {
 	switch p {
 	case PoolDecode:
-		return role != RolePrefill
+		return role != cluster.RolePrefill
 	case PoolPrefill:
-		return role == RolePrefill
+		return role == cluster.RolePrefill
 	}
 	return true
 }
@@ -84,12 +79,12 @@ const (
 	PrefillRemote = "remote" // on a prefill worker; the decode worker pulls the KV
 	PrefillLocal  = "local"  // on the decode worker
 
-	ReasonLongPrompt     = "uncached_above_threshold" // remote: enough uncached tokens to pay for the move
-	ReasonShortPrompt    = "uncached_below_threshold" // local: too few uncached tokens on the decode worker
-	ReasonPrefillBusy    = "prefill_pool_busy"        // local: every prefill worker is busy
-	ReasonNoPrefill      = "no_prefill_worker"        // local: no healthy prefill worker
-	ReasonPrefillFailed  = "prefill_failed"           // local: the remote prefill failed (fallback)
-	ReasonNotDisaggreged = "aggregated"               // the model has no prefill pool
+	ReasonLongPrompt    = "uncached_above_threshold" // remote: enough uncached tokens to pay for the move
+	ReasonShortPrompt   = "uncached_below_threshold" // local: too few uncached tokens on the decode worker
+	ReasonPrefillBusy   = "prefill_pool_busy"        // local: every prefill worker is busy
+	ReasonNoPrefill     = "no_prefill_worker"        // local: no healthy prefill worker
+	ReasonPrefillFailed = "prefill_failed"           // local: the remote prefill failed (fallback)
+	ReasonAggregated    = "aggregated"               // the model has no prefill pool
 )
 
 // A DisaggDecision is where a request's prefill and decode run.
@@ -110,7 +105,7 @@ type DisaggDecision struct {
 func DecideDisagg(s *State, req Request, cfg DisaggConfig) (DisaggDecision, error) {
 	if n, _ := s.PoolSize(PoolPrefill); n == 0 {
 		d, err := s.Decide(req)
-		return DisaggDecision{Decode: d, Where: PrefillLocal, Reason: ReasonNotDisaggreged}, err
+		return DisaggDecision{Decode: d, Where: PrefillLocal, Reason: ReasonAggregated}, err
 	}
 	dreq := req
 	dreq.Pool = PoolDecode

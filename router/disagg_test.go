@@ -3,6 +3,7 @@ package router
 import (
 	"testing"
 
+	"tandem/cluster"
 	"tandem/kvcache"
 )
 
@@ -10,7 +11,7 @@ import (
 func disaggState(t *testing.T) *State {
 	t.Helper()
 	s := newTestState(t, DefaultConfig())
-	for id, role := range map[WorkerID]string{1: RoleDecode, 2: RoleDecode, 3: RolePrefill, 4: RolePrefill} {
+	for id, role := range map[WorkerID]string{1: cluster.RoleDecode, 2: cluster.RoleDecode, 3: cluster.RolePrefill, 4: cluster.RolePrefill} {
 		c := testCard
 		c.Role = role
 		if err := s.AddWorker(id, c); err != nil {
@@ -81,7 +82,7 @@ func TestDecideDisagg(t *testing.T) {
 				t.Errorf("prefill decision %+v, want worker %d", d.Prefill, tc.wantPrefill)
 			}
 			// Decode decisions never land on a prefill worker; in-flight records are kept.
-			if w, _ := s.Worker(d.Decode.Worker); w.Card.Role == RolePrefill || w.Inflight != 1 {
+			if w, _ := s.Worker(d.Decode.Worker); w.Card.Role == cluster.RolePrefill || w.Inflight != 1 {
 				t.Errorf("decode worker %+v", w)
 			}
 		})
@@ -92,12 +93,12 @@ func TestDecideDisagg(t *testing.T) {
 func TestDecideDisaggWithoutPools(t *testing.T) {
 	s := newTestState(t, DefaultConfig(), 1, 2)
 	d, err := DecideDisagg(s, req(toks(0, 40*testBlock)), DisaggConfig{MinRemoteTokens: 1})
-	if err != nil || d.Where != PrefillLocal || d.Reason != ReasonNotDisaggreged || d.Prefill != nil {
+	if err != nil || d.Where != PrefillLocal || d.Reason != ReasonAggregated || d.Prefill != nil {
 		t.Errorf("aggregated cluster: %+v, %v", d, err)
 	}
 	s = newTestState(t, DefaultConfig())
 	c := testCard
-	c.Role = RolePrefill
+	c.Role = cluster.RolePrefill
 	if err := s.AddWorker(7, c); err != nil {
 		t.Fatal(err)
 	}

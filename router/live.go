@@ -273,6 +273,11 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	if card.Node == "" || card.Model == "" {
 		return orpc.Errorf(orpc.InvalidArgument, "router: a model card needs a node name and a model")
 	}
+	switch card.Role {
+	case "", cluster.RoleBoth, cluster.RolePrefill, cluster.RoleDecode:
+	default:
+		return orpc.Errorf(orpc.InvalidArgument, "router: worker %q has role %q (want both, prefill or decode)", card.Node, card.Role)
+	}
 	addr, err := workerAddr(card.Addr, from)
 	if err != nil {
 		return orpc.Errorf(orpc.InvalidArgument, "router: %v", err)

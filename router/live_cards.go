@@ -48,7 +48,7 @@ func (s *cardStore) load() (map[string]Card, error) {
 	return cards, nil
 }
 
-// add remembers c (its KV capacity, which differs by worker, is not kept).
+// add remembers c (its KV capacity and role, which differ by worker, are not kept).
 func (s *cardStore) add(c Card) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -56,7 +56,7 @@ func (s *cardStore) add(c Card) error {
 	if err != nil {
 		return err
 	}
-	c.KVBlocks = 0
+	c.KVBlocks, c.Role = 0, ""
 	cards[c.Model] = c
 	list := make([]Card, 0, len(cards))
 	for _, c := range cards {

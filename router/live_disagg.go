@@ -87,11 +87,13 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 		return &s.orig, nil
 	}
 	id := rand.Uint64() | 1
-	greq := cluster.GenerateRequest{Request: s.orig, PredictedCached: min(dd.Prefill.HostOverlap*c.BlockSize, len(s.orig.Prompt))}
+	greq := cluster.GenerateRequest{Request: s.orig, PredictedCached: min(dd.Prefill.HostOverlap*c.BlockSize, len(s.orig.Prompt)),
+		DispatchKey: pw.key, DispatchSeq: dd.Prefill.Inflight.Seq()}
 	preq := &cluster.PrefillRequest{Generate: greq, HoldMs: int(cfg.Hold / time.Millisecond), TransferID: id}
 	pctx, cancel := context.WithCancel(ctx)
 	ch := make(chan prefillResult, 1)
 	go func() {
+		defer cancel()
 		var r prefillResult
 		r.err = pw.client.Call(pctx, cluster.MethodPrefill, preq, &r.rep)
 		ch <- r
@@ -148,10 +150,10 @@ func (s *liveStream) awaitPrefill(ctx context.Context) error {
 			m.state.SetHealthy(pw.id, false) // until its next report, if any
 			l.mu.Unlock()
 		}
-		l.dis.Fallbacks.WithLabelValues("prefill").Inc()
 		if l.cfg.Disagg.Strict {
-			return fmt.Errorf("%w: remote prefill on %s failed: %v", llm.ErrUnavailable, pw.node, err)
+			return fmt.Errorf("%w: remote prefill on %s failed: %w", llm.ErrUnavailable, pw.node, err)
 		}
+		l.dis.Fallbacks.WithLabelValues("prefill").Inc()
 		l.log.Warn("remote prefill failed; the decode worker prefills", "prefill_worker", pw.node, "err", err)
 		l.dis.Prefills.WithLabelValues(PrefillLocal, ReasonPrefillFailed).Inc()
 		return nil
@@ -252,7 +254,7 @@ func (s *liveStream) open(ctx context.Context, w *liveWorker, greq *cluster.Gene
 	l.mu.Unlock()
 	s.dis.role = st.Card.Role
 	if s.dis.role == "" {
-		s.dis.role = RoleBoth
+		s.dis.role = cluster.RoleBoth
 	}
 	if s.dis.source == nil || s.migrated > 0 {
 		s.dis.skip = false // a migrated request's prompt carries the tokens sent so far
@@ -303,10 +305,10 @@ func (t *timedStream) Next(ctx context.Context) (llm.Event, error) {
 	now := time.Now()
 	role := t.dis.role
 	if fromP {
-		role = RolePrefill
+		role = cluster.RolePrefill
 	}
 	if role == "" {
-		role = RoleBoth
+		role = cluster.RoleBoth
 	}
 	if t.n == 0 {
 		t.b.l.dis.TTFT.WithLabelValues(role).Observe(now.Sub(t.start).Seconds())

@@ -131,8 +131,10 @@ func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*clu
 	if err != nil {
 		return nil, orpc.Errorf(orpc.FailedPrecondition, "worker: cannot export KV: %v", err)
 	}
+	// The router asks for its hold; this worker's own bounds it (it is this worker's memory
+	// that stays pinned, and its bookkeeping forgets transfers well past it).
 	hold := time.Duration(req.HoldMs) * time.Millisecond
-	if hold <= 0 {
+	if hold <= 0 || hold > w.cfg.KVHold {
 		hold = w.cfg.KVHold
 	}
 	r := req.Generate.Request
@@ -144,6 +146,10 @@ func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*clu
 	w.waiting.Add(1)
 	w.prefillT.Add(int64(max(len(r.Prompt)-req.Generate.PredictedCached, 1)))
 	h, wait, err := eng.StartPrefill(ctx, &r, hold)
+	w.regs.received(req.Generate.DispatchKey, req.Generate.DispatchSeq) // as for Generate
+	if err == nil {
+		w.regs.nudgeAll()
+	}
 	tr.start(h) // pulls waiting for this transfer go ahead (or fail, if h is 0)
 	var res *engine.PrefillResult
 	if err == nil {
@@ -338,8 +344,16 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 		return 0, w.pullFailed(pctx, fmt.Errorf("%w: dialling %s at %s: %w", errTransfer, src.Node, src.Addr, err))
 	}
 	// Whatever happens, tell P its copy is no longer wanted (P also frees it after its
-	// hold timeout, should this not arrive).
-	defer releaseRemote(c, src.Handle)
+	// hold timeout, should this not arrive). After a good pull P answers at once, and
+	// waiting for it means P's copy is gone before D's first token; after a failed one P may
+	// be dead, and the request should not wait on it.
+	defer func() {
+		if err == nil {
+			releaseRemote(c, src.Handle)
+		} else {
+			go releaseRemote(c, src.Handle)
+		}
+	}()
 	if len(missing) == 0 {
 		if m != nil {
 			m.Pulls.WithLabelValues("none_missing").Inc()
@@ -348,7 +362,7 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 	}
 	f, err := eng.KVFormat()
 	if err != nil {
-		return 0, w.pullFailed(pctx, fmt.Errorf("%w: %v", errTransfer, err))
+		return 0, w.pullFailed(pctx, fmt.Errorf("%w: %w", errTransfer, err))
 	}
 	cs, err := c.Stream(pctx, cluster.MethodPullKV, &cluster.PullRequest{Handle: src.Handle, Layout: layoutOf(f), Hashes: missing})
 	if err != nil {
@@ -370,7 +384,7 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 		}
 		if err != nil {
 			n = im.Written()
-			im.Commit() // the blocks received intact are good: keep them in the cache
+			im.Trim() // the blocks received intact are good: keep them; free the rest
 			return n, w.pullFailed(pctx, fmt.Errorf("%w: from %s after %d of %d blocks: %w", errTransfer, src.Node, n, len(missing), err))
 		}
 		if f.Modelled() {
@@ -382,6 +396,7 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 	n = im.Written()
 	im.Commit()
 	if n != len(missing) {
+		im.Trim()
 		return n, w.pullFailed(pctx, fmt.Errorf("%w: %s sent %d of %d blocks", errTransfer, src.Node, n, len(missing)))
 	}
 	if m != nil {
@@ -432,10 +447,9 @@ func (w *Worker) decode(ctx context.Context, req *cluster.DecodeRequest, send fu
 	src := &req.Source
 	prompt := req.Generate.Prompt
 	im, err := eng.BeginImport(prompt[:src.PromptLen])
-	imported := 0
 	if err == nil {
 		defer im.Release()
-		imported, err = w.pull(ctx, src, im)
+		_, err = w.pull(ctx, src, im)
 	} else {
 		err = fmt.Errorf("%w: %w", errTransfer, err)
 		if c, perr := w.peer(ctx, src.Addr); perr == nil {
@@ -447,7 +461,7 @@ func (w *Worker) decode(ctx context.Context, req *cluster.DecodeRequest, send fu
 			return ctx.Err()
 		}
 		if src.Strict {
-			return send(cluster.ErrorEvent(fmt.Errorf("%w: %v", llm.ErrUnavailable, err)))
+			return send(cluster.ErrorEvent(fmt.Errorf("%w: %w", llm.ErrUnavailable, err)))
 		}
 		w.log.Warn("KV transfer failed; prefilling locally", "from", src.Node, "err", err)
 	}
@@ -462,7 +476,7 @@ func (w *Worker) decode(ctx context.Context, req *cluster.DecodeRequest, send fu
 			im.Release() // admitted: the sequence holds the imported blocks now
 			if ev.Event.Finish != "" {
 				// Count as cached only what this worker held before the transfer.
-				ev.Event.Usage.CachedTokens = max(0, ev.Event.Usage.CachedTokens-imported*bs)
+				ev.Event.Usage.CachedTokens = min(ev.Event.Usage.CachedTokens, im.Have()*bs)
 			}
 		}
 		return send(ev)

@@ -20,8 +20,8 @@ import (
 // minReportGap bounds the rate of nudged load reports per router.
 const minReportGap = 5 * time.Millisecond
 
-// registrations holds, for each live registration with a router, the count of its
-// Generate calls and its nudge channel.
+// registrations holds, for each live registration with a router, the highest dispatch
+// number received and its nudge channel.
 type registrations struct {
 	mu   sync.Mutex
 	regs map[uint64]*registration // by dispatch key

@@ -62,8 +62,8 @@ type Config struct {
 	Advertise string
 	// EventBuffer is the KV event subscription buffer per router (default 4096).
 	EventBuffer int
-	// KVHold is how long prefilled blocks wait for a decode worker's pull (default
-	// DefaultKVHold); KVPullTimeout bounds a pull (default DefaultKVPullTimeout); KVMetrics,
+	// KVHold is the longest prefilled blocks wait for a decode worker's pull (default
+	// DefaultKVHold; a router may ask for less); KVPullTimeout bounds a pull (default DefaultKVPullTimeout); KVMetrics,
 	// if set, counts transfers (kvtransfer.go).
 	KVHold        time.Duration
 	KVPullTimeout time.Duration

@@ -70,6 +70,7 @@ func profileTransfers(ctx context.Context, sizes []int64, reps int) ([]sim.Trans
 		if err != nil {
 			return 0, err
 		}
+		defer cs.Close()
 		var got int64
 		for {
 			m, err := cs.Recv()

@@ -54,7 +54,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	stateDir := fs.String("state-dir", "tandem-state", "where the cluster identity earned with --join-token is kept")
 	role := fs.String("role", cluster.RoleBoth, "cluster role: both, prefill or decode")
 	nodeName := fs.String("node-name", "", "this engine's name in the cluster (default: host name and ORPC port)")
-	kvHold := fs.Duration("kv-hold", worker.DefaultKVHold, "prefill role: how long prefilled KV blocks wait for the decode worker's pull, unless the router says")
+	kvHold := fs.Duration("kv-hold", worker.DefaultKVHold, "prefill role: the longest prefilled KV blocks wait for the decode worker's pull (the router may ask for less)")
 	kvSendRate := fs.String("kv-send-rate", "", "cap on the bandwidth KV pulls are served at, per pull, e.g. 1GB (bytes per second; default unlimited)")
 	advertise := fs.String("advertise", "", "ORPC address routers dial (default: --host and the ORPC port; an unspecified host means the address used to reach the router)")
 	bk := addBackendFlags(fs)
