@@ -11,14 +11,7 @@ func (s *Seq) MatchHashes(hashes []uint64) int {
 	}
 	p := s.pool
 	p.mu.Lock()
-	for _, h := range hashes {
-		id, ok := p.index[h]
-		if !ok {
-			break
-		}
-		p.acquire(id)
-		s.blocks = append(s.blocks, id)
-	}
+	s.blocks = p.acquireRun(hashes, s.blocks)
 	p.mu.Unlock()
 	s.hashes = append(s.hashes[:0], hashes[:len(s.blocks)]...)
 	s.n = len(s.blocks) * p.blockSize

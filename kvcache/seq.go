@@ -72,19 +72,26 @@ func (s *Seq) Match(prompt []int32, keep int) int {
 		limit = min((len(prompt)-keep)/bs, len(s.hashes))
 	}
 	p.mu.Lock()
-	for _, h := range s.hashes[:limit] {
-		id, ok := p.index[h]
-		if !ok {
-			break
-		}
-		p.acquire(id)
-		s.blocks = append(s.blocks, id)
-	}
+	s.blocks = p.acquireRun(s.hashes[:limit], s.blocks)
 	s.n = len(s.blocks) * bs
 	p.queries += uint64(len(prompt))
 	p.hits += uint64(s.n)
 	p.mu.Unlock()
 	return s.n
+}
+
+// acquireRun takes a reference on the blocks of the longest cached leading run of hashes
+// and appends their ids to dst. Called with p.mu held.
+func (p *Pool) acquireRun(hashes []uint64, dst []int32) []int32 {
+	for _, h := range hashes {
+		id, ok := p.index[h]
+		if !ok {
+			break
+		}
+		p.acquire(id)
+		dst = append(dst, id)
+	}
+	return dst
 }
 
 // Reserve makes room for n more tokens after Len, taking free blocks and, when
