@@ -290,8 +290,12 @@ func TestKVTransferBetweenWorkers(t *testing.T) {
 	if err != nil || !slices.Equal(got3, want) {
 		t.Errorf("after a failed transfer: %v, %v; want %v", got3, err, want)
 	}
+	// D held every block already: nothing to pull, so nothing failed.
 	if n := testutil.ToFloat64(d.met.Pulls.WithLabelValues("failed")); n != 0 {
-		t.Logf("failed pulls %v", n) // D held every block already: nothing to pull
+		t.Errorf("failed pulls %v, want 0: D needed no block", n)
+	}
+	if n := testutil.ToFloat64(d.met.Pulls.WithLabelValues("none_missing")); n < 1 {
+		t.Errorf("pulls with nothing missing %v, want ≥ 1", n)
 	}
 	// The same with a prompt D lacks, and strict: the request fails.
 	prompt3 := p.m.Tokenizer.Encode("The little dog ran to the big tree and barked at the cat who sat on a branch.", true, false)
