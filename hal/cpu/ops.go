@@ -62,8 +62,15 @@ func (t *matmulTask) runRange(worker, lo, hi int) {
 func (b *Backend) Embed(out []float32, w *hal.Weight, ids []int32) {
 	k := w.Cols
 	rb := w.RowBytes()
+	packed := b.packs.has(w)
 	for i, id := range ids {
-		DequantizeRow(w.Type, w.Data[int(id)*rb:(int(id)+1)*rb], out[i*k:(i+1)*k])
+		row := w.Data[int(id)*rb : (int(id)+1)*rb]
+		DequantizeRow(w.Type, row, out[i*k:(i+1)*k])
+		if packed {
+			// A tied embedding is also a packed output matrix: its file
+			// pages need not stay resident beside the packed copy.
+			releaseRow(row)
+		}
 	}
 }
 

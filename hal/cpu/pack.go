@@ -108,6 +108,14 @@ type packSource struct {
 	rows, cols int
 }
 
+// has reports whether w has a packed copy.
+func (c *packCache) has(w *hal.Weight) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.m[w]
+	return ok
+}
+
 // release frees every packed copy.
 func (c *packCache) release() {
 	c.mu.Lock()

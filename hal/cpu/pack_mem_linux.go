@@ -2,7 +2,10 @@
 
 package cpu
 
-import "syscall"
+import (
+	"syscall"
+	"unsafe"
+)
 
 // allocPacked returns zeroed memory for a packed weight, mapped outside the
 // Go heap with transparent huge pages requested (fewer TLB misses when a
@@ -31,4 +34,20 @@ func releaseSource(b []byte) {
 	start := (page - int(uintptrOf(b)%page)) % page
 	end := start + (len(b)-start)/page*page
 	_ = syscall.Madvise(b[start:end], 21) // MADV_PAGEOUT; advice only
+	_ = syscall.Madvise(b[start:end], 1)  // MADV_RANDOM: no readahead for later row reads
+}
+
+// releaseRow pages out the pages holding b, a row read from a weight
+// whose packed copy serves the matmuls (advice only; neighbouring rows on
+// those pages stay valid and are read back on demand).
+func releaseRow(b []byte) {
+	const page = 4096
+	if len(b) == 0 {
+		return
+	}
+	p := uintptrOf(b)
+	start := -int(p % page)
+	end := len(b) + int((page-(p+uintptr(len(b)))%page)%page)
+	full := unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(b)), start)), end-start)
+	_ = syscall.Madvise(full, 21) // MADV_PAGEOUT
 }

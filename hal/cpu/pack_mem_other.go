@@ -5,3 +5,5 @@ package cpu
 func allocPacked(n int) ([]byte, func()) { return make([]byte, n), func() {} }
 
 func releaseSource(b []byte) {}
+
+func releaseRow(b []byte) {}
