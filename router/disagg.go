@@ -40,6 +40,9 @@ func (p Pool) String() string {
 
 // PoolSize returns the number of registered workers in pool p, and of those the healthy ones.
 func (s *State) PoolSize(p Pool) (workers, healthy int) {
+	if p == PoolPrefill && s.prefillers == 0 {
+		return 0, 0 // the usual, aggregated case: no walk on every request
+	}
 	for _, w := range s.workers {
 		if p.admits(w.Card.Role) {
 			workers++

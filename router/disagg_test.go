@@ -107,3 +107,25 @@ func TestDecideDisaggWithoutPools(t *testing.T) {
 		t.Errorf("prefill workers only: %+v, %v", d, err)
 	}
 }
+
+// Pool sizes follow registrations, replacements and removals.
+func TestPoolSize(t *testing.T) {
+	s := disaggState(t)
+	check := func(p Pool, want int) {
+		t.Helper()
+		if n, h := s.PoolSize(p); n != want || h != want {
+			t.Errorf("%v pool: %d workers (%d healthy), want %d", p, n, h, want)
+		}
+	}
+	check(PoolPrefill, 2)
+	check(PoolDecode, 2)
+	if err := s.AddWorker(3, testCard); err != nil { // worker 3 comes back as "both"
+		t.Fatal(err)
+	}
+	check(PoolPrefill, 1)
+	check(PoolDecode, 3)
+	s.RemoveWorker(4)
+	s.RemoveWorker(4) // twice: no effect
+	check(PoolPrefill, 0)
+	check(PoolDecode, 3)
+}

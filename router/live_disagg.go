@@ -54,11 +54,12 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 	l.mu.Lock()
 	c, _ := m.state.Card()
 	prefillers, _ := m.state.PoolSize(PoolPrefill)
-	deciders, _ := m.state.PoolSize(PoolDecode)
-	l.mu.Unlock()
 	if prefillers == 0 {
+		l.mu.Unlock()
 		return &s.orig, nil // no prefill pool: the aggregated path, untouched
 	}
+	deciders, _ := m.state.PoolSize(PoolDecode)
+	l.mu.Unlock()
 	if deciders > 0 {
 		s.dis.pool = PoolDecode
 	}

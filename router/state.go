@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"tandem/cluster"
 	"tandem/kvcache"
 	"tandem/llm"
 )
@@ -246,7 +247,9 @@ type State struct {
 	rrLast  WorkerID
 	rrValid bool
 
-	seq     uint64 // decisions made
+	seq        uint64 // decisions made
+	prefillers int    // registered workers of role prefill: most models have none
+
 	cands   []*WorkerState
 	matches []Match
 	weights []float64
@@ -304,6 +307,9 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 	i, _ := slices.BinarySearchFunc(s.workers, id, func(w *WorkerState, id WorkerID) int { return cmpID(w.ID, id) })
 	s.workers = slices.Insert(s.workers, i, w)
 	s.byID[id] = w
+	if card.Role == cluster.RolePrefill {
+		s.prefillers++
+	}
 	return nil
 }
 
@@ -313,6 +319,9 @@ func (s *State) RemoveWorker(id WorkerID) {
 	s.index.RemoveWorker(id)
 	if s.byID[id] == nil {
 		return
+	}
+	if s.byID[id].Card.Role == cluster.RolePrefill {
+		s.prefillers--
 	}
 	delete(s.byID, id)
 	s.workers = slices.DeleteFunc(s.workers, func(w *WorkerState) bool { return w.ID == id })

@@ -1,11 +1,9 @@
 package worker_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -51,23 +49,8 @@ func scrape(t *testing.T, url, name string, labels ...string) float64 {
 func startDisaggRouter(t *testing.T, dis router.DisaggConfig, names ...string) (*router.Server, map[string]*peerNode) {
 	t.Helper()
 	path := fixtures.Model(t, "stories260K-f32.gguf")
-	logs := &syncBuffer{}
-	srv, err := router.StartServer(router.ServerConfig{
-		Host: "127.0.0.1", StateDir: t.TempDir(),
-		Live:   router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond, HeartbeatTimeout: 2 * time.Second, Disagg: dis},
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		if t.Failed() {
-			t.Logf("router log:\n%s", logs.String())
-		}
-	})
+	srv := startRouterLive(t, router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
+		HeartbeatTimeout: 2 * time.Second, Disagg: dis}).router
 	env := newPeerEnv(t)
 	nodes := map[string]*peerNode{}
 	for _, name := range names {

@@ -100,14 +100,6 @@ func (w *Worker) dropTransfer(id uint64, tr *transfer) {
 	w.kvx.mu.Unlock()
 }
 
-func layoutOf(f engine.KVFormat) cluster.KVLayout {
-	return cluster.KVLayout{Store: f.Store, DType: f.DType, BlockSize: f.BlockSize, Layers: f.Layers, KVHeads: f.KVHeads, HeadDim: f.HeadDim}
-}
-
-func formatOf(l cluster.KVLayout) engine.KVFormat {
-	return engine.KVFormat{Store: l.Store, DType: l.DType, BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
-}
-
 // registerKV adds the disaggregation methods to the worker's ORPC server when its engine
 // can move KV blocks.
 func (w *Worker) registerKV(srv *orpc.Server) {
@@ -177,11 +169,11 @@ func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*clu
 			// Pulled and released before the prefill finished: the request goes on elsewhere.
 			first.Finish, first.Usage.CompletionTokens = "", 0
 		}
-		return &cluster.PrefillReply{First: cluster.GenerateEvent{Kind: cluster.EventToken, Event: first}, Layout: layoutOf(f)}, nil
+		return &cluster.PrefillReply{First: cluster.GenerateEvent{Kind: cluster.EventToken, Event: first}, Layout: cluster.KVLayout(f)}, nil
 	}
 	first.Finish, first.Usage.CompletionTokens = "", 0
 	return &cluster.PrefillReply{First: cluster.GenerateEvent{Kind: cluster.EventToken, Event: first}, Handle: id,
-		Blocks: len(res.Hashes), Layout: layoutOf(f)}, nil
+		Blocks: len(res.Hashes), Layout: cluster.KVLayout(f)}, nil
 }
 
 // pullKV serves Worker.PullKV: the wanted held blocks, each with its checksum.
@@ -191,7 +183,7 @@ func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func
 	if err != nil {
 		return orpc.Errorf(orpc.FailedPrecondition, "worker: cannot export KV: %v", err)
 	}
-	if err := f.Check(formatOf(req.Layout)); err != nil {
+	if err := f.Check(engine.KVFormat(req.Layout)); err != nil {
 		return orpc.Errorf(orpc.FailedPrecondition, "worker %s: %v", w.cfg.Card.Node, err)
 	}
 	tr := w.transferOf(req.Handle, true)
@@ -212,10 +204,7 @@ func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func
 	t0, sent := time.Now(), 0
 	var link time.Time // modelled blocks: when the modelled link has moved the blocks sent so far
 	err = eng.ExportBlocks(ctx, tr.handle, req.Hashes, func(i int, hash uint64, data []byte) error {
-		n := len(data)
-		if f.Modelled() {
-			n = f.BlockBytes() // the bytes the block stands for: counted and timed, not sent
-		}
+		n := f.BlockBytes() // a modelled block's bytes are counted and timed, not sent
 		if rate := w.cfg.KVSendRate; rate > 0 {
 			// Pace to the configured bandwidth: block i may leave once the bytes before it
 			// have had their time.
@@ -364,7 +353,7 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 	if err != nil {
 		return 0, w.pullFailed(pctx, fmt.Errorf("%w: %w", errTransfer, err))
 	}
-	cs, err := c.Stream(pctx, cluster.MethodPullKV, &cluster.PullRequest{Handle: src.Handle, Layout: layoutOf(f), Hashes: missing})
+	cs, err := c.Stream(pctx, cluster.MethodPullKV, &cluster.PullRequest{Handle: src.Handle, Layout: cluster.KVLayout(f), Hashes: missing})
 	if err != nil {
 		return 0, w.pullFailed(pctx, fmt.Errorf("%w: from %s: %w", errTransfer, src.Node, err))
 	}
@@ -387,11 +376,7 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 			im.Trim() // the blocks received intact are good: keep them; free the rest
 			return n, w.pullFailed(pctx, fmt.Errorf("%w: from %s after %d of %d blocks: %w", errTransfer, src.Node, n, len(missing), err))
 		}
-		if f.Modelled() {
-			bytes += f.BlockBytes() // no payload: count what the block stands for
-		} else {
-			bytes += len(blk.Data)
-		}
+		bytes += f.BlockBytes() // a modelled block has no payload: count what it stands for
 	}
 	n = im.Written()
 	im.Commit()
