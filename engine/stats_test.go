@@ -101,16 +101,19 @@ func TestStatsLive(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	prompt := m.Tokenizer.Encode("Once upon a time, there was a little girl named Lily.", true, false)
+	// Held from the start and let through one pass at a time: free-running, s1 could
+	// finish its tokens before the test looks.
+	held.hold(true)
 	s1, err := e.Generate(ctx, &llm.Request{Prompt: prompt, MaxTokens: 200, IgnoreEOS: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range 2 { // the prefill's token, then a decode step's
+		held.step()
 		if _, err := s1.Next(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	held.hold(true)
 	s2, err := e.Generate(ctx, &llm.Request{Prompt: prompt, MaxTokens: 2})
 	if err != nil {
 		t.Fatal(err)

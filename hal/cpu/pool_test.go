@@ -98,3 +98,24 @@ func TestPoolRunsEachIndexOnce(t *testing.T) {
 		t.Errorf("%d goroutines after Close, %d before", n, before)
 	}
 }
+
+// TestPoolCloseBeforeWorkersStart: a pool closed right after its first jobs,
+// before its goroutines may have started, still stops them (a worker that
+// starts late must see the close as a new generation, not sleep through it).
+func TestPoolCloseBeforeWorkersStart(t *testing.T) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 300 {
+			p := newPool(3)
+			task := &countTask{hits: make([]int32, 7)}
+			p.run(7, task)
+			p.close()
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close did not return: a worker slept through it")
+	}
+}
