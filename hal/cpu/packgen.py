@@ -227,6 +227,27 @@ def kernel_q4k(M, q5=False):
     P("\tVZEROUPPER\n\tRET\n")
 
 
+def q6k_region(h, l4):
+    """Start of the 768 bytes of codes that steps (h, l4 in 4q..4q+3) read,
+    laid out in the order the kernels read them, so that the hardware
+    prefetcher sees one forward stream (pack.go packQ6_K)."""
+    return 288 + 768 * (2 * h + l4 // 4)
+
+
+def q6k_ql(h, j):
+    """Offset of ql chunk j (0..15) of half h: chunks 0..7 interleave with
+    the qh chunks, 8..15 follow them."""
+    l4 = j % 8
+    if j < 8:
+        return q6k_region(h, l4) + 128 * (l4 % 4)
+    return q6k_region(h, l4) + 512 + 64 * (l4 % 4)
+
+
+def q6k_qh(h, l4):
+    """Offset of qh chunk l4 (0..7) of half h."""
+    return q6k_region(h, l4) + 128 * (l4 % 4) + 64
+
+
 def kernel_q6k(M):
     """Q6_K super-blocks (256 quants, 16 groups of 16) against Q8_K rows."""
     gbb = 3360
@@ -258,8 +279,8 @@ def kernel_q6k(M):
                     P(f"\tVPXORD Z{8+m}, Z{8+m}, Z{8+m}")
                     P(f"\tVPXORD Z{12+m}, Z{12+m}, Z{12+m}")
                 for l4 in range(4*q, 4*q+4):
-                    P(f"\tVMOVDQU32 {32+256+1024*h+64*(8*ab+l4)}(SI), Z16")   # ql chunk
-                    P(f"\tVMOVDQU32 {32+256+2048+512*h+64*l4}(SI), Z17")      # qh chunk
+                    P(f"\tVMOVDQU32 {q6k_ql(h, 8*ab+l4)}(SI), Z16")   # ql chunk
+                    P(f"\tVMOVDQU32 {q6k_qh(h, l4)}(SI), Z17")        # qh chunk
                     # code bits 4-5 from qh bits 2(k-1)..2(k-1)+1
                     for n, k in enumerate(ks):
                         code = 18 + n
