@@ -69,8 +69,9 @@ type packKernel1 func(nb int, w, x, side *byte, out *float32)
 // weight can take its address; a weight whose data, type or shape changed
 // is packed anew. Copies live until Close.
 type packCache struct {
-	mu sync.Mutex
-	m  map[*hal.Weight]*packedWeight
+	mu    sync.Mutex
+	m     map[*hal.Weight]*packedWeight
+	arena packArena // a replaced copy's slab piece stays allocated until release
 }
 
 // packed returns w's packed copy, packing it on first use; nil when w's
@@ -93,7 +94,7 @@ func (c *packCache) packed(w *hal.Weight) *packedWeight {
 	if c.m == nil {
 		c.m = make(map[*hal.Weight]*packedWeight)
 	}
-	p := packWeight(f, w)
+	p := packWeight(f, w, c.arena.alloc)
 	p.src = src
 	c.m[w] = p
 	releaseSource(w.Data)
@@ -124,14 +125,15 @@ func (c *packCache) release() {
 		p.free()
 		delete(c.m, k)
 	}
+	c.arena.release()
 }
 
 // packWeight copies w into f's layout.
-func packWeight(f *packFormat, w *hal.Weight) *packedWeight {
+func packWeight(f *packFormat, w *hal.Weight, alloc func(int) ([]byte, func())) *packedWeight {
 	nb := w.Cols / f.blockElems
 	groups := (w.Rows + packRows - 1) / packRows
 	gb := f.groupBlockBytes * nb
-	data, free := allocPacked(groups * gb)
+	data, free := alloc(groups * gb)
 	p := &packedWeight{f: f, groups: groups, nb: nb, data: data, free: free}
 	rb := w.RowBytes()
 	src := make([][]byte, 0, packRows)

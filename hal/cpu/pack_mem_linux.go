@@ -7,19 +7,25 @@ import (
 	"unsafe"
 )
 
-// allocPacked returns zeroed memory for a packed weight, mapped outside the
-// Go heap with transparent huge pages requested (fewer TLB misses when a
-// decode step streams every weight), and the function that releases it.
-func allocPacked(n int) ([]byte, func()) {
-	if n == 0 {
-		return nil, func() {}
-	}
-	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+// mapAligned returns n zeroed bytes mapped outside the Go heap, starting on
+// a multiple of align, with transparent huge pages requested, and the
+// function that unmaps them.
+func mapAligned(n, align int) ([]byte, func()) {
+	b, err := syscall.Mmap(-1, 0, n+align, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 	if err != nil {
 		return make([]byte, n), func() {}
 	}
+	head := (align - int(uintptrOf(b)%uintptr(align))) % align
+	end := head + (n+4095)&^4095
+	if head > 0 {
+		_ = syscall.Munmap(b[:head])
+	}
+	if end < len(b) {
+		_ = syscall.Munmap(b[end:])
+	}
+	b = b[head:end:end]
 	_ = syscall.Madvise(b, 14) // MADV_HUGEPAGE; advice only
-	return b, func() { _ = syscall.Munmap(b) }
+	return b[:n:n], func() { _ = syscall.Munmap(b) }
 }
 
 // releaseSource tells the kernel that the pages of a weight's original

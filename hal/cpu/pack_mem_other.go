@@ -2,7 +2,7 @@
 
 package cpu
 
-func allocPacked(n int) ([]byte, func()) { return make([]byte, n), func() {} }
+func mapAligned(n, _ int) ([]byte, func()) { return make([]byte, n), func() {} }
 
 func releaseSource(b []byte) {}
 
