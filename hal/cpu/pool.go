@@ -31,6 +31,13 @@ type pool struct {
 	job  atomic.Uint64
 	done atomic.Int64 // indices of the current job completed
 	task rangeTask    // written before job is published; stable until done reaches the size
+	size int64        // the current job's size, for the worker that completes it
+
+	// The caller parks on finished when the last chunks take long (a
+	// worker lost its core to another process): spinning then would only
+	// keep that worker off the CPU longer.
+	callerWaiting atomic.Bool
+	finished      chan struct{}
 
 	workers []poolWorker
 	closed  atomic.Bool
@@ -67,7 +74,7 @@ func jobFields(w uint64) (gen uint64, size, next int) {
 const poolSpin = 200 * time.Microsecond
 
 func newPool(n int) *pool {
-	p := &pool{n: n, spin: poolSpin}
+	p := &pool{n: n, spin: poolSpin, finished: make(chan struct{}, 1)}
 	if n > 1 {
 		p.workers = make([]poolWorker, n-1)
 	}
@@ -103,18 +110,32 @@ func (p *pool) run(n int, t rangeTask) {
 	if n > jobMaxSize {
 		panic(fmt.Sprintf("cpu: pool job of %d indices is over the limit of %d", n, jobMaxSize))
 	}
-	p.task = t
+	p.task, p.size = t, int64(n)
 	p.done.Store(0)
 	gen, _, _ := jobFields(p.job.Load())
 	p.job.Store(jobWord(gen+1, n, 0))
 	p.wakeSleepers()
 	p.claim(0, gen+1)
-	for i := 0; p.done.Load() != int64(n); i++ {
-		if i < 1<<16 {
-			cpuRelax()
-		} else {
-			runtime.Gosched() // a worker holding a chunk may have lost its thread
+	p.awaitDone(int64(n))
+}
+
+// awaitDone spins until the job's n indices are done, then parks until
+// the worker that completes them wakes it.
+func (p *pool) awaitDone(n int64) {
+	start := time.Now()
+	for i := 0; p.done.Load() != n; i++ {
+		if i&255 == 255 && time.Since(start) > p.spin {
+			p.callerWaiting.Store(true)
+			if p.done.Load() == n {
+				if !p.callerWaiting.CompareAndSwap(true, false) {
+					<-p.finished // the completing worker saw the flag
+				}
+				return
+			}
+			<-p.finished
+			return
 		}
+		cpuRelax()
 	}
 }
 
@@ -142,8 +163,11 @@ func (p *pool) claim(worker int, gen uint64) {
 		if !p.job.CompareAndSwap(w, jobWord(g, size, hi)) {
 			continue
 		}
+		total := p.size // read before the job can end; run may then start the next
 		p.task.runRange(worker, lo, hi)
-		p.done.Add(int64(hi - lo))
+		if p.done.Add(int64(hi-lo)) == total && worker != 0 && p.callerWaiting.CompareAndSwap(true, false) {
+			p.finished <- struct{}{}
+		}
 	}
 }
 

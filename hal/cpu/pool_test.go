@@ -119,3 +119,34 @@ func TestPoolCloseBeforeWorkersStart(t *testing.T) {
 		t.Fatal("Close did not return: a worker slept through it")
 	}
 }
+
+// slowTask sleeps in the ranges worker 1 runs, so that the caller gives up
+// spinning and parks until the worker completes the job.
+type slowTask struct{ hits []int32 }
+
+func (s *slowTask) runRange(worker, lo, hi int) {
+	if worker != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	for i := lo; i < hi; i++ {
+		s.hits[i]++
+	}
+}
+
+// TestPoolCallerParks: when a worker holds the last chunk for longer than
+// the caller spins, the caller parks and is woken when the job is done;
+// every index still runs once.
+func TestPoolCallerParks(t *testing.T) {
+	p := newPool(2)
+	defer p.close()
+	task := &slowTask{hits: make([]int32, 64)}
+	for job := range 50 {
+		clear(task.hits)
+		p.run(len(task.hits), task)
+		for i, h := range task.hits {
+			if h != 1 {
+				t.Fatalf("job %d: index %d ran %d times", job, i, h)
+			}
+		}
+	}
+}
