@@ -32,7 +32,7 @@ func BenchmarkStreams(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer m.Close()
-	m.Prefault(nil)
+	m.Prefault(be, nil)
 	const promptLen, genLen = 128, 32
 	for _, streams := range []int{1, 4, 16} {
 		b.Run(fmt.Sprintf("streams=%d", streams), func(b *testing.B) {

@@ -17,6 +17,34 @@ type OfflineBench struct {
 	Runner    *model.Runner
 	BlockSize int
 	rng       *rand.Rand
+	// kv and logits are reused from test to test (see Reserve), so that
+	// repeated tests do not pile up garbage the size of the KV store.
+	kv     hal.KVStore
+	logits []float32
+}
+
+// Reserve allocates the KV store for seqs sequences of n positions ahead
+// of the tests, the largest a run needs: the tests then share it, and its
+// size is the run's KV budget (KVBytes).
+func (o *OfflineBench) Reserve(seqs, n int) error {
+	_, _, err := o.store(seqs, n)
+	return err
+}
+
+// KVBytes is the size of the KV store the tests use, 0 before the first.
+func (o *OfflineBench) KVBytes() int64 {
+	if o.kv == nil {
+		return 0
+	}
+	return o.kv.Bytes()
+}
+
+// logitsBuf returns a reused buffer of n logits.
+func (o *OfflineBench) logitsBuf(n int) []float32 {
+	if cap(o.logits) < n {
+		o.logits = make([]float32, n)
+	}
+	return o.logits[:n]
 }
 
 // NewOfflineBench prepares timings of m on be.
@@ -24,14 +52,19 @@ func NewOfflineBench(m *model.Model, be hal.Backend) *OfflineBench {
 	return &OfflineBench{Runner: model.NewRunner(m, be), BlockSize: DefaultBlockSize, rng: rand.New(rand.NewPCG(1, 1))}
 }
 
-// store allocates a KV store for seqs sequences of n positions and their
-// block tables.
+// store returns a KV store for seqs sequences of n positions, the one
+// from before when it is large enough, and their block tables.
 func (o *OfflineBench) store(seqs, n int) (hal.KVStore, [][]int32, error) {
 	per := (n + o.BlockSize - 1) / o.BlockSize
-	kv, err := o.Runner.Be.NewKVStore(o.Runner.M.KVLayout(seqs*per, o.BlockSize))
-	if err != nil {
-		return nil, nil, err
+	if o.kv == nil || o.kv.Layout().Blocks < seqs*per || o.kv.Layout().BlockSize != o.BlockSize {
+		o.kv = nil // let the old one go before the new one is allocated
+		kv, err := o.Runner.Be.NewKVStore(o.Runner.M.KVLayout(seqs*per, o.BlockSize))
+		if err != nil {
+			return nil, nil, err
+		}
+		o.kv = kv
 	}
+	kv := o.kv
 	tables := make([][]int32, seqs)
 	for s := range tables {
 		tables[s] = make([]int32, per)
@@ -56,7 +89,7 @@ func (o *OfflineBench) Prompt(n int) (time.Duration, error) {
 		b.Attn.Pos = append(b.Attn.Pos, int32(i))
 		b.Attn.SeqOf = append(b.Attn.SeqOf, 0)
 	}
-	logits := make([]float32, o.Runner.M.Config.VocabSize)
+	logits := o.logitsBuf(o.Runner.M.Config.VocabSize)
 	t0 := time.Now()
 	err = o.Runner.Forward(kv, b, logits)
 	return time.Since(t0), err
@@ -73,7 +106,7 @@ func (o *OfflineBench) Decode(seqs, steps int) (time.Duration, error) {
 		return 0, err
 	}
 	b := &model.Batch{Attn: hal.AttnBatch{Blocks: tables}}
-	logits := make([]float32, seqs*o.Runner.M.Config.VocabSize)
+	logits := o.logitsBuf(seqs * o.Runner.M.Config.VocabSize)
 	t0 := time.Now()
 	for p := range steps {
 		b.Tokens, b.Attn.Pos, b.Attn.SeqOf, b.Outputs = b.Tokens[:0], b.Attn.Pos[:0], b.Attn.SeqOf[:0], b.Outputs[:0]

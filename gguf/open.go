@@ -15,5 +15,6 @@ func Open(path string) (*File, error) {
 		return nil, fmt.Errorf("gguf: %s: %w", path, err)
 	}
 	f.unmap = unmap
+	dropPages(data[:min(f.dataOffset, uint64(len(data)))])
 	return f, nil
 }

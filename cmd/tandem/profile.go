@@ -72,7 +72,7 @@ func profileCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	} else {
-		m.Prefault(progressPrinter(stderr, "loading weights"))
+		m.Prefault(be, progressPrinter(stderr, "loading weights"))
 		if f, err = engine.ModelForwarder(m, be, plan.Blocks(*blockSize), *blockSize); err != nil {
 			return err
 		}

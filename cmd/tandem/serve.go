@@ -117,7 +117,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	defer closeModel()
 	if !bk.sim() { // the sim backend never reads the weights
-		m.Prefault(progressPrinter(stderr, "loading weights"))
+		m.Prefault(be, progressPrinter(stderr, "loading weights"))
 	}
 	loadTime := time.Since(t0)
 

@@ -62,14 +62,14 @@ func (t *matmulTask) runRange(worker, lo, hi int) {
 func (b *Backend) Embed(out []float32, w *hal.Weight, ids []int32) {
 	k := w.Cols
 	rb := w.RowBytes()
-	packed := b.packs.has(w)
+	packed := b.packs.released(w)
 	for i, id := range ids {
 		row := w.Data[int(id)*rb : (int(id)+1)*rb]
 		DequantizeRow(w.Type, row, out[i*k:(i+1)*k])
 		if packed {
 			// A tied embedding is also a packed output matrix: its file
 			// pages need not stay resident beside the packed copy.
-			releaseRow(row)
+			releaseRow(row, w.Data)
 		}
 	}
 }

@@ -36,6 +36,9 @@ type packedWeight struct {
 	data   []byte
 	free   func() // releases data
 	src    packSource
+	// released: the source's file pages were dropped once packed, and
+	// rows read from it later (Embed) are dropped again.
+	released bool
 }
 
 // packFormat describes one packed layout and its kernels.
@@ -97,7 +100,6 @@ func (c *packCache) packed(w *hal.Weight) *packedWeight {
 	p := packWeight(f, w, c.arena.alloc)
 	p.src = src
 	c.m[w] = p
-	releaseSource(w.Data)
 	return p
 }
 
@@ -109,12 +111,13 @@ type packSource struct {
 	rows, cols int
 }
 
-// has reports whether w has a packed copy.
-func (c *packCache) has(w *hal.Weight) bool {
+// released reports whether w has a packed copy whose source pages are
+// dropped after use.
+func (c *packCache) released(w *hal.Weight) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.m[w]
-	return ok
+	p, ok := c.m[w]
+	return ok && p.released
 }
 
 // release frees every packed copy.
@@ -137,13 +140,17 @@ func packWeight(f *packFormat, w *hal.Weight, alloc func(int) ([]byte, func())) 
 	p := &packedWeight{f: f, groups: groups, nb: nb, data: data, free: free}
 	rb := w.RowBytes()
 	src := make([][]byte, 0, packRows)
+	rel := newSourceReleaser(w.Data)
 	for g := range groups {
 		src = src[:0]
 		for r := g * packRows; r < min((g+1)*packRows, w.Rows); r++ {
 			src = append(src, w.Data[r*rb:(r+1)*rb])
 		}
 		f.pack(p.data[g*gb:(g+1)*gb], src, nb)
+		rel.upTo(min((g+1)*packRows, w.Rows) * rb)
 	}
+	rel.finish()
+	p.released = rel.ok
 	return p
 }
 

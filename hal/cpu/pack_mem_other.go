@@ -4,6 +4,13 @@ package cpu
 
 func mapAligned(n, _ int) ([]byte, func()) { return make([]byte, n), func() {} }
 
-func releaseSource(b []byte) {}
+// sourceReleaser releases nothing where the pages are not advised.
+type sourceReleaser struct{ ok bool }
 
-func releaseRow(b []byte) {}
+func newSourceReleaser(src []byte) sourceReleaser { return sourceReleaser{} }
+
+func (r *sourceReleaser) upTo(n int) {}
+
+func (r *sourceReleaser) finish() {}
+
+func releaseRow(row, src []byte) {}
