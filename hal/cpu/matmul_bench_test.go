@@ -143,3 +143,57 @@ func byteSize(n int) string {
 	}
 	return fmt.Sprintf("%dK", n>>10)
 }
+
+// BenchmarkMatMulF16 runs the F16 shapes of Qwen2.5-0.5B's FFN (4864
+// rows of 896) for a 512-row prompt, a 16-row batch and one row, through
+// each packed kernel variant, so that they compare side by side: "x4" the
+// four-row and single-row kernels alone, "x8" with the eight-row kernel,
+// "g2"/"g4" the single-row kernel over two or four groups at once.
+func BenchmarkMatMulF16(b *testing.B) {
+	f := packFormatFor(kern.isa, hal.F16)
+	if f == nil {
+		b.Skipf("no packed F16 kernels for ISA %s", kern.isa)
+	}
+	variants := map[string]*packFormat{}
+	base := *f
+	base.k8, base.k1g, base.k1gN = nil, nil, 0
+	variants["x4"] = &base
+	if f.k8 != nil {
+		v := base
+		v.k8 = f.k8
+		variants["x8"] = &v
+	}
+	for _, g := range packF16GroupKernels() {
+		v := base
+		v.k1g, v.k1gN = g.k, g.n
+		variants[fmt.Sprintf("g%d", g.n)] = &v
+	}
+	const k = 896
+	for _, c := range []struct {
+		name string
+		n, m int
+	}{{"prompt", 4864, 512}, {"batch16", 4864, 16}, {"row", 4864, 1}, {"stream", (192 << 20) / (2 * k), 1}} {
+		n, m := c.n, c.m
+		w := benchWeight(hal.F16, n, k)
+		x := testRandRow(rand.New(rand.NewPCG(1, 2)), m*k)
+		out := make([]float32, m*n)
+		for _, name := range []string{"x4", "x8", "g2", "g4"} {
+			v := variants[name]
+			if v == nil || (m > 1 && name[0] == 'g') || (m == 1 && name == "x8") {
+				continue
+			}
+			be := New(0)
+			be.MatMul(out, x, m, w)
+			be.packs.m[w].f = v
+			b.Run(c.name+"/"+name, func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					be.MatMul(out, x, m, w)
+				}
+				b.ReportMetric(float64(2*k*n*m)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				b.ReportMetric(float64(len(w.Data))*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
+			be.Close()
+		}
+	}
+}

@@ -39,6 +39,15 @@ func packF16x4AVX512(nb int, w, x *byte, xstride int, side *byte, sstride int, o
 func packF16x1AVX512(nb int, w, x, side *byte, out *float32)
 
 //go:noescape
+func packF16x8AVX512(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
+
+//go:noescape
+func packF16x1g2AVX512(nb int, w *byte, gstride int, side *byte, out *float32)
+
+//go:noescape
+func packF16x1g4AVX512(nb int, w *byte, gstride int, side *byte, out *float32)
+
+//go:noescape
 func packQ5_Kx4VNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
 
 //go:noescape
@@ -62,7 +71,7 @@ var (
 	packFormatQ4_K = &packFormat{groupBlockBytes: 2368, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ4_K, k4: packQ4_Kx4VNNI, k1: packQ4_Kx1VNNI}
 	packFormatQ5_K = &packFormat{groupBlockBytes: 2880, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ5_K, k4: packQ5_Kx4VNNI, k1: packQ5_Kx1VNNI}
 	packFormatQ6_K = &packFormat{groupBlockBytes: 3360, blockElems: 256, sideWords: 20, side: sideQ6_K, pack: packQ6_K, k4: packQ6_Kx4VNNI, k1: packQ6_Kx1VNNI}
-	packFormatF16  = &packFormat{groupBlockBytes: 512, blockElems: 16, sideWords: 16, side: sideF16, pack: packF16, k4: packF16x4AVX512, k1: packF16x1AVX512}
+	packFormatF16  = &packFormat{groupBlockBytes: 512, blockElems: 16, sideWords: 16, side: sideF16, pack: packF16, k4: packF16x4AVX512, k1: packF16x1AVX512, k8: packF16x8AVX512, k1g: packF16x1g4AVX512, k1gN: 4}
 	packFormatQ4_1 = &packFormat{groupBlockBytes: 320, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ4_1, k4: packQ4_1x4VNNI, k1: packQ4_1x1VNNI}
 	packFormatQ5_1 = &packFormat{groupBlockBytes: 384, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ5_1, k4: packQ5_1x4VNNI, k1: packQ5_1x1VNNI}
 	packFormatQ4_0 = &packFormat{groupBlockBytes: 288, corrMul: 8, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ4_0, k4: packQ4_0x4VNNI, k1: packQ4_0x1VNNI}
@@ -95,4 +104,16 @@ func packFormatFor(isa string, t hal.DType) *packFormat {
 		return packFormatF16
 	}
 	return nil
+}
+
+// packF16GroupKernels lists the multi-group single-row F16 kernels, for
+// tests and benchmarks that exercise each.
+func packF16GroupKernels() []struct {
+	k packKernelG
+	n int
+} {
+	return []struct {
+		k packKernelG
+		n int
+	}{{packF16x1g2AVX512, 2}, {packF16x1g4AVX512, 4}}
 }

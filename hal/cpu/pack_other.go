@@ -17,3 +17,10 @@ func quantizeQ8_0SIMD(src []float32, dst []byte) int { return 0 }
 func expShiftedSIMD(v []float32, m float32) int { return 0 }
 
 func f32ToF16SIMD(src []float32, dst []byte) int { return 0 }
+
+func packF16GroupKernels() []struct {
+	k packKernelG
+	n int
+} {
+	return nil
+}

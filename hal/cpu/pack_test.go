@@ -1,6 +1,8 @@
 package cpu
 
 import (
+	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -69,5 +71,90 @@ func TestPackedMatMulBitEqual(t *testing.T) {
 	}
 	if tested == 0 {
 		t.Skipf("no packed kernels for ISA %s on this CPU", kern.isa)
+	}
+}
+
+// TestPackedF16Kernels holds each F16 kernel variant (the four-row and
+// single-row kernels alone, with the eight-row kernel, with the single-row
+// kernel over two or four groups) to the reference bit for bit: column
+// counts of one, three and 56 blocks of 16, weight row counts around the
+// groups and the multi-group spans (a partial last group, one row), and
+// activation row counts that leave every tail (8+4+1, …). The values span
+// many binades, so that summing in any other order than the reference's
+// changes some outputs (checked on the reversed order).
+func TestPackedF16Kernels(t *testing.T) {
+	f := packFormatFor(kern.isa, hal.F16)
+	if f == nil {
+		t.Skipf("no packed F16 kernels for ISA %s", kern.isa)
+	}
+	base := *f
+	base.k8, base.k1g, base.k1gN = nil, nil, 0
+	variants := map[string]*packFormat{"x4": &base}
+	if f.k8 != nil {
+		v := base
+		v.k8 = f.k8
+		variants["x8"] = &v
+	}
+	for _, g := range packF16GroupKernels() {
+		v := base
+		v.k8 = f.k8
+		v.k1g, v.k1gN = g.k, g.n
+		variants[fmt.Sprintf("x8g%d", g.n)] = &v
+	}
+	r := rand.New(rand.NewPCG(43, 44))
+	wide := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(r.NormFloat64() * math.Ldexp(1, r.IntN(24)-12))
+		}
+		return x
+	}
+	reordered := 0
+	for _, shape := range []struct{ n, k int }{{1, 16}, {16, 48}, {17, 16}, {31, 48}, {64, 48}, {100, 896}, {130, 48}, {47, 16}} {
+		n, k := shape.n, shape.k
+		var wd []byte
+		for range n {
+			wd = append(wd, testQuantize(hal.F16, wide(k))...)
+		}
+		w := &hal.Weight{Type: hal.F16, Rows: n, Cols: k, Data: wd}
+		const maxRows = 21
+		x := wide(maxRows * k)
+		xq := make([]byte, maxRows*2*k)
+		for m := range maxRows {
+			QuantizeRow(hal.F16, x[m*k:(m+1)*k], xq[m*2*k:(m+1)*2*k])
+		}
+		want := make([]float32, maxRows*n)
+		for m := range maxRows {
+			for j := range n {
+				want[m*n+j] = vecDotRef(hal.F16, k, wd[j*2*k:(j+1)*2*k], xq[m*2*k:])
+				var rev float32
+				for i := k - 1; i >= 0; i-- {
+					rev += fp16Table[binary.LittleEndian.Uint16(wd[j*2*k+2*i:])] * fp16Table[binary.LittleEndian.Uint16(xq[m*2*k+2*i:])]
+				}
+				if rev != want[m*n+j] {
+					reordered++
+				}
+			}
+		}
+		for name, v := range variants {
+			for _, threads := range []int{1, 2} {
+				be := New(threads)
+				be.MatMul(make([]float32, n), x[:k], 1, w) // packs w
+				be.packs.m[w].f = v
+				for _, rows := range []int{1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 17, 21} {
+					out := make([]float32, rows*n)
+					be.MatMul(out, x[:rows*k], rows, w)
+					for i, got := range out {
+						if math.Float32bits(got) != math.Float32bits(want[i]) {
+							t.Fatalf("%s n=%d k=%d rows=%d threads=%d (m=%d, j=%d): packed %g, reference %g", name, n, k, rows, threads, i/n, i%n, got, want[i])
+						}
+					}
+				}
+				be.Close()
+			}
+		}
+	}
+	if reordered == 0 {
+		t.Fatal("no output changes when summed in reverse order: the inputs cannot catch a reordering kernel")
 	}
 }

@@ -325,37 +325,68 @@ def kernel_q6k(M):
     P("\tVZEROUPPER\n\tRET\n")
 
 
-def kernel_f16(M):
+def kernel_f16(M, G=1):
     """F16 rows: per output, the exact float32 products summed in float32 in
-    column order (one lane per row; FMA is exact here as the products are)."""
+    column order (one lane per row; FMA is exact here as the products are).
+    M activation rows share each widened weight vector; every (row, group)
+    pair is its own accumulator, so M*G independent FMA chains hide the
+    FMA latency. G > 1 (single row only) walks G consecutive groups, gstride
+    bytes apart, and writes their 16*G outputs in order."""
     gbb = 512
-    name = f"packF16x{M}AVX512"
-    if M == 4:
+    name = f"packF16x{M}AVX512" if G == 1 else f"packF16x{M}g{G}AVX512"
+    if M > 1:
         P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
         P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11\n\tLEAQ (R11)(R11*2), R12")
+        if M > 4:
+            P("\tLEAQ (R10)(R11*4), R13")
+    elif G > 1:
+        P(f"// func {name}(nb int, w *byte, gstride int, side *byte, out *float32)")
+        P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
+        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ gstride+16(FP), R8\n\tLEAQ (R8)(R8*2), R9\n\tMOVQ side+24(FP), R10")
     else:
         P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
         P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ side+24(FP), R10")
-    sa = ["(R10)", "(R10)(R11*1)", "(R10)(R11*2)", "(R10)(R12*1)"]
-    for m in range(M):
-        P(f"\tVPXORD Z{m}, Z{m}, Z{m}")
+    sa = ["(R10)", "(R10)(R11*1)", "(R10)(R11*2)", "(R10)(R12*1)",
+          "(R13)", "(R13)(R11*1)", "(R13)(R11*2)", "(R13)(R12*1)"]
+    wa = ["(SI)", "(SI)(R8*1)", "(SI)(R8*2)", "(SI)(R9*1)"]
+    for a in range(M * G):
+        P(f"\tVPXORD Z{a}, Z{a}, Z{a}")
     P("\tTESTQ CX, CX")
     P(f"\tJEQ {name}_done")
     P(f"{name}_loop:")
+    if PF and M == 1:
+        for g in range(G):
+            for c in range(0, gbb, 64):
+                P(f"\tPREFETCHT0 {PF*gbb+c}{wa[g]}")
     for k in range(16):
-        w = 16 + k % 8
-        P(f"\tVCVTPH2PS {32*k}(SI), Z{w}")
-        for m in range(M):
-            off = f"{4*k}{sa[m]}"
-            P(f"\tVFMADD231PS.BCST {off}, Z{w}, Z{m}")
-    P(f"\tADDQ ${gbb}, SI\n\tADDQ $64, R10\n\tDECQ CX\n\tJNE {name}_loop")
+        if G > 1:
+            P(f"\tVBROADCASTSS {4*k}(R10), Z24")
+        for g in range(G):
+            w = 16 + (k * G + g) % 8
+            P(f"\tVCVTPH2PS {32*k}{wa[g]}, Z{w}")
+            for m in range(M):
+                if G > 1:
+                    P(f"\tVFMADD231PS Z24, Z{w}, Z{g}")
+                else:
+                    P(f"\tVFMADD231PS.BCST {4*k}{sa[m]}, Z{w}, Z{m}")
+    P(f"\tADDQ ${gbb}, SI\n\tADDQ $64, R10")
+    if M > 4:
+        P("\tADDQ $64, R13")
+    P(f"\tDECQ CX\n\tJNE {name}_loop")
     P(f"{name}_done:")
-    if M == 4:
-        P("\tMOVQ out+48(FP), AX\n\tMOVQ ostride+56(FP), BX\n\tLEAQ (BX)(BX*2), DX\n\tVMOVUPS Z0, (AX)\n\tVMOVUPS Z1, (AX)(BX*1)\n\tVMOVUPS Z2, (AX)(BX*2)\n\tVMOVUPS Z3, (AX)(DX*1)")
+    if M > 1:
+        P("\tMOVQ out+48(FP), AX\n\tMOVQ ostride+56(FP), BX\n\tLEAQ (BX)(BX*2), DX")
+        oa = ["(AX)", "(AX)(BX*1)", "(AX)(BX*2)", "(AX)(DX*1)"]
+        for m in range(M):
+            if m == 4:
+                P("\tLEAQ (AX)(BX*4), AX")
+            P(f"\tVMOVUPS Z{m}, {oa[m % 4]}")
     else:
-        P("\tMOVQ out+32(FP), AX\n\tVMOVUPS Z0, (AX)")
+        P("\tMOVQ out+32(FP), AX")
+        for g in range(G):
+            P(f"\tVMOVUPS Z{g}, {64*g}(AX)")
     P("\tVZEROUPPER\n\tRET\n")
 
 
@@ -378,6 +409,9 @@ kernel_q4k(4, q5=True)
 kernel_q4k(1, q5=True)
 kernel_q6k(4)
 kernel_q6k(1)
+kernel_f16(8)
 kernel_f16(4)
 kernel_f16(1)
+kernel_f16(1, G=2)
+kernel_f16(1, G=4)
 print("\n".join(out))
