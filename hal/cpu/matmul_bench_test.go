@@ -145,10 +145,12 @@ func byteSize(n int) string {
 }
 
 // BenchmarkMatMulF16 runs the F16 shapes of Qwen2.5-0.5B's FFN (4864
-// rows of 896) for a 512-row prompt, a 16-row batch and one row, through
+// rows of 896) for a 512-row prompt, a 16-row batch and one row, a weight
+// far larger than the caches for one row, and Llama-3.2-1B's FFN down
+// projection (2048 rows of 8192) for a 512-row prompt, through
 // each packed kernel variant, so that they compare side by side: "x4" the
-// four-row and single-row kernels alone, "x8" with the eight-row kernel,
-// "g2"/"g4" the single-row kernel over two or four groups at once.
+// four-row and single-row kernels alone, "x8"… with a wide kernel of that
+// many rows, "g2"/"g4" the single-row kernel over two or four groups.
 func BenchmarkMatMulF16(b *testing.B) {
 	f := packFormatFor(kern.isa, hal.F16)
 	if f == nil {
@@ -156,30 +158,34 @@ func BenchmarkMatMulF16(b *testing.B) {
 	}
 	variants := map[string]*packFormat{}
 	base := *f
-	base.k8, base.k1g, base.k1gN = nil, nil, 0
+	base.kw, base.kwRows, base.k1g, base.k1gN = nil, 0, nil, 0
 	variants["x4"] = &base
-	if f.k8 != nil {
+	wide, groups := packF16Variants()
+	for _, k := range wide {
 		v := base
-		v.k8 = f.k8
-		variants["x8"] = &v
+		v.kw, v.kwRows = k.k, k.rows
+		variants[fmt.Sprintf("x%d", k.rows)] = &v
 	}
-	for _, g := range packF16GroupKernels() {
+	for _, g := range groups {
 		v := base
 		v.k1g, v.k1gN = g.k, g.n
 		variants[fmt.Sprintf("g%d", g.n)] = &v
 	}
-	const k = 896
 	for _, c := range []struct {
-		name string
-		n, m int
-	}{{"prompt", 4864, 512}, {"batch16", 4864, 16}, {"row", 4864, 1}, {"stream", (192 << 20) / (2 * k), 1}} {
-		n, m := c.n, c.m
+		name    string
+		k, n, m int
+	}{
+		{"prompt", 896, 4864, 512}, {"batch16", 896, 4864, 16}, {"row", 896, 4864, 1},
+		{"stream", 896, (192 << 20) / (2 * 896), 1},
+		{"prompt-k8192", 8192, 2048, 512}, // Llama-3.2-1B's FFN down projection
+	} {
+		k, n, m := c.k, c.n, c.m
 		w := benchWeight(hal.F16, n, k)
 		x := testRandRow(rand.New(rand.NewPCG(1, 2)), m*k)
 		out := make([]float32, m*n)
 		for _, name := range []string{"x4", "x8", "g2", "g4"} {
 			v := variants[name]
-			if v == nil || (m > 1 && name[0] == 'g') || (m == 1 && name == "x8") {
+			if v == nil || (m > 1 && name[0] == 'g') || (m == 1 && name[0] == 'x' && name != "x4") {
 				continue
 			}
 			be := New(0)

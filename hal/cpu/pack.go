@@ -57,10 +57,12 @@ type packFormat struct {
 	// activation rows; see packKernel4 and packKernel1.
 	k4 packKernel4
 	k1 packKernel1
-	// k8, when set, is k4 for eight activation rows, used on full groups:
-	// twice the independent accumulators for formats whose kernels are
-	// bound by their chains' latency (F16's FMAs).
-	k8 packKernel4
+	// kw, when set, is k4 for kwRows activation rows, used on full
+	// groups: more independent accumulators for formats whose kernels are
+	// bound by their chains' latency (F16's FMAs), and each weight vector
+	// decoded once for more rows.
+	kw     packKernel4
+	kwRows int
 	// k1g, when set, is k1 over k1gN consecutive full groups at once, for
 	// the activation rows the four-row kernels leave: one chain per group
 	// instead of one in all.
@@ -75,6 +77,18 @@ type packKernel4 func(nb int, w, x *byte, xstride int, side *byte, sstride int, 
 
 // packKernel1 is packKernel4 for one activation row.
 type packKernel1 func(nb int, w, x, side *byte, out *float32)
+
+// packWide and packGroups name a wide kernel and a multi-group kernel
+// with their row and group counts.
+type packWide struct {
+	k    packKernel4
+	rows int
+}
+
+type packGroups struct {
+	k packKernelG
+	n int
+}
 
 // packKernelG is packKernel1 over consecutive groups, the first at w, the
 // others gstride bytes apart, for formats whose kernels read only the side
@@ -234,16 +248,16 @@ func (t *packedTask) runRange(worker, lo, hi int) {
 	sw := f.sideWords * nb
 	sstride := 4 * sw
 	tmp := &t.b.wbufs[worker].tmp
-	m4 := rows &^ 3 // rows below m4 go through the four- (or eight-) row kernels
+	m4 := rows &^ 3 // rows below m4 go through the four- (or wide) row kernels
 	for g := lo; g < hi; g++ {
 		w := &p.data[g*gb]
 		j := g * packRows
 		full := j+packRows <= n
 		m := 0
-		if f.k8 != nil && full {
-			for ; m+8 <= m4; m += 8 {
+		if f.kw != nil && full {
+			for ; m+f.kwRows <= m4; m += f.kwRows {
 				sp := (*byte)(unsafe.Pointer(&side[sw*m]))
-				f.k8(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n)
+				f.kw(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n)
 			}
 		}
 		for ; m < m4; m += 4 {
@@ -510,18 +524,6 @@ func packF16(dst []byte, src [][]byte, nb int) {
 		for k := range 16 * nb {
 			dst[32*k+2*r], dst[32*k+2*r+1] = row[2*k], row[2*k+1]
 		}
-	}
-}
-
-// sideF16 widens the F16 activation row xq to float32 (16 words a block of
-// 16), which the packed F16 kernels broadcast.
-func sideF16(side []int32, xq []byte, nb int, _ int32) {
-	n := 16 * nb
-	side = side[:n]
-	xq = xq[:2*n]
-	tab := fp16Table
-	for i := range side {
-		side[i] = int32(math.Float32bits(tab[binary.LittleEndian.Uint16(xq[2*i:])]))
 	}
 }
 

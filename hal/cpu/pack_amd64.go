@@ -39,6 +39,9 @@ func packF16x4AVX512(nb int, w, x *byte, xstride int, side *byte, sstride int, o
 func packF16x1AVX512(nb int, w, x, side *byte, out *float32)
 
 //go:noescape
+func sideF16AVX512(n int, src *byte, dst *int32)
+
+//go:noescape
 func packF16x8AVX512(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
 
 //go:noescape
@@ -71,7 +74,7 @@ var (
 	packFormatQ4_K = &packFormat{groupBlockBytes: 2368, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ4_K, k4: packQ4_Kx4VNNI, k1: packQ4_Kx1VNNI}
 	packFormatQ5_K = &packFormat{groupBlockBytes: 2880, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ5_K, k4: packQ5_Kx4VNNI, k1: packQ5_Kx1VNNI}
 	packFormatQ6_K = &packFormat{groupBlockBytes: 3360, blockElems: 256, sideWords: 20, side: sideQ6_K, pack: packQ6_K, k4: packQ6_Kx4VNNI, k1: packQ6_Kx1VNNI}
-	packFormatF16  = &packFormat{groupBlockBytes: 512, blockElems: 16, sideWords: 16, side: sideF16, pack: packF16, k4: packF16x4AVX512, k1: packF16x1AVX512, k8: packF16x8AVX512, k1g: packF16x1g4AVX512, k1gN: 4}
+	packFormatF16  = &packFormat{groupBlockBytes: 512, blockElems: 16, sideWords: 16, side: sideF16SIMD, pack: packF16, k4: packF16x4AVX512, k1: packF16x1AVX512, kw: packF16x8AVX512, kwRows: 8, k1g: packF16x1g4AVX512, k1gN: 4}
 	packFormatQ4_1 = &packFormat{groupBlockBytes: 320, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ4_1, k4: packQ4_1x4VNNI, k1: packQ4_1x1VNNI}
 	packFormatQ5_1 = &packFormat{groupBlockBytes: 384, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ5_1, k4: packQ5_1x4VNNI, k1: packQ5_1x1VNNI}
 	packFormatQ4_0 = &packFormat{groupBlockBytes: 288, corrMul: 8, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ4_0, k4: packQ4_0x4VNNI, k1: packQ4_0x1VNNI}
@@ -106,14 +109,22 @@ func packFormatFor(isa string, t hal.DType) *packFormat {
 	return nil
 }
 
-// packF16GroupKernels lists the multi-group single-row F16 kernels, for
+// sideF16SIMD widens the F16 activation row xq to float32 (16 words a
+// block of 16), which the packed F16 kernels broadcast. VCVTPH2PS widens
+// exactly, as fp16Table does (NaNs aside, which it quiets).
+func sideF16SIMD(side []int32, xq []byte, nb int, _ int32) {
+	n := 16 * nb
+	if n == 0 {
+		return
+	}
+	_, _ = side[n-1], xq[2*n-1]
+	sideF16AVX512(n, &xq[0], &side[0])
+}
+
+// packF16Variants lists the F16 kernels beside the default ones: the wide
+// (many-row) kernels and the single-row kernels over several groups, for
 // tests and benchmarks that exercise each.
-func packF16GroupKernels() []struct {
-	k packKernelG
-	n int
-} {
-	return []struct {
-		k packKernelG
-		n int
-	}{{packF16x1g2AVX512, 2}, {packF16x1g4AVX512, 4}}
+func packF16Variants() (wide []packWide, groups []packGroups) {
+	return []packWide{{packF16x8AVX512, 8}},
+		[]packGroups{{packF16x1g2AVX512, 2}, {packF16x1g4AVX512, 4}}
 }

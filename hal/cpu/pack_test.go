@@ -75,11 +75,11 @@ func TestPackedMatMulBitEqual(t *testing.T) {
 }
 
 // TestPackedF16Kernels holds each F16 kernel variant (the four-row and
-// single-row kernels alone, with the eight-row kernel, with the single-row
+// single-row kernels alone, with each wide kernel, with the single-row
 // kernel over two or four groups) to the reference bit for bit: column
 // counts of one, three and 56 blocks of 16, weight row counts around the
 // groups and the multi-group spans (a partial last group, one row), and
-// activation row counts that leave every tail (8+4+1, …). The values span
+// activation row counts that leave every tail (16+4+1, 12+8+1, …). The values span
 // many binades, so that summing in any other order than the reference's
 // changes some outputs (checked on the reversed order).
 func TestPackedF16Kernels(t *testing.T) {
@@ -88,21 +88,21 @@ func TestPackedF16Kernels(t *testing.T) {
 		t.Skipf("no packed F16 kernels for ISA %s", kern.isa)
 	}
 	base := *f
-	base.k8, base.k1g, base.k1gN = nil, nil, 0
+	base.kw, base.kwRows, base.k1g, base.k1gN = nil, 0, nil, 0
 	variants := map[string]*packFormat{"x4": &base}
-	if f.k8 != nil {
+	wide, groups := packF16Variants()
+	for _, k := range wide {
 		v := base
-		v.k8 = f.k8
-		variants["x8"] = &v
+		v.kw, v.kwRows = k.k, k.rows
+		variants[fmt.Sprintf("x%d", k.rows)] = &v
 	}
-	for _, g := range packF16GroupKernels() {
-		v := base
-		v.k8 = f.k8
+	for _, g := range groups {
+		v := *f
 		v.k1g, v.k1gN = g.k, g.n
-		variants[fmt.Sprintf("x8g%d", g.n)] = &v
+		variants[fmt.Sprintf("default+g%d", g.n)] = &v
 	}
 	r := rand.New(rand.NewPCG(43, 44))
-	wide := func(n int) []float32 {
+	spread := func(n int) []float32 {
 		x := make([]float32, n)
 		for i := range x {
 			x[i] = float32(r.NormFloat64() * math.Ldexp(1, r.IntN(24)-12))
@@ -114,11 +114,11 @@ func TestPackedF16Kernels(t *testing.T) {
 		n, k := shape.n, shape.k
 		var wd []byte
 		for range n {
-			wd = append(wd, testQuantize(hal.F16, wide(k))...)
+			wd = append(wd, testQuantize(hal.F16, spread(k))...)
 		}
 		w := &hal.Weight{Type: hal.F16, Rows: n, Cols: k, Data: wd}
-		const maxRows = 21
-		x := wide(maxRows * k)
+		const maxRows = 33
+		x := spread(maxRows * k)
 		xq := make([]byte, maxRows*2*k)
 		for m := range maxRows {
 			QuantizeRow(hal.F16, x[m*k:(m+1)*k], xq[m*2*k:(m+1)*2*k])
@@ -141,7 +141,7 @@ func TestPackedF16Kernels(t *testing.T) {
 				be := New(threads)
 				be.MatMul(make([]float32, n), x[:k], 1, w) // packs w
 				be.packs.m[w].f = v
-				for _, rows := range []int{1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 17, 21} {
+				for _, rows := range []int{1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 17, 21, 24, 25, 33} {
 					out := make([]float32, rows*n)
 					be.MatMul(out, x[:rows*k], rows, w)
 					for i, got := range out {

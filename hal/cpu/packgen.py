@@ -325,6 +325,28 @@ def kernel_q6k(M):
     P("\tVZEROUPPER\n\tRET\n")
 
 
+def side_f16():
+    """The F16 side row: n (a multiple of 16) FP16 values widened to float32,
+    exactly (VCVTPH2PS), 64 at a time, then 16 at a time."""
+    name = "sideF16AVX512"
+    P(f"// func {name}(n int, src *byte, dst *int32)")
+    P(f"TEXT ·{name}(SB), NOSPLIT, $0-24")
+    P("\tMOVQ n+0(FP), CX\n\tMOVQ src+8(FP), SI\n\tMOVQ dst+16(FP), DI")
+    P(f"{name}_loop4:\n\tCMPQ CX, $64\n\tJLT {name}_loop1")
+    for i in range(4):
+        P(f"\tVCVTPH2PS {32*i}(SI), Z{i}")
+    for i in range(4):
+        P(f"\tVMOVUPS Z{i}, {64*i}(DI)")
+    P(f"\tADDQ $128, SI\n\tADDQ $256, DI\n\tSUBQ $64, CX\n\tJMP {name}_loop4")
+    P(f"{name}_loop1:\n\tTESTQ CX, CX\n\tJEQ {name}_done")
+    P("\tVCVTPH2PS (SI), Z0\n\tVMOVUPS Z0, (DI)")
+    P(f"\tADDQ $32, SI\n\tADDQ $64, DI\n\tSUBQ $16, CX\n\tJMP {name}_loop1")
+    P(f"{name}_done:\n\tVZEROUPPER\n\tRET\n")
+
+
+F16_BASES = ["R10", "R13", "DI", "R8"]  # side-row base registers, 4 rows each
+
+
 def kernel_f16(M, G=1):
     """F16 rows: per output, the exact float32 products summed in float32 in
     column order (one lane per row; FMA is exact here as the products are).
@@ -338,8 +360,9 @@ def kernel_f16(M, G=1):
         P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
         P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11\n\tLEAQ (R11)(R11*2), R12")
-        if M > 4:
-            P("\tLEAQ (R10)(R11*4), R13")
+        # rows 4q..4q+3 hang off base register q
+        for q in range(1, (M + 3) // 4):
+            P(f"\tLEAQ ({F16_BASES[q-1]})(R11*4), {F16_BASES[q]}")
     elif G > 1:
         P(f"// func {name}(nb int, w *byte, gstride int, side *byte, out *float32)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
@@ -348,8 +371,7 @@ def kernel_f16(M, G=1):
         P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
         P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ side+24(FP), R10")
-    sa = ["(R10)", "(R10)(R11*1)", "(R10)(R11*2)", "(R10)(R12*1)",
-          "(R13)", "(R13)(R11*1)", "(R13)(R11*2)", "(R13)(R12*1)"]
+    sa = [f"({F16_BASES[m // 4]}){['', '(R11*1)', '(R11*2)', '(R12*1)'][m % 4]}" for m in range(M)]
     wa = ["(SI)", "(SI)(R8*1)", "(SI)(R8*2)", "(SI)(R9*1)"]
     for a in range(M * G):
         P(f"\tVPXORD Z{a}, Z{a}, Z{a}")
@@ -372,15 +394,15 @@ def kernel_f16(M, G=1):
                 else:
                     P(f"\tVFMADD231PS.BCST {4*k}{sa[m]}, Z{w}, Z{m}")
     P(f"\tADDQ ${gbb}, SI\n\tADDQ $64, R10")
-    if M > 4:
-        P("\tADDQ $64, R13")
+    for q in range(1, (M + 3) // 4):
+        P(f"\tADDQ $64, {F16_BASES[q]}")
     P(f"\tDECQ CX\n\tJNE {name}_loop")
     P(f"{name}_done:")
     if M > 1:
         P("\tMOVQ out+48(FP), AX\n\tMOVQ ostride+56(FP), BX\n\tLEAQ (BX)(BX*2), DX")
         oa = ["(AX)", "(AX)(BX*1)", "(AX)(BX*2)", "(AX)(DX*1)"]
         for m in range(M):
-            if m == 4:
+            if m > 0 and m % 4 == 0:
                 P("\tLEAQ (AX)(BX*4), AX")
             P(f"\tVMOVUPS Z{m}, {oa[m % 4]}")
     else:
@@ -414,4 +436,5 @@ kernel_f16(4)
 kernel_f16(1)
 kernel_f16(1, G=2)
 kernel_f16(1, G=4)
+side_f16()
 print("\n".join(out))
