@@ -191,7 +191,7 @@ func (t *Tokenizer) spmTokenize(text string, out []int32) []int32 {
 			return
 		}
 		s := text[syms[l].start : syms[l].start+syms[l].n+syms[r].n]
-		id, ok := t.tokenToID[s]
+		id, ok := t.tokenToID.id(s)
 		if !ok {
 			return
 		}
@@ -217,7 +217,7 @@ func (t *Tokenizer) spmTokenize(text string, out []int32) []int32 {
 	}
 	for i := 0; i != -1 && len(syms) > 0; i = syms[i].next {
 		s := text[syms[i].start : syms[i].start+syms[i].n]
-		if id, ok := t.tokenToID[s]; ok {
+		if id, ok := t.tokenToID.id(s); ok {
 			out = append(out, id)
 			continue
 		}
@@ -255,7 +255,7 @@ const (
 
 func (t *Tokenizer) bpeWord(word string, out []int32) []int32 {
 	if t.ignoreMerges {
-		if id, ok := t.tokenToID[word]; ok {
+		if id, ok := t.tokenToID.id(word); ok {
 			return append(out, id)
 		}
 	}
@@ -285,7 +285,7 @@ func (t *Tokenizer) bpeMerge(word string, out []int32, byteFallback bool) []int3
 		if l < 0 || r < 0 {
 			return
 		}
-		rank, ok := t.merges[pairKey{text(l), text(r)}]
+		rank, ok := t.merges.rank(text(l), text(r))
 		if !ok {
 			return
 		}
@@ -311,7 +311,7 @@ func (t *Tokenizer) bpeMerge(word string, out []int32, byteFallback bool) []int3
 	}
 	for i := 0; i != -1 && len(syms) > 0; i = syms[i].next {
 		s := text(i)
-		if id, ok := t.tokenToID[s]; ok {
+		if id, ok := t.tokenToID.id(s); ok {
 			out = append(out, id)
 			continue
 		}
@@ -322,7 +322,7 @@ func (t *Tokenizer) bpeMerge(word string, out []int32, byteFallback bool) []int3
 				} else if t.unk != nullToken {
 					out = append(out, t.unk)
 				}
-			} else if id, ok := t.tokenToID[s[j:j+1]]; ok {
+			} else if id, ok := t.tokenToID.id(s[j:j+1]); ok {
 				out = append(out, id)
 			}
 		}

@@ -430,15 +430,12 @@ func fromHFBytes(tokJSON, cfgJSON, genJSON []byte, vocabSize int) (*Tokenizer, e
 		if err != nil {
 			return nil, err
 		}
-		t.merges = make(map[pairKey]int32, len(merges))
-		for i, m := range merges {
+		t.merges = newMergeTable(merges, func(m string) int {
 			if p := strings.IndexByte(m, ' '); p > 0 {
-				k := pairKey{m[:p], m[p+1:]}
-				if _, ok := t.merges[k]; !ok {
-					t.merges[k] = int32(i)
-				}
+				return p
 			}
-		}
+			return -1
+		})
 		t.spmMerges = true
 	}
 	t.hfBOSText = tokenText(cfg.BOSToken)

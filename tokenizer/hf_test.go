@@ -28,9 +28,15 @@ func hfFilesFromTokenizer(t *testing.T, tk *Tokenizer, pattern string, bosText, 
 			vocab[s] = id
 		}
 	}
-	merges := make([]string, len(tk.merges))
-	for k, r := range tk.merges {
-		merges[r] = k.a + " " + k.b
+	var merges []string
+	for r, line := range tk.merges.lines {
+		if line == "" {
+			continue
+		}
+		a, b := line[:tk.merges.splits[r]], line[tk.merges.splits[r]+1:]
+		if got, ok := tk.merges.rank(a, b); ok && got == int32(r) {
+			merges = append(merges, a+" "+b)
+		}
 	}
 	var post map[string]any
 	if addBOS {

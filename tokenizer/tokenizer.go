@@ -4,6 +4,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -67,8 +68,8 @@ type Tokenizer struct {
 	tokens    []string
 	scores    []float32
 	attrs     []uint16
-	tokenToID map[string]int32
-	merges    map[pairKey]int32
+	tokenToID *vocabIndex
+	merges    *mergeTable
 	pieces    [][]byte // llama_token_to_piece(id, special=false)
 
 	bos, eos, eot, eom, unk, sep, pad int32
@@ -378,19 +379,24 @@ func FromGGUF(md Metadata) (*Tokenizer, error) {
 		return nil, fmt.Errorf("tokenizer: %d token types for %d tokens", len(types), n)
 	}
 
-	t.tokens = make([]string, n)
+	// The vocabulary is the metadata's own slice, unless empty texts
+	// need names (the metadata stays as read).
+	t.tokens = tokens
+	if slices.Contains(tokens, "") {
+		t.tokens = slices.Clone(tokens)
+	}
 	t.scores = make([]float32, n)
 	t.attrs = make([]uint16, n)
-	t.tokenToID = make(map[string]int32, n)
+	t.tokenToID = newVocabIndex(t.tokens)
 	for i, w := range tokens {
 		if w == "" {
 			w = fmt.Sprintf("[EMPTY_%d]", i)
+			t.tokens[i] = w
 		}
-		if prev, dup := t.tokenToID[w]; dup {
+		if prev, dup := t.tokenToID.id(w); dup {
 			return nil, fmt.Errorf("tokenizer: duplicate token in vocabulary: %q has ids %d and %d", w, prev, i)
 		}
-		t.tokenToID[w] = int32(i)
-		t.tokens[i] = w
+		t.tokenToID.add(int32(i))
 		if hasScores {
 			t.scores[i] = scores[i]
 		}
@@ -424,18 +430,16 @@ func FromGGUF(md Metadata) (*Tokenizer, error) {
 		if !ok {
 			return nil, fmt.Errorf("tokenizer: cannot find tokenizer.ggml.merges")
 		}
-		t.merges = make(map[pairKey]int32, len(merges))
-		for i, m := range merges {
-			var k pairKey
+		// A line splits at its first space after the first byte (a
+		// symbol may be a space itself).
+		t.merges = newMergeTable(merges, func(m string) int {
 			if len(m) > 1 {
 				if p := strings.IndexByte(m[1:], ' '); p >= 0 {
-					k = pairKey{m[:p+1], m[p+2:]}
+					return p + 1
 				}
 			}
-			if _, exists := t.merges[k]; !exists {
-				t.merges[k] = int32(i)
-			}
-		}
+			return -1
+		})
 	}
 
 	// Special token ids: defaults out of range are disabled, bad metadata ids keep the default.
@@ -509,7 +513,7 @@ func (t *Tokenizer) finishSpecials() {
 	makeControl := func(id int32) { t.attrs[id] |= attrControl }
 	if t.eot == nullToken {
 		for _, s := range eotTexts {
-			if id, ok := t.tokenToID[s]; ok {
+			if id, ok := t.tokenToID.id(s); ok {
 				t.eot = id
 				makeControl(id)
 				break
@@ -517,7 +521,7 @@ func (t *Tokenizer) finishSpecials() {
 		}
 	}
 	if t.eom == nullToken {
-		if id, ok := t.tokenToID["<|eom_id|>"]; ok {
+		if id, ok := t.tokenToID.id("<|eom_id|>"); ok {
 			t.eom = id
 			makeControl(id)
 		}
@@ -537,13 +541,13 @@ func (t *Tokenizer) finishSpecials() {
 		}
 	}
 	for _, s := range eogTexts {
-		if id, ok := t.tokenToID[s]; ok {
+		if id, ok := t.tokenToID.id(s); ok {
 			t.eog[id] = true
 			makeControl(id)
 		}
 	}
 	for _, s := range []string{"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"} {
-		if id, ok := t.tokenToID[s]; ok {
+		if id, ok := t.tokenToID.id(s); ok {
 			t.attrs[id] = attrUserDefined
 		}
 	}
@@ -559,7 +563,7 @@ func (t *Tokenizer) finishSpecials() {
 	}
 	// o200k_harmony / solar-open: <|end|> is not end-of-generation there.
 	has := func(s string) (int32, bool) {
-		id, ok := t.tokenToID[s]
+		id, ok := t.tokenToID.id(s)
 		return id, ok && t.eog[id]
 	}
 	_, hasReturn := has("<|return|>")
@@ -592,13 +596,13 @@ func (t *Tokenizer) buildByteTable() {
 	for b := 0; b < 256; b++ {
 		t.byteTok[b] = nullToken
 		if t.kind == kindBPE {
-			if id, ok := t.tokenToID[byteToUnicode[b]]; ok {
+			if id, ok := t.tokenToID.id(byteToUnicode[b]); ok {
 				t.byteTok[b] = id
 			}
 		} else {
-			if id, ok := t.tokenToID[fmt.Sprintf("<0x%02X>", b)]; ok {
+			if id, ok := t.tokenToID.id(fmt.Sprintf("<0x%02X>", b)); ok {
 				t.byteTok[b] = id
-			} else if id, ok := t.tokenToID[string([]byte{byte(b)})]; ok {
+			} else if id, ok := t.tokenToID.id(string([]byte{byte(b)})); ok {
 				t.byteTok[b] = id
 			}
 		}
@@ -702,7 +706,7 @@ func (t *Tokenizer) TokenText(id int32) string {
 
 // TokenID returns the id whose vocabulary text is exactly s.
 func (t *Tokenizer) TokenID(s string) (int32, bool) {
-	id, ok := t.tokenToID[s]
+	id, ok := t.tokenToID.id(s)
 	return id, ok
 }
 
