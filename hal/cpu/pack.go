@@ -57,6 +57,9 @@ type packFormat struct {
 	// activation rows; see packKernel4 and packKernel1.
 	k4 packKernel4
 	k1 packKernel1
+	// k4pf, when set, is k4 that also prefetches a quarter of the next
+	// group (packKernel4PF).
+	k4pf packKernel4PF
 	// kw, when set, is k4 for kwRows activation rows, used on full
 	// groups: more independent accumulators for formats whose kernels are
 	// bound by their chains' latency (F16's FMAs), and each weight vector
@@ -74,6 +77,13 @@ type packFormat struct {
 // rows x + m·xstride (Q8_0) with their side rows side + m·sstride, the 16
 // outputs of row m at out + m·ostride bytes, for m < 4.
 type packKernel4 func(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
+
+// packKernel4PF is packKernel4 that also prefetches, unless pf is nil, a
+// quarter of a group's bytes from pf on: the calls for activation rows
+// 0-3, 4-7, 8-11 and 12-15 of a group fetch the four quarters of the next
+// group while they compute. With 16 or more rows the kernels are bound by
+// VNNI throughput, and without it each group's start waited on memory.
+type packKernel4PF func(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)
 
 // packKernel1 is packKernel4 for one activation row.
 type packKernel1 func(nb int, w, x, side *byte, out *float32)
@@ -262,6 +272,10 @@ func (t *packedTask) runRange(worker, lo, hi int) {
 		}
 		for ; m < m4; m += 4 {
 			sp := (*byte)(unsafe.Pointer(&side[sw*m]))
+			if q := m / 4; full && f.k4pf != nil && q < 4 && g+1 < p.groups {
+				f.k4pf(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n, &p.data[(g+1)*gb+q*gb/4])
+				continue
+			}
 			if full {
 				f.k4(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n)
 				continue

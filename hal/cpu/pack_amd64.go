@@ -3,10 +3,16 @@ package cpu
 import "tandem/hal"
 
 //go:noescape
+func packQ8_0x4PFVNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)
+
+//go:noescape
 func packQ8_0x4VNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
 
 //go:noescape
 func packQ8_0x1VNNI(nb int, w, x, side *byte, out *float32)
+
+//go:noescape
+func packQ5_0x4PFVNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)
 
 //go:noescape
 func packQ5_0x4VNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
@@ -15,16 +21,25 @@ func packQ5_0x4VNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, ou
 func packQ5_0x1VNNI(nb int, w, x, side *byte, out *float32)
 
 //go:noescape
+func packQ4_0x4PFVNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)
+
+//go:noescape
 func packQ4_0x4VNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
 
 //go:noescape
 func packQ4_0x1VNNI(nb int, w, x, side *byte, out *float32)
 
 //go:noescape
+func packQ4_Kx4PFVNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)
+
+//go:noescape
 func packQ4_Kx4VNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
 
 //go:noescape
 func packQ4_Kx1VNNI(nb int, w, x, side *byte, out *float32)
+
+//go:noescape
+func packQ6_Kx4PFVNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)
 
 //go:noescape
 func packQ6_Kx4VNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
@@ -51,10 +66,16 @@ func packF16x1g2AVX512(nb int, w *byte, gstride int, side *byte, out *float32)
 func packF16x1g4AVX512(nb int, w *byte, gstride int, side *byte, out *float32)
 
 //go:noescape
+func packQ5_Kx4PFVNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)
+
+//go:noescape
 func packQ5_Kx4VNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
 
 //go:noescape
 func packQ5_Kx1VNNI(nb int, w, x, side *byte, out *float32)
+
+//go:noescape
+func packQ4_1x4PFVNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)
 
 //go:noescape
 func packQ4_1x4VNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
@@ -63,21 +84,24 @@ func packQ4_1x4VNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, ou
 func packQ4_1x1VNNI(nb int, w, x, side *byte, out *float32)
 
 //go:noescape
+func packQ5_1x4PFVNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)
+
+//go:noescape
 func packQ5_1x4VNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
 
 //go:noescape
 func packQ5_1x1VNNI(nb int, w, x, side *byte, out *float32)
 
 var (
-	packFormatQ8_0 = &packFormat{groupBlockBytes: 544, corrMul: 128, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ8_0, k4: packQ8_0x4VNNI, k1: packQ8_0x1VNNI}
-	packFormatQ5_0 = &packFormat{groupBlockBytes: 352, corrMul: 16, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ5_0, k4: packQ5_0x4VNNI, k1: packQ5_0x1VNNI}
-	packFormatQ4_K = &packFormat{groupBlockBytes: 2368, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ4_K, k4: packQ4_Kx4VNNI, k1: packQ4_Kx1VNNI}
-	packFormatQ5_K = &packFormat{groupBlockBytes: 2880, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ5_K, k4: packQ5_Kx4VNNI, k1: packQ5_Kx1VNNI}
-	packFormatQ6_K = &packFormat{groupBlockBytes: 3360, blockElems: 256, sideWords: 20, side: sideQ6_K, pack: packQ6_K, k4: packQ6_Kx4VNNI, k1: packQ6_Kx1VNNI}
+	packFormatQ8_0 = &packFormat{groupBlockBytes: 544, corrMul: 128, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ8_0, k4: packQ8_0x4VNNI, k4pf: packQ8_0x4PFVNNI, k1: packQ8_0x1VNNI}
+	packFormatQ5_0 = &packFormat{groupBlockBytes: 352, corrMul: 16, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ5_0, k4: packQ5_0x4VNNI, k4pf: packQ5_0x4PFVNNI, k1: packQ5_0x1VNNI}
+	packFormatQ4_K = &packFormat{groupBlockBytes: 2368, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ4_K, k4: packQ4_Kx4VNNI, k4pf: packQ4_Kx4PFVNNI, k1: packQ4_Kx1VNNI}
+	packFormatQ5_K = &packFormat{groupBlockBytes: 2880, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ5_K, k4: packQ5_Kx4VNNI, k4pf: packQ5_Kx4PFVNNI, k1: packQ5_Kx1VNNI}
+	packFormatQ6_K = &packFormat{groupBlockBytes: 3360, blockElems: 256, sideWords: 20, side: sideQ6_K, pack: packQ6_K, k4: packQ6_Kx4VNNI, k4pf: packQ6_Kx4PFVNNI, k1: packQ6_Kx1VNNI}
 	packFormatF16  = &packFormat{groupBlockBytes: 512, blockElems: 16, sideWords: 16, side: sideF16SIMD, pack: packF16, k4: packF16x4AVX512, k1: packF16x1AVX512, kw: packF16x8AVX512, kwRows: 8, k1g: packF16x1g4AVX512, k1gN: 4}
-	packFormatQ4_1 = &packFormat{groupBlockBytes: 320, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ4_1, k4: packQ4_1x4VNNI, k1: packQ4_1x1VNNI}
-	packFormatQ5_1 = &packFormat{groupBlockBytes: 384, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ5_1, k4: packQ5_1x4VNNI, k1: packQ5_1x1VNNI}
-	packFormatQ4_0 = &packFormat{groupBlockBytes: 288, corrMul: 8, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ4_0, k4: packQ4_0x4VNNI, k1: packQ4_0x1VNNI}
+	packFormatQ4_1 = &packFormat{groupBlockBytes: 320, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ4_1, k4: packQ4_1x4VNNI, k4pf: packQ4_1x4PFVNNI, k1: packQ4_1x1VNNI}
+	packFormatQ5_1 = &packFormat{groupBlockBytes: 384, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ5_1, k4: packQ5_1x4VNNI, k4pf: packQ5_1x4PFVNNI, k1: packQ5_1x1VNNI}
+	packFormatQ4_0 = &packFormat{groupBlockBytes: 288, corrMul: 8, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ4_0, k4: packQ4_0x4VNNI, k4pf: packQ4_0x4PFVNNI, k1: packQ4_0x1VNNI}
 )
 
 // packFormatFor returns the packed layout MatMul uses for weights of type

@@ -27,6 +27,35 @@ out = []
 P = out.append
 
 
+def prefetch_quarter(name, gbb):
+    """In an x4PF kernel: unless pf (R13) is nil, prefetch a quarter of a
+    block's bytes of the next group at R13 and advance it, so that the four
+    calls of a 16-row step fetch the whole next group while they compute
+    (the hardware prefetcher alone leaves the compute-bound kernel waiting
+    on memory at the start of each group)."""
+    q = gbb // 4
+    P("\tTESTQ R13, R13")
+    P(f"\tJEQ {name}_nopf")
+    for c in range(0, q, 64):
+        P(f"\tPREFETCHT0 {c}(R13)")
+    P(f"\tPREFETCHT0 {q-1}(R13)")
+    P(f"\tADDQ ${q}, R13")
+    P(f"{name}_nopf:")
+
+
+def head4(name, pf):
+    """The x4 kernels' signature and argument loads; x4PF adds pf."""
+    if pf:
+        P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)")
+        P(f"TEXT ·{name}(SB), NOSPLIT, $0-72")
+    else:
+        P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
+        P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
+    P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ x+16(FP), DI\n\tMOVQ xstride+24(FP), R8\n\tLEAQ (R8)(R8*2), R9\n\tMOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11\n\tLEAQ (R11)(R11*2), R12")
+    if pf:
+        P("\tMOVQ pf+64(FP), R13")
+
+
 def steps(dec, P, hdr=32, xq=2):
     """Emit code leaving step k's codes in Z16+k; return x byte offsets.
     hdr: bytes of scales before the codes; xq: offset of the activation
@@ -67,14 +96,12 @@ def steps(dec, P, hdr=32, xq=2):
     return xo
 
 
-def kernel(fmt, M):
+def kernel(fmt, M, pf=False):
     gbb, dec, tail, hdr, xbs = FORMATS[fmt]
-    name = f"pack{fmt}x{M}VNNI"
+    name = f"pack{fmt}x{M}{'PF' if pf else ''}VNNI"
     if M == 4:
-        P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
-        P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
-        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ x+16(FP), DI\n\tMOVQ xstride+24(FP), R8\n\tLEAQ (R8)(R8*2), R9\n\tMOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11\n\tLEAQ (R11)(R11*2), R12")
-        if PF4:
+        head4(name, pf)
+        if PF4 and not pf:
             P(f"\tMOVQ nb+0(FP), R13\n\tIMULQ ${gbb}, R13")
     else:
         P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
@@ -89,6 +116,8 @@ def kernel(fmt, M):
     P("\tTESTQ CX, CX")
     P(f"\tJEQ {name}_done")
     P(f"{name}_loop:")
+    if pf:
+        prefetch_quarter(name, gbb)
     for m in range(M):
         P(f"\tVPXORD Z{4+m}, Z{4+m}, Z{4+m}")
     if M == 1:
@@ -96,7 +125,7 @@ def kernel(fmt, M):
     if M == 1 and PF:
         for c in range(0, gbb, 64):
             P(f"\tPREFETCHT0 {PF*gbb+c}(SI)")
-    if M == 4 and PF4:
+    if M == 4 and PF4 and not pf:
         for c in range(0, gbb, 64):
             P(f"\tPREFETCHT0 {c}(SI)(R13*1)")
     xo = steps(dec, P, hdr, xbs - 32)
@@ -139,15 +168,13 @@ def kernel(fmt, M):
     P("\tVZEROUPPER\n\tRET\n")
 
 
-def kernel_q4k(M, q5=False):
+def kernel_q4k(M, q5=False, pf=False):
     """Q4_K (or, with q5, Q5_K) super-blocks (256 quants) against Q8_K rows;
     layouts in pack.go."""
     gbb = 2880 if q5 else 2368
-    name = f"packQ5_Kx{M}VNNI" if q5 else f"packQ4_Kx{M}VNNI"
+    name = f"pack{'Q5_K' if q5 else 'Q4_K'}x{M}{'PF' if pf else ''}VNNI"
     if M == 4:
-        P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
-        P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
-        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ x+16(FP), DI\n\tMOVQ xstride+24(FP), R8\n\tLEAQ (R8)(R8*2), R9\n\tMOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11\n\tLEAQ (R11)(R11*2), R12")
+        head4(name, pf)
     else:
         P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
@@ -162,6 +189,8 @@ def kernel_q4k(M, q5=False):
     P("\tTESTQ CX, CX")
     P(f"\tJEQ {name}_done")
     P(f"{name}_loop:")
+    if pf:
+        prefetch_quarter(name, gbb)
     # isum Z4..Z7, alo Z8..Z11, ahi Z12..Z15
     for m in range(M):
         P(f"\tVPXORD Z{4+m}, Z{4+m}, Z{4+m}")
@@ -248,14 +277,12 @@ def q6k_qh(h, l4):
     return q6k_region(h, l4) + 128 * (l4 % 4) + 64
 
 
-def kernel_q6k(M):
+def kernel_q6k(M, pf=False):
     """Q6_K super-blocks (256 quants, 16 groups of 16) against Q8_K rows."""
     gbb = 3360
-    name = f"packQ6_Kx{M}VNNI"
+    name = f"packQ6_Kx{M}{'PF' if pf else ''}VNNI"
     if M == 4:
-        P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
-        P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
-        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ x+16(FP), DI\n\tMOVQ xstride+24(FP), R8\n\tLEAQ (R8)(R8*2), R9\n\tMOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11\n\tLEAQ (R11)(R11*2), R12")
+        head4(name, pf)
     else:
         P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
@@ -268,6 +295,8 @@ def kernel_q6k(M):
     P("\tTESTQ CX, CX")
     P(f"\tJEQ {name}_done")
     P(f"{name}_loop:")
+    if pf:
+        prefetch_quarter(name, gbb)
     for m in range(M):
         P(f"\tVPXORD Z{4+m}, Z{4+m}, Z{4+m}")   # isum
     # group accumulators: Z8+m (first k of the pair), Z12+m (second)
@@ -423,12 +452,16 @@ P("""// Code generated by packgen.py; DO NOT EDIT.
 // operations in its order, without FMA.
 """)
 for f in FORMATS:
+    kernel(f, 4, pf=True)
     kernel(f, 4)
     kernel(f, 1)
+kernel_q4k(4, pf=True)
 kernel_q4k(4)
 kernel_q4k(1)
+kernel_q4k(4, q5=True, pf=True)
 kernel_q4k(4, q5=True)
 kernel_q4k(1, q5=True)
+kernel_q6k(4, pf=True)
 kernel_q6k(4)
 kernel_q6k(1)
 kernel_f16(8)
