@@ -70,7 +70,11 @@ type Tokenizer struct {
 	attrs     []uint16
 	tokenToID *vocabIndex
 	merges    *mergeTable
-	pieces    [][]byte // llama_token_to_piece(id, special=false)
+	// Piece(id) is pieces[pieceEnd[id-1]:pieceEnd[id]]: one array for the
+	// whole vocabulary instead of a slice per token (a 150k vocabulary's
+	// slice headers alone took 3.5 MiB).
+	pieces   []byte
+	pieceEnd []uint32
 
 	bos, eos, eot, eom, unk, sep, pad int32
 	fimPad, fimRep, fimSep            int32
@@ -610,10 +614,12 @@ func (t *Tokenizer) buildByteTable() {
 }
 
 func (t *Tokenizer) buildPieces() {
-	t.pieces = make([][]byte, len(t.tokens))
+	t.pieces, t.pieceEnd = nil, make([]uint32, len(t.tokens))
 	for id := range t.tokens {
-		t.pieces[id] = t.computePiece(int32(id))
+		t.pieces = append(t.pieces, t.computePiece(int32(id))...)
+		t.pieceEnd[id] = uint32(len(t.pieces))
 	}
+	t.pieces = slices.Clone(t.pieces) // exactly its size, not append's headroom
 }
 
 func parseByteToken(s string) (byte, bool) {
@@ -716,10 +722,17 @@ func (t *Tokenizer) ChatTemplate() string { return t.chatTemplate }
 // Piece returns llama_token_to_piece(id, special=false): the bytes id stands for.
 // Control and unknown tokens give no bytes. The returned slice must not be modified.
 func (t *Tokenizer) Piece(id int32) []byte {
-	if id < 0 || int(id) >= len(t.pieces) {
+	if id < 0 || int(id) >= len(t.pieceEnd) {
 		return nil
 	}
-	return t.pieces[id]
+	start := uint32(0)
+	if id > 0 {
+		start = t.pieceEnd[id-1]
+	}
+	if start == t.pieceEnd[id] {
+		return nil
+	}
+	return t.pieces[start:t.pieceEnd[id]:t.pieceEnd[id]]
 }
 
 // Decode returns llama_detokenize(ids, remove_special=false, unparse_special=false):
