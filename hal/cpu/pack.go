@@ -310,13 +310,13 @@ func (t *packedTask) runRange(worker, lo, hi int) {
 // row1 computes the outputs of activation row m for the group at w, whose
 // first row is j.
 func (t *packedTask) row1(w *byte, m, j int, tmp *[4 * packRows]float32) {
-	f, n := t.p.f, t.n
-	sp := (*byte)(unsafe.Pointer(&t.side[t.p.f.sideWords*t.p.nb*m]))
+	f, nb, n := t.p.f, t.p.nb, t.n
+	sp := (*byte)(unsafe.Pointer(&t.side[f.sideWords*nb*m]))
 	if j+packRows <= n {
-		f.k1(t.p.nb, w, &t.xq[m*t.xrb], sp, &t.out[m*n+j])
+		f.k1(nb, w, &t.xq[m*t.xrb], sp, &t.out[m*n+j])
 		return
 	}
-	f.k1(t.p.nb, w, &t.xq[m*t.xrb], sp, &tmp[0])
+	f.k1(nb, w, &t.xq[m*t.xrb], sp, &tmp[0])
 	copy(t.out[m*n+j:(m+1)*n], tmp[:n-j])
 }
 
