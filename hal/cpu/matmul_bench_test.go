@@ -2,7 +2,9 @@ package cpu
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"tandem/hal"
@@ -150,26 +152,19 @@ func byteSize(n int) string {
 // projection (2048 rows of 8192) for a 512-row prompt, through
 // each packed kernel variant, so that they compare side by side: "x4" the
 // four-row and single-row kernels alone, "x8"… with a wide kernel of that
-// many rows, "g2"/"g4" the single-row kernel over two or four groups.
+// many rows; "x1" the single-row kernel.
 func BenchmarkMatMulF16(b *testing.B) {
 	f := packFormatFor(kern.isa, hal.F16)
 	if f == nil {
 		b.Skipf("no packed F16 kernels for ISA %s", kern.isa)
 	}
-	variants := map[string]*packFormat{}
 	base := *f
-	base.kw, base.kwRows, base.k1g, base.k1gN = nil, 0, nil, 0
-	variants["x4"] = &base
-	wide, groups := packF16Variants()
-	for _, k := range wide {
+	base.kw, base.kwRows = nil, 0
+	variants := map[string]*packFormat{"x4": &base}
+	for _, k := range packF16Wide() {
 		v := base
 		v.kw, v.kwRows = k.k, k.rows
 		variants[fmt.Sprintf("x%d", k.rows)] = &v
-	}
-	for _, g := range groups {
-		v := base
-		v.k1g, v.k1gN = g.k, g.n
-		variants[fmt.Sprintf("g%d", g.n)] = &v
 	}
 	for _, c := range []struct {
 		name    string
@@ -183,10 +178,14 @@ func BenchmarkMatMulF16(b *testing.B) {
 		w := benchWeight(hal.F16, n, k)
 		x := testRandRow(rand.New(rand.NewPCG(1, 2)), m*k)
 		out := make([]float32, m*n)
-		for _, name := range []string{"x4", "x8", "g2", "g4"} {
+		names := []string{"x1"}
+		if m > 1 {
+			names = slices.Sorted(maps.Keys(variants))
+		}
+		for _, name := range names {
 			v := variants[name]
-			if v == nil || (m > 1 && name[0] == 'g') || (m == 1 && name[0] == 'x' && name != "x4") {
-				continue
+			if m == 1 {
+				v = f
 			}
 			be := New(0)
 			be.MatMul(out, x, m, w)

@@ -66,11 +66,6 @@ type packFormat struct {
 	// decoded once for more rows.
 	kw     packKernel4
 	kwRows int
-	// k1g, when set, is k1 over k1gN consecutive full groups at once, for
-	// the activation rows the four-row kernels leave: one chain per group
-	// instead of one in all.
-	k1g  packKernelG
-	k1gN int
 }
 
 // packKernel4 computes, for the group at w (nb blocks) and the activation
@@ -88,22 +83,11 @@ type packKernel4PF func(nb int, w, x *byte, xstride int, side *byte, sstride int
 // packKernel1 is packKernel4 for one activation row.
 type packKernel1 func(nb int, w, x, side *byte, out *float32)
 
-// packWide and packGroups name a wide kernel and a multi-group kernel
-// with their row and group counts.
+// packWide names a wide kernel with its row count.
 type packWide struct {
 	k    packKernel4
 	rows int
 }
-
-type packGroups struct {
-	k packKernelG
-	n int
-}
-
-// packKernelG is packKernel1 over consecutive groups, the first at w, the
-// others gstride bytes apart, for formats whose kernels read only the side
-// row; it writes the groups' outputs one after another at out.
-type packKernelG func(nb int, w *byte, gstride int, side *byte, out *float32)
 
 // packCache holds the packed copies of the weights a backend has seen. It
 // is keyed by the *hal.Weight, which it keeps alive, so that no other
@@ -285,39 +269,16 @@ func (t *packedTask) runRange(worker, lo, hi int) {
 				copy(out[(m+mm)*n+j:(m+mm+1)*n], tmp[mm*packRows:mm*packRows+n-j])
 			}
 		}
-		if f.k1g != nil {
-			continue // the remaining rows go group-wide below
-		}
 		for ; m < rows; m++ {
-			t.row1(w, m, j, tmp)
+			sp := (*byte)(unsafe.Pointer(&side[sw*m]))
+			if full {
+				f.k1(nb, w, &xq[m*xrb], sp, &out[m*n+j])
+				continue
+			}
+			f.k1(nb, w, &xq[m*xrb], sp, &tmp[0])
+			copy(out[m*n+j:(m+1)*n], tmp[:n-j])
 		}
 	}
-	if f.k1g == nil {
-		return
-	}
-	for m := m4; m < rows; m++ {
-		g := lo
-		sp := (*byte)(unsafe.Pointer(&side[sw*m]))
-		for G := f.k1gN; g+G <= hi && (g+G)*packRows <= n; g += G {
-			f.k1g(nb, &p.data[g*gb], gb, sp, &out[m*n+g*packRows])
-		}
-		for ; g < hi; g++ {
-			t.row1(&p.data[g*gb], m, g*packRows, tmp)
-		}
-	}
-}
-
-// row1 computes the outputs of activation row m for the group at w, whose
-// first row is j.
-func (t *packedTask) row1(w *byte, m, j int, tmp *[4 * packRows]float32) {
-	f, nb, n := t.p.f, t.p.nb, t.n
-	sp := (*byte)(unsafe.Pointer(&t.side[f.sideWords*nb*m]))
-	if j+packRows <= n {
-		f.k1(nb, w, &t.xq[m*t.xrb], sp, &t.out[m*n+j])
-		return
-	}
-	f.k1(nb, w, &t.xq[m*t.xrb], sp, &tmp[0])
-	copy(t.out[m*n+j:(m+1)*n], tmp[:n-j])
 }
 
 // packQ8_0 lays out one 16-row group of Q8_0 rows: per block, the 16 FP16

@@ -75,11 +75,10 @@ func TestPackedMatMulBitEqual(t *testing.T) {
 }
 
 // TestPackedF16Kernels holds each F16 kernel variant (the four-row and
-// single-row kernels alone, with each wide kernel, with the single-row
-// kernel over two or four groups) to the reference bit for bit: column
-// counts of one, three and 56 blocks of 16, weight row counts around the
-// groups and the multi-group spans (a partial last group, one row), and
-// activation row counts that leave every tail (16+4+1, 12+8+1, …). The values span
+// single-row kernels alone, and with each wide kernel) to the reference
+// bit for bit: column counts of one, three and 56 blocks of 16, weight row
+// counts around the groups (a partial last group, one row), and activation
+// row counts that leave every tail (8+8+4+1, 8+4+1, …). The values span
 // many binades, so that summing in any other order than the reference's
 // changes some outputs (checked on the reversed order).
 func TestPackedF16Kernels(t *testing.T) {
@@ -88,18 +87,13 @@ func TestPackedF16Kernels(t *testing.T) {
 		t.Skipf("no packed F16 kernels for ISA %s", kern.isa)
 	}
 	base := *f
-	base.kw, base.kwRows, base.k1g, base.k1gN = nil, 0, nil, 0
+	base.kw, base.kwRows = nil, 0
 	variants := map[string]*packFormat{"x4": &base}
-	wide, groups := packF16Variants()
+	wide := packF16Wide()
 	for _, k := range wide {
 		v := base
 		v.kw, v.kwRows = k.k, k.rows
 		variants[fmt.Sprintf("x%d", k.rows)] = &v
-	}
-	for _, g := range groups {
-		v := *f
-		v.k1g, v.k1gN = g.k, g.n
-		variants[fmt.Sprintf("default+g%d", g.n)] = &v
 	}
 	r := rand.New(rand.NewPCG(43, 44))
 	spread := func(n int) []float32 {

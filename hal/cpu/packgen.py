@@ -376,15 +376,14 @@ def side_f16():
 F16_BASES = ["R10", "R13", "DI", "R8"]  # side-row base registers, 4 rows each
 
 
-def kernel_f16(M, G=1):
+def kernel_f16(M):
     """F16 rows: per output, the exact float32 products summed in float32 in
     column order (one lane per row; FMA is exact here as the products are).
-    M activation rows share each widened weight vector; every (row, group)
-    pair is its own accumulator, so M*G independent FMA chains hide the
-    FMA latency. G > 1 (single row only) walks G consecutive groups, gstride
-    bytes apart, and writes their 16*G outputs in order."""
+    M activation rows (up to 16) share each widened weight vector, each
+    row its own accumulator: M independent FMA chains against the FMA's
+    latency of 4 cycles (Zen 4 issues one 512-bit FMA a cycle)."""
     gbb = 512
-    name = f"packF16x{M}AVX512" if G == 1 else f"packF16x{M}g{G}AVX512"
+    name = f"packF16x{M}AVX512"
     if M > 1:
         P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
@@ -392,36 +391,21 @@ def kernel_f16(M, G=1):
         # rows 4q..4q+3 hang off base register q
         for q in range(1, (M + 3) // 4):
             P(f"\tLEAQ ({F16_BASES[q-1]})(R11*4), {F16_BASES[q]}")
-    elif G > 1:
-        P(f"// func {name}(nb int, w *byte, gstride int, side *byte, out *float32)")
-        P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
-        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ gstride+16(FP), R8\n\tLEAQ (R8)(R8*2), R9\n\tMOVQ side+24(FP), R10")
     else:
         P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
         P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ side+24(FP), R10")
     sa = [f"({F16_BASES[m // 4]}){['', '(R11*1)', '(R11*2)', '(R12*1)'][m % 4]}" for m in range(M)]
-    wa = ["(SI)", "(SI)(R8*1)", "(SI)(R8*2)", "(SI)(R9*1)"]
-    for a in range(M * G):
-        P(f"\tVPXORD Z{a}, Z{a}, Z{a}")
+    for m in range(M):
+        P(f"\tVPXORD Z{m}, Z{m}, Z{m}")
     P("\tTESTQ CX, CX")
     P(f"\tJEQ {name}_done")
     P(f"{name}_loop:")
-    if PF and M == 1:
-        for g in range(G):
-            for c in range(0, gbb, 64):
-                P(f"\tPREFETCHT0 {PF*gbb+c}{wa[g]}")
     for k in range(16):
-        if G > 1:
-            P(f"\tVBROADCASTSS {4*k}(R10), Z24")
-        for g in range(G):
-            w = 16 + (k * G + g) % 8
-            P(f"\tVCVTPH2PS {32*k}{wa[g]}, Z{w}")
-            for m in range(M):
-                if G > 1:
-                    P(f"\tVFMADD231PS Z24, Z{w}, Z{g}")
-                else:
-                    P(f"\tVFMADD231PS.BCST {4*k}{sa[m]}, Z{w}, Z{m}")
+        w = 16 + k % 8
+        P(f"\tVCVTPH2PS {32*k}(SI), Z{w}")
+        for m in range(M):
+            P(f"\tVFMADD231PS.BCST {4*k}{sa[m]}, Z{w}, Z{m}")
     P(f"\tADDQ ${gbb}, SI\n\tADDQ $64, R10")
     for q in range(1, (M + 3) // 4):
         P(f"\tADDQ $64, {F16_BASES[q]}")
@@ -435,9 +419,7 @@ def kernel_f16(M, G=1):
                 P("\tLEAQ (AX)(BX*4), AX")
             P(f"\tVMOVUPS Z{m}, {oa[m % 4]}")
     else:
-        P("\tMOVQ out+32(FP), AX")
-        for g in range(G):
-            P(f"\tVMOVUPS Z{g}, {64*g}(AX)")
+        P("\tMOVQ out+32(FP), AX\n\tVMOVUPS Z0, (AX)")
     P("\tVZEROUPPER\n\tRET\n")
 
 
@@ -467,7 +449,5 @@ kernel_q6k(1)
 kernel_f16(8)
 kernel_f16(4)
 kernel_f16(1)
-kernel_f16(1, G=2)
-kernel_f16(1, G=4)
 side_f16()
 print("\n".join(out))
