@@ -149,22 +149,27 @@ func byteSize(n int) string {
 // BenchmarkMatMulF16 runs the F16 shapes of Qwen2.5-0.5B's FFN (4864
 // rows of 896) for a 512-row prompt, a 16-row batch and one row, a weight
 // far larger than the caches for one row, and Llama-3.2-1B's FFN down
-// projection (2048 rows of 8192) for a 512-row prompt, through
-// each packed kernel variant, so that they compare side by side: "x4" the
-// four-row and single-row kernels alone, "x8"… with a wide kernel of that
-// many rows; "x1" the single-row kernel.
+// projection (2048 rows of 8192) for a 512-row prompt, and 16 rows
+// against a weight far larger than the caches, through each packed kernel
+// variant, so that they compare side by side: "x4" the four-row and
+// single-row kernels alone, "x8"… with a wide kernel of that many rows,
+// "x8pf" one that also prefetches the next group; "x1" the single-row
+// kernel.
 func BenchmarkMatMulF16(b *testing.B) {
 	f := packFormatFor(kern.isa, hal.F16)
 	if f == nil {
 		b.Skipf("no packed F16 kernels for ISA %s", kern.isa)
 	}
 	base := *f
-	base.kw, base.kwRows = nil, 0
+	base.kw, base.kwpf, base.kwRows = nil, nil, 0
 	variants := map[string]*packFormat{"x4": &base}
 	for _, k := range packF16Wide() {
 		v := base
 		v.kw, v.kwRows = k.k, k.rows
 		variants[fmt.Sprintf("x%d", k.rows)] = &v
+		vpf := v
+		vpf.kwpf = k.pf
+		variants[fmt.Sprintf("x%dpf", k.rows)] = &vpf
 	}
 	for _, c := range []struct {
 		name    string
@@ -173,6 +178,7 @@ func BenchmarkMatMulF16(b *testing.B) {
 		{"prompt", 896, 4864, 512}, {"batch16", 896, 4864, 16}, {"row", 896, 4864, 1},
 		{"stream", 896, (192 << 20) / (2 * 896), 1},
 		{"prompt-k8192", 8192, 2048, 512}, // Llama-3.2-1B's FFN down projection
+		{"batch16-stream", 896, (192 << 20) / (2 * 896), 16},
 	} {
 		k, n, m := c.k, c.n, c.m
 		w := benchWeight(hal.F16, n, k)

@@ -66,6 +66,9 @@ type packFormat struct {
 	// decoded once for more rows.
 	kw     packKernel4
 	kwRows int
+	// kwpf, when set, is kw that also prefetches kwRows/16 of the next
+	// group, as k4pf.
+	kwpf packKernel4PF
 }
 
 // packKernel4 computes, for the group at w (nb blocks) and the activation
@@ -86,6 +89,7 @@ type packKernel1 func(nb int, w, x, side *byte, out *float32)
 // packWide names a wide kernel with its row count.
 type packWide struct {
 	k    packKernel4
+	pf   packKernel4PF
 	rows int
 }
 
@@ -251,6 +255,10 @@ func (t *packedTask) runRange(worker, lo, hi int) {
 		if f.kw != nil && full {
 			for ; m+f.kwRows <= m4; m += f.kwRows {
 				sp := (*byte)(unsafe.Pointer(&side[sw*m]))
+				if m < packRows && f.kwpf != nil && g+1 < p.groups {
+					f.kwpf(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n, &p.data[(g+1)*gb+m*gb/packRows])
+					continue
+				}
 				f.kw(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n)
 			}
 		}

@@ -57,6 +57,9 @@ func packF16x1AVX512(nb int, w, x, side *byte, out *float32)
 func sideF16AVX512(n int, src *byte, dst *int32)
 
 //go:noescape
+func packF16x8PFAVX512(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)
+
+//go:noescape
 func packF16x8AVX512(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
 
 //go:noescape
@@ -92,7 +95,7 @@ var (
 	packFormatQ4_K = &packFormat{groupBlockBytes: 2368, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ4_K, k4: packQ4_Kx4VNNI, k4pf: packQ4_Kx4PFVNNI, k1: packQ4_Kx1VNNI}
 	packFormatQ5_K = &packFormat{groupBlockBytes: 2880, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ5_K, k4: packQ5_Kx4VNNI, k4pf: packQ5_Kx4PFVNNI, k1: packQ5_Kx1VNNI}
 	packFormatQ6_K = &packFormat{groupBlockBytes: 3360, blockElems: 256, sideWords: 20, side: sideQ6_K, pack: packQ6_K, k4: packQ6_Kx4VNNI, k4pf: packQ6_Kx4PFVNNI, k1: packQ6_Kx1VNNI}
-	packFormatF16  = &packFormat{groupBlockBytes: 512, blockElems: 16, sideWords: 16, side: sideF16SIMD, pack: packF16, k4: packF16x4AVX512, k1: packF16x1AVX512, kw: packF16x8AVX512, kwRows: 8}
+	packFormatF16  = &packFormat{groupBlockBytes: 512, blockElems: 16, sideWords: 16, side: sideF16SIMD, pack: packF16, k4: packF16x4AVX512, k1: packF16x1AVX512, kw: packF16x8AVX512, kwpf: packF16x8PFAVX512, kwRows: 8}
 	packFormatQ4_1 = &packFormat{groupBlockBytes: 320, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ4_1, k4: packQ4_1x4VNNI, k4pf: packQ4_1x4PFVNNI, k1: packQ4_1x1VNNI}
 	packFormatQ5_1 = &packFormat{groupBlockBytes: 384, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ5_1, k4: packQ5_1x4VNNI, k4pf: packQ5_1x4PFVNNI, k1: packQ5_1x1VNNI}
 	packFormatQ4_0 = &packFormat{groupBlockBytes: 288, corrMul: 8, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ4_0, k4: packQ4_0x4VNNI, k4pf: packQ4_0x4PFVNNI, k1: packQ4_0x1VNNI}
@@ -141,4 +144,4 @@ func sideF16SIMD(side []int32, xq []byte, nb int, _ int32) {
 
 // packF16Wide lists the wide F16 kernels, for tests and benchmarks that
 // exercise each.
-func packF16Wide() []packWide { return []packWide{{packF16x8AVX512, 8}} }
+func packF16Wide() []packWide { return []packWide{{packF16x8AVX512, packF16x8PFAVX512, 8}} }

@@ -87,13 +87,16 @@ func TestPackedF16Kernels(t *testing.T) {
 		t.Skipf("no packed F16 kernels for ISA %s", kern.isa)
 	}
 	base := *f
-	base.kw, base.kwRows = nil, 0
+	base.kw, base.kwpf, base.kwRows = nil, nil, 0
 	variants := map[string]*packFormat{"x4": &base}
 	wide := packF16Wide()
 	for _, k := range wide {
 		v := base
 		v.kw, v.kwRows = k.k, k.rows
 		variants[fmt.Sprintf("x%d", k.rows)] = &v
+		vpf := v
+		vpf.kwpf = k.pf
+		variants[fmt.Sprintf("x%dpf", k.rows)] = &vpf
 	}
 	r := rand.New(rand.NewPCG(43, 44))
 	spread := func(n int) []float32 {

@@ -376,18 +376,27 @@ def side_f16():
 F16_BASES = ["R10", "R13", "DI", "R8"]  # side-row base registers, 4 rows each
 
 
-def kernel_f16(M):
+def kernel_f16(M, pf=False):
     """F16 rows: per output, the exact float32 products summed in float32 in
     column order (one lane per row; FMA is exact here as the products are).
     M activation rows (up to 16) share each widened weight vector, each
     row its own accumulator: M independent FMA chains against the FMA's
-    latency of 4 cycles (Zen 4 issues one 512-bit FMA a cycle)."""
+    latency of 4 cycles (Zen 4 issues one 512-bit FMA a cycle). With pf,
+    unless pf is nil, each block also prefetches M/16 of a block of the next
+    group at pf, so that the calls of a 16-row step fetch all of it while
+    they compute."""
     gbb = 512
-    name = f"packF16x{M}AVX512"
+    name = f"packF16x{M}{'PF' if pf else ''}AVX512"
     if M > 1:
-        P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
-        P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
+        if pf:
+            P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)")
+            P(f"TEXT ·{name}(SB), NOSPLIT, $0-72")
+        else:
+            P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
+            P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
         P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11\n\tLEAQ (R11)(R11*2), R12")
+        if pf:
+            P("\tMOVQ pf+64(FP), R9")
         # rows 4q..4q+3 hang off base register q
         for q in range(1, (M + 3) // 4):
             P(f"\tLEAQ ({F16_BASES[q-1]})(R11*4), {F16_BASES[q]}")
@@ -401,6 +410,14 @@ def kernel_f16(M):
     P("\tTESTQ CX, CX")
     P(f"\tJEQ {name}_done")
     P(f"{name}_loop:")
+    if pf:
+        part = gbb * M // 16
+        P("\tTESTQ R9, R9")
+        P(f"\tJEQ {name}_nopf")
+        for c in range(0, part, 64):
+            P(f"\tPREFETCHT0 {c}(R9)")
+        P(f"\tADDQ ${part}, R9")
+        P(f"{name}_nopf:")
     for k in range(16):
         w = 16 + k % 8
         P(f"\tVCVTPH2PS {32*k}(SI), Z{w}")
@@ -447,6 +464,7 @@ kernel_q6k(4, pf=True)
 kernel_q6k(4)
 kernel_q6k(1)
 kernel_f16(8)
+kernel_f16(8, pf=True)
 kernel_f16(4)
 kernel_f16(1)
 side_f16()
