@@ -94,6 +94,7 @@ func (f KVFormat) Check(other KVFormat) error {
 // blockIO reads and writes whole blocks of a host-memory KV store whose per-layer K and V
 // arrays are float32, block-major (hal/cpu's store): a block's bytes are copied as they lie.
 type blockIO struct {
+	st   hal.KVStore // keeps k and v valid (hal/cpu maps them outside the Go heap)
 	k, v [][]float32
 	n    int // floats of one block in one layer's K (or V) array
 	f    KVFormat
@@ -128,7 +129,7 @@ func newBlockIO(st hal.KVStore) (*blockIO, error) {
 		return nil, errors.New("engine: KV transfer needs a little-endian host")
 	}
 	f := KVFormat{Store: fmt.Sprintf("%T", st), DType: "f32", BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
-	return &blockIO{k: k, v: v, n: n, f: f}, nil
+	return &blockIO{st: st, k: k, v: v, n: n, f: f}, nil
 }
 
 // bytesOf views floats as bytes (always aligned, unlike the other way round).

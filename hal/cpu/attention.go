@@ -22,13 +22,7 @@ func (b *Backend) NewKVStore(l hal.KVLayout) (hal.KVStore, error) {
 	if l.Layers <= 0 || l.Blocks <= 0 || l.BlockSize <= 0 || l.KVHeads <= 0 || l.HeadDim <= 0 {
 		return nil, fmt.Errorf("cpu: invalid KV layout %+v", l)
 	}
-	per := l.Blocks * l.BlockSize * l.KVHeads * l.HeadDim
-	s := &kvStore{layout: l, k: make([][]float32, l.Layers), v: make([][]float32, l.Layers)}
-	for i := range s.k {
-		s.k[i] = make([]float32, per)
-		s.v[i] = make([]float32, per)
-	}
-	return s, nil
+	return newHostKVStore(l, l.Blocks*l.BlockSize*l.KVHeads*l.HeadDim)
 }
 
 func (s *kvStore) Layout() hal.KVLayout { return s.layout }

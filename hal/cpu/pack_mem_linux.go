@@ -192,3 +192,15 @@ func fileMappings(b []byte) (lo, hi uintptr, ok bool) {
 	}
 	return 0, 0, false
 }
+
+// mapKV returns n zeroed bytes mapped outside the Go heap (no huge pages:
+// a KV block is a few KiB of each layer's array, and a huge page per first
+// write would make the cache resident 2 MiB at a time), and the function
+// that unmaps them.
+func mapKV(n int) ([]byte, func(), error) {
+	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	if err != nil {
+		return nil, nil, err
+	}
+	return b, func() { _ = syscall.Munmap(b) }, nil
+}

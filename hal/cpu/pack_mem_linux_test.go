@@ -3,8 +3,11 @@ package cpu
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
+
+	"tandem/hal"
 )
 
 // TestFileMappings: only shared file mappings may have their pages dropped
@@ -77,4 +80,37 @@ func TestFileMappings(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestKVStoreOffHeap: the KV store's arrays lie outside the Go heap, so
+// that a large cache does not raise the collector's goal past the garbage
+// of a whole server's life; they read as zeros and hold what is written.
+func TestKVStoreOffHeap(t *testing.T) {
+	be := New(1)
+	defer be.Close()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	l := hal.KVLayout{Layers: 4, Blocks: 1024, BlockSize: 16, KVHeads: 8, HeadDim: 64} // 256 MiB
+	st, err := be.NewKVStore(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 16<<20 {
+		t.Errorf("a %d-byte KV store grew the Go heap by %d bytes", st.Bytes(), grew)
+	}
+	k, v := st.(*kvStore).KVArrays()
+	per := l.Blocks * l.BlockSize * l.KVHeads * l.HeadDim
+	for i := range l.Layers {
+		if len(k[i]) != per || len(v[i]) != per || cap(k[i]) != per {
+			t.Fatalf("layer %d: arrays of %d and %d floats (cap %d), want %d", i, len(k[i]), len(v[i]), cap(k[i]), per)
+		}
+		k[i][0], k[i][per-1], v[i][0], v[i][per-1] = float32(i), float32(i+1), float32(i+2), float32(i+3)
+	}
+	for i := range l.Layers {
+		if k[i][0] != float32(i) || k[i][per-1] != float32(i+1) || v[i][0] != float32(i+2) || v[i][per-1] != float32(i+3) || k[i][per/2] != 0 {
+			t.Fatalf("layer %d does not hold what was written", i)
+		}
+	}
+	runtime.KeepAlive(st)
 }
