@@ -56,6 +56,20 @@ def head4(name, pf):
         P("\tMOVQ pf+64(FP), R13")
 
 
+def head(name, M, pf):
+    """The signature and argument loads of an x4 (or x4PF) or x1 kernel;
+    returns the addresses of the activation rows and of their side rows."""
+    if M == 4:
+        head4(name, pf)
+    else:
+        P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
+        P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
+        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ x+16(FP), DI\n\tMOVQ side+24(FP), R10")
+    xa = ["(DI)", "(DI)(R8*1)", "(DI)(R8*2)", "(DI)(R9*1)"]
+    sa = ["(R10)", "(R10)(R11*1)", "(R10)(R11*2)", "(R10)(R12*1)"]
+    return xa, sa
+
+
 def steps(dec, P, hdr=32, xq=2):
     """Emit code leaving step k's codes in Z16+k; return x byte offsets.
     hdr: bytes of scales before the codes; xq: offset of the activation
@@ -99,16 +113,9 @@ def steps(dec, P, hdr=32, xq=2):
 def kernel(fmt, M, pf=False):
     gbb, dec, tail, hdr, xbs = FORMATS[fmt]
     name = f"pack{fmt}x{M}{'PF' if pf else ''}VNNI"
-    if M == 4:
-        head4(name, pf)
-        if PF4 and not pf:
-            P(f"\tMOVQ nb+0(FP), R13\n\tIMULQ ${gbb}, R13")
-    else:
-        P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
-        P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
-        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ x+16(FP), DI\n\tMOVQ side+24(FP), R10")
-    xa = ["(DI)", "(DI)(R8*1)", "(DI)(R8*2)", "(DI)(R9*1)"]
-    sa = ["(R10)", "(R10)(R11*1)", "(R10)(R11*2)", "(R10)(R12*1)"]
+    xa, sa = head(name, M, pf)
+    if M == 4 and PF4 and not pf:
+        P(f"\tMOVQ nb+0(FP), R13\n\tIMULQ ${gbb}, R13")
     if dec != "q8":
         P("\tMOVL $0x0f0f0f0f, AX\n\tVPBROADCASTD AX, Z12\n\tMOVL $0x10101010, AX\n\tVPBROADCASTD AX, Z13")
     for m in range(M):
@@ -173,14 +180,7 @@ def kernel_q4k(M, q5=False, pf=False):
     layouts in pack.go."""
     gbb = 2880 if q5 else 2368
     name = f"pack{'Q5_K' if q5 else 'Q4_K'}x{M}{'PF' if pf else ''}VNNI"
-    if M == 4:
-        head4(name, pf)
-    else:
-        P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
-        P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
-        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ x+16(FP), DI\n\tMOVQ side+24(FP), R10")
-    xa = ["(DI)", "(DI)(R8*1)", "(DI)(R8*2)", "(DI)(R9*1)"]
-    sa = ["(R10)", "(R10)(R11*1)", "(R10)(R11*2)", "(R10)(R12*1)"]
+    xa, sa = head(name, M, pf)
     P("\tMOVL $0x0f0f0f0f, AX\n\tVPBROADCASTD AX, Z22")
     if q5:
         P("\tMOVL $0x10101010, AX\n\tVPBROADCASTD AX, Z27")
@@ -281,14 +281,7 @@ def kernel_q6k(M, pf=False):
     """Q6_K super-blocks (256 quants, 16 groups of 16) against Q8_K rows."""
     gbb = 3360
     name = f"packQ6_Kx{M}{'PF' if pf else ''}VNNI"
-    if M == 4:
-        head4(name, pf)
-    else:
-        P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
-        P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
-        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ x+16(FP), DI\n\tMOVQ side+24(FP), R10")
-    xa = ["(DI)", "(DI)(R8*1)", "(DI)(R8*2)", "(DI)(R9*1)"]
-    sa = ["(R10)", "(R10)(R11*1)", "(R10)(R11*2)", "(R10)(R12*1)"]
+    xa, sa = head(name, M, pf)
     P("\tMOVL $0x0f0f0f0f, AX\n\tVPBROADCASTD AX, Z30\n\tMOVL $0x30303030, AX\n\tVPBROADCASTD AX, Z31")
     for m in range(M):
         P(f"\tVPXORD Z{m}, Z{m}, Z{m}")
