@@ -322,7 +322,7 @@ func (t *Tokenizer) bpeMerge(word string, out []int32, byteFallback bool) []int3
 				} else if t.unk != nullToken {
 					out = append(out, t.unk)
 				}
-			} else if id, ok := t.tokenToID.id(s[j:j+1]); ok {
+			} else if id, ok := t.tokenToID.id(s[j : j+1]); ok {
 				out = append(out, id)
 			}
 		}
