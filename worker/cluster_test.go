@@ -308,6 +308,12 @@ func TestClusterKVAwareRouting(t *testing.T) {
 
 	rc := client(c.router.URL())
 	for i := range 3 {
+		// The worker's load report for the previous request can arrive after the
+		// request ended; with w2 still counted as busy, the cheaper choice is w1.
+		waitFor(t, "w2 to report itself idle", func() bool {
+			w, ok := c.worker("w2")
+			return ok && w.Load == 0
+		})
 		out, wk := complete(t, rc, longPrompt, 8)
 		if wk != "w2" {
 			t.Fatalf("request %d went to %q, want w2 (which holds the prefix)", i, wk)
