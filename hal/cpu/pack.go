@@ -255,8 +255,8 @@ func (t *packedTask) runRange(worker, lo, hi int) {
 		if f.kw != nil && full {
 			for ; m+f.kwRows <= m4; m += f.kwRows {
 				sp := (*byte)(unsafe.Pointer(&side[sw*m]))
-				if m < packRows && f.kwpf != nil && g+1 < p.groups {
-					f.kwpf(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n, &p.data[(g+1)*gb+m*gb/packRows])
+				if f.kwpf != nil {
+					f.kwpf(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n, p.prefetchFor(g, m))
 					continue
 				}
 				f.kw(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n)
@@ -264,8 +264,8 @@ func (t *packedTask) runRange(worker, lo, hi int) {
 		}
 		for ; m < m4; m += 4 {
 			sp := (*byte)(unsafe.Pointer(&side[sw*m]))
-			if q := m / 4; full && f.k4pf != nil && q < 4 && g+1 < p.groups {
-				f.k4pf(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n, &p.data[(g+1)*gb+q*gb/4])
+			if full && f.k4pf != nil {
+				f.k4pf(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n, p.prefetchFor(g, m))
 				continue
 			}
 			if full {
@@ -287,6 +287,18 @@ func (t *packedTask) runRange(worker, lo, hi int) {
 			copy(out[m*n+j:(m+1)*n], tmp[:n-j])
 		}
 	}
+}
+
+// prefetchFor returns where the call of a PF kernel for group g and
+// activation rows from m on starts prefetching: the share m/16 of the next
+// group, as the calls for the first 16 rows each fetch their part of it;
+// nil (no prefetch) for later rows and for the last group.
+func (p *packedWeight) prefetchFor(g, m int) *byte {
+	if m >= packRows || g+1 >= p.groups {
+		return nil
+	}
+	gb := p.f.groupBlockBytes * p.nb
+	return &p.data[(g+1)*gb+m*gb/packRows]
 }
 
 // packQ8_0 lays out one 16-row group of Q8_0 rows: per block, the 16 FP16

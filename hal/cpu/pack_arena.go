@@ -18,8 +18,8 @@ const (
 )
 
 // alloc returns n zeroed bytes starting on a cache line. Pieces of a slab
-// are released with the arena; a weight larger than a slab gets its own
-// mapping and free releases it.
+// are released with the arena; a weight over a quarter of a slab gets its
+// own mapping (so a slab's unused tail stays small) and free releases it.
 func (a *packArena) alloc(n int) (data []byte, free func()) {
 	if n == 0 {
 		return nil, func() {}

@@ -144,53 +144,64 @@ func fileMappings(b []byte) (lo, hi uintptr, ok bool) {
 	var runFile string      // its device and inode
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		// start-end perms offset dev inode [path]
-		fields := bytes.Fields(sc.Bytes())
-		if len(fields) < 5 {
+		m, ok := parseMapping(sc.Bytes())
+		if !ok {
 			continue
 		}
-		dash := bytes.IndexByte(fields[0], '-')
-		if dash < 0 {
-			continue
-		}
-		start, err1 := strconv.ParseUint(string(fields[0][:dash]), 16, 64)
-		end, err2 := strconv.ParseUint(string(fields[0][dash+1:]), 16, 64)
-		if err1 != nil || err2 != nil {
-			continue
-		}
-		if start >= bhi && runHi < bhi {
+		if m.start >= bhi && runHi < bhi {
 			return 0, 0, false // past b, which is not covered
 		}
-		file := string(fields[3]) + " " + string(fields[4])
-		shared := len(fields[1]) >= 4 && fields[1][3] == 's' && string(fields[4]) != "0"
 		switch {
-		case shared && start == runHi && file == runFile:
-			runHi = end
-		case shared:
-			runLo, runHi, runFile = start, end, file
+		case m.shared && m.start == runHi && m.file == runFile:
+			runHi = m.end
+		case m.shared:
+			runLo, runHi, runFile = m.start, m.end, m.file
 		default:
 			runLo, runHi, runFile = 0, 0, ""
 		}
 		if runHi >= bhi && runLo <= blo && runHi != 0 {
 			// Extend the run over the file's next mappings, then stop.
 			for sc.Scan() {
-				fields = bytes.Fields(sc.Bytes())
-				if len(fields) < 5 || bytes.IndexByte(fields[0], '-') < 0 {
+				m, ok := parseMapping(sc.Bytes())
+				if !ok || !m.shared || m.start != runHi || m.file != runFile {
 					break
 				}
-				dash = bytes.IndexByte(fields[0], '-')
-				start, err1 = strconv.ParseUint(string(fields[0][:dash]), 16, 64)
-				end, err2 = strconv.ParseUint(string(fields[0][dash+1:]), 16, 64)
-				if err1 != nil || err2 != nil || start != runHi || len(fields[1]) < 4 || fields[1][3] != 's' ||
-					string(fields[3])+" "+string(fields[4]) != runFile {
-					break
-				}
-				runHi = end
+				runHi = m.end
 			}
 			return uintptr(runLo), uintptr(runHi), true
 		}
 	}
 	return 0, 0, false
+}
+
+// mapping is one line of /proc/self/maps, as far as fileMappings reads it.
+type mapping struct {
+	start, end uint64
+	shared     bool   // a shared mapping of a file
+	file       string // its device and inode
+}
+
+// parseMapping reads a line "start-end perms offset dev inode [path]".
+func parseMapping(line []byte) (mapping, bool) {
+	fields := bytes.Fields(line)
+	if len(fields) < 5 {
+		return mapping{}, false
+	}
+	dash := bytes.IndexByte(fields[0], '-')
+	if dash < 0 {
+		return mapping{}, false
+	}
+	start, err1 := strconv.ParseUint(string(fields[0][:dash]), 16, 64)
+	end, err2 := strconv.ParseUint(string(fields[0][dash+1:]), 16, 64)
+	if err1 != nil || err2 != nil {
+		return mapping{}, false
+	}
+	return mapping{
+		start:  start,
+		end:    end,
+		shared: len(fields[1]) >= 4 && fields[1][3] == 's' && string(fields[4]) != "0",
+		file:   string(fields[3]) + " " + string(fields[4]),
+	}, true
 }
 
 // mapKV returns n zeroed bytes mapped outside the Go heap (no huge pages:

@@ -17,30 +17,49 @@ FORMATS = {
     "Q5_1": (384, "q5", "min", 64, 36),
 }
 
-import os
-
-# PF: how many blocks ahead the single-row kernels prefetch (0: none).
-PF = int(os.environ.get("PF", "0"))
-PF4 = int(os.environ.get("PF4", "0"))
 
 out = []
 P = out.append
 
 
-def prefetch_quarter(name, gbb):
-    """In an x4PF kernel: unless pf (R13) is nil, prefetch a quarter of a
-    block's bytes of the next group at R13 and advance it, so that the four
-    calls of a 16-row step fetch the whole next group while they compute
-    (the hardware prefetcher alone leaves the compute-bound kernel waiting
-    on memory at the start of each group)."""
-    q = gbb // 4
-    P("\tTESTQ R13, R13")
+def prefetch_part(name, part, reg):
+    """In a PF kernel: unless pf (in reg) is nil, prefetch part bytes of the
+    next group at reg and advance it, once per block, so that the calls of
+    a 16-row step fetch the whole next group while they compute (the
+    hardware prefetcher alone leaves the compute-bound kernels waiting on
+    memory at the start of each group)."""
+    P(f"\tTESTQ {reg}, {reg}")
     P(f"\tJEQ {name}_nopf")
-    for c in range(0, q, 64):
-        P(f"\tPREFETCHT0 {c}(R13)")
-    P(f"\tPREFETCHT0 {q-1}(R13)")
-    P(f"\tADDQ ${q}, R13")
+    for c in range(0, part, 64):
+        P(f"\tPREFETCHT0 {c}({reg})")
+    if part % 64:
+        P(f"\tPREFETCHT0 {part-1}({reg})")  # the line holding the last byte
+    P(f"\tADDQ ${part}, {reg}")
     P(f"{name}_nopf:")
+
+
+def loop_head(name, M):
+    """Zero the M sums and open the block loop (skipped when nb is 0)."""
+    for m in range(M):
+        P(f"\tVPXORD Z{m}, Z{m}, Z{m}")
+    P("\tTESTQ CX, CX")
+    P(f"\tJEQ {name}_done")
+    P(f"{name}_loop:")
+
+
+def store_tail(name, M):
+    """Store the M sums (Z0..) to out, row m at out + m·ostride, and return."""
+    P(f"{name}_done:")
+    if M > 1:
+        P("\tMOVQ out+48(FP), AX\n\tMOVQ ostride+56(FP), BX\n\tLEAQ (BX)(BX*2), DX")
+        oa = ["(AX)", "(AX)(BX*1)", "(AX)(BX*2)", "(AX)(DX*1)"]
+        for m in range(M):
+            if m > 0 and m % 4 == 0:
+                P("\tLEAQ (AX)(BX*4), AX")
+            P(f"\tVMOVUPS Z{m}, {oa[m % 4]}")
+    else:
+        P("\tMOVQ out+32(FP), AX\n\tVMOVUPS Z0, (AX)")
+    P("\tVZEROUPPER\n\tRET\n")
 
 
 def head4(name, pf):
@@ -114,27 +133,15 @@ def kernel(fmt, M, pf=False):
     gbb, dec, tail, hdr, xbs = FORMATS[fmt]
     name = f"pack{fmt}x{M}{'PF' if pf else ''}VNNI"
     xa, sa = head(name, M, pf)
-    if M == 4 and PF4 and not pf:
-        P(f"\tMOVQ nb+0(FP), R13\n\tIMULQ ${gbb}, R13")
     if dec != "q8":
         P("\tMOVL $0x0f0f0f0f, AX\n\tVPBROADCASTD AX, Z12\n\tMOVL $0x10101010, AX\n\tVPBROADCASTD AX, Z13")
-    for m in range(M):
-        P(f"\tVPXORD Z{m}, Z{m}, Z{m}")
-    P("\tTESTQ CX, CX")
-    P(f"\tJEQ {name}_done")
-    P(f"{name}_loop:")
+    loop_head(name, M)
     if pf:
-        prefetch_quarter(name, gbb)
+        prefetch_part(name, gbb // 4, "R13")
     for m in range(M):
         P(f"\tVPXORD Z{4+m}, Z{4+m}, Z{4+m}")
     if M == 1:
         P("\tVPXORD Z8, Z8, Z8")
-    if M == 1 and PF:
-        for c in range(0, gbb, 64):
-            P(f"\tPREFETCHT0 {PF*gbb+c}(SI)")
-    if M == 4 and PF4 and not pf:
-        for c in range(0, gbb, 64):
-            P(f"\tPREFETCHT0 {c}(SI)(R13*1)")
     xo = steps(dec, P, hdr, xbs - 32)
     for k in range(8):
         for m in range(M):
@@ -167,12 +174,7 @@ def kernel(fmt, M, pf=False):
             P(f"\tVMULPS.BCST {sa[m]}, Z{a}, Z{a}")
         P(f"\tVADDPS Z{a}, Z{m}, Z{m}")
     P(f"\tADDQ ${gbb}, SI\n\tADDQ ${xbs}, DI\n\tADDQ $8, R10\n\tDECQ CX\n\tJNE {name}_loop")
-    P(f"{name}_done:")
-    if M == 4:
-        P("\tMOVQ out+48(FP), AX\n\tMOVQ ostride+56(FP), BX\n\tLEAQ (BX)(BX*2), DX\n\tVMOVUPS Z0, (AX)\n\tVMOVUPS Z1, (AX)(BX*1)\n\tVMOVUPS Z2, (AX)(BX*2)\n\tVMOVUPS Z3, (AX)(DX*1)")
-    else:
-        P("\tMOVQ out+32(FP), AX\n\tVMOVUPS Z0, (AX)")
-    P("\tVZEROUPPER\n\tRET\n")
+    store_tail(name, M)
 
 
 def kernel_q4k(M, q5=False, pf=False):
@@ -184,13 +186,9 @@ def kernel_q4k(M, q5=False, pf=False):
     P("\tMOVL $0x0f0f0f0f, AX\n\tVPBROADCASTD AX, Z22")
     if q5:
         P("\tMOVL $0x10101010, AX\n\tVPBROADCASTD AX, Z27")
-    for m in range(M):
-        P(f"\tVPXORD Z{m}, Z{m}, Z{m}")
-    P("\tTESTQ CX, CX")
-    P(f"\tJEQ {name}_done")
-    P(f"{name}_loop:")
+    loop_head(name, M)
     if pf:
-        prefetch_quarter(name, gbb)
+        prefetch_part(name, gbb // 4, "R13")
     # isum Z4..Z7, alo Z8..Z11, ahi Z12..Z15
     for m in range(M):
         P(f"\tVPXORD Z{4+m}, Z{4+m}, Z{4+m}")
@@ -248,12 +246,7 @@ def kernel_q4k(M, q5=False, pf=False):
         P(f"\tVMULPS Z26, Z{8+m}, Z{8+m}")
         P(f"\tVSUBPS Z{8+m}, Z{m}, Z{m}")       # sum -= dmin*msum
     P(f"\tADDQ ${gbb}, SI\n\tADDQ $292, DI\n\tADDQ $32, R10\n\tDECQ CX\n\tJNE {name}_loop")
-    P(f"{name}_done:")
-    if M == 4:
-        P("\tMOVQ out+48(FP), AX\n\tMOVQ ostride+56(FP), BX\n\tLEAQ (BX)(BX*2), DX\n\tVMOVUPS Z0, (AX)\n\tVMOVUPS Z1, (AX)(BX*1)\n\tVMOVUPS Z2, (AX)(BX*2)\n\tVMOVUPS Z3, (AX)(DX*1)")
-    else:
-        P("\tMOVQ out+32(FP), AX\n\tVMOVUPS Z0, (AX)")
-    P("\tVZEROUPPER\n\tRET\n")
+    store_tail(name, M)
 
 
 def q6k_region(h, l4):
@@ -283,13 +276,9 @@ def kernel_q6k(M, pf=False):
     name = f"packQ6_Kx{M}{'PF' if pf else ''}VNNI"
     xa, sa = head(name, M, pf)
     P("\tMOVL $0x0f0f0f0f, AX\n\tVPBROADCASTD AX, Z30\n\tMOVL $0x30303030, AX\n\tVPBROADCASTD AX, Z31")
-    for m in range(M):
-        P(f"\tVPXORD Z{m}, Z{m}, Z{m}")
-    P("\tTESTQ CX, CX")
-    P(f"\tJEQ {name}_done")
-    P(f"{name}_loop:")
+    loop_head(name, M)
     if pf:
-        prefetch_quarter(name, gbb)
+        prefetch_part(name, gbb // 4, "R13")
     for m in range(M):
         P(f"\tVPXORD Z{4+m}, Z{4+m}, Z{4+m}")   # isum
     # group accumulators: Z8+m (first k of the pair), Z12+m (second)
@@ -339,12 +328,7 @@ def kernel_q6k(M, pf=False):
         P(f"\tVMULPS Z25, Z{4+m}, Z{4+m}")
         P(f"\tVADDPS Z{4+m}, Z{m}, Z{m}")
     P(f"\tADDQ ${gbb}, SI\n\tADDQ $292, DI\n\tADDQ $80, R10\n\tDECQ CX\n\tJNE {name}_loop")
-    P(f"{name}_done:")
-    if M == 4:
-        P("\tMOVQ out+48(FP), AX\n\tMOVQ ostride+56(FP), BX\n\tLEAQ (BX)(BX*2), DX\n\tVMOVUPS Z0, (AX)\n\tVMOVUPS Z1, (AX)(BX*1)\n\tVMOVUPS Z2, (AX)(BX*2)\n\tVMOVUPS Z3, (AX)(DX*1)")
-    else:
-        P("\tMOVQ out+32(FP), AX\n\tVMOVUPS Z0, (AX)")
-    P("\tVZEROUPPER\n\tRET\n")
+    store_tail(name, M)
 
 
 def side_f16():
@@ -398,19 +382,9 @@ def kernel_f16(M, pf=False):
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
         P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ side+24(FP), R10")
     sa = [f"({F16_BASES[m // 4]}){['', '(R11*1)', '(R11*2)', '(R12*1)'][m % 4]}" for m in range(M)]
-    for m in range(M):
-        P(f"\tVPXORD Z{m}, Z{m}, Z{m}")
-    P("\tTESTQ CX, CX")
-    P(f"\tJEQ {name}_done")
-    P(f"{name}_loop:")
+    loop_head(name, M)
     if pf:
-        part = gbb * M // 16
-        P("\tTESTQ R9, R9")
-        P(f"\tJEQ {name}_nopf")
-        for c in range(0, part, 64):
-            P(f"\tPREFETCHT0 {c}(R9)")
-        P(f"\tADDQ ${part}, R9")
-        P(f"{name}_nopf:")
+        prefetch_part(name, gbb * M // 16, "R9")
     for k in range(16):
         w = 16 + k % 8
         P(f"\tVCVTPH2PS {32*k}(SI), Z{w}")
@@ -420,17 +394,7 @@ def kernel_f16(M, pf=False):
     for q in range(1, (M + 3) // 4):
         P(f"\tADDQ $64, {F16_BASES[q]}")
     P(f"\tDECQ CX\n\tJNE {name}_loop")
-    P(f"{name}_done:")
-    if M > 1:
-        P("\tMOVQ out+48(FP), AX\n\tMOVQ ostride+56(FP), BX\n\tLEAQ (BX)(BX*2), DX")
-        oa = ["(AX)", "(AX)(BX*1)", "(AX)(BX*2)", "(AX)(DX*1)"]
-        for m in range(M):
-            if m > 0 and m % 4 == 0:
-                P("\tLEAQ (AX)(BX*4), AX")
-            P(f"\tVMOVUPS Z{m}, {oa[m % 4]}")
-    else:
-        P("\tMOVQ out+32(FP), AX\n\tVMOVUPS Z0, (AX)")
-    P("\tVZEROUPPER\n\tRET\n")
+    store_tail(name, M)
 
 
 P("""// Code generated by packgen.py; DO NOT EDIT.

@@ -31,7 +31,6 @@ type pool struct {
 	job  atomic.Uint64
 	done atomic.Int64 // indices of the current job completed
 	task rangeTask    // written before job is published; stable until done reaches the size
-	size int64        // the current job's size, for the worker that completes it
 
 	// The caller parks on finished when the last chunks take long (a
 	// worker lost its core to another process): spinning then would only
@@ -110,7 +109,7 @@ func (p *pool) run(n int, t rangeTask) {
 	if n > jobMaxSize {
 		panic(fmt.Sprintf("cpu: pool job of %d indices is over the limit of %d", n, jobMaxSize))
 	}
-	p.task, p.size = t, int64(n)
+	p.task = t
 	p.done.Store(0)
 	gen, _, _ := jobFields(p.job.Load())
 	p.job.Store(jobWord(gen+1, n, 0))
@@ -163,9 +162,8 @@ func (p *pool) claim(worker int, gen uint64) {
 		if !p.job.CompareAndSwap(w, jobWord(g, size, hi)) {
 			continue
 		}
-		total := p.size // read before the job can end; run may then start the next
 		p.task.runRange(worker, lo, hi)
-		if p.done.Add(int64(hi-lo)) == total && worker != 0 && p.callerWaiting.CompareAndSwap(true, false) {
+		if p.done.Add(int64(hi-lo)) == int64(size) && worker != 0 && p.callerWaiting.CompareAndSwap(true, false) {
 			p.finished <- struct{}{}
 		}
 	}
