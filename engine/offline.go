@@ -23,11 +23,29 @@ type OfflineBench struct {
 	logits []float32
 }
 
-// Reserve allocates the KV store for seqs sequences of n positions ahead
-// of the tests, the largest a run needs: the tests then share it, and its
-// size is the run's KV budget (KVBytes).
-func (o *OfflineBench) Reserve(seqs, n int) error {
-	_, _, err := o.store(seqs, n)
+// KVShape is what a test asks of the KV store: Seqs sequences of
+// Positions positions each.
+type KVShape struct{ Seqs, Positions int }
+
+// blocks is the number of KV blocks the shape takes.
+func (o *OfflineBench) blocks(s KVShape) int {
+	return s.Seqs * ((s.Positions + o.BlockSize - 1) / o.BlockSize)
+}
+
+// Reserve allocates ahead of the tests the KV store for the largest of
+// shapes: the tests then share it, and its size is the run's KV budget
+// (KVBytes).
+func (o *OfflineBench) Reserve(shapes ...KVShape) error {
+	var big KVShape
+	for _, s := range shapes {
+		if o.blocks(s) > o.blocks(big) {
+			big = s
+		}
+	}
+	if o.blocks(big) == 0 {
+		return nil
+	}
+	_, _, err := o.store(big.Seqs, big.Positions)
 	return err
 }
 
@@ -55,7 +73,7 @@ func NewOfflineBench(m *model.Model, be hal.Backend) *OfflineBench {
 // store returns a KV store for seqs sequences of n positions, the one
 // from before when it is large enough, and their block tables.
 func (o *OfflineBench) store(seqs, n int) (hal.KVStore, [][]int32, error) {
-	per := (n + o.BlockSize - 1) / o.BlockSize
+	per := o.blocks(KVShape{1, n})
 	if o.kv == nil || o.kv.Layout().Blocks < seqs*per || o.kv.Layout().BlockSize != o.BlockSize {
 		o.kv = nil // let the old one go before the new one is allocated
 		kv, err := o.Runner.Be.NewKVStore(o.Runner.M.KVLayout(seqs*per, o.BlockSize))

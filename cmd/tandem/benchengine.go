@@ -115,18 +115,14 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	ob := engine.NewOfflineBench(m, be)
 	// One KV store, for the test that needs the most positions, serves
 	// them all: its size is the run's KV budget.
-	kvSeqs, kvLen := 1, max(*prompt, *gen)
+	shapes := []engine.KVShape{{Seqs: 1, Positions: max(*prompt, *gen)}}
 	if *gen > 0 {
 		for _, n := range seqCounts {
-			if blocks := func(s, l int) int { return s * ((l + ob.BlockSize - 1) / ob.BlockSize) }; blocks(n, *gen) > blocks(kvSeqs, kvLen) {
-				kvSeqs, kvLen = n, *gen
-			}
+			shapes = append(shapes, engine.KVShape{Seqs: n, Positions: *gen})
 		}
 	}
-	if kvLen > 0 {
-		if err := ob.Reserve(kvSeqs, kvLen); err != nil {
-			return err
-		}
+	if err := ob.Reserve(shapes...); err != nil {
+		return err
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
