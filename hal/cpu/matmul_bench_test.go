@@ -160,17 +160,7 @@ func BenchmarkMatMulF16(b *testing.B) {
 	if f == nil {
 		b.Skipf("no packed F16 kernels for ISA %s", kern.isa)
 	}
-	base := *f
-	base.kw, base.kwpf, base.kwRows = nil, nil, 0
-	variants := map[string]*packFormat{"x4": &base}
-	for _, k := range packF16Wide() {
-		v := base
-		v.kw, v.kwRows = k.k, k.rows
-		variants[fmt.Sprintf("x%d", k.rows)] = &v
-		vpf := v
-		vpf.kwpf = k.pf
-		variants[fmt.Sprintf("x%dpf", k.rows)] = &vpf
-	}
+	variants := f16Variants(f)
 	for _, c := range []struct {
 		name    string
 		k, n, m int

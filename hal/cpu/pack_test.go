@@ -81,16 +81,15 @@ func TestPackedMatMulBitEqual(t *testing.T) {
 // row counts that leave every tail (8+8+4+1, 8+4+1, …). The values span
 // many binades, so that summing in any other order than the reference's
 // changes some outputs (checked on the reversed order).
-func TestPackedF16Kernels(t *testing.T) {
-	f := packFormatFor(kern.isa, hal.F16)
-	if f == nil {
-		t.Skipf("no packed F16 kernels for ISA %s", kern.isa)
-	}
+// f16Variants returns f (the packed F16 format) as each kernel set the
+// tests and benchmarks compare: "x4" the four- and single-row kernels
+// alone, "x8"… with a wide kernel of that many rows, "x8pf"… with its
+// prefetching twin.
+func f16Variants(f *packFormat) map[string]*packFormat {
 	base := *f
 	base.kw, base.kwpf, base.kwRows = nil, nil, 0
 	variants := map[string]*packFormat{"x4": &base}
-	wide := packF16Wide()
-	for _, k := range wide {
+	for _, k := range packF16Wide() {
 		v := base
 		v.kw, v.kwRows = k.k, k.rows
 		variants[fmt.Sprintf("x%d", k.rows)] = &v
@@ -98,6 +97,15 @@ func TestPackedF16Kernels(t *testing.T) {
 		vpf.kwpf = k.pf
 		variants[fmt.Sprintf("x%dpf", k.rows)] = &vpf
 	}
+	return variants
+}
+
+func TestPackedF16Kernels(t *testing.T) {
+	f := packFormatFor(kern.isa, hal.F16)
+	if f == nil {
+		t.Skipf("no packed F16 kernels for ISA %s", kern.isa)
+	}
+	variants := f16Variants(f)
 	r := rand.New(rand.NewPCG(43, 44))
 	spread := func(n int) []float32 {
 		x := make([]float32, n)

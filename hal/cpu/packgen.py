@@ -62,14 +62,20 @@ def store_tail(name, M):
     P("\tVZEROUPPER\n\tRET\n")
 
 
-def head4(name, pf):
-    """The x4 kernels' signature and argument loads; x4PF adds pf."""
+def signature4(name, pf):
+    """The declaration of a kernel for several activation rows (packKernel4,
+    or packKernel4PF with pf)."""
     if pf:
         P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-72")
     else:
         P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
+
+
+def head4(name, pf):
+    """The x4 kernels' signature and argument loads; x4PF adds pf."""
+    signature4(name, pf)
     P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ x+16(FP), DI\n\tMOVQ xstride+24(FP), R8\n\tLEAQ (R8)(R8*2), R9\n\tMOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11\n\tLEAQ (R11)(R11*2), R12")
     if pf:
         P("\tMOVQ pf+64(FP), R13")
@@ -365,12 +371,7 @@ def kernel_f16(M, pf=False):
     gbb = 512
     name = f"packF16x{M}{'PF' if pf else ''}AVX512"
     if M > 1:
-        if pf:
-            P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)")
-            P(f"TEXT ·{name}(SB), NOSPLIT, $0-72")
-        else:
-            P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
-            P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
+        signature4(name, pf)
         P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11\n\tLEAQ (R11)(R11*2), R12")
         if pf:
             P("\tMOVQ pf+64(FP), R9")
