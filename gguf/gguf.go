@@ -87,6 +87,14 @@ func (f *File) Close() error {
 	return unmap()
 }
 
+// ReleaseMetadata drops the decoded metadata, which for a model's vocabulary
+// runs to several megabytes of heap, once the caller has read what it needs.
+// The tensor index and data stay; Keys is empty and every getter reports its
+// key missing afterwards.
+func (f *File) ReleaseMetadata() {
+	f.Keys, f.kv = nil, nil
+}
+
 // Get returns the raw metadata value for key; see the package's value
 // mapping (typed scalars, typed slices, []any for arrays of arrays).
 func (f *File) Get(key string) (any, bool) {

@@ -403,6 +403,29 @@ func TestGetters(t *testing.T) {
 	}
 }
 
+func TestReleaseMetadata(t *testing.T) {
+	w := NewWriter()
+	w.SetKV("tokenizer.ggml.tokens", []string{"a", "b"})
+	if err := w.AddTensor("t", dtype.F32, []uint64{2}, []byte{0, 0, 128, 63, 0, 0, 0, 64}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Parse(write(t, w))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ReleaseMetadata()
+	if _, ok := f.Strings("tokenizer.ggml.tokens"); ok || len(f.Keys) != 0 {
+		t.Errorf("metadata still readable after ReleaseMetadata: keys %q", f.Keys)
+	}
+	ti, ok := f.Tensor("t")
+	if !ok {
+		t.Fatal("tensor index lost with the metadata")
+	}
+	if got := f.TensorData(ti); len(got) != 8 || got[3] != 63 {
+		t.Errorf("tensor data = %v after ReleaseMetadata", got)
+	}
+}
+
 func first[T any](v T, _ bool) T      { return v }
 func second[T any](_ T, ok bool) bool { return ok }
 

@@ -33,6 +33,16 @@ func NewRunner(m *Model, be hal.Backend) *Runner {
 	return &Runner{M: m, Be: be, rope: m.RoPE()}
 }
 
+// ffnChunkRows bounds the rows of the FFN's two hidden-width buffers (gate
+// and up, FFN wide, 5× the model width or more): a long prompt runs its FFN
+// in chunks of this many tokens, so the buffers stay a few MiB instead of
+// growing with the prompt. The rows are independent, so the results are the
+// same bits; the kernels stay compute-bound at this many rows.
+// (Measured: pp256 on Llama-3.2-1B Q4_K_M, one thread, 134.5 tok/s per CPU
+// second with 512 rows and with 64; Qwen2.5-0.5B Q8_0 pp512 the same within
+// noise from 32 to 512 rows.)
+const ffnChunkRows = 64
+
 func grow(buf []float32, n int) []float32 {
 	if cap(buf) < n {
 		return make([]float32, n)
@@ -68,8 +78,9 @@ func (r *Runner) Forward(kv hal.KVStore, b *Batch, logits []float32) error {
 	r.att = grow(r.att, n*qDim)
 	r.k = grow(r.k, n*kvDim)
 	r.v = grow(r.v, n*kvDim)
-	r.gate = grow(r.gate, n*c.FFN)
-	r.up = grow(r.up, n*c.FFN)
+	ffnRows := min(n, ffnChunkRows)
+	r.gate = grow(r.gate, ffnRows*c.FFN)
+	r.up = grow(r.up, ffnRows*c.FFN)
 
 	be.Embed(r.x, m.Embedding, b.Tokens)
 	scale := attnScale(c.HeadDim)
@@ -102,10 +113,14 @@ func (r *Runner) Forward(kv hal.KVStore, b *Batch, logits []float32) error {
 		be.Add(r.x, r.tmp)
 
 		be.RMSNorm(r.xn, r.x, l.FFNNorm, c.NormEps)
-		be.MatMul(r.gate, r.xn, n, l.Gate)
-		be.MatMul(r.up, r.xn, n, l.Up)
-		be.SiLUMul(r.gate, r.up)
-		be.MatMul(r.tmp, r.gate, n, l.Down)
+		for lo := 0; lo < n; lo += ffnRows {
+			hi := min(n, lo+ffnRows)
+			gate, up := r.gate[:(hi-lo)*c.FFN], r.up[:(hi-lo)*c.FFN]
+			be.MatMul(gate, r.xn[lo*c.Embd:hi*c.Embd], hi-lo, l.Gate)
+			be.MatMul(up, r.xn[lo*c.Embd:hi*c.Embd], hi-lo, l.Up)
+			be.SiLUMul(gate, up)
+			be.MatMul(r.tmp[lo*c.Embd:hi*c.Embd], gate, hi-lo, l.Down)
+		}
 		be.Add(r.x, r.tmp)
 	}
 	if len(b.Outputs) == 0 {

@@ -81,14 +81,17 @@ func TestBatchInvariance(t *testing.T) {
 				}
 				return s
 			}
-			a, b, c := seq(23), seq(9), seq(17)
+			a, b, c, d := seq(23), seq(9), seq(17), seq(50)
 			alone := runBatches(t, m, be, [][]int32{a}, [][]int{{23}})[0]
 
 			cases := map[string]struct {
 				seqs  [][]int32
 				steps [][]int
 			}{
-				"batched with others":       {[][]int32{b, a, c}, [][]int{{9, 23, 17}}},
+				"batched with others": {[][]int32{b, a, c}, [][]int{{9, 23, 17}}},
+				// 99 tokens, a at 59–81: the FFN runs in chunks of
+				// ffnChunkRows and a straddles the first boundary.
+				"across FFN chunks":         {[][]int32{d, b, a, c}, [][]int{{50, 9, 23, 17}}},
 				"chunks of 1 (decode path)": {[][]int32{a}, repeat([]int{1}, 23)},
 				"chunks 5+11+7":             {[][]int32{a}, [][]int{{5}, {11}, {7}}},
 				"mixed prefill and decode":  {[][]int32{b, a, c}, [][]int{{9, 3, 0}, {0, 1, 17}, {0, 19, 0}}},

@@ -29,6 +29,9 @@ func Load(path string, be hal.Backend) (*Model, error) {
 		f.Close()
 		return nil, fmt.Errorf("%w (in %s)", err, path)
 	}
+	// The tensors stay mapped for the model's life; the metadata (the
+	// vocabulary above all) now lives in the tokenizer and config.
+	f.ReleaseMetadata()
 	m.closers = append(m.closers, f)
 	return m, nil
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -77,6 +78,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
 	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the tests to this file")
+	memProfile := fs.String("memprofile", "", "write a heap profile taken after the tests to this file")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem bench-engine [--model FILE] [-p 512] [-n 64] [--batch 4,16] [-r 3] [--json]")
 		fs.PrintDefaults()
@@ -180,6 +182,11 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	// docs/architecture.md).
 	mem := measureMemory(fileBytes, ob.KVBytes(), loadTime)
 	fmt.Fprintln(stderr, mem)
+	if *memProfile != "" {
+		if err := writeHeapProfile(*memProfile); err != nil {
+			return fmt.Errorf("--memprofile: %w", err)
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -237,4 +244,18 @@ func weightFileBytes(path string, tensorBytes int64) int64 {
 		return tensorBytes
 	}
 	return n
+}
+
+// writeHeapProfile writes the live heap, as of a collection run now, to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
