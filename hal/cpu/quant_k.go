@@ -59,31 +59,50 @@ func q3Scales(s *[12]byte) (out [16]int32) {
 
 // ---- Q8_K (activations for K-quant weights) ----
 
-// quantizeQ8_K follows ggml's quantize_row_q8_K_ref, which is also what the
-// x86 backend uses (its repacked-matmul variant computes the same values).
+// quantizeQ8_K quantizes activations to Q8_K: a prefix of the blocks with
+// SIMD where the CPU has it (quantizeQ8_KSIMD, same bits), the rest with
+// quantizeQ8_KBlock.
 func quantizeQ8_K(src []float32, dst []byte) {
 	for i := 0; i < len(src)/qkK; i++ {
-		x := (*[qkK]float32)(src[qkK*i : qkK*i+qkK])
-		b := dst[292*i : 292*i+292]
-		q := (*[qkK]byte)(b[4 : 4+qkK])
-		maxv := signedAbsMax(x[:])
-		if maxv == 0 {
-			clear(b)
+		if n := quantizeQ8_KSIMD(src[qkK*i:], dst[292*i:]); n > 0 {
+			i += n - 1 // the SIMD kernel stopped before a block it leaves to Go
 			continue
 		}
-		iscale := -127 / maxv
-		for j, v := range x {
-			q[j] = byte(int8(min(127, nearestInt(float32(iscale*v)))))
-		}
-		for g := 0; g < 16; g++ {
-			var s int32
-			for _, v := range q[16*g : 16*g+16] {
-				s += int32(int8(v))
-			}
-			binary.LittleEndian.PutUint16(b[4+qkK+2*g:], uint16(int16(s)))
-		}
-		binary.LittleEndian.PutUint32(b, math.Float32bits(1/iscale))
+		quantizeQ8_KBlock((*[qkK]float32)(src[qkK*i:qkK*i+qkK]), (*[292]byte)(dst[292*i:292*i+292]))
 	}
+}
+
+// quantizeQ8_KRef is the pure-Go reference the SIMD kernel is held to.
+func quantizeQ8_KRef(src []float32, dst []byte) {
+	for i := 0; i < len(src)/qkK; i++ {
+		quantizeQ8_KBlock((*[qkK]float32)(src[qkK*i:qkK*i+qkK]), (*[292]byte)(dst[292*i:292*i+292]))
+	}
+}
+
+// quantizeQ8_KBlock follows ggml's quantize_row_q8_K_ref, which is also what
+// the x86 backend uses (its repacked-matmul variant computes the same
+// values): the signed value m of largest magnitude (the first on ties),
+// iscale = -127/m, q = round-half-even(iscale·v) capped at 127, the 16 sums of
+// 16 quants, and d = 1/iscale; a block of zeros is all zero bytes.
+func quantizeQ8_KBlock(x *[qkK]float32, b *[292]byte) {
+	q := (*[qkK]byte)(b[4 : 4+qkK])
+	maxv := signedAbsMax(x[:])
+	if maxv == 0 {
+		clear(b[:])
+		return
+	}
+	iscale := -127 / maxv
+	for j, v := range x {
+		q[j] = byte(int8(min(127, nearestInt(float32(iscale*v)))))
+	}
+	for g := 0; g < 16; g++ {
+		var s int32
+		for _, v := range q[16*g : 16*g+16] {
+			s += int32(int8(v))
+		}
+		binary.LittleEndian.PutUint16(b[4+qkK+2*g:], uint16(int16(s)))
+	}
+	binary.LittleEndian.PutUint32(b[:], math.Float32bits(1/iscale))
 }
 
 func dequantizeQ8_K(src []byte, dst []float32) {

@@ -39,6 +39,22 @@ func quantizeQ8_0SIMD(src []float32, dst []byte) int {
 }
 
 //go:noescape
+func quantizeQ8_KAVX512(src *float32, dst *byte, nb int) int
+
+// quantizeQ8_KSIMD quantizes a prefix of the blocks of src to Q8_K in dst
+// with the same bits as quantizeQ8_KBlock and returns how many blocks it did.
+func quantizeQ8_KSIMD(src []float32, dst []byte) int {
+	if kern.isa != "avx512vnni" {
+		return 0
+	}
+	nb := min(len(src)/qkK, len(dst)/292)
+	if nb == 0 {
+		return 0
+	}
+	return quantizeQ8_KAVX512(&src[0], &dst[0], nb)
+}
+
+//go:noescape
 func expShiftedAVX512(v *float32, n int, m float32) int
 
 // expShiftedSIMD does a prefix of v[j] = float32(math.Exp(float64(v[j]-m)))
