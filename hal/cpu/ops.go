@@ -23,7 +23,7 @@ func (b *Backend) MatMul(out, x []float32, rows int, w *hal.Weight) {
 	xq := b.xq[:rows*xrb]
 	b.quant = quantTask{vt: vt, k: k, x: x, xq: xq, xrb: xrb}
 	b.pool.run(rows, &b.quant)
-	if p := b.packs.packed(w); p != nil {
+	if p := b.packs.packed(w, b.pool); p != nil {
 		b.matmulPacked(out, xq, xrb, rows, n, p)
 		return
 	}

@@ -103,9 +103,9 @@ type packCache struct {
 	arena packArena // a replaced copy's slab piece stays allocated until release
 }
 
-// packed returns w's packed copy, packing it on first use; nil when w's
+// packed returns w's packed copy, packing it on first use on workers; nil when w's
 // format has no packed kernel on this CPU.
-func (c *packCache) packed(w *hal.Weight) *packedWeight {
+func (c *packCache) packed(w *hal.Weight, workers *pool) *packedWeight {
 	f := packFormatFor(kern.isa, w.Type)
 	if f == nil || len(w.Data) == 0 || w.Cols%f.blockElems != 0 {
 		return nil
@@ -123,7 +123,7 @@ func (c *packCache) packed(w *hal.Weight) *packedWeight {
 	if c.m == nil {
 		c.m = make(map[*hal.Weight]*packedWeight)
 	}
-	p := packWeight(f, w, c.arena.alloc)
+	p := packWeight(f, w, c.arena.alloc, workers)
 	p.src = src
 	c.m[w] = p
 	return p
@@ -158,26 +158,53 @@ func (c *packCache) release() {
 }
 
 // packWeight copies w into f's layout.
-func packWeight(f *packFormat, w *hal.Weight, alloc func(int) ([]byte, func())) *packedWeight {
+func packWeight(f *packFormat, w *hal.Weight, alloc func(int) ([]byte, func()), workers *pool) *packedWeight {
 	nb := w.Cols / f.blockElems
 	groups := (w.Rows + packRows - 1) / packRows
 	gb := f.groupBlockBytes * nb
 	data, free := alloc(groups * gb)
 	p := &packedWeight{f: f, groups: groups, nb: nb, data: data, free: free}
+	t := &packTask{f: f, w: w, dst: data, gb: gb, nb: nb}
 	rb := w.RowBytes()
-	src := make([][]byte, 0, packRows)
 	rel := newSourceReleaser(w.Data)
-	for g := range groups {
-		src = src[:0]
-		for r := g * packRows; r < min((g+1)*packRows, w.Rows); r++ {
-			src = append(src, w.Data[r*rb:(r+1)*rb])
-		}
-		f.pack(p.data[g*gb:(g+1)*gb], src, nb)
-		rel.upTo(min((g+1)*packRows, w.Rows) * rb)
+	// All workers pack (packing a large model is mostly page faults on the
+	// fresh copy, which the kernel serves in parallel), a wave of about
+	// packWaveBytes of the source at a time, whose pages are dropped
+	// before the next wave reads on.
+	wave := max(1, packWaveBytes/(packRows*rb))
+	for g := 0; g < groups; g += wave {
+		t.first = g
+		workers.run(min(wave, groups-g), t)
+		rel.upTo(min((g+wave)*packRows, w.Rows) * rb)
 	}
 	rel.finish()
 	p.released = rel.ok
 	return p
+}
+
+// packWaveBytes is how much of a weight's source the workers pack between
+// two releases of its pages.
+const packWaveBytes = 8 << 20
+
+// packTask packs a range of row groups of w into dst, from group first on.
+type packTask struct {
+	f      *packFormat
+	w      *hal.Weight
+	dst    []byte
+	gb, nb int
+	first  int
+}
+
+func (t *packTask) runRange(_, lo, hi int) {
+	rb := t.w.RowBytes()
+	var rows [packRows][]byte
+	for g := t.first + lo; g < t.first+hi; g++ {
+		src := rows[:0]
+		for r := g * packRows; r < min((g+1)*packRows, t.w.Rows); r++ {
+			src = append(src, t.w.Data[r*rb:(r+1)*rb])
+		}
+		t.f.pack(t.dst[g*t.gb:(g+1)*t.gb], src, t.nb)
+	}
 }
 
 // sideQ8_0 writes, for each Q8_0 block of the activation row xq, the

@@ -163,3 +163,44 @@ func TestPackedF16Kernels(t *testing.T) {
 		t.Fatal("no output changes when summed in reverse order: the inputs cannot catch a reordering kernel")
 	}
 }
+
+// TestPackWeightInWaves: a weight larger than a few packing waves, with a
+// partial last group, packs to the same bytes on one worker and on two,
+// and MatMul through the copy gives the reference's bits for every output.
+func TestPackWeightInWaves(t *testing.T) {
+	typ := hal.Q8_0
+	if packFormatFor(kern.isa, typ) == nil {
+		t.Skipf("no packed %v kernel for ISA %s", typ, kern.isa)
+	}
+	const k = 4096
+	r := rand.New(rand.NewPCG(45, 46))
+	row := testQuantize(typ, testRandRow(r, k))
+	wave := packWaveBytes / (packRows * len(row)) * packRows // rows a wave packs
+	n := 2*wave + 7*packRows + 5
+	wd := make([]byte, 0, n*len(row))
+	for j := range n {
+		row[2+j%32]++ // rows differ, so a group packed in the wrong place shows
+		wd = append(wd, row...)
+	}
+	w := &hal.Weight{Type: typ, Rows: n, Cols: k, Data: wd}
+	x := testRandRow(r, k)
+	xq := make([]byte, 34*k/32)
+	QuantizeRow(VecDotType(typ), x, xq)
+	var packed [][]byte
+	for _, threads := range []int{1, 2} {
+		be := New(threads)
+		out := make([]float32, n)
+		be.MatMul(out, x, 1, w)
+		for j := range n {
+			want := vecDotRef(typ, k, wd[j*len(row):(j+1)*len(row)], xq)
+			if math.Float32bits(out[j]) != math.Float32bits(want) {
+				t.Fatalf("threads=%d output %d: packed %g, reference %g", threads, j, out[j], want)
+			}
+		}
+		packed = append(packed, append([]byte(nil), be.packs.m[w].data...))
+		be.Close()
+	}
+	if string(packed[0]) != string(packed[1]) {
+		t.Error("packed copies differ between one worker and two")
+	}
+}

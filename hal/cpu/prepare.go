@@ -9,4 +9,4 @@ import "tandem/hal"
 // process's resident set as the copy is made: loading weight by weight
 // this way keeps the peak near the final size, instead of the whole file
 // plus the copies.
-func (b *Backend) PrepareWeight(w *hal.Weight) bool { return b.packs.packed(w) != nil }
+func (b *Backend) PrepareWeight(w *hal.Weight) bool { return b.packs.packed(w, b.pool) != nil }
