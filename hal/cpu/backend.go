@@ -25,10 +25,10 @@ type Backend struct {
 	quant  quantTask
 	mm     matmulTask
 	mmPack packedTask
-	side   sideTask
 	norm   normTask
 	rope   ropeTask
 	attn   attnTask
+	silu   siluTask
 }
 
 // New returns a CPU backend using threads workers (0 means all cores).

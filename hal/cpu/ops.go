@@ -22,26 +22,48 @@ func (b *Backend) MatMul(out, x []float32, rows int, w *hal.Weight) {
 	}
 	xq := b.xq[:rows*xrb]
 	b.quant = quantTask{vt: vt, k: k, x: x, xq: xq, xrb: xrb}
+	p := b.packs.packed(w, b.pool)
+	if p != nil {
+		// The packed kernels' side rows are written by the same job, each
+		// worker right after quantizing the row: one job (and one wait)
+		// less per MatMul.
+		sw := p.f.sideWords * p.nb
+		if need := sw * rows; cap(b.sideBuf) < need {
+			b.sideBuf = make([]int32, need)
+		}
+		b.quant.f, b.quant.side, b.quant.nb = p.f, b.sideBuf[:sw*rows], p.nb
+	}
 	b.pool.run(rows, &b.quant)
-	if p := b.packs.packed(w, b.pool); p != nil {
-		b.matmulPacked(out, xq, xrb, rows, n, p)
+	if p != nil {
+		b.mmPack = packedTask{b: b, p: p, out: out, xq: xq, xrb: xrb, rows: rows, n: n, side: b.quant.side}
+		b.pool.run(p.groups, &b.mmPack)
 		return
 	}
 	b.mm = matmulTask{b: b, typ: w.Type, k: k, n: n, rows: rows, w: w.Data, wrb: w.RowBytes(), xq: xq, xrb: xrb, out: out}
 	b.pool.run(n, &b.mm)
 }
 
-// quantTask converts activation rows to a vec-dot type.
+// quantTask converts activation rows to a vec-dot type and, for a packed
+// weight (f set), writes each row's side row too.
 type quantTask struct {
 	vt     hal.DType
 	k, xrb int
 	x      []float32
 	xq     []byte
+
+	f    *packFormat
+	side []int32
+	nb   int
 }
 
 func (t *quantTask) runRange(_, lo, hi int) {
 	for m := lo; m < hi; m++ {
-		QuantizeRow(t.vt, t.x[m*t.k:(m+1)*t.k], t.xq[m*t.xrb:(m+1)*t.xrb])
+		xq := t.xq[m*t.xrb : (m+1)*t.xrb]
+		QuantizeRow(t.vt, t.x[m*t.k:(m+1)*t.k], xq)
+		if t.f != nil {
+			sw := t.f.sideWords * t.nb
+			t.f.side(t.side[sw*m:sw*(m+1)], xq, t.nb, t.f.corrMul)
+		}
 	}
 }
 
@@ -186,6 +208,29 @@ func ropeHead(x, cache []float32, r *hal.RoPE) {
 // with extreme inputs to siluMulRef.
 func (b *Backend) SiLUMul(gate, up []float32) {
 	up = up[:len(gate)]
+	if len(gate) < 2*elementwiseChunk {
+		siluMul(gate, up)
+		return
+	}
+	b.silu = siluTask{gate: gate, up: up}
+	b.pool.run((len(gate)+elementwiseChunk-1)/elementwiseChunk, &b.silu)
+}
+
+// elementwiseChunk is the elements of one index of an elementwise op's pool
+// job. SiLU costs about a nanosecond an element (an exact float64 exp), so
+// a batch's 16 × 4864 gate values are worth splitting; a residual add of
+// that size is not.
+const elementwiseChunk = 4096
+
+// siluTask runs SiLUMul over a range of chunks.
+type siluTask struct{ gate, up []float32 }
+
+func (t *siluTask) runRange(_, lo, hi int) {
+	end := min(hi*elementwiseChunk, len(t.gate))
+	siluMul(t.gate[lo*elementwiseChunk:end], t.up[lo*elementwiseChunk:end])
+}
+
+func siluMul(gate, up []float32) {
 	for i := 0; i < len(gate); {
 		i += siluMulSIMD(gate[i:], up[i:])
 		end := min(i+8, len(gate))
@@ -204,7 +249,8 @@ func siluMulRef(gate, up []float32) {
 // Add sets dst[i] += src[i].
 func (b *Backend) Add(dst, src []float32) {
 	src = src[:len(dst)]
-	for i := range dst {
+	i := addSIMD(dst, src)
+	for ; i < len(dst); i++ {
 		dst[i] += src[i]
 	}
 }
@@ -213,10 +259,7 @@ func (b *Backend) Add(dst, src []float32) {
 func (b *Backend) AddBias(x, bias []float32) {
 	n := len(bias)
 	for r := 0; r+n <= len(x); r += n {
-		row := x[r : r+n]
-		for i := range row {
-			row[i] += bias[i]
-		}
+		b.Add(x[r:r+n], bias)
 	}
 }
 

@@ -215,44 +215,23 @@ func sideQ8_0(side []int32, xq []byte, nb int, corrMul int32) {
 	xq = xq[:34*nb]
 	for i := range nb {
 		xb := xq[34*i : 34*i+34]
-		var s int32
-		for _, q := range xb[2:34] {
-			s += int32(int8(q))
-		}
 		side[2*i] = int32(math.Float32bits(f16At(xb)))
-		side[2*i+1] = corrMul * s
+		side[2*i+1] = corrMul * sumInt8x32((*[32]byte)(xb[2:34]))
 	}
 }
 
-// matmulPacked computes out (rows × w.Rows) from the Q8_0 activation rows
-// xq with the packed weight p: work is split over row groups, each group
-// read once per four activation rows.
-func (b *Backend) matmulPacked(out []float32, xq []byte, xrb, rows, n int, p *packedWeight) {
-	nb := p.nb
-	sw := p.f.sideWords * nb // words per side row
-	if need := sw * rows; cap(b.sideBuf) < need {
-		b.sideBuf = make([]int32, need)
+// sumInt8x32 returns the sum of 32 int8 values, eight at a time in a
+// uint64: flipping the sign bits makes them q+128, which pairwise add into
+// 16-bit lanes without carries between lanes.
+func sumInt8x32(q *[32]byte) int32 {
+	const lo8 = 0x00FF00FF00FF00FF
+	var s uint64
+	for j := 0; j < 32; j += 8 {
+		v := binary.LittleEndian.Uint64(q[j:]) ^ 0x8080808080808080
+		s += v&lo8 + v>>8&lo8 // four lanes of at most 510, summed 4 times
 	}
-	side := b.sideBuf[:sw*rows]
-	b.side = sideTask{f: p.f, side: side, xq: xq, xrb: xrb, nb: nb}
-	b.pool.run(rows, &b.side)
-	b.mmPack = packedTask{b: b, p: p, out: out, xq: xq, xrb: xrb, rows: rows, n: n, side: side}
-	b.pool.run(p.groups, &b.mmPack)
-}
-
-// sideTask writes the side rows of a range of activation rows.
-type sideTask struct {
-	side    []int32
-	xq      []byte
-	xrb, nb int
-	f       *packFormat
-}
-
-func (t *sideTask) runRange(_, lo, hi int) {
-	sw := t.f.sideWords * t.nb
-	for m := lo; m < hi; m++ {
-		t.f.side(t.side[sw*m:sw*(m+1)], t.xq[m*t.xrb:], t.nb, t.f.corrMul)
-	}
+	s = s * 0x0001000100010001 >> 48 // the four lanes: at most 8160
+	return int32(s) - 32*128
 }
 
 // packedTask computes the outputs of a range of row groups of a packed

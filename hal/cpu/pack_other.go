@@ -12,6 +12,8 @@ func attnKernelsFor(isa string, hd, bs int) *attnKernels { return nil }
 
 func siluMulSIMD(gate, up []float32) int { return 0 }
 
+func addSIMD(dst, src []float32) int { return 0 }
+
 func quantizeQ8_0SIMD(src []float32, dst []byte) int { return 0 }
 
 func quantizeQ8_KSIMD(src []float32, dst []byte) int { return 0 }

@@ -204,3 +204,31 @@ func TestPackWeightInWaves(t *testing.T) {
 		t.Error("packed copies differ between one worker and two")
 	}
 }
+
+// TestSumInt8x32 holds the word-at-a-time sum to a plain loop on random
+// bytes and on the extremes (all −128, all 127).
+func TestSumInt8x32(t *testing.T) {
+	r := rand.New(rand.NewPCG(47, 48))
+	var cases [][32]byte
+	var lo, hi [32]byte
+	for i := range lo {
+		lo[i], hi[i] = 0x80, 0x7f
+	}
+	cases = append(cases, lo, hi, [32]byte{})
+	for range 1000 {
+		var q [32]byte
+		for i := range q {
+			q[i] = byte(r.Uint32())
+		}
+		cases = append(cases, q)
+	}
+	for _, q := range cases {
+		var want int32
+		for _, b := range q {
+			want += int32(int8(b))
+		}
+		if got := sumInt8x32(&q); got != want {
+			t.Fatalf("sum of %v = %d, want %d", q, got, want)
+		}
+	}
+}

@@ -13,6 +13,18 @@ func siluMulSIMD(gate, up []float32) int {
 }
 
 //go:noescape
+func addF32AVX512(dst, src *float32, n int) int
+
+// addSIMD does a prefix of dst[i] += src[i] with SIMD and returns its length.
+func addSIMD(dst, src []float32) int {
+	if kern.isa != "avx512vnni" || len(dst) < 16 {
+		return 0
+	}
+	_ = src[len(dst)-1]
+	return addF32AVX512(&dst[0], &src[0], len(dst))
+}
+
+//go:noescape
 func quantizeQ8_0AVX512(src *float32, dst *byte, nb int, d *float32) int
 
 // quantizeQ8_0SIMD quantizes a prefix of the blocks of src to Q8_0 in dst

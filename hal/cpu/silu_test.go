@@ -9,7 +9,8 @@ import (
 // TestSiLUMulBitEqual holds Backend.SiLUMul (SIMD where the CPU has it) to
 // the scalar formula bit for bit: ordinary values, a sweep over the whole
 // range where exp is finite, extremes that take the scalar fallback (±Inf,
-// NaN, huge, tiny, ±0), and lengths that are not multiples of the vector.
+// NaN, huge, tiny, ±0), lengths that are not multiples of the vector, and
+// lengths the workers split into chunks (on one worker and on two).
 func TestSiLUMulBitEqual(t *testing.T) {
 	r := rand.New(rand.NewPCG(71, 72))
 	var in []float32
@@ -28,9 +29,16 @@ func TestSiLUMulBitEqual(t *testing.T) {
 	for i := range up {
 		up[i] = float32(r.NormFloat64())
 	}
-	be := New(1)
-	defer be.Close()
-	for _, n := range []int{0, 1, 7, 8, 9, 15, 16, 17, len(in)} {
+	for _, threads := range []int{1, 2} {
+		be := New(threads)
+		testSiLUMul(t, be, in, up)
+		be.Close()
+	}
+}
+
+func testSiLUMul(t *testing.T, be *Backend, in, up []float32) {
+	t.Helper()
+	for _, n := range []int{0, 1, 7, 8, 9, 15, 16, 17, 2*elementwiseChunk - 1, 2 * elementwiseChunk, 3*elementwiseChunk + 5, len(in) - 2} {
 		for off := range 3 {
 			if off+n > len(in) {
 				continue
@@ -41,8 +49,48 @@ func TestSiLUMulBitEqual(t *testing.T) {
 			siluMulRef(want, up[off:off+n])
 			for i := range want {
 				if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(math.IsNaN(float64(got[i])) && math.IsNaN(float64(want[i]))) {
-					t.Fatalf("n=%d off=%d: silu(%g)·%g = %g, scalar %g", n, off, in[off+i], up[off+i], got[i], want[i])
+					t.Fatalf("%d threads n=%d off=%d: silu(%g)·%g = %g, scalar %g", be.Threads(), n, off, in[off+i], up[off+i], got[i], want[i])
 				}
+			}
+		}
+	}
+}
+
+// TestAddBitEqual: Add and AddBias (SIMD where the CPU has it) give the
+// scalar loop's bits, NaNs and infinities included, at lengths around the
+// vector width.
+func TestAddBitEqual(t *testing.T) {
+	r := rand.New(rand.NewPCG(75, 76))
+	be := New(1)
+	defer be.Close()
+	for _, n := range []int{0, 1, 15, 16, 17, 31, 33, 896, 16*896 + 3} {
+		dst, src := make([]float32, n), make([]float32, n)
+		for i := range dst {
+			dst[i], src[i] = math.Float32frombits(r.Uint32()), math.Float32frombits(r.Uint32())
+			if i%3 == 0 {
+				dst[i], src[i] = float32(r.NormFloat64()), float32(r.NormFloat64()*1e-3)
+			}
+		}
+		want := append([]float32(nil), dst...)
+		for i := range want {
+			want[i] += src[i]
+		}
+		got := append([]float32(nil), dst...)
+		be.Add(got, src)
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(math.IsNaN(float64(got[i])) && math.IsNaN(float64(want[i]))) {
+				t.Fatalf("Add n=%d: %g + %g = %g, scalar %g", n, dst[i], src[i], got[i], want[i])
+			}
+		}
+		if n < 17 {
+			continue
+		}
+		bias := src[:17]
+		got = append(got[:0], dst...)
+		be.AddBias(got, bias)
+		for i := range got[:n/17*17] {
+			if w := dst[i] + bias[i%17]; math.Float32bits(got[i]) != math.Float32bits(w) && !math.IsNaN(float64(w)) {
+				t.Fatalf("AddBias n=%d at %d: %g, scalar %g", n, i, got[i], w)
 			}
 		}
 	}
