@@ -24,7 +24,7 @@ func (t *Tokenizer) partition(text string, parseSpecial bool) []frag {
 		if !parseSpecial && t.attrs[id]&(attrControl|attrUnknown) != 0 {
 			continue
 		}
-		st := t.tokens[id]
+		st := t.tokens.at(id)
 		if !strings.Contains(text, st) {
 			continue
 		}
@@ -104,6 +104,7 @@ func (t *Tokenizer) Encode(text string, addSpecial, parseSpecial bool) []int32 {
 type symbol struct {
 	start, n   int
 	prev, next int
+	id         int32 // BPE: the token whose text the run is, or nullToken
 }
 
 type bigram struct {
@@ -281,11 +282,14 @@ func (t *Tokenizer) bpeMerge(word string, out []int32, byteFallback bool) []int3
 	syms := splitSymbols(word)
 	q := bigramHeap{items: make([]bigram, 0, len(syms)), less: bpeLess}
 	text := func(i int) string { return word[syms[i].start : syms[i].start+syms[i].n] }
+	for i := range syms {
+		syms[i].id = t.tokenToID.lookup(text(i))
+	}
 	tryAdd := func(l, r int) {
 		if l < 0 || r < 0 {
 			return
 		}
-		rank, ok := t.merges.rank(text(l), text(r))
+		rank, ok := t.merges.rank(syms[l].id, syms[r].id, text(l), text(r))
 		if !ok {
 			return
 		}
@@ -306,15 +310,16 @@ func (t *Tokenizer) bpeMerge(word string, out []int32, byteFallback bool) []int3
 		if rs.next >= 0 {
 			syms[rs.next].prev = b.left
 		}
+		ls.id = t.tokenToID.lookup(text(b.left))
 		tryAdd(ls.prev, b.left)
 		tryAdd(b.left, ls.next)
 	}
 	for i := 0; i != -1 && len(syms) > 0; i = syms[i].next {
-		s := text(i)
-		if id, ok := t.tokenToID.id(s); ok {
+		if id := syms[i].id; id != nullToken {
 			out = append(out, id)
 			continue
 		}
+		s := text(i)
 		for j := 0; j < len(s); j++ {
 			if byteFallback {
 				if id := t.byteTok[s[j]]; id != nullToken {

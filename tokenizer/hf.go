@@ -435,7 +435,7 @@ func fromHFBytes(tokJSON, cfgJSON, genJSON []byte, vocabSize int) (*Tokenizer, e
 				return p
 			}
 			return -1
-		})
+		}, t.tokenToID)
 		t.spmMerges = true
 	}
 	t.hfBOSText = tokenText(cfg.BOSToken)
@@ -450,7 +450,7 @@ func fromGGUFWithEOG(md MapMetadata, genEOS []int64) (*Tokenizer, error) {
 	}
 	if len(genEOS) > 0 {
 		for _, id := range genEOS {
-			if id >= 0 && id < int64(len(t.tokens)) {
+			if id >= 0 && id < int64(t.tokens.len()) {
 				t.extraEOGFromHF = append(t.extraEOGFromHF, int32(id))
 			}
 		}

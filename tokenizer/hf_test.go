@@ -16,7 +16,8 @@ func hfFilesFromTokenizer(t *testing.T, tk *Tokenizer, pattern string, bosText, 
 	t.Helper()
 	vocab := map[string]int{}
 	var added []map[string]any
-	for id, s := range tk.tokens {
+	for id := range tk.VocabSize() {
+		s := tk.TokenText(int32(id))
 		switch {
 		case tk.attrs[id]&attrUnused != 0 && tk.attrs[id]&attrControl == 0:
 			// left as a gap: FromHF recreates it as [PADn]
@@ -29,14 +30,8 @@ func hfFilesFromTokenizer(t *testing.T, tk *Tokenizer, pattern string, bosText, 
 		}
 	}
 	var merges []string
-	for r, line := range tk.merges.lines {
-		if line == "" {
-			continue
-		}
-		a, b := line[:tk.merges.splits[r]], line[tk.merges.splits[r]+1:]
-		if got, ok := tk.merges.rank(a, b); ok && got == int32(r) {
-			merges = append(merges, a+" "+b)
-		}
+	for _, p := range mergePairs(tk) {
+		merges = append(merges, p[0]+" "+p[1])
 	}
 	var post map[string]any
 	if addBOS {
@@ -63,7 +58,7 @@ func hfFilesFromTokenizer(t *testing.T, tk *Tokenizer, pattern string, bosText, 
 	dir := t.TempDir()
 	writeJSON(t, filepath.Join(dir, "tokenizer.json"), tj)
 	writeJSON(t, filepath.Join(dir, "tokenizer_config.json"), cfg)
-	writeJSON(t, filepath.Join(dir, "config.json"), map[string]any{"vocab_size": len(tk.tokens)})
+	writeJSON(t, filepath.Join(dir, "config.json"), map[string]any{"vocab_size": tk.VocabSize()})
 	if genEOS != nil {
 		writeJSON(t, filepath.Join(dir, "generation_config.json"), map[string]any{"eos_token_id": genEOS})
 	}
@@ -156,7 +151,7 @@ func spmHFDir(t *testing.T, tk *Tokenizer) string {
 	t.Helper()
 	vocab := map[string]int{}
 	var added []map[string]any
-	for id, s := range tk.tokens {
+	for id, s := range vocabTexts(tk) {
 		if tk.attrs[id]&(attrControl|attrUnknown) != 0 {
 			added = append(added, map[string]any{"id": id, "content": s, "special": true})
 		}
@@ -168,7 +163,7 @@ func spmHFDir(t *testing.T, tk *Tokenizer) string {
 		ia, ib int
 	}
 	var ms []merge
-	for id, s := range tk.tokens {
+	for id, s := range vocabTexts(tk) {
 		if tk.attrs[id]&attrNormal == 0 {
 			continue
 		}

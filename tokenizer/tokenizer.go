@@ -29,12 +29,12 @@ func (m MapMetadata) Get(key string) (any, bool) {
 
 // Token attributes, as llama.cpp assigns them from tokenizer.ggml.token_type.
 const (
-	attrUnknown     uint16 = 1 << 0
-	attrUnused      uint16 = 1 << 1
-	attrNormal      uint16 = 1 << 2
-	attrControl     uint16 = 1 << 3
-	attrUserDefined uint16 = 1 << 4
-	attrByte        uint16 = 1 << 5
+	attrUnknown     uint8 = 1 << 0
+	attrUnused      uint8 = 1 << 1
+	attrNormal      uint8 = 1 << 2
+	attrControl     uint8 = 1 << 3
+	attrUserDefined uint8 = 1 << 4
+	attrByte        uint8 = 1 << 5
 )
 
 // GGUF token types (tokenizer.ggml.token_type values).
@@ -57,17 +57,15 @@ const (
 
 const nullToken int32 = -1
 
-type pairKey struct{ a, b string }
-
 // Tokenizer encodes and decodes text for one vocabulary. It is safe for concurrent use.
 type Tokenizer struct {
 	kind    vocabKind
 	preName string
 	pre     preTokenizer
 
-	tokens    []string
-	scores    []float32
-	attrs     []uint16
+	tokens    stringTable // by id, the vocabulary's texts
+	scores    []float32   // SentencePiece vocabularies only
+	attrs     []uint8
 	tokenToID *vocabIndex
 	merges    *mergeTable
 	// Piece(id) is pieces[pieceEnd[id-1]:pieceEnd[id]]: one array for the
@@ -383,26 +381,20 @@ func FromGGUF(md Metadata) (*Tokenizer, error) {
 		return nil, fmt.Errorf("tokenizer: %d token types for %d tokens", len(types), n)
 	}
 
-	// The vocabulary is the metadata's own slice, unless empty texts
-	// need names (the metadata stays as read).
-	t.tokens = tokens
-	if slices.Contains(tokens, "") {
-		t.tokens = slices.Clone(tokens)
-	}
-	t.scores = make([]float32, n)
-	t.attrs = make([]uint16, n)
-	t.tokenToID = newVocabIndex(t.tokens)
-	for i, w := range tokens {
-		if w == "" {
-			w = fmt.Sprintf("[EMPTY_%d]", i)
-			t.tokens[i] = w
-		}
-		if prev, dup := t.tokenToID.id(w); dup {
-			return nil, fmt.Errorf("tokenizer: duplicate token in vocabulary: %q has ids %d and %d", w, prev, i)
-		}
-		t.tokenToID.add(int32(i))
+	// The texts are copied out of the metadata (which the model loader
+	// drops) into one string; empty texts get names.
+	t.tokens = newStringTable(tokens, func(i int) string { return fmt.Sprintf("[EMPTY_%d]", i) })
+	if t.kind == kindSPM {
+		t.scores = make([]float32, n)
 		if hasScores {
-			t.scores[i] = scores[i]
+			copy(t.scores, scores)
+		}
+	}
+	t.attrs = make([]uint8, n)
+	t.tokenToID = newVocabIndex(&t.tokens)
+	for i := range n {
+		if prev, dup := t.tokenToID.add(int32(i)); dup {
+			return nil, fmt.Errorf("tokenizer: duplicate token in vocabulary: %q has ids %d and %d", t.tokens.at(int32(i)), prev, i)
 		}
 		attr := attrNormal
 		if hasTypes {
@@ -443,7 +435,7 @@ func FromGGUF(md Metadata) (*Tokenizer, error) {
 				}
 			}
 			return -1
-		})
+		}, t.tokenToID)
 	}
 
 	// Special token ids: defaults out of range are disabled, bad metadata ids keep the default.
@@ -511,7 +503,7 @@ var fimTexts = map[string]int{ // text -> fim slot (0 pre, 1 suf, 2 mid, 3 pad, 
 // eot/eom/fim ids, re-types control-looking tokens as control, builds the
 // end-of-generation set and the special-token partition order.
 func (t *Tokenizer) finishSpecials() {
-	n := int32(len(t.tokens))
+	n := int32(t.tokens.len())
 	fim := [6]int32{nullToken, nullToken, nullToken, t.fimPad, t.fimRep, t.fimSep}
 	fimSet := [6]bool{false, false, false, t.fimPad != nullToken, t.fimRep != nullToken, t.fimSep != nullToken}
 	makeControl := func(id int32) { t.attrs[id] |= attrControl }
@@ -531,7 +523,7 @@ func (t *Tokenizer) finishSpecials() {
 		}
 	}
 	for id := int32(0); id < n; id++ {
-		if slot, ok := fimTexts[t.tokens[id]]; ok && !fimSet[slot] && fim[slot] == nullToken {
+		if slot, ok := fimTexts[t.tokens.at(id)]; ok && !fimSet[slot] && fim[slot] == nullToken {
 			fim[slot] = id
 			makeControl(id)
 		}
@@ -592,7 +584,7 @@ func (t *Tokenizer) finishSpecials() {
 		}
 	}
 	sort.SliceStable(t.specials, func(i, j int) bool {
-		return len(t.tokens[t.specials[i]]) > len(t.tokens[t.specials[j]])
+		return len(t.tokens.at(t.specials[i])) > len(t.tokens.at(t.specials[j]))
 	})
 }
 
@@ -614,12 +606,13 @@ func (t *Tokenizer) buildByteTable() {
 }
 
 func (t *Tokenizer) buildPieces() {
-	t.pieces, t.pieceEnd = nil, make([]uint32, len(t.tokens))
-	for id := range t.tokens {
-		t.pieces = append(t.pieces, t.computePiece(int32(id))...)
-		t.pieceEnd[id] = uint32(len(t.pieces))
+	t.pieceEnd = make([]uint32, t.tokens.len())
+	var pieces []byte
+	for id := range t.pieceEnd {
+		pieces = t.appendPiece(pieces, int32(id))
+		t.pieceEnd[id] = uint32(len(pieces))
 	}
-	t.pieces = slices.Clone(t.pieces) // exactly its size, not append's headroom
+	t.pieces = slices.Clone(pieces) // exactly its size, not append's headroom
 }
 
 func parseByteToken(s string) (byte, bool) {
@@ -642,32 +635,40 @@ func parseByteToken(s string) (byte, bool) {
 	return hi<<4 | lo, ok1 && ok2
 }
 
-func (t *Tokenizer) computePiece(id int32) []byte {
+// appendPiece appends the bytes id stands for to dst.
+func (t *Tokenizer) appendPiece(dst []byte, id int32) []byte {
 	attr := t.attrs[id]
-	text := t.tokens[id]
+	text := t.tokens.at(id)
 	if attr&(attrUnknown|attrControl) != 0 {
-		return nil
+		return dst
 	}
 	if attr&attrUserDefined != 0 {
-		return []byte(text)
+		return append(dst, text...)
 	}
 	if attr&attrNormal != 0 {
 		if t.kind == kindSPM {
-			return []byte(strings.ReplaceAll(text, "\u2581", " "))
+			for {
+				i := strings.Index(text, "\u2581")
+				if i < 0 {
+					break
+				}
+				dst = append(append(dst, text[:i]...), ' ')
+				text = text[i+len("\u2581"):]
+			}
+			return append(dst, text...)
 		}
-		return decodeByteLevel(text)
+		return appendByteLevel(dst, text)
 	}
 	if attr&attrByte != 0 {
 		if b, ok := parseByteToken(text); ok {
-			return []byte{b}
+			return append(dst, b)
 		}
-		return nil
 	}
-	return nil
+	return dst
 }
 
 // VocabSize returns the number of tokens in the vocabulary.
-func (t *Tokenizer) VocabSize() int { return len(t.tokens) }
+func (t *Tokenizer) VocabSize() int { return t.tokens.len() }
 
 // BOS returns the beginning-of-sequence token id, or -1 if there is none.
 func (t *Tokenizer) BOS() int32 { return t.bos }
@@ -704,10 +705,10 @@ func (t *Tokenizer) IsControl(id int32) bool {
 
 // TokenText returns the raw vocabulary text of id ("" when out of range).
 func (t *Tokenizer) TokenText(id int32) string {
-	if id < 0 || int(id) >= len(t.tokens) {
+	if id < 0 || int(id) >= t.tokens.len() {
 		return ""
 	}
-	return t.tokens[id]
+	return t.tokens.at(id)
 }
 
 // TokenID returns the id whose vocabulary text is exactly s.

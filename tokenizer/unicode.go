@@ -9,8 +9,9 @@ import (
 // UTF-8 string byteToUnicode[b] in byte-level BPE vocabularies.
 var byteToUnicode [256]string
 
-// unicodeToByte inverts byteToUnicode (keyed by code point).
-var unicodeToByte = map[rune]byte{}
+// unicodeByte inverts byteToUnicode: code point r stands for byte
+// unicodeByte[r]-1, or for none where that is 0 (all are below 512).
+var unicodeByte [512]uint16
 
 func init() {
 	n := 0
@@ -23,7 +24,7 @@ func init() {
 			n++
 		}
 		byteToUnicode[b] = string(r)
-		unicodeToByte[r] = byte(b)
+		unicodeByte[r] = uint16(b) + 1
 	}
 }
 
@@ -35,20 +36,20 @@ func ByteLevelVocab() []string {
 	return out
 }
 
-// decodeByteLevel maps a byte-level token text back to bytes, like llama.cpp's
-// llama_decode_text (unmappable code points become an [UNK_BYTE_...] marker).
-func decodeByteLevel(text string) []byte {
-	out := make([]byte, 0, len(text))
+// appendByteLevel maps a byte-level token text back to bytes, like llama.cpp's
+// llama_decode_text (unmappable code points become an [UNK_BYTE_...] marker),
+// and appends them to out.
+func appendByteLevel(out []byte, text string) []byte {
 	for i := 0; i < len(text); {
 		c, n := decodeCpt(text, i)
 		i += n
-		if b, ok := unicodeToByte[c]; ok {
-			out = append(out, b)
+		if c >= 0 && c < rune(len(unicodeByte)) && unicodeByte[c] != 0 {
+			out = append(out, byte(unicodeByte[c]-1))
 			continue
 		}
-		enc := appendCpt(nil, c)
+		var enc [4]byte
 		out = append(out, "[UNK_BYTE_0x"...)
-		for _, e := range enc {
+		for _, e := range appendCpt(enc[:0], c) {
 			const hex = "0123456789abcdef"
 			out = append(out, hex[e>>4], hex[e&15])
 		}
