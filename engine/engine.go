@@ -66,6 +66,8 @@ type Engine struct {
 	sched   []scheduled
 	last    kvcache.Stats
 
+	samplers *samplerBufs // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
+
 	stats statsBox  // published by Run for Stats
 	held  heldTable // prefill-only sequences' blocks, pinned for a KV transfer (kvexport.go)
 }
@@ -139,6 +141,8 @@ func newEngine(m *model.Model, cfg Config) *Engine {
 		pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize),
 		log:  cfg.Logger,
 		wake: make(chan struct{}, 1),
+
+		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
 	}
 }
 
@@ -199,7 +203,6 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 		stop: stopRules{tok: e.m.Tokenizer, stopTokens: req.StopTokens, ignoreEOS: req.IgnoreEOS,
 			maxTokens: maxNewTokens(c.ContextLen, len(req.Prompt), req.MaxTokens)},
 		arrival: req.Arrival,
-		sampler: resumedSampler(req, c.VocabSize),
 		hold:    hold,
 	}
 	if seq.arrival.IsZero() {
@@ -300,6 +303,7 @@ func (e *Engine) reap() {
 			if waiting {
 				e.queued.Add(-1)
 			}
+			e.dropSampler(s)
 			e.finishMetrics(s, llm.FinishAbort)
 			return true
 		})
@@ -386,6 +390,7 @@ func (e *Engine) step() error {
 		}
 		if !s.admitted {
 			s.admitted, s.cached, s.firstScheduled = true, matched, time.Now()
+			e.newSeqSampler(s)
 		}
 		e.waiting = e.waiting[1:]
 		e.queued.Add(-1)
@@ -477,6 +482,7 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 	ev.Finish = finish
 	ev.Usage = e.usage(s)
 	e.finishKV(s) // before the event: a prefill caller may use the held blocks at once
+	e.dropSampler(s)
 	s.stream.push(ev)
 	e.finishMetrics(s, finish)
 }
@@ -485,6 +491,7 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 func (e *Engine) abort(s *sequence, err error) {
 	s.stream.fail(err)
 	s.kv.Release()
+	e.dropSampler(s)
 	e.finishMetrics(s, llm.FinishAbort)
 }
 

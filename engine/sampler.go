@@ -70,7 +70,9 @@ type Sample struct {
 	Logprob float32
 	// Top holds the TopLogprobs most likely tokens under the same
 	// distribution, best first (ties: lower id first). The slice is owned by
-	// the Sampler and valid until its next Sample call; copy it to keep it.
+	// the Sampler's scratch and valid until its next Sample call (for a
+	// sampler lent buffers by a samplerBufs, until the next Sample of any of
+	// its samplers); copy it to keep it.
 	Top []TokenLogprob
 }
 
@@ -82,9 +84,12 @@ type cand struct {
 	logit float32
 }
 
-// Sampler samples the tokens of one sequence. It holds the sequence's RNG,
-// its penalty bookkeeping and scratch buffers sized for the vocabulary, so
-// Sample allocates nothing. It is not safe for concurrent use.
+// Sampler samples the tokens of one sequence. It holds the sequence's RNG
+// and its penalty bookkeeping, and works in scratch buffers sized for the
+// vocabulary, so Sample allocates nothing. A sampler from NewSampler owns
+// its buffers; the engine's samplers borrow theirs from the engine
+// (samplerBufs), so that a request allocates none. It is not safe for
+// concurrent use.
 type Sampler struct {
 	vocab int
 	seed  uint64
@@ -102,19 +107,13 @@ type Sampler struct {
 	bias []biasEntry // sorted by id
 
 	// Penalties (only when enabled).
-	pen        bool
-	rep        float32 // 1: disabled
-	presence   float32
-	freq       float32
-	counts     []int32  // generated-token counts by id
-	promptSeen []uint64 // bitset of prompt ids
-	touched    []int32  // ids in the prompt or generated, each once; cap = vocab
+	pen      *penalties // nil: disabled
+	rep      float32    // 1: disabled
+	presence float32
+	freq     float32
 
-	// Scratch.
-	cands []cand    // top-k / top-p candidates (cap k, or vocab)
-	w     []float64 // weights by id when neither top-k nor top-p is on
-	topC  []cand
-	top   []TokenLogprob
+	sc    *sampleScratch // nil once given back to owner
+	owner *samplerBufs   // where sc and pen came from; nil: they are the sampler's own
 
 	// sumT1 caches Σ exp(logit − max) over the whole vocabulary when a
 	// sampling path computed it at T = 1, so logprobs need no second pass.
@@ -127,10 +126,74 @@ type biasEntry struct {
 	v  float32
 }
 
+// penalties is one sequence's penalty bookkeeping.
+type penalties struct {
+	counts     []int32  // generated-token counts by id
+	promptSeen []uint64 // bitset of prompt ids
+	touched    []int32  // ids in the prompt or generated, each once; cap = vocab
+}
+
+func newPenalties(vocab int) *penalties {
+	return &penalties{counts: make([]int32, vocab), promptSeen: make([]uint64, (vocab+63)/64), touched: make([]int32, 0, vocab)}
+}
+
+// reset clears p for another sequence, in time proportional to the ids it
+// touched: every non-zero count and prompt bit belongs to a touched id.
+func (p *penalties) reset() {
+	for _, id := range p.touched {
+		p.counts[id] = 0
+		p.promptSeen[id>>6] = 0 // the word's other set bits are touched ids too
+	}
+	p.touched = p.touched[:0]
+}
+
+// sampleScratch is what Sample works in. Nothing in it outlives a call
+// (except Top, handed out), so samplers that sample one at a time can share
+// one: the engine's step loop lends one to all its sequences.
+type sampleScratch struct {
+	cands []cand    // top-k / top-p candidates (cap ≥ k, or vocab)
+	w     []float64 // weights by id when neither top-k nor top-p is on
+	topC  []cand
+	top   []TokenLogprob
+}
+
+// fit grows sc to what s needs.
+func (sc *sampleScratch) fit(s *Sampler) {
+	if !s.greedy {
+		switch {
+		case s.topK > 0:
+			if cap(sc.cands) < s.topK {
+				sc.cands = make([]cand, 0, s.topK)
+			}
+		case s.topP < 1:
+			if cap(sc.cands) < s.vocab {
+				sc.cands = make([]cand, 0, s.vocab)
+			}
+		default:
+			if len(sc.w) < s.vocab {
+				sc.w = make([]float64, s.vocab)
+			}
+		}
+	}
+	if s.nTop > 0 {
+		if cap(sc.topC) < s.nTop {
+			sc.topC = make([]cand, 0, s.nTop)
+		}
+		if len(sc.top) < s.nTop {
+			sc.top = make([]TokenLogprob, s.nTop)
+		}
+	}
+}
+
 // NewSampler prepares sampling for one sequence with vocabSize tokens. p
 // should have passed Validate; out-of-range values are clamped or ignored
 // rather than causing a panic. prompt feeds the repetition penalty.
 func NewSampler(p SamplingParams, vocabSize int, prompt []int32) *Sampler {
+	return newSampler(p, vocabSize, prompt, nil)
+}
+
+// newSampler is NewSampler with its buffers lent by b, or its own if b is nil.
+func newSampler(p SamplingParams, vocabSize int, prompt []int32, b *samplerBufs) *Sampler {
 	if vocabSize <= 0 {
 		panic("engine: NewSampler: vocabulary size must be positive")
 	}
@@ -176,36 +239,30 @@ func NewSampler(p SamplingParams, vocabSize int, prompt []int32) *Sampler {
 		s.rep = 1
 	}
 	s.presence, s.freq = p.PresencePenalty, p.FrequencyPenalty
-	s.pen = s.rep != 1 || s.presence != 0 || s.freq != 0
-	if s.pen {
-		s.counts = make([]int32, vocabSize)
-		s.promptSeen = make([]uint64, (vocabSize+63)/64)
-		s.touched = make([]int32, 0, vocabSize)
+	if s.rep != 1 || s.presence != 0 || s.freq != 0 {
+		if b != nil {
+			s.pen = b.penalties()
+		} else {
+			s.pen = newPenalties(vocabSize)
+		}
+		pen := s.pen
 		for _, id := range prompt {
 			if id < 0 || int(id) >= vocabSize {
 				continue
 			}
-			if s.promptSeen[id>>6]&(1<<(id&63)) == 0 {
-				s.promptSeen[id>>6] |= 1 << (id & 63)
-				s.touched = append(s.touched, id)
+			if pen.promptSeen[id>>6]&(1<<(id&63)) == 0 {
+				pen.promptSeen[id>>6] |= 1 << (id & 63)
+				pen.touched = append(pen.touched, id)
 			}
 		}
 	}
 
-	if !s.greedy {
-		switch {
-		case s.topK > 0:
-			s.cands = make([]cand, 0, s.topK)
-		case s.topP < 1:
-			s.cands = make([]cand, 0, vocabSize)
-		default:
-			s.w = make([]float64, vocabSize)
-		}
+	if b != nil {
+		s.sc, s.owner = &b.scratch, b
+	} else {
+		s.sc = new(sampleScratch)
 	}
-	if s.nTop > 0 {
-		s.topC = make([]cand, 0, s.nTop)
-		s.top = make([]TokenLogprob, s.nTop)
-	}
+	s.sc.fit(s)
 	return s
 }
 
@@ -223,6 +280,9 @@ func (s *Sampler) Seed() uint64 { return s.seed }
 func (s *Sampler) Sample(logits []float32) Sample {
 	if len(logits) < s.vocab {
 		panic(fmt.Sprintf("engine: Sampler.Sample: %d logits for a vocabulary of %d", len(logits), s.vocab))
+	}
+	if s.sc == nil {
+		panic("engine: Sampler.Sample after its buffers were given back")
 	}
 	l := logits[:s.vocab]
 	best, lmax := s.prepare(l)
@@ -258,22 +318,22 @@ func (s *Sampler) Sample(logits []float32) Sample {
 		logZ := float64(lmax) + math.Log(sum)
 		out.Logprob = float32(float64(l[id]) - logZ)
 		if s.nTop > 0 {
-			top := selectTop(l, s.nTop, s.topC)
+			top := selectTop(l, s.nTop, s.sc.topC)
 			for i, c := range top {
-				s.top[i] = TokenLogprob{ID: c.id, Logprob: float32(float64(c.logit) - logZ)}
+				s.sc.top[i] = TokenLogprob{ID: c.id, Logprob: float32(float64(c.logit) - logZ)}
 			}
-			out.Top = s.top[:len(top)]
+			out.Top = s.sc.top[:len(top)]
 		}
 	}
 	s.record(id)
 	return out
 }
 
-// resumedSampler is req's sampler, with the Resumed tail of its prompt replayed as output
-// (see llm.Request.Resumed).
-func resumedSampler(req *llm.Request, vocabSize int) *Sampler {
+// resumedSampler is req's sampler, its buffers lent by b, with the Resumed tail of its
+// prompt replayed as output (see llm.Request.Resumed).
+func resumedSampler(req *llm.Request, b *samplerBufs) *Sampler {
 	orig := len(req.Prompt) - req.Resumed
-	s := NewSampler(req.Sampling, vocabSize, req.Prompt[:orig])
+	s := newSampler(req.Sampling, b.vocab, req.Prompt[:orig], b)
 	for _, id := range req.Prompt[orig:] {
 		s.Accept(id)
 	}
@@ -290,13 +350,14 @@ func (s *Sampler) Accept(id int32) {
 
 func (s *Sampler) record(id int32) {
 	s.n++
-	if !s.pen || id < 0 || int(id) >= s.vocab {
+	pen := s.pen
+	if pen == nil || id < 0 || int(id) >= s.vocab {
 		return
 	}
-	if s.counts[id] == 0 && s.promptSeen[id>>6]&(1<<(id&63)) == 0 {
-		s.touched = append(s.touched, id) // at most vocab distinct ids: never grows past cap
+	if pen.counts[id] == 0 && pen.promptSeen[id>>6]&(1<<(id&63)) == 0 {
+		pen.touched = append(pen.touched, id) // at most vocab distinct ids: never grows past cap
 	}
-	s.counts[id]++
+	pen.counts[id]++
 }
 
 // prepare applies bias and penalties, sanitises, and returns the argmax
@@ -305,8 +366,8 @@ func (s *Sampler) prepare(l []float32) (int32, float32) {
 	for _, b := range s.bias {
 		l[b.id] += b.v
 	}
-	if s.pen {
-		for _, id := range s.touched {
+	if pen := s.pen; pen != nil {
+		for _, id := range pen.touched {
 			x := l[id]
 			if s.rep != 1 {
 				if x > 0 {
@@ -315,7 +376,7 @@ func (s *Sampler) prepare(l []float32) (int32, float32) {
 					x = float32(x * s.rep) // conversion: no fused multiply-add
 				}
 			}
-			if c := s.counts[id]; c > 0 {
+			if c := pen.counts[id]; c > 0 {
 				x -= float32(float32(c) * s.freq) // conversion: no fused multiply-add
 				x -= s.presence
 			}
@@ -367,7 +428,7 @@ func (s *Sampler) support(l []float32, lmax float32) (c []cand, w []float64, mas
 	if s.topK > 0 {
 		// Top-k by partial selection, best first; then top-p and min-p
 		// cut the sorted prefix.
-		c = selectTop(l, s.topK, s.cands)
+		c = selectTop(l, s.topK, s.sc.cands)
 		total := 0.0
 		for i := range c {
 			c[i].w = expDet(scaled(c[i].logit))
@@ -383,7 +444,7 @@ func (s *Sampler) support(l []float32, lmax float32) (c []cand, w []float64, mas
 
 	if s.topP < 1 {
 		// Every token's weight and the total.
-		c = s.cands[:0]
+		c = s.sc.cands[:0]
 		total := 0.0
 		for i, x := range l {
 			e := expDet(scaled(x))
@@ -421,7 +482,7 @@ func (s *Sampler) support(l []float32, lmax float32) (c []cand, w []float64, mas
 	}
 
 	// No top-k, no top-p: the whole vocabulary, in id order.
-	w = s.w[:len(l)]
+	w = s.sc.w[:len(l)]
 	all := 0.0
 	for i, x := range l {
 		e := expDet(scaled(x))
