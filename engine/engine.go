@@ -265,6 +265,7 @@ func (e *Engine) shutdown() {
 			s.kv.Release()
 		}
 		s.stream.fail(err)
+		e.seqEnded(s)
 	}
 	e.waiting, e.running = nil, nil
 }
@@ -303,7 +304,7 @@ func (e *Engine) reap() {
 			if waiting {
 				e.queued.Add(-1)
 			}
-			e.dropSampler(s)
+			e.seqEnded(s)
 			e.finishMetrics(s, llm.FinishAbort)
 			return true
 		})
@@ -439,11 +440,14 @@ func (e *Engine) execute() error {
 	if e.cfg.Metrics != nil {
 		e.cfg.Metrics.IterationTokens.Observe(float64(len(b.Tokens)))
 	}
+	for _, sc := range e.sched {
+		sc.seq.kv.Commit(sc.seq.tokens[:sc.from+sc.n])
+	}
+	e.committed() // before sampling: KV exports waiting for these blocks go on at once
 	out := 0
 	now := time.Now()
 	for _, sc := range e.sched {
 		s := sc.seq
-		s.kv.Commit(s.tokens[:sc.from+sc.n])
 		if sc.from+sc.n != len(s.tokens) {
 			continue
 		}
@@ -482,7 +486,7 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 	ev.Finish = finish
 	ev.Usage = e.usage(s)
 	e.finishKV(s) // before the event: a prefill caller may use the held blocks at once
-	e.dropSampler(s)
+	e.seqEnded(s)
 	s.stream.push(ev)
 	e.finishMetrics(s, finish)
 }
@@ -491,7 +495,7 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 func (e *Engine) abort(s *sequence, err error) {
 	s.stream.fail(err)
 	s.kv.Release()
-	e.dropSampler(s)
+	e.seqEnded(s)
 	e.finishMetrics(s, llm.FinishAbort)
 }
 

@@ -169,6 +169,10 @@ type heldTable struct {
 	ioOnce sync.Once
 	io     *blockIO
 	ioErr  error
+
+	// changed wakes the exports waiting for blocks: when a step commits full blocks,
+	// an import commits some, or a hold is pinned, released or ended.
+	changed broadcast
 }
 
 type heldKV struct {
@@ -179,7 +183,65 @@ type heldKV struct {
 	blocks   []int32      // their blocks
 	users    int          // exports in progress
 	released bool
+	ended    bool // the sequence ended without pinning its blocks: no more will come
 	timer    *time.Timer
+}
+
+// broadcast wakes every goroutine waiting for a change. A waiter takes wait's channel
+// before it looks at the state, and waits on it if it must: notify closes the channel, so
+// a change made after the look wakes it and none is missed. The channel is made only when
+// someone waits, so notify on the scheduler's path costs a lock and a nil check.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// wait returns a channel that the next notify closes.
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *broadcast) notify() {
+	b.mu.Lock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
+	b.mu.Unlock()
+}
+
+// committed wakes the exports waiting for blocks if the step's commits completed any.
+// Called by Run's goroutine.
+func (e *Engine) committed() {
+	bs := e.cfg.BlockSize
+	for _, sc := range e.sched {
+		if (sc.from+sc.n)/bs > sc.from/bs {
+			e.held.changed.notify()
+			return
+		}
+	}
+}
+
+// holdEnded tells the exports of the prefill-only sequence under handle h that it ended
+// (aborted, dropped, or closed at its finish) without pinning its blocks: the blocks not
+// computed yet will not be. Called by Run's goroutine.
+func (e *Engine) holdEnded(h uint64) {
+	t := &e.held
+	t.mu.Lock()
+	x := t.m[h]
+	ended := x != nil && x.seq == nil && !x.ended
+	if ended {
+		x.ended = true
+	}
+	t.mu.Unlock()
+	if ended {
+		t.changed.notify()
+	}
 }
 
 func (e *Engine) blockIO() (*blockIO, error) {
@@ -310,6 +372,7 @@ func (e *Engine) finishKV(s *sequence) {
 		}
 	})
 	s.kv = e.pool.NewSeq(e.cfg.Salt) // the sequence is done; it must not release the held blocks
+	t.changed.notify()
 }
 
 // ReleaseHeld frees the blocks held under handle h (at once, or when the exports in
@@ -332,6 +395,7 @@ func (e *Engine) ReleaseHeld(h uint64) bool {
 		seq, x.seq = x.seq, nil
 	}
 	t.mu.Unlock()
+	t.changed.notify()
 	if seq != nil {
 		seq.Release()
 	}
@@ -352,8 +416,9 @@ func (e *Engine) HeldStats() (held int, expired int64) {
 // (valid only during the call). While the prefill runs, blocks go out as they are computed
 // (entering the prefix cache, chunk by chunk) and ExportBlocks waits for the rest; after
 // it, from the held blocks. It fails if a wanted hash is not the prompt's, if the prefill
-// fails or the hold is released before the blocks were sent, or when fn or ctx ends. The
-// blocks being read stay referenced, even if ReleaseHeld is called meanwhile.
+// fails or the hold is released before the blocks were sent (ErrNotHeld), or when fn or ctx
+// ends. The blocks being read stay referenced, even if ReleaseHeld is called meanwhile.
+// Waiting, it wakes when a step commits blocks (or the hold changes), not on a timer.
 func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn func(index int, hash uint64, data []byte) error) error {
 	io, err := e.blockIO()
 	if err != nil {
@@ -381,20 +446,20 @@ func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn f
 	// While the prefill runs: pin the computed leading blocks through the prefix cache, send
 	// the wanted ones among them, and wait for more.
 	sent := 0
+	pin := e.pool.NewSeq(e.cfg.Salt) // empty between rounds
 	for {
+		changed := t.changed.wait() // before looking: what changes after the look closes it
 		t.mu.Lock()
 		if t.m[h] != x || x.released {
 			t.mu.Unlock()
 			return ErrNotHeld
 		}
-		done := x.seq != nil
+		done, ended := x.seq != nil, x.ended
 		t.mu.Unlock()
 		if done {
 			break
 		}
-		pin := e.pool.NewSeq(e.cfg.Salt)
 		n := pin.MatchHashes(x.prompt) / e.cfg.BlockSize
-		progress := false
 		for sent < len(want) && idx[want[sent]] < n {
 			i := idx[want[sent]]
 			io.read(pin.Blocks()[i], buf)
@@ -402,18 +467,19 @@ func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn f
 				pin.Release()
 				return err
 			}
-			sent, progress = sent+1, true
+			sent++
 		}
 		pin.Release()
 		if sent == len(want) {
 			return nil
 		}
-		if !progress {
-			select {
-			case <-time.After(2 * time.Millisecond):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+		if ended {
+			return fmt.Errorf("%w: the prefill under handle %d ended before computing block %d", ErrNotHeld, h, idx[want[sent]])
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 	want = want[sent:]
@@ -531,6 +597,7 @@ func (im *Import) Commit() int {
 	}
 	im.seq.Commit(im.tokens[:im.next*im.e.cfg.BlockSize])
 	im.committed += n
+	im.e.held.changed.notify() // the blocks may be what an export of the same prompt waits for
 	return n
 }
 

@@ -60,3 +60,12 @@ func (e *Engine) dropSampler(s *sequence) {
 	s.sampler = nil
 }
 
+// seqEnded lets go of what an ended sequence (finished, aborted or dropped) holds besides
+// its KV blocks: its sampler's buffers, and, for a prefill-only one, the exports waiting for
+// blocks it will no longer compute.
+func (e *Engine) seqEnded(s *sequence) {
+	e.dropSampler(s)
+	if s.hold != 0 {
+		e.holdEnded(s.hold)
+	}
+}
