@@ -44,6 +44,12 @@ type AttnBatch struct {
 	Blocks [][]int32 // per sequence: physical block of each logical block
 }
 
+// MatMulOut is one product of a multi-weight matmul: Out = x·Wᵀ.
+type MatMulOut struct {
+	Out []float32
+	W   *Weight
+}
+
 // Backend is the op set a model's forward pass runs on. Activations are
 // row-major float32 matrices; weights stay in their file format. Every op is
 // batch-invariant: a row's result depends only on that row's inputs.

@@ -26,11 +26,35 @@ type Runner struct {
 	x, xn, q, k, v, att, tmp []float32
 	gate, up                 []float32
 	outX, outN               []float32
+
+	multi multiMatMuler // be, where it has MatMuls
+	prods [3]hal.MatMulOut
+}
+
+// multiMatMuler is a backend that multiplies one input by several weights
+// in one pass (the attention's q, k and v; the FFN's gate and up).
+type multiMatMuler interface {
+	MatMuls(x []float32, rows int, ps []hal.MatMulOut)
 }
 
 // NewRunner prepares m to run on be.
 func NewRunner(m *Model, be hal.Backend) *Runner {
-	return &Runner{M: m, Be: be, rope: m.RoPE()}
+	r := &Runner{M: m, Be: be, rope: m.RoPE()}
+	r.multi, _ = be.(multiMatMuler)
+	return r
+}
+
+// matMuls sets p.Out = x·p.Wᵀ for each p of ps, in one call where the
+// backend can.
+func (r *Runner) matMuls(x []float32, rows int, ps ...hal.MatMulOut) {
+	if r.multi == nil || len(ps) > len(r.prods) {
+		for _, p := range ps {
+			r.Be.MatMul(p.Out, x, rows, p.W)
+		}
+		return
+	}
+	n := copy(r.prods[:], ps)
+	r.multi.MatMuls(x, rows, r.prods[:n])
 }
 
 // ffnChunkRows bounds the rows of the FFN's two hidden-width buffers (gate
@@ -87,9 +111,7 @@ func (r *Runner) Forward(kv hal.KVStore, b *Batch, logits []float32) error {
 	for li := range m.Layers {
 		l := &m.Layers[li]
 		be.RMSNorm(r.xn, r.x, l.AttnNorm, c.NormEps)
-		be.MatMul(r.q, r.xn, n, l.Wq)
-		be.MatMul(r.k, r.xn, n, l.Wk)
-		be.MatMul(r.v, r.xn, n, l.Wv)
+		r.matMuls(r.xn, n, hal.MatMulOut{Out: r.q, W: l.Wq}, hal.MatMulOut{Out: r.k, W: l.Wk}, hal.MatMulOut{Out: r.v, W: l.Wv})
 		if l.Bq != nil {
 			be.AddBias(r.q, l.Bq)
 		}
@@ -116,8 +138,7 @@ func (r *Runner) Forward(kv hal.KVStore, b *Batch, logits []float32) error {
 		for lo := 0; lo < n; lo += ffnRows {
 			hi := min(n, lo+ffnRows)
 			gate, up := r.gate[:(hi-lo)*c.FFN], r.up[:(hi-lo)*c.FFN]
-			be.MatMul(gate, r.xn[lo*c.Embd:hi*c.Embd], hi-lo, l.Gate)
-			be.MatMul(up, r.xn[lo*c.Embd:hi*c.Embd], hi-lo, l.Up)
+			r.matMuls(r.xn[lo*c.Embd:hi*c.Embd], hi-lo, hal.MatMulOut{Out: gate, W: l.Gate}, hal.MatMulOut{Out: up, W: l.Up})
 			be.SiLUMul(gate, up)
 			be.MatMul(r.tmp[lo*c.Embd:hi*c.Embd], gate, hi-lo, l.Down)
 		}

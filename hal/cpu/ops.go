@@ -11,7 +11,58 @@ import (
 // with a fixed reduction order. Work is split over weight rows, so each
 // weight row is read once for the whole batch.
 func (b *Backend) MatMul(out, x []float32, rows int, w *hal.Weight) {
+	if p := b.packs.packed(w, b.pool); p != nil {
+		b.matMulPacked(x, rows, w, packedPart{p: p, out: out, n: w.Rows})
+		return
+	}
 	k, n := w.Cols, w.Rows
+	xq, xrb := b.quantize(x, rows, w, nil)
+	b.mm = matmulTask{b: b, typ: w.Type, k: k, n: n, rows: rows, w: w.Data, wrb: w.RowBytes(), xq: xq, xrb: xrb, out: out}
+	b.pool.run(n, &b.mm)
+}
+
+// MatMuls does MatMul(p.Out, x, rows, p.W) for each p of ps. Weights with
+// packed copies of one format and width (a layer's q, k and v; gate and
+// up) share one conversion of x and one job over all their rows: one wait
+// for the workers instead of two per weight, and the small k and v
+// projections no longer make jobs of their own.
+func (b *Backend) MatMuls(x []float32, rows int, ps []hal.MatMulOut) {
+	var parts [maxProducts]packedPart
+	shared := len(ps) <= maxProducts
+	for i := 0; shared && i < len(ps); i++ {
+		w := ps[i].W
+		p := b.packs.packed(w, b.pool)
+		shared = p != nil && (i == 0 || p.f == parts[0].p.f && w.Cols == ps[0].W.Cols)
+		parts[i] = packedPart{p: p, out: ps[i].Out, n: w.Rows}
+	}
+	if !shared {
+		for _, p := range ps {
+			b.MatMul(p.Out, x, rows, p.W)
+		}
+		return
+	}
+	b.matMulPacked(x, rows, ps[0].W, parts[:len(ps)]...)
+}
+
+// matMulPacked multiplies x by the packed weights of parts, which share w's
+// format and width.
+func (b *Backend) matMulPacked(x []float32, rows int, w *hal.Weight, parts ...packedPart) {
+	xq, xrb := b.quantize(x, rows, w, parts[0].p)
+	b.mmPack = packedTask{b: b, xq: xq, xrb: xrb, rows: rows, side: b.quant.side, nparts: len(parts)}
+	groups := 0
+	for i, pt := range parts {
+		pt.first = groups
+		b.mmPack.parts[i] = pt
+		groups += pt.p.groups
+	}
+	b.pool.run(groups, &b.mmPack)
+}
+
+// quantize converts the rows of x to w's vec-dot type in a reused buffer
+// and, for a packed weight p, writes the side rows its kernels read in the
+// same job (each worker right after the row it converted).
+func (b *Backend) quantize(x []float32, rows int, w *hal.Weight, p *packedWeight) (xq []byte, xrb int) {
+	k := w.Cols
 	vt := VecDotType(w.Type)
 	xrb, err := vt.RowBytes(k)
 	if err != nil {
@@ -20,13 +71,9 @@ func (b *Backend) MatMul(out, x []float32, rows int, w *hal.Weight) {
 	if need := rows * xrb; cap(b.xq) < need {
 		b.xq = make([]byte, need)
 	}
-	xq := b.xq[:rows*xrb]
+	xq = b.xq[:rows*xrb]
 	b.quant = quantTask{vt: vt, k: k, x: x, xq: xq, xrb: xrb}
-	p := b.packs.packed(w, b.pool)
 	if p != nil {
-		// The packed kernels' side rows are written by the same job, each
-		// worker right after quantizing the row: one job (and one wait)
-		// less per MatMul.
 		sw := p.f.sideWords * p.nb
 		if need := sw * rows; cap(b.sideBuf) < need {
 			b.sideBuf = make([]int32, need)
@@ -34,13 +81,7 @@ func (b *Backend) MatMul(out, x []float32, rows int, w *hal.Weight) {
 		b.quant.f, b.quant.side, b.quant.nb = p.f, b.sideBuf[:sw*rows], p.nb
 	}
 	b.pool.run(rows, &b.quant)
-	if p != nil {
-		b.mmPack = packedTask{b: b, p: p, out: out, xq: xq, xrb: xrb, rows: rows, n: n, side: b.quant.side}
-		b.pool.run(p.groups, &b.mmPack)
-		return
-	}
-	b.mm = matmulTask{b: b, typ: w.Type, k: k, n: n, rows: rows, w: w.Data, wrb: w.RowBytes(), xq: xq, xrb: xrb, out: out}
-	b.pool.run(n, &b.mm)
+	return xq, xrb
 }
 
 // quantTask converts activation rows to a vec-dot type and, for a packed

@@ -234,20 +234,45 @@ func sumInt8x32(q *[32]byte) int32 {
 	return int32(s) - 32*128
 }
 
-// packedTask computes the outputs of a range of row groups of a packed
-// weight for all activation rows, each group read once per four rows.
+// packedTask computes the outputs of a range of row groups of packed
+// weights for all activation rows, each group read once per four rows. The
+// weights (up to maxProducts, of one format and width) multiply the same
+// activation rows; their groups are numbered one weight after the other.
 type packedTask struct {
-	b            *Backend
-	p            *packedWeight
-	out          []float32
-	xq           []byte
-	xrb, rows, n int
-	side         []int32
+	b         *Backend
+	parts     [maxProducts]packedPart
+	nparts    int
+	xq        []byte
+	xrb, rows int
+	side      []int32
 }
 
+// packedPart is one weight of a packedTask: its groups are the task's
+// first..first+p.groups.
+type packedPart struct {
+	p     *packedWeight
+	out   []float32
+	n     int // the weight's rows: the width of out
+	first int
+}
+
+// maxProducts bounds the weights one MatMuls call runs as one job: the
+// attention's q, k and v.
+const maxProducts = 3
+
 func (t *packedTask) runRange(worker, lo, hi int) {
-	p, f, nb, n, rows, xrb := t.p, t.p.f, t.p.nb, t.n, t.rows, t.xrb
-	xq, side, out := t.xq, t.side, t.out
+	for i := range t.nparts {
+		pt := &t.parts[i]
+		if a, b := max(lo, pt.first), min(hi, pt.first+pt.p.groups); a < b {
+			t.runGroups(worker, pt, a-pt.first, b-pt.first)
+		}
+	}
+}
+
+// runGroups computes groups lo..hi of one weight.
+func (t *packedTask) runGroups(worker int, pt *packedPart, lo, hi int) {
+	p, f, nb, n, rows, xrb := pt.p, pt.p.f, pt.p.nb, pt.n, t.rows, t.xrb
+	xq, side, out := t.xq, t.side, pt.out
 	gb := f.groupBlockBytes * nb
 	sw := f.sideWords * nb
 	sstride := 4 * sw

@@ -232,3 +232,52 @@ func TestSumInt8x32(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulsMatchesMatMul: MatMuls gives each product the bits MatMul
+// gives it, whether its weights run as one job (one packed format and
+// width, with partial last groups, one to nine rows) or one at a time
+// (formats that differ, more weights than a job takes).
+func TestMatMulsMatchesMatMul(t *testing.T) {
+	r := rand.New(rand.NewPCG(49, 50))
+	const k = 512
+	w := func(typ hal.DType, n, k int) *hal.Weight {
+		var d []byte
+		for range n {
+			d = append(d, testQuantize(typ, testRandRow(r, k))...)
+		}
+		return &hal.Weight{Type: typ, Rows: n, Cols: k, Data: d}
+	}
+	q, kw, v := w(hal.Q8_0, 56, k), w(hal.Q8_0, 8, k), w(hal.Q8_0, 21, k)
+	cases := map[string][]*hal.Weight{
+		"q k v":          {q, kw, v},
+		"gate up":        {w(hal.Q4_K, 40, k), w(hal.Q4_K, 33, k)},
+		"one":            {v},
+		"formats differ": {q, w(hal.Q5_0, 16, k), v},
+		"four":           {q, kw, v, q},
+	}
+	x := testRandRow(r, 9*k)
+	for _, threads := range []int{1, 2} {
+		be := New(threads)
+		for name, ws := range cases {
+			for _, rows := range []int{1, 4, 5, 9} {
+				var ps []hal.MatMulOut
+				var want [][]float32
+				for _, w := range ws {
+					ps = append(ps, hal.MatMulOut{Out: make([]float32, rows*w.Rows), W: w})
+					o := make([]float32, rows*w.Rows)
+					be.MatMul(o, x[:rows*w.Cols], rows, w)
+					want = append(want, o)
+				}
+				be.MatMuls(x[:rows*k], rows, ps)
+				for i := range ps {
+					for j, got := range ps[i].Out {
+						if math.Float32bits(got) != math.Float32bits(want[i][j]) {
+							t.Fatalf("%s threads=%d rows=%d product %d element %d: %g, MatMul %g", name, threads, rows, i, j, got, want[i][j])
+						}
+					}
+				}
+			}
+		}
+		be.Close()
+	}
+}

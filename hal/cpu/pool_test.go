@@ -25,6 +25,8 @@ func TestOpsAllocateNothing(t *testing.T) {
 	q := testRandRow(r, rows*heads*hd)
 	kv := testRandRow(r, rows*kvHeads*hd)
 	ao := make([]float32, rows*heads*hd)
+	out2, out3 := make([]float32, rows*(n+16)), make([]float32, rows*n)
+	prods := []hal.MatMulOut{{Out: out, W: weights[hal.Q8_0]}, {Out: out2, W: benchWeight(hal.Q8_0, n+16, k)}, {Out: out3, W: weights[hal.Q5_0]}}
 	rope := &hal.RoPE{Dims: hd, Base: 10000, Neox: true}
 	batch := &hal.AttnBatch{Blocks: [][]int32{{0, 1}}, Pos: []int32{0, 1, 2, 3, 17}, SeqOf: []int32{0, 0, 0, 0, 0}}
 	for _, threads := range []int{1, 2} {
@@ -38,7 +40,10 @@ func TestOpsAllocateNothing(t *testing.T) {
 				be.MatMul(out, x, rows, w)
 				be.MatMul(out[:n], x[:k], 1, w)
 			}
+			be.MatMuls(x, rows, prods[:2]) // one job
+			be.MatMuls(x, rows, prods)     // formats differ: one at a time
 			be.RMSNorm(x, x, norm, 1e-6)
+			be.Add(x, x)
 			be.RoPE(q, heads, hd, batch.Pos, rope)
 			be.StoreKV(store, 0, kv, kv, batch)
 			be.Attention(ao, q, heads, 0.125, store, 0, batch)
