@@ -24,7 +24,7 @@ func (t *Tokenizer) partition(text string, parseSpecial bool) []frag {
 		if !parseSpecial && t.attrs[id]&(attrControl|attrUnknown) != 0 {
 			continue
 		}
-		st := t.tokens.at(id)
+		st := t.text(id)
 		if !strings.Contains(text, st) {
 			continue
 		}

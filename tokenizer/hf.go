@@ -440,17 +440,18 @@ func fromHFBytes(tokJSON, cfgJSON, genJSON []byte, vocabSize int) (*Tokenizer, e
 	}
 	t.hfBOSText = tokenText(cfg.BOSToken)
 	t.hfEOSText = tokenText(cfg.EOSToken)
+	t.compactTexts()
 	return t, nil
 }
 
 func fromGGUFWithEOG(md MapMetadata, genEOS []int64) (*Tokenizer, error) {
-	t, err := FromGGUF(md)
+	t, err := fromGGUF(md)
 	if err != nil {
 		return nil, err
 	}
 	if len(genEOS) > 0 {
 		for _, id := range genEOS {
-			if id >= 0 && id < int64(t.tokens.len()) {
+			if id >= 0 && id < int64(t.VocabSize()) {
 				t.extraEOGFromHF = append(t.extraEOGFromHF, int32(id))
 			}
 		}

@@ -9,8 +9,9 @@ import (
 // The vocabulary and its merges stay on the heap for the life of a model, so
 // they are kept in a few flat arrays rather than as one string (one object
 // and a 16-byte header) per token and per merge, and maps keyed by them: for
-// the Qwen2 vocabulary that is 15.7 MiB down to about 6 MiB, and the garbage
-// collector may keep up to twice the live heap resident.
+// the Qwen2 vocabulary that is 15.7 MiB down to 6.7 MiB (4.8 MiB with
+// compactTexts), and the garbage collector may keep up to twice the live heap
+// resident.
 
 // stringTable holds n strings back to back in one string: string i is
 // data[end[i-1]:end[i]].
@@ -58,31 +59,32 @@ func openSlots(n int) int {
 
 // vocabIndex finds a token's id by its text, as a map from text to id would,
 // in an open-addressing table of ids (linear probing) whose keys are the
-// vocabulary's texts themselves: 4 bytes a slot instead of a map entry and a
-// string header per token.
+// tokenizer's texts themselves (Tokenizer.textIs, which spells nothing): 4
+// bytes a slot instead of a map entry and a string header per token.
 type vocabIndex struct {
 	seed  maphash.Seed
-	texts *stringTable
-	slots []uint32 // id+1, 0 when empty
+	t     *Tokenizer // the texts
+	slots []uint32   // id+1, 0 when empty
 	mask  uint32
 }
 
-func newVocabIndex(texts *stringTable) *vocabIndex {
-	n := openSlots(texts.len())
-	return &vocabIndex{seed: maphash.MakeSeed(), texts: texts, slots: make([]uint32, n), mask: uint32(n - 1)}
+// newVocabIndex returns an empty index for n of t's texts.
+func newVocabIndex(t *Tokenizer, n int) *vocabIndex {
+	n = openSlots(n)
+	return &vocabIndex{seed: maphash.MakeSeed(), t: t, slots: make([]uint32, n), mask: uint32(n - 1)}
 }
 
 // add indexes id under its text unless the text has an id already, which
 // it returns.
 func (v *vocabIndex) add(id int32) (prev int32, dup bool) {
-	s := v.texts.at(id)
+	s := v.t.text(id)
 	for i := uint32(maphash.String(v.seed, s)) & v.mask; ; i = (i + 1) & v.mask {
 		e := v.slots[i]
 		if e == 0 {
 			v.slots[i] = uint32(id) + 1
 			return 0, false
 		}
-		if v.texts.at(int32(e-1)) == s {
+		if v.t.textIs(int32(e-1), s) {
 			return int32(e - 1), true
 		}
 	}
@@ -98,7 +100,7 @@ func (v *vocabIndex) id(s string) (int32, bool) {
 		if e == 0 {
 			return 0, false
 		}
-		if v.texts.at(int32(e-1)) == s {
+		if v.t.textIs(int32(e-1), s) {
 			return int32(e - 1), true
 		}
 	}

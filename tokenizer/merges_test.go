@@ -42,13 +42,13 @@ func mergePairs(tk *Tokenizer) [][2]string {
 	return out
 }
 
-func testVocab(tokens []string) (*stringTable, *vocabIndex) {
-	st := newStringTable(tokens, nil)
-	v := newVocabIndex(&st)
+func testVocab(tokens []string) (*Tokenizer, *vocabIndex) {
+	t := &Tokenizer{tokens: newStringTable(tokens, nil)}
+	v := newVocabIndex(t, len(tokens))
 	for id := range tokens {
 		v.add(int32(id))
 	}
-	return &st, v
+	return t, v
 }
 
 func TestMergeTable(t *testing.T) {
@@ -97,8 +97,8 @@ func TestMergeTable(t *testing.T) {
 
 func TestVocabIndex(t *testing.T) {
 	tokens := []string{"a", "b", "ab", "a", "", "Ġthe"}
-	st := newStringTable(tokens, nil)
-	v := newVocabIndex(&st)
+	tk := &Tokenizer{tokens: newStringTable(tokens, nil)}
+	v := newVocabIndex(tk, len(tokens))
 	for id := range tokens {
 		prev, dup := v.add(int32(id))
 		if wantDup := id == 3; dup != wantDup || (dup && prev != 0) {
@@ -123,7 +123,7 @@ func TestVocabIndex(t *testing.T) {
 			t.Errorf("id(%q) = %d, %v; want %d, %v", tc.s, id, ok, tc.id, tc.ok)
 		}
 	}
-	if got := st.at(5); got != "Ġthe" {
+	if got := tk.text(5); got != "Ġthe" {
 		t.Errorf("text 5 = %q", got)
 	}
 }

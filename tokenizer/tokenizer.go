@@ -63,8 +63,12 @@ type Tokenizer struct {
 	preName string
 	pre     preTokenizer
 
-	tokens    stringTable // by id, the vocabulary's texts
-	scores    []float32   // SentencePiece vocabularies only
+	// tokens holds the vocabulary's texts by id or, once compact (see
+	// compactTexts), only those of the ids in kept, in that order.
+	tokens    stringTable
+	kept      []int32
+	compact   bool
+	scores    []float32 // SentencePiece vocabularies only
 	attrs     []uint8
 	tokenToID *vocabIndex
 	merges    *mergeTable
@@ -315,6 +319,16 @@ func preTokenizerFor(name string) (preTokenizer, bool) {
 // FromGGUF builds a tokenizer from GGUF metadata (the tokenizer.ggml.* keys and
 // tokenizer.chat_template), following llama.cpp's vocabulary loader.
 func FromGGUF(md Metadata) (*Tokenizer, error) {
+	t, err := fromGGUF(md)
+	if err != nil {
+		return nil, err
+	}
+	t.compactTexts()
+	return t, nil
+}
+
+// fromGGUF is FromGGUF without the final compactTexts.
+func fromGGUF(md Metadata) (*Tokenizer, error) {
 	model, ok := metaString(md, "tokenizer.ggml.model")
 	if !ok {
 		return nil, fmt.Errorf("tokenizer: missing tokenizer.ggml.model")
@@ -391,7 +405,7 @@ func FromGGUF(md Metadata) (*Tokenizer, error) {
 		}
 	}
 	t.attrs = make([]uint8, n)
-	t.tokenToID = newVocabIndex(&t.tokens)
+	t.tokenToID = newVocabIndex(t, n)
 	for i := range n {
 		if prev, dup := t.tokenToID.add(int32(i)); dup {
 			return nil, fmt.Errorf("tokenizer: duplicate token in vocabulary: %q has ids %d and %d", t.tokens.at(int32(i)), prev, i)
@@ -503,7 +517,7 @@ var fimTexts = map[string]int{ // text -> fim slot (0 pre, 1 suf, 2 mid, 3 pad, 
 // eot/eom/fim ids, re-types control-looking tokens as control, builds the
 // end-of-generation set and the special-token partition order.
 func (t *Tokenizer) finishSpecials() {
-	n := int32(t.tokens.len())
+	n := int32(t.VocabSize())
 	fim := [6]int32{nullToken, nullToken, nullToken, t.fimPad, t.fimRep, t.fimSep}
 	fimSet := [6]bool{false, false, false, t.fimPad != nullToken, t.fimRep != nullToken, t.fimSep != nullToken}
 	makeControl := func(id int32) { t.attrs[id] |= attrControl }
@@ -523,7 +537,7 @@ func (t *Tokenizer) finishSpecials() {
 		}
 	}
 	for id := int32(0); id < n; id++ {
-		if slot, ok := fimTexts[t.tokens.at(id)]; ok && !fimSet[slot] && fim[slot] == nullToken {
+		if slot, ok := fimTexts[t.text(id)]; ok && !fimSet[slot] && fim[slot] == nullToken {
 			fim[slot] = id
 			makeControl(id)
 		}
@@ -584,7 +598,7 @@ func (t *Tokenizer) finishSpecials() {
 		}
 	}
 	sort.SliceStable(t.specials, func(i, j int) bool {
-		return len(t.tokens.at(t.specials[i])) > len(t.tokens.at(t.specials[j]))
+		return len(t.text(t.specials[i])) > len(t.text(t.specials[j]))
 	})
 }
 
@@ -606,7 +620,7 @@ func (t *Tokenizer) buildByteTable() {
 }
 
 func (t *Tokenizer) buildPieces() {
-	t.pieceEnd = make([]uint32, t.tokens.len())
+	t.pieceEnd = make([]uint32, t.VocabSize())
 	var pieces []byte
 	for id := range t.pieceEnd {
 		pieces = t.appendPiece(pieces, int32(id))
@@ -638,7 +652,7 @@ func parseByteToken(s string) (byte, bool) {
 // appendPiece appends the bytes id stands for to dst.
 func (t *Tokenizer) appendPiece(dst []byte, id int32) []byte {
 	attr := t.attrs[id]
-	text := t.tokens.at(id)
+	text := t.tokens.at(id) // not yet compact
 	if attr&(attrUnknown|attrControl) != 0 {
 		return dst
 	}
@@ -668,7 +682,7 @@ func (t *Tokenizer) appendPiece(dst []byte, id int32) []byte {
 }
 
 // VocabSize returns the number of tokens in the vocabulary.
-func (t *Tokenizer) VocabSize() int { return t.tokens.len() }
+func (t *Tokenizer) VocabSize() int { return len(t.attrs) }
 
 // BOS returns the beginning-of-sequence token id, or -1 if there is none.
 func (t *Tokenizer) BOS() int32 { return t.bos }
@@ -705,10 +719,10 @@ func (t *Tokenizer) IsControl(id int32) bool {
 
 // TokenText returns the raw vocabulary text of id ("" when out of range).
 func (t *Tokenizer) TokenText(id int32) string {
-	if id < 0 || int(id) >= t.tokens.len() {
+	if id < 0 || int(id) >= t.VocabSize() {
 		return ""
 	}
-	return t.tokens.at(id)
+	return t.text(id)
 }
 
 // TokenID returns the id whose vocabulary text is exactly s.

@@ -24,6 +24,7 @@ func init() {
 			n++
 		}
 		byteToUnicode[b] = string(r)
+		byteSpelling[b].n = uint8(copy(byteSpelling[b].b[:], byteToUnicode[b]))
 		unicodeByte[r] = uint16(b) + 1
 	}
 }
