@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/quic-go/quic-go"
 )
@@ -91,8 +92,24 @@ func (c *Client) hello(ctx context.Context) error {
 
 // Close closes the connection; calls in flight fail with Unavailable.
 func (c *Client) Close() error {
-	return c.conn.CloseWithError(connCodeNoError, "client closed")
+	return c.CloseWithReason("client closed")
 }
+
+// CloseWithReason is Close with the reason the calls in flight fail with, and the peer
+// is told (if it is still there to hear it). It does not wait for the peer: the calls end
+// at once however dead the peer is.
+func (c *Client) CloseWithReason(reason string) error {
+	if len(reason) > maxCloseReason { // it must fit in one packet
+		n := maxCloseReason
+		for n > 0 && !utf8.RuneStart(reason[n]) {
+			n--
+		}
+		reason = reason[:n]
+	}
+	return c.conn.CloseWithError(connCodeNoError, reason)
+}
+
+const maxCloseReason = 256
 
 // Done is closed when the connection has ended.
 func (c *Client) Done() <-chan struct{} { return c.conn.Context().Done() }
