@@ -7,6 +7,8 @@ import "github.com/prometheus/client_golang/prometheus"
 type Router struct {
 	Joins              prometheus.Counter
 	Losses             prometheus.Counter
+	DeadWorkers        prometheus.Counter // of Losses: declared dead, their load reports having stopped
+	Retries            prometheus.Counter
 	Refused            prometheus.Counter
 	Migrations         prometheus.Counter
 	Snapshots          prometheus.Counter
@@ -26,8 +28,12 @@ type Router struct {
 func NewRouter(reg prometheus.Registerer) *Router {
 	f := factory{reg: reg}
 	return &Router{
-		Joins:      f.counter("tandem_router:worker_joins_total", "Workers registered."),
-		Losses:     f.counter("tandem_router:worker_losses_total", "Workers removed (disconnected, silent, replaced)."),
+		Joins:  f.counter("tandem_router:worker_joins_total", "Workers registered."),
+		Losses: f.counter("tandem_router:worker_losses_total", "Workers removed (disconnected, silent, replaced)."),
+		DeadWorkers: f.counter("tandem_router:worker_heartbeat_timeouts_total",
+			"Workers declared dead and removed because their load reports stopped for the heartbeat timeout (counted in worker_losses_total too)."),
+		Retries: f.counter("tandem_router:request_retries_total",
+			"Requests sent to another worker because theirs failed or was declared dead before their first token."),
 		Refused:    f.counter("tandem_router:worker_refusals_total", "Registrations refused because the model card disagrees."),
 		Migrations: f.counter("tandem_router:migrations_total", "Requests moved to another worker mid-stream."),
 		Snapshots:  f.counter("tandem_router:kv_snapshots_total", "KV snapshots fetched from workers."),

@@ -33,7 +33,9 @@ type LiveConfig struct {
 	Name     string         // the router's name, for logs (default "tandem-router")
 	// Heartbeat is the interval workers are asked to report at (default 250 ms).
 	Heartbeat time.Duration
-	// HeartbeatTimeout: a worker silent this long is removed (default 8 heartbeats).
+	// HeartbeatTimeout: a worker whose load reports stop for this long is declared dead
+	// (default DefaultHeartbeatTimeout(Heartbeat)): it is removed, its connection closed, and
+	// its requests fail over (live_failover.go). It gets no new requests from half of it on.
 	HeartbeatTimeout time.Duration
 	// QueueTimeout is how long a request waits for a worker when every worker is busy
 	// before it is answered 429 (default 5 s; negative: no waiting).
@@ -131,7 +133,7 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 		cfg.Heartbeat = 250 * time.Millisecond
 	}
 	if cfg.HeartbeatTimeout <= 0 {
-		cfg.HeartbeatTimeout = 8 * cfg.Heartbeat
+		cfg.HeartbeatTimeout = DefaultHeartbeatTimeout(cfg.Heartbeat)
 	}
 	if cfg.QueueTimeout == 0 {
 		cfg.QueueTimeout = 5 * time.Second
@@ -183,11 +185,13 @@ func (l *Live) Register(srv *orpc.Server) {
 	orpc.Unary(srv, cluster.MethodEvents, l.events)
 }
 
-// Run watches heartbeats until ctx is done: a worker silent for four intervals is marked
-// unhealthy (no new requests), one silent for HeartbeatTimeout is removed.
+// Run watches heartbeats until ctx is done: a worker silent for half of HeartbeatTimeout
+// (four intervals at most) is marked unhealthy (no new requests) until its next report, one
+// silent for HeartbeatTimeout is declared dead and removed (live_failover.go).
 func (l *Live) Run(ctx context.Context) {
 	t := time.NewTicker(l.cfg.Heartbeat)
 	defer t.Stop()
+	suspect := min(4*l.cfg.Heartbeat, l.cfg.HeartbeatTimeout/2)
 	for {
 		select {
 		case <-ctx.Done():
@@ -198,8 +202,8 @@ func (l *Live) Run(ctx context.Context) {
 				silent := now.Sub(w.lastBeat)
 				switch {
 				case silent > l.cfg.HeartbeatTimeout:
-					w.remove(fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond)))
-				case silent > 4*l.cfg.Heartbeat:
+					l.declareDeadLocked(w, silent)
+				case silent > suspect:
 					w.model.state.SetHealthy(w.id, false)
 				}
 			}
@@ -303,7 +307,10 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 		log.Error("refusing worker: cannot dial it back", "err", err)
 		return orpc.Errorf(orpc.Unavailable, "router: cannot reach worker %q at %s: %v", card.Node, addr, err)
 	}
-	defer client.Close()
+	// Closing the connection ends every call on it at once, with the reason the worker left
+	// (the calls of a dead worker would otherwise wait for QUIC's idle timeout).
+	closeReason := "registration refused"
+	defer func() { client.CloseWithReason(closeReason) }()
 
 	core := Card{Model: card.Model, HashVersion: card.HashVersion, BlockSize: card.BlockSize, Salt: card.Salt, KVBlocks: card.KVBlocks, Role: card.Role}
 	l.mu.Lock()
@@ -370,6 +377,7 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 		l.dropLocked(w)
 		l.mu.Unlock()
 		l.met.Losses.Inc()
+		closeReason = fmt.Sprintf("worker %s left: %s", card.Node, w.reason)
 		log.Warn("worker left", "id", id, "reason", w.reason)
 	}()
 	if err := send(&cluster.RegisterReply{WorkerID: uint64(id), HeartbeatMs: int(l.cfg.Heartbeat / time.Millisecond), Router: l.cfg.Name,

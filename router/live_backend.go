@@ -78,6 +78,7 @@ type liveStream struct {
 	workers   []string
 	generated []int32 // tokens received so far
 	migrated  int
+	retries   int // dispatches again after a failure before the first token (live_failover.go)
 	prefix    int // tokens generated before the current worker took over
 	done      bool
 }
@@ -241,9 +242,11 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 		cs := s.cs
 		s.mu.Unlock()
 		stop := context.AfterFunc(ctx, func() { cs.Close() })
+		unwatch := s.watchSource(cs) // live_failover.go
 		var ge cluster.GenerateEvent
 		err := cs.RecvMsg(&ge)
 		stop()
+		unwatch()
 		if err == nil && ge.Kind == cluster.EventError {
 			err = ge.Error()
 		}
@@ -270,6 +273,9 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 			}
 			return ev, nil
 		}
+		s.mu.Lock()
+		failed := s.w
+		s.mu.Unlock()
 		s.release()
 		if ctx.Err() != nil {
 			return llm.Event{}, ctx.Err()
@@ -277,13 +283,9 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 		if errors.Is(err, io.EOF) {
 			err = errors.New("the worker ended the stream without a finish reason")
 		}
-		if !workerFailed(err) || s.migrated >= s.b.l.cfg.MaxMigrations {
+		if ferr := s.failover(failed, err); ferr != nil { // live_failover.go
 			s.done = true
-			return llm.Event{}, err
-		}
-		if merr := s.migrate(err); merr != nil {
-			s.done = true
-			return llm.Event{}, merr
+			return llm.Event{}, ferr
 		}
 	}
 }
@@ -291,13 +293,6 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 // migrate continues the request on another worker from the tokens generated so far.
 func (s *liveStream) migrate(cause error) error {
 	l := s.b.l
-	s.mu.Lock()
-	if w := s.w; w != nil {
-		l.mu.Lock()
-		w.model.state.SetHealthy(w.id, false)
-		l.mu.Unlock()
-	}
-	s.mu.Unlock()
 	s.migrated++
 	s.prefix = len(s.generated)
 	req := s.orig

@@ -35,6 +35,7 @@ type disaggStream struct {
 	reason  string             // why the prefill went to P
 	pCached int                // prompt tokens P had cached
 	skip    bool               // D's first token is P's, sent already: drop it
+	srcLost bool               // P left while D pulled from it: D's stream was closed (live_failover.go)
 	role    string             // role of the worker streaming now, for the per-pool metrics
 	pending []llm.Event        // tokens received before the stream was returned (P's first)
 }
@@ -157,6 +158,11 @@ func (s *liveStream) awaitPrefill(ctx context.Context) error {
 		l.dis.Fallbacks.WithLabelValues("prefill").Inc()
 		l.log.Warn("remote prefill failed; the decode worker prefills", "prefill_worker", pw.node, "err", err)
 		l.dis.Prefills.WithLabelValues(PrefillLocal, ReasonPrefillFailed).Inc()
+		if r.err != nil {
+			// The call failed (P's answer would be an error event): P may be dead, and D's
+			// pull from it hang until D's connection to P times out (live_failover.go).
+			return s.prefillLocally(ctx, err)
+		}
 		return nil
 	}
 	l.dis.Prefills.WithLabelValues(PrefillRemote, s.dis.reason).Inc()

@@ -59,7 +59,16 @@ type node struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the worker and its engine have stopped
 	err    error         // Run's result, set before done is closed
+	in     *udpRelay     // with workerOpts.relays: the way to the worker's ORPC server
+	out    *udpRelay     // and its way to the router
 }
+
+// vanish cuts the worker off the network both ways, as a power loss or kill -9 would,
+// while it keeps running: nothing it sends (no CONNECTION_CLOSE either) reaches anyone.
+func (n *node) vanish() { n.in.Cut(); n.out.Cut() }
+
+// reappear reconnects a vanished worker.
+func (n *node) reappear() { n.in.Heal(); n.out.Heal() }
 
 // stop ends the worker and its engine, as a killed process would leave the cluster.
 func (n *node) stop() {
@@ -103,8 +112,27 @@ func startRouter(t *testing.T, mode router.Mode) *testCluster {
 // addWorker starts an engine on the stories fixture and a worker that joins the router with
 // token. blockSize 0 means 16.
 func (c *testCluster) addWorker(name, token string, blockSize int) *node {
+	c.t.Helper()
+	return c.addWorkerOpts(name, token, workerOpts{blockSize: blockSize})
+}
+
+// workerOpts are addWorkerOpts's choices.
+type workerOpts struct {
+	blockSize int // 0: 16
+	// wrap, if set, gives the engine the worker serves (the cluster's slow setting aside).
+	wrap    func(*engine.Engine) worker.Engine
+	options []orpc.Option // the worker's ORPC options
+	// relays: the worker reaches the router, and the router and other workers reach it,
+	// through two udpRelays only (node.in and node.out), which a test cuts to make the
+	// worker vanish without a word.
+	relays bool
+}
+
+// addWorkerOpts is addWorker with more choices.
+func (c *testCluster) addWorkerOpts(name, token string, o workerOpts) *node {
 	t := c.t
 	t.Helper()
+	blockSize := o.blockSize
 	if blockSize == 0 {
 		blockSize = 16
 	}
@@ -124,21 +152,30 @@ func (c *testCluster) addWorker(name, token string, blockSize int) *node {
 	}
 	logs := &syncBuffer{}
 	var we worker.Engine = eng
-	if c.slow > 0 {
+	switch {
+	case o.wrap != nil:
+		we = o.wrap(eng)
+	case c.slow > 0:
 		we = slowEngine{eng, c.slow}
 	}
-	w, err := worker.New(worker.Config{
+	cfg := worker.Config{
 		Engine: we,
 		Card: cluster.ModelCard{Model: modelName, HashVersion: kvcache.HashVersion, BlockSize: blockSize, Salt: salt,
 			KVBlocks: 256, ContextLen: m.Config.ContextLen, TokenizerFormat: format, TokenizerFiles: files},
 		Node: name, Routers: []string{c.router.ORPCAddr}, Token: token, StateDir: t.TempDir(), Listen: "127.0.0.1:0",
-		Logger: slog.New(slog.NewTextHandler(logs, nil)),
-	})
+		Logger: slog.New(slog.NewTextHandler(logs, nil)), Options: o.options,
+	}
+	var in, out *udpRelay
+	if o.relays {
+		in, out = newRelay(t, nil), newRelay(t, udpAddr(t, c.router.ORPCAddr))
+		cfg.Advertise, cfg.Routers = in.Addr(), []string{out.Addr()}
+	}
+	w, err := worker.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &node{name: name, eng: eng, m: m, w: w, logs: logs, cancel: cancel, done: make(chan struct{})}
+	n := &node{name: name, eng: eng, m: m, w: w, logs: logs, cancel: cancel, done: make(chan struct{}), in: in, out: out}
 	engDone := make(chan struct{})
 	go func() { eng.Run(ctx); close(engDone) }()
 	go func() {
@@ -150,6 +187,14 @@ func (c *testCluster) addWorker(name, token string, blockSize int) *node {
 		n.err = err
 		close(n.done)
 	}()
+	if in != nil {
+		select {
+		case <-w.Ready():
+			in.setTarget(w.Addr())
+		case <-n.done:
+			t.Fatalf("worker %s stopped: %v", name, n.err)
+		}
+	}
 	t.Cleanup(func() {
 		n.cancel()
 		select {

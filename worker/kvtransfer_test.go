@@ -80,14 +80,17 @@ func (env *peerEnv) start(name, modelPath string, cfg worker.Config) *peerNode {
 }
 
 // startEngine runs eng (an engine of 128 blocks of 16 on m, whose salt is modelName's) as
-// worker name, as start does; closeModel runs at cleanup, after both stopped.
+// worker name, as start does (the worker serves cfg.Engine if set, a wrapper of eng);
+// closeModel runs at cleanup, after both stopped.
 func (env *peerEnv) startEngine(name, modelPath string, m *model.Model, eng *engine.Engine, cfg worker.Config, closeModel func()) *peerNode {
 	t := env.t
 	t.Helper()
 	salt := kvcache.Salt(modelName, "", "")
 	met := metrics.NewKVTransfer(prometheus.NewRegistry(), modelName)
 	logs := &syncBuffer{}
-	cfg.Engine = eng
+	if cfg.Engine == nil {
+		cfg.Engine = eng
+	}
 	format, files, err := worker.TokenizerFor(modelPath)
 	if err != nil {
 		t.Fatal(err)

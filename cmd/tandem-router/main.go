@@ -48,7 +48,7 @@ func run(args []string, stderr io.Writer) error {
 	maxQueue := fs.Int("max-queue", 1024, "most requests waiting for a worker; past it 429 at once")
 	maxMigrations := fs.Int("max-migrations", router.DefaultMaxMigrations, "most times one request moves to another worker when its worker fails mid-stream (0: never)")
 	heartbeat := fs.Duration("heartbeat", 250*time.Millisecond, "heartbeat interval asked of workers")
-	hbTimeout := fs.Duration("heartbeat-timeout", 2*time.Second, "a worker silent this long is removed")
+	hbTimeout := fs.Duration("heartbeat-timeout", 0, "a worker whose load reports stop this long is declared dead: removed, and its requests retried or migrated elsewhere (0: 4 heartbeat intervals, at least 1s)")
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token")
 	name := fs.String("name", "tandem-router", "this router's name in the cluster")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long running requests may take to finish")
@@ -63,6 +63,12 @@ func run(args []string, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *heartbeat <= 0 {
+		return fmt.Errorf("--heartbeat %v: want a positive interval", *heartbeat)
+	}
+	if *hbTimeout != 0 && *hbTimeout < 2**heartbeat {
+		return fmt.Errorf("--heartbeat-timeout %v is under two heartbeat intervals (%v): workers would be declared dead between two reports", *hbTimeout, *heartbeat)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {

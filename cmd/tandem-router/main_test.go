@@ -31,4 +31,10 @@ func TestBadFlags(t *testing.T) {
 	if err := run([]string{"extra"}, &stderr); err == nil {
 		t.Error("a positional argument was accepted")
 	}
+	if err := run([]string{"--heartbeat", "1s", "--heartbeat-timeout", "1500ms"}, &stderr); err == nil || !strings.Contains(err.Error(), "under two heartbeat intervals") {
+		t.Errorf("--heartbeat-timeout under two intervals: %v", err)
+	}
+	if err := run([]string{"--heartbeat", "0s"}, &stderr); err == nil || !strings.Contains(err.Error(), "positive interval") {
+		t.Errorf("--heartbeat 0: %v", err)
+	}
 }
