@@ -151,9 +151,9 @@ func TestClusterSilentWorker(t *testing.T) {
 	}})
 	c.waitWorkers(1)
 
-	const promptA, promptB = "Once upon a time", "The little dog ran to the park"
+	const promptA, promptB, promptC = "Once upon a time", "The little dog ran to the park", "The cat sat on the mat"
 	want := map[string]*sdk.Completion{}
-	for _, p := range []string{promptA, promptB} {
+	for _, p := range []string{promptA, promptB, promptC} {
 		want[p], _ = complete(t, direct(t, n1), p, 48)
 	}
 	ctx := testCtx(t)
@@ -173,6 +173,9 @@ func TestClusterSilentWorker(t *testing.T) {
 
 	t0 := time.Now()
 	n1.vanish()
+	// A request that arrives before the router noticed: it may be sent to w1 too.
+	resC := make(chan streamResult, 1)
+	go func() { resC <- completeGreedy(ctx, base, promptC, 48) }()
 	a := await(t, "the streamed request", resA)
 	tA := time.Since(t0)
 	b := await(t, "the queued request", resB)
@@ -183,6 +186,9 @@ func TestClusterSilentWorker(t *testing.T) {
 	}
 	if b.err != nil || b.text != want[promptB].Choices[0].Text {
 		t.Errorf("queued request after w1 vanished: %q (%v), want %q", b.text, b.err, want[promptB].Choices[0].Text)
+	}
+	if r := await(t, "the request sent after w1 vanished", resC); r.err != nil || r.text != want[promptC].Choices[0].Text {
+		t.Errorf("request sent after w1 vanished, via %s: %q (%v), want %q", r.worker, r.text, r.err, want[promptC].Choices[0].Text)
 	}
 	if _, ok := c.worker("w1"); ok {
 		t.Errorf("w1 is still registered: %+v", c.router.Live.Workers())
