@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -26,9 +27,10 @@ func mergePairs(tk *Tokenizer) [][2]string {
 	}
 	var all []ranked
 	m := tk.merges
-	for r := range m.left {
-		if m.left[r] != nullToken {
-			all = append(all, ranked{int32(r), tk.TokenText(m.left[r]), tk.TokenText(m.right[r])})
+	for _, e := range m.slots {
+		if e != 0 {
+			a, b := int32(e>>(64-mergeIDBits)), int32(e>>mergeRankBits&maxMergeID)
+			all = append(all, ranked{int32(e&mergeRankMask) - 1, tk.TokenText(a), tk.TokenText(b)})
 		}
 	}
 	for k, r := range m.other {
@@ -202,5 +204,42 @@ func TestMergeTableMatchesStringKeys(t *testing.T) {
 				t.Fatalf("round %d: rank(%q, %q) = %d, %v; want %d, %v", round, a, b, r, ok, wr, wok)
 			}
 		}
+	}
+}
+
+// TestMergeTableLargeIDs: merges of ids too large for a slot are found by
+// their strings.
+func TestMergeTableLargeIDs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a vocabulary of 2M tokens")
+	}
+	n := maxMergeID + 3
+	tokens := make([]string, n)
+	for i := range tokens {
+		tokens[i] = strconv.Itoa(i)
+	}
+	_, vocab := testVocab(tokens)
+	big, big2 := strconv.Itoa(maxMergeID+1), strconv.Itoa(maxMergeID+2)
+	lines := []string{"0 1", big + " 1", "1 " + big2, big + " 1", "0 1", "2 3"}
+	m := newMergeTable(lines, func(s string) int { return strings.IndexByte(s, ' ') }, vocab)
+	for _, tc := range []struct {
+		a, b string
+		rank int32
+		ok   bool
+	}{
+		{"0", "1", 0, true},
+		{big, "1", 1, true}, // the first of two lines wins
+		{"1", big2, 2, true},
+		{"2", "3", 5, true},
+		{"1", big, 0, false},
+		{big2, big, 0, false},
+	} {
+		r, ok := m.rank(vocab.lookup(tc.a), vocab.lookup(tc.b), tc.a, tc.b)
+		if ok != tc.ok || (ok && r != tc.rank) {
+			t.Errorf("rank(%q, %q) = %d, %v; want %d, %v", tc.a, tc.b, r, ok, tc.rank, tc.ok)
+		}
+	}
+	if len(m.other) != 2 {
+		t.Errorf("%d merges kept by their strings, want 2", len(m.other))
 	}
 }
