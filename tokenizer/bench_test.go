@@ -30,7 +30,7 @@ func BenchmarkEncode(b *testing.B) {
 				var n int
 				for b.Loop() {
 					if cold {
-						tk.wordCache.Clear()
+						tk.wordCache.clear()
 					}
 					n = len(tk.Encode(text, true, false))
 				}

@@ -247,12 +247,8 @@ func (t *Tokenizer) bpeTokenize(text string, out []int32) []int32 {
 	return out
 }
 
-// Word cache bounds: words up to maxCachedWord bytes are memoised, and the cache is
-// dropped whenever it has taken maxWordCache new entries.
-const (
-	maxCachedWord = 64
-	maxWordCache  = 1 << 16
-)
+// maxCachedWord is the longest word (in bytes) the word cache takes.
+const maxCachedWord = 64
 
 func (t *Tokenizer) bpeWord(word string, out []int32) []int32 {
 	if t.ignoreMerges {
@@ -263,16 +259,12 @@ func (t *Tokenizer) bpeWord(word string, out []int32) []int32 {
 	if len(word) > maxCachedWord {
 		return t.bpeMerge(word, out, false)
 	}
-	if v, ok := t.wordCache.Load(word); ok {
-		return append(out, v.([]int32)...)
+	if ids, ok := t.wordCache.load(word); ok {
+		return append(out, ids...)
 	}
 	start := len(out)
 	out = t.bpeMerge(word, out, false)
-	if t.wordCacheN.Add(1) > maxWordCache {
-		t.wordCache.Clear()
-		t.wordCacheN.Store(0)
-	}
-	t.wordCache.Store(word, slices.Clone(out[start:]))
+	t.wordCache.store(word, slices.Clone(out[start:]))
 	return out
 }
 

@@ -7,8 +7,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 )
 
 // Metadata is the subset of a GGUF file's key/value metadata the tokenizer needs.
@@ -93,8 +91,7 @@ type Tokenizer struct {
 	extraEOGFromHF []int32
 	hfBOSText      string
 	hfEOSText      string
-	wordCache      sync.Map // byte-level word -> []int32 (BPE merge results)
-	wordCacheN     atomic.Int64
+	wordCache      wordCache
 }
 
 // preTokenizer describes the llama.cpp pre-tokenizer behaviour of a BPE vocab.
