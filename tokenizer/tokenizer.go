@@ -715,6 +715,8 @@ func (t *Tokenizer) IsControl(id int32) bool {
 }
 
 // TokenText returns the raw vocabulary text of id ("" when out of range).
+// In a byte-level BPE vocabulary most texts are spelled from the token's
+// bytes on each call (a small allocation); those of special tokens are not.
 func (t *Tokenizer) TokenText(id int32) string {
 	if id < 0 || int(id) >= t.VocabSize() {
 		return ""
