@@ -70,11 +70,11 @@ type Tokenizer struct {
 	attrs     []uint8
 	tokenToID *vocabIndex
 	merges    *mergeTable
-	// Piece(id) is pieces[pieceEnd[id-1]:pieceEnd[id]]: one array for the
-	// whole vocabulary instead of a slice per token (a 150k vocabulary's
-	// slice headers alone took 3.5 MiB).
+	// Piece(id) is pieces[pieceOff.at(id):pieceOff.at(id+1)]: one array
+	// for the whole vocabulary instead of a slice per token (a 150k
+	// vocabulary's slice headers alone took 3.5 MiB).
 	pieces   []byte
-	pieceEnd []uint32
+	pieceOff offsets
 
 	bos, eos, eot, eom, unk, sep, pad int32
 	fimPad, fimRep, fimSep            int32
@@ -617,13 +617,14 @@ func (t *Tokenizer) buildByteTable() {
 }
 
 func (t *Tokenizer) buildPieces() {
-	t.pieceEnd = make([]uint32, t.VocabSize())
+	starts := make([]uint32, t.VocabSize()+1)
 	var pieces []byte
-	for id := range t.pieceEnd {
+	for id := range t.VocabSize() {
 		pieces = t.appendPiece(pieces, int32(id))
-		t.pieceEnd[id] = uint32(len(pieces))
+		starts[id+1] = uint32(len(pieces))
 	}
 	t.pieces = slices.Clone(pieces) // exactly its size, not append's headroom
+	t.pieceOff = newOffsets(starts)
 }
 
 func parseByteToken(s string) (byte, bool) {
@@ -736,17 +737,14 @@ func (t *Tokenizer) ChatTemplate() string { return t.chatTemplate }
 // Piece returns llama_token_to_piece(id, special=false): the bytes id stands for.
 // Control and unknown tokens give no bytes. The returned slice must not be modified.
 func (t *Tokenizer) Piece(id int32) []byte {
-	if id < 0 || int(id) >= len(t.pieceEnd) {
+	if id < 0 || int(id) >= t.VocabSize() {
 		return nil
 	}
-	start := uint32(0)
-	if id > 0 {
-		start = t.pieceEnd[id-1]
-	}
-	if start == t.pieceEnd[id] {
+	start, end := t.pieceOff.at(id), t.pieceOff.at(id+1)
+	if start == end {
 		return nil
 	}
-	return t.pieces[start:t.pieceEnd[id]:t.pieceEnd[id]]
+	return t.pieces[start:end:end]
 }
 
 // Decode returns llama_detokenize(ids, remove_special=false, unparse_special=false):
