@@ -34,17 +34,21 @@ func (o *OfflineBench) blocks(s KVShape) int {
 
 // Reserve allocates ahead of the tests the KV store for the largest of
 // shapes: the tests then share it, and its size is the run's KV budget
-// (KVBytes).
+// (KVBytes). The logits buffer is sized for the most sequences too, so
+// that the smaller tests' buffers do not become garbage.
 func (o *OfflineBench) Reserve(shapes ...KVShape) error {
 	var big KVShape
+	seqs := 0
 	for _, s := range shapes {
 		if o.blocks(s) > o.blocks(big) {
 			big = s
 		}
+		seqs = max(seqs, s.Seqs)
 	}
 	if o.blocks(big) == 0 {
 		return nil
 	}
+	o.logitsBuf(seqs * o.Runner.M.Config.VocabSize)
 	_, _, err := o.store(big.Seqs, big.Positions)
 	return err
 }
