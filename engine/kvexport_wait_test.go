@@ -106,6 +106,34 @@ func returned(t *testing.T, errc <-chan error, what string) error {
 	panic("unreachable")
 }
 
+// startHeld starts a held prefill of a prompt of blocks full blocks (and a partial one) on
+// p and returns its handle, its wait and its prompt's block hashes.
+func startHeld(t *testing.T, ctx context.Context, p *Engine, seed uint64, blocks int) (uint64, func() (*PrefillResult, error), []uint64) {
+	t.Helper()
+	h, wait, err := p.StartPrefill(ctx, &llm.Request{Prompt: randomPrompt(seed, blocks*16+5), MaxTokens: 4}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.held.mu.Lock()
+	hashes := slices.Clone(p.held.m[h].prompt)
+	p.held.mu.Unlock()
+	return h, wait, hashes
+}
+
+// exportAsync runs ExportBlocks of hashes in a goroutine: the blocks go to the returned
+// channel as they are handed over, the result to the second.
+func exportAsync(ctx context.Context, p *Engine, h uint64, hashes []uint64) (<-chan exported, <-chan error) {
+	got := make(chan exported, len(hashes))
+	errc := make(chan error, 1)
+	go func() {
+		errc <- p.ExportBlocks(ctx, h, hashes, func(i int, hash uint64, data []byte) error {
+			got <- exported{i, hash}
+			return nil
+		})
+	}()
+	return got, errc
+}
+
 // A long prompt prefilled one block per step, the steps released one at a time: the
 // exporter hands over each block after the step that computed it and before the next step
 // runs (so no wake-up is missed: a missed one would hang here), every block in order; then an
@@ -115,26 +143,11 @@ func TestExportStreamsBlocksAsCommitted(t *testing.T) {
 	const blocks = 24
 	gate := make(chan struct{})
 	p, _ := gatedEngine(t, Config{MaxBatchTokens: 16}, gate)
-	prompt := randomPrompt(1, blocks*16+5)
-	h, wait, err := p.StartPrefill(context.Background(), &llm.Request{Prompt: prompt, MaxTokens: 4}, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.held.mu.Lock()
-	hashes := slices.Clone(p.held.m[h].prompt)
-	p.held.mu.Unlock()
+	h, wait, hashes := startHeld(t, context.Background(), p, 1, blocks)
 	if len(hashes) != blocks {
 		t.Fatalf("%d prompt blocks, want %d", len(hashes), blocks)
 	}
-
-	got := make(chan exported, blocks)
-	errc := make(chan error, 1)
-	go func() {
-		errc <- p.ExportBlocks(context.Background(), h, hashes, func(i int, hash uint64, data []byte) error {
-			got <- exported{i, hash}
-			return nil
-		})
-	}()
+	got, errc := exportAsync(context.Background(), p, h, hashes)
 	for i := range blocks {
 		gate <- struct{}{} // step i computes block i
 		b := receive(t, got, "streaming the prefill")
@@ -166,23 +179,9 @@ func TestExportStreamsBlocksAsCommitted(t *testing.T) {
 	t.Run("exporter cancelled", func(t *testing.T) {
 		gate := make(chan struct{})
 		p, _ := gatedEngine(t, Config{MaxBatchTokens: 16}, gate)
-		prompt := randomPrompt(2, blocks*16+5)
-		h, wait, err := p.StartPrefill(context.Background(), &llm.Request{Prompt: prompt, MaxTokens: 4}, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.held.mu.Lock()
-		hashes := slices.Clone(p.held.m[h].prompt)
-		p.held.mu.Unlock()
+		h, wait, hashes := startHeld(t, context.Background(), p, 2, blocks)
 		ctx, cancel := context.WithCancel(context.Background())
-		got := make(chan exported, blocks)
-		errc := make(chan error, 1)
-		go func() {
-			errc <- p.ExportBlocks(ctx, h, hashes, func(i int, hash uint64, data []byte) error {
-				got <- exported{i, hash}
-				return nil
-			})
-		}()
+		got, errc := exportAsync(ctx, p, h, hashes)
 		gate <- struct{}{}
 		gate <- struct{}{}
 		receive(t, got, "block 0")
@@ -202,23 +201,9 @@ func TestExportStreamsBlocksAsCommitted(t *testing.T) {
 	t.Run("prefill cancelled", func(t *testing.T) {
 		gate := make(chan struct{})
 		p, _ := gatedEngine(t, Config{MaxBatchTokens: 16}, gate)
-		prompt := randomPrompt(3, blocks*16+5)
 		ctx, cancel := context.WithCancel(context.Background())
-		h, _, err := p.StartPrefill(ctx, &llm.Request{Prompt: prompt, MaxTokens: 4}, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.held.mu.Lock()
-		hashes := slices.Clone(p.held.m[h].prompt)
-		p.held.mu.Unlock()
-		got := make(chan exported, blocks)
-		errc := make(chan error, 1)
-		go func() {
-			errc <- p.ExportBlocks(context.Background(), h, hashes, func(i int, hash uint64, data []byte) error {
-				got <- exported{i, hash}
-				return nil
-			})
-		}()
+		h, _, hashes := startHeld(t, ctx, p, 3, blocks)
+		got, errc := exportAsync(context.Background(), p, h, hashes)
 		gate <- struct{}{}
 		receive(t, got, "block 0")
 		cancel()    // the prefill's caller goes away (and never asks for its result)
