@@ -3,7 +3,6 @@ package orpc
 import (
 	"context"
 	"errors"
-	"net"
 	"runtime"
 	"strings"
 	"testing"
@@ -27,15 +26,7 @@ func TestCloseWithReasonEndsCallsToSilentPeer(t *testing.T) {
 		<-ctx.Done()
 		return ctx.Err()
 	})
-	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := s.ListenPacket(udp, srvID.ServerTLS())
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, _ := serveListener(t, s, l)
+	udp, addr := serveOnUDP(t, s, srvID)
 	before := runtime.NumGoroutine()
 
 	c := dial(t, addr, cliID, idle)

@@ -111,6 +111,23 @@ func serve(t testing.TB, s *Server, id *Identity) (addr string, stop func()) {
 	return serveListener(t, s, l)
 }
 
+// serveOnUDP serves s on a UDP socket of its own, which a test closes to make the server
+// vanish without a word (no CONNECTION_CLOSE reaches its clients), and returns the socket
+// and the address.
+func serveOnUDP(t testing.TB, s *Server, id *Identity) (*net.UDPConn, string) {
+	t.Helper()
+	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.ListenPacket(udp, id.ServerTLS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := serveListener(t, s, l)
+	return udp, addr
+}
+
 func serveListener(t testing.TB, s *Server, l *quic.Listener) (string, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -492,15 +509,7 @@ func TestPeerDeathAbrupt(t *testing.T) {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	})
-	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := s.ListenPacket(udp, srvID.ServerTLS())
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, _ := serveListener(t, s, l)
+	udp, addr := serveOnUDP(t, s, srvID)
 	c := dial(t, addr, cliID, WithIdleTimeout(1500*time.Millisecond), WithKeepAlive(300*time.Millisecond))
 	ctx := testCtx(t)
 	errc := make(chan error, 1)
