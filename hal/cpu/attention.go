@@ -127,16 +127,8 @@ func (a *attnTask) runRange(worker, lo, hi int) {
 			attnScoresRef(qh, kl, offs[:nblk], bs, scale, sc)
 		}
 		sc = sc[:n]
-		maxScore := float32(math.Inf(-1))
-		for _, d := range sc {
-			maxScore = max(maxScore, d)
-		}
-		expShifted(sc, maxScore)
-		var sum float64
-		for _, e := range sc {
-			sum += float64(e)
-		}
-		inv := float32(1 / sum)
+		expShifted(sc, maxOf(sc))
+		inv := float32(1 / softmaxSum(sc))
 		for j, w := range sc {
 			sc[j] = w * inv
 		}
@@ -147,6 +139,41 @@ func (a *attnTask) runRange(worker, lo, hi int) {
 			attnAccumVRef(oh, vl, offs[:nblk], bs, sc)
 		}
 	}
+}
+
+// maxOf returns the largest of v (−Inf for none), four running maxima at a
+// time: max is exact and, NaN and ±0 included, the same in any order.
+func maxOf(v []float32) float32 {
+	m0, m1, m2, m3 := float32(math.Inf(-1)), float32(math.Inf(-1)), float32(math.Inf(-1)), float32(math.Inf(-1))
+	j := 0
+	for ; j+4 <= len(v); j += 4 {
+		m0, m1, m2, m3 = max(m0, v[j]), max(m1, v[j+1]), max(m2, v[j+2]), max(m3, v[j+3])
+	}
+	for ; j < len(v); j++ {
+		m0 = max(m0, v[j])
+	}
+	return max(max(m0, m1), max(m2, m3))
+}
+
+// softmaxSum is the softmax's normalizer Σv in float64, in a fixed order that
+// does not depend on the batch: four lanes, lane i summing v[i], v[i+4], …
+// in turn, then (lane 0 + lane 1) + (lane 2 + lane 3), then the tail. Four
+// chains instead of one: a single sequential float64 sum waited on the adder's
+// latency for every score, a tenth of a long prompt's time.
+func softmaxSum(v []float32) float64 {
+	var s0, s1, s2, s3 float64
+	j := 0
+	for ; j+4 <= len(v); j += 4 {
+		s0 += float64(v[j])
+		s1 += float64(v[j+1])
+		s2 += float64(v[j+2])
+		s3 += float64(v[j+3])
+	}
+	sum := (s0 + s1) + (s2 + s3)
+	for ; j < len(v); j++ {
+		sum += float64(v[j])
+	}
+	return sum
 }
 
 // attnScoresRef sets sc[j] = (q·k_j)·scale for the positions of the blocks

@@ -2,7 +2,9 @@ package cpu
 
 import (
 	"math"
+	"math/big"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -64,5 +66,38 @@ func TestAttnKernelsBitEqual(t *testing.T) {
 	}
 	if !tested {
 		t.Skipf("no SIMD attention kernels for ISA %s", kern.isa)
+	}
+}
+
+// TestSoftmaxSumAndMax: maxOf is the sequential max bit for bit (NaN, ±0 and
+// −Inf included) and softmaxSum is within float64 rounding of the exact sum,
+// tails of every length included.
+func TestSoftmaxSumAndMax(t *testing.T) {
+	r := rand.New(rand.NewPCG(77, 78))
+	negZero := float32(math.Copysign(0, -1))
+	for n := range 40 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(math.Exp(r.NormFloat64() * 20))
+		}
+		for _, special := range [][]float32{nil, {negZero, 0}, {0, negZero}, {float32(math.NaN())}, {float32(math.Inf(-1))}} {
+			w := append(slices.Clone(v), special...)
+			r.Shuffle(len(w), func(i, j int) { w[i], w[j] = w[j], w[i] })
+			want := float32(math.Inf(-1))
+			for _, x := range w {
+				want = max(want, x)
+			}
+			if got := maxOf(w); math.Float32bits(got) != math.Float32bits(want) && !(math.IsNaN(float64(got)) && math.IsNaN(float64(want))) {
+				t.Fatalf("maxOf(%v) = %v, sequential max %v", w, got, want)
+			}
+		}
+		exact := new(big.Float).SetPrec(2000)
+		for _, x := range v {
+			exact.Add(exact, new(big.Float).SetFloat64(float64(x)))
+		}
+		want, _ := exact.Float64()
+		if got := softmaxSum(v); math.Abs(got-want) > 1e-14*want {
+			t.Fatalf("softmaxSum of %d values = %v, exact %v", n, got, want)
+		}
 	}
 }
