@@ -5,8 +5,6 @@ import (
 	"runtime"
 	"testing"
 
-	"tandem/hal/cpu"
-	"tandem/internal/fixtures"
 	"tandem/llm"
 	"tandem/model"
 )
@@ -16,21 +14,12 @@ import (
 // large as on a real Qwen model, while its forward pass costs little.
 func qwenVocabEngine(tb testing.TB) (*Engine, *model.Model) {
 	tb.Helper()
-	be := cpu.New(1)
-	tb.Cleanup(be.Close)
-	m, err := model.Load(fixtures.Model(tb, "rand-qwen2-qwen2vocab-f32.gguf"), be)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { m.Close() })
+	m, be := loadFixture(tb, "rand-qwen2-qwen2vocab-f32.gguf", 1)
 	e, err := New(m, be, Config{KVBlocks: 64})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { e.Run(ctx); close(done) }()
-	tb.Cleanup(func() { cancel(); <-done })
+	runEngine(tb, e)
 	return e, m
 }
 

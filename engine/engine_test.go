@@ -29,11 +29,16 @@ func startEngine(t *testing.T, cfg Config) (*Engine, *model.Model) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	runEngine(t, e)
+	return e, m
+}
+
+// runEngine runs e's step loop until the test ends.
+func runEngine(tb testing.TB, e *Engine) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return e, m
+	tb.Cleanup(func() { cancel(); <-done })
 }
 
 // collect reads a stream to its end within a bounded time.

@@ -14,13 +14,20 @@ import (
 
 func loadStories(t *testing.T) (*model.Model, *cpu.Backend) {
 	t.Helper()
-	be := cpu.New(0)
-	t.Cleanup(be.Close)
-	m, err := model.Load(fixtures.Model(t, "stories260K-f32.gguf"), be)
+	return loadFixture(t, "stories260K-f32.gguf", 0)
+}
+
+// loadFixture loads the fixture model name on a CPU backend of threads workers (0: all
+// cores), both closed when the test ends.
+func loadFixture(tb testing.TB, name string, threads int) (*model.Model, *cpu.Backend) {
+	tb.Helper()
+	be := cpu.New(threads)
+	tb.Cleanup(be.Close)
+	m, err := model.Load(fixtures.Model(tb, name), be)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { m.Close() })
+	tb.Cleanup(func() { m.Close() })
 	return m, be
 }
 

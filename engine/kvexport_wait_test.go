@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"tandem/hal/cpu"
-	"tandem/internal/fixtures"
 	"tandem/llm"
 	"tandem/model"
 )
@@ -41,13 +39,7 @@ func (g *gatedForward) Forward(b *model.Batch, logits []float32) error {
 // through a gatedForward.
 func gatedEngine(tb testing.TB, cfg Config, gate chan struct{}) (*Engine, *gatedForward) {
 	tb.Helper()
-	be := cpu.New(1)
-	tb.Cleanup(be.Close)
-	m, err := model.Load(fixtures.Model(tb, "rand-llama-tok512-f32.gguf"), be)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { m.Close() })
+	m, be := loadFixture(tb, "rand-llama-tok512-f32.gguf", 1)
 	if cfg.KVBlocks == 0 {
 		cfg.KVBlocks = 256
 	}
@@ -57,10 +49,7 @@ func gatedEngine(tb testing.TB, cfg Config, gate chan struct{}) (*Engine, *gated
 	}
 	g := &gatedForward{inner: e.fwd, gate: gate}
 	e.fwd = g
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { e.Run(ctx); close(done) }()
-	tb.Cleanup(func() { cancel(); <-done })
+	runEngine(tb, e)
 	return e, g
 }
 
