@@ -137,6 +137,24 @@ func newPenalties(vocab int) *penalties {
 	return &penalties{counts: make([]int32, vocab), promptSeen: make([]uint64, (vocab+63)/64), touched: make([]int32, 0, vocab)}
 }
 
+// addPrompt records that id is in the prompt.
+func (p *penalties) addPrompt(id int32) {
+	if !p.inPrompt(id) {
+		p.promptSeen[id>>6] |= 1 << (id & 63)
+		p.touched = append(p.touched, id)
+	}
+}
+
+// addGenerated counts one more generation of id.
+func (p *penalties) addGenerated(id int32) {
+	if p.counts[id] == 0 && !p.inPrompt(id) {
+		p.touched = append(p.touched, id) // at most vocab distinct ids: never grows past cap
+	}
+	p.counts[id]++
+}
+
+func (p *penalties) inPrompt(id int32) bool { return p.promptSeen[id>>6]&(1<<(id&63)) != 0 }
+
 // reset clears p for another sequence, in time proportional to the ids it
 // touched: every non-zero count and prompt bit belongs to a touched id.
 func (p *penalties) reset() {
@@ -245,14 +263,9 @@ func newSampler(p SamplingParams, vocabSize int, prompt []int32, b *samplerBufs)
 		} else {
 			s.pen = newPenalties(vocabSize)
 		}
-		pen := s.pen
 		for _, id := range prompt {
-			if id < 0 || int(id) >= vocabSize {
-				continue
-			}
-			if pen.promptSeen[id>>6]&(1<<(id&63)) == 0 {
-				pen.promptSeen[id>>6] |= 1 << (id & 63)
-				pen.touched = append(pen.touched, id)
+			if id >= 0 && int(id) < vocabSize {
+				s.pen.addPrompt(id)
 			}
 		}
 	}
@@ -350,14 +363,9 @@ func (s *Sampler) Accept(id int32) {
 
 func (s *Sampler) record(id int32) {
 	s.n++
-	pen := s.pen
-	if pen == nil || id < 0 || int(id) >= s.vocab {
-		return
+	if s.pen != nil && id >= 0 && int(id) < s.vocab {
+		s.pen.addGenerated(id)
 	}
-	if pen.counts[id] == 0 && pen.promptSeen[id>>6]&(1<<(id&63)) == 0 {
-		pen.touched = append(pen.touched, id) // at most vocab distinct ids: never grows past cap
-	}
-	pen.counts[id]++
 }
 
 // prepare applies bias and penalties, sanitises, and returns the argmax
