@@ -29,7 +29,7 @@ func benchWeight(typ hal.DType, rows, k int) *hal.Weight {
 // BenchmarkMatMulDecode streams a weight far larger than the caches
 // through one activation row, as a decode step does (GB/s of weights).
 func BenchmarkMatMulDecode(b *testing.B) {
-	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.Q6_K, hal.F16} {
+	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.Q6_K, hal.F16, hal.BF16} {
 		k := 896
 		if typ.BlockSize() == 256 {
 			k = 4864
@@ -80,7 +80,7 @@ func BenchmarkMatMulBatch16(b *testing.B) {
 
 // BenchmarkMatMulPrompt: a 64-row batch against an FFN-sized weight.
 func BenchmarkMatMulPrompt(b *testing.B) {
-	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.Q6_K, hal.F16} {
+	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.Q6_K, hal.F16, hal.BF16} {
 		k, n, m := 896, 4864, 64
 		if typ.BlockSize() == 256 {
 			k, n = n, k
@@ -155,12 +155,17 @@ func byteSize(n int) string {
 // single-row kernels alone, "x8"… with a wide kernel of that many rows,
 // "x8pf" one that also prefetches the next group; "x1" the single-row
 // kernel.
-func BenchmarkMatMulF16(b *testing.B) {
-	f := packFormatFor(kern.isa, hal.F16)
+func BenchmarkMatMulF16(b *testing.B) { benchMatMulFloat(b, hal.F16) }
+
+// BenchmarkMatMulBF16 is BenchmarkMatMulF16 for the packed BF16 kernels.
+func BenchmarkMatMulBF16(b *testing.B) { benchMatMulFloat(b, hal.BF16) }
+
+func benchMatMulFloat(b *testing.B, typ hal.DType) {
+	f := packFormatFor(kern.isa, typ)
 	if f == nil {
-		b.Skipf("no packed F16 kernels for ISA %s", kern.isa)
+		b.Skipf("no packed %v kernels for ISA %s on this CPU", typ, kern.isa)
 	}
-	variants := f16Variants(f)
+	variants := packVariants(f, typ)
 	for _, c := range []struct {
 		name    string
 		k, n, m int
@@ -171,7 +176,7 @@ func BenchmarkMatMulF16(b *testing.B) {
 		{"batch16-stream", 896, (192 << 20) / (2 * 896), 16},
 	} {
 		k, n, m := c.k, c.n, c.m
-		w := benchWeight(hal.F16, n, k)
+		w := benchWeight(typ, n, k)
 		x := testRandRow(rand.New(rand.NewPCG(1, 2)), m*k)
 		out := make([]float32, m*n)
 		names := []string{"x1"}

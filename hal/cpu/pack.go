@@ -69,6 +69,10 @@ type packFormat struct {
 	// kwpf, when set, is kw that also prefetches kwRows/16 of the next
 	// group, as k4pf.
 	kwpf packKernel4PF
+	// pairSums: the kernels add products two at a time in float32 lanes
+	// (BF16's VDPBF16PS), so an output is the reference's within rounding,
+	// not its bits; still the same bits for any number of rows.
+	pairSums bool
 }
 
 // packKernel4 computes, for the group at w (nb blocks) and the activation
@@ -285,7 +289,7 @@ func (t *packedTask) runGroups(worker int, pt *packedPart, lo, hi int) {
 		m := 0
 		if f.kw != nil && full {
 			for ; m+f.kwRows <= m4; m += f.kwRows {
-				sp := (*byte)(unsafe.Pointer(&side[sw*m]))
+				sp := sideRow(side, sw*m)
 				if f.kwpf != nil {
 					f.kwpf(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n, p.prefetchFor(g, m))
 					continue
@@ -294,7 +298,7 @@ func (t *packedTask) runGroups(worker int, pt *packedPart, lo, hi int) {
 			}
 		}
 		for ; m < m4; m += 4 {
-			sp := (*byte)(unsafe.Pointer(&side[sw*m]))
+			sp := sideRow(side, sw*m)
 			if full && f.k4pf != nil {
 				f.k4pf(nb, w, &xq[m*xrb], xrb, sp, sstride, &out[m*n+j], 4*n, p.prefetchFor(g, m))
 				continue
@@ -309,7 +313,7 @@ func (t *packedTask) runGroups(worker int, pt *packedPart, lo, hi int) {
 			}
 		}
 		for ; m < rows; m++ {
-			sp := (*byte)(unsafe.Pointer(&side[sw*m]))
+			sp := sideRow(side, sw*m)
 			if full {
 				f.k1(nb, w, &xq[m*xrb], sp, &out[m*n+j])
 				continue
@@ -318,6 +322,15 @@ func (t *packedTask) runGroups(worker int, pt *packedPart, lo, hi int) {
 			copy(out[m*n+j:(m+1)*n], tmp[:n-j])
 		}
 	}
+}
+
+// sideRow returns where the side row at word i starts; nil for formats
+// without side rows.
+func sideRow(side []int32, i int) *byte {
+	if len(side) == 0 {
+		return nil
+	}
+	return (*byte)(unsafe.Pointer(&side[i]))
 }
 
 // prefetchFor returns where the call of a PF kernel for group g and
@@ -549,6 +562,21 @@ func packF16(dst []byte, src [][]byte, nb int) {
 		row = row[:32*nb]
 		for k := range 16 * nb {
 			dst[32*k+2*r], dst[32*k+2*r+1] = row[2*k], row[2*k+1]
+		}
+	}
+}
+
+// packBF16 lays out one 16-row group of BF16 rows: for each of the block's
+// 8 column pairs (2p, 2p+1), the 16 rows' pairs (64 bytes), as VDPBF16PS
+// multiplies them with an activation pair.
+func packBF16(dst []byte, src [][]byte, nb int) {
+	const gbb = 8 * 64
+	dst = dst[:gbb*nb]
+	clear(dst)
+	for r, row := range src {
+		row = row[:32*nb]
+		for p := range 8 * nb {
+			copy(dst[64*p+4*r:64*p+4*r+4], row[4*p:4*p+4])
 		}
 	}
 }

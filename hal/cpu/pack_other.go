@@ -22,4 +22,4 @@ func expShiftedSIMD(v []float32, m float32) int { return 0 }
 
 func f32ToF16SIMD(src []float32, dst []byte) int { return 0 }
 
-func packF16Wide() []packWide { return nil }
+func packWideFor(t hal.DType) []packWide { return nil }

@@ -19,8 +19,8 @@ func TestPackedMatMulBitEqual(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
 	tested := 0
 	for _, typ := range dotTestWeightTypes {
-		if packFormatFor(kern.isa, typ) == nil {
-			continue
+		if f := packFormatFor(kern.isa, typ); f == nil || f.pairSums {
+			continue // pairSums formats: TestPackedBF16Kernels
 		}
 		tested++
 		for _, shape := range []struct{ n, k int }{{1, 1}, {16, 1}, {17, 2}, {15, 3}, {33, 8}, {48, 28}} {
@@ -81,15 +81,15 @@ func TestPackedMatMulBitEqual(t *testing.T) {
 // row counts that leave every tail (8+8+4+1, 8+4+1, …). The values span
 // many binades, so that summing in any other order than the reference's
 // changes some outputs (checked on the reversed order).
-// f16Variants returns f (the packed F16 format) as each kernel set the
+// packVariants returns f (the packed format of t) as each kernel set the
 // tests and benchmarks compare: "x4" the four- and single-row kernels
 // alone, "x8"… with a wide kernel of that many rows, "x8pf"… with its
 // prefetching twin.
-func f16Variants(f *packFormat) map[string]*packFormat {
+func packVariants(f *packFormat, t hal.DType) map[string]*packFormat {
 	base := *f
 	base.kw, base.kwpf, base.kwRows = nil, nil, 0
 	variants := map[string]*packFormat{"x4": &base}
-	for _, k := range packF16Wide() {
+	for _, k := range packWideFor(t) {
 		v := base
 		v.kw, v.kwRows = k.k, k.rows
 		variants[fmt.Sprintf("x%d", k.rows)] = &v
@@ -105,7 +105,7 @@ func TestPackedF16Kernels(t *testing.T) {
 	if f == nil {
 		t.Skipf("no packed F16 kernels for ISA %s", kern.isa)
 	}
-	variants := f16Variants(f)
+	variants := packVariants(f, hal.F16)
 	r := rand.New(rand.NewPCG(43, 44))
 	spread := func(n int) []float32 {
 		x := make([]float32, n)

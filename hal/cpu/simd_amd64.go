@@ -22,6 +22,7 @@ func xgetbv() (eax, edx uint32)
 type cpuFeatures struct {
 	avx2       bool // AVX2 + FMA + F16C with OS-enabled YMM state
 	avx512vnni bool // AVX512F/BW/VL + VNNI with OS-enabled ZMM state
+	avx512bf16 bool // avx512vnni + AVX512_BF16 (VDPBF16PS)
 }
 
 var feat = detectCPU()
@@ -48,6 +49,8 @@ func detectCPU() (f cpuFeatures) {
 	avx512 := xcr0&0xe0 == 0xe0 && // opmask, ZMM_Hi256, Hi16_ZMM
 		b7&(1<<16) != 0 && b7&(1<<30) != 0 && b7&(1<<31) != 0 // F, BW, VL
 	f.avx512vnni = f.avx2 && avx512 && c7&(1<<11) != 0
+	a71, _, _, _ := cpuid(7, 1)
+	f.avx512bf16 = f.avx512vnni && a71&(1<<5) != 0
 	return f
 }
 
