@@ -69,10 +69,11 @@ type packFormat struct {
 	// kwpf, when set, is kw that also prefetches kwRows/16 of the next
 	// group, as k4pf.
 	kwpf packKernel4PF
-	// pairSums: the kernels add products two at a time in float32 lanes
-	// (BF16's VDPBF16PS), so an output is the reference's within rounding,
-	// not its bits; still the same bits for any number of rows.
-	pairSums bool
+	// approx: the kernels sum in their own order and rounding (BF16's
+	// VDPBF16PS adds products two at a time in float32 lanes, F32's FMAs
+	// do not round the products), so an output is the reference's within
+	// rounding, not its bits; still the same bits for any number of rows.
+	approx bool
 }
 
 // packKernel4 computes, for the group at w (nb blocks) and the activation
@@ -576,7 +577,21 @@ func packBF16(dst []byte, src [][]byte, nb int) {
 	for r, row := range src {
 		row = row[:32*nb]
 		for p := range 8 * nb {
-			copy(dst[64*p+4*r:64*p+4*r+4], row[4*p:4*p+4])
+			binary.LittleEndian.PutUint32(dst[64*p+4*r:], binary.LittleEndian.Uint32(row[4*p:]))
+		}
+	}
+}
+
+// packF32 lays out one 16-row group of F32 rows: for each of the block's
+// 16 columns k, the 16 rows' values (64 bytes).
+func packF32(dst []byte, src [][]byte, nb int) {
+	const gbb = 16 * 64
+	dst = dst[:gbb*nb]
+	clear(dst)
+	for r, row := range src {
+		row = row[:64*nb]
+		for k := range 16 * nb {
+			binary.LittleEndian.PutUint32(dst[64*k+4*r:], binary.LittleEndian.Uint32(row[4*k:]))
 		}
 	}
 }

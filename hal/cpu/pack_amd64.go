@@ -101,6 +101,18 @@ func packBF16x4AVX512(nb int, w, x *byte, xstride int, side *byte, sstride int, 
 //go:noescape
 func packBF16x1AVX512(nb int, w, x, side *byte, out *float32)
 
+//go:noescape
+func packF32x8AVX512(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
+
+//go:noescape
+func packF32x8PFAVX512(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)
+
+//go:noescape
+func packF32x4AVX512(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
+
+//go:noescape
+func packF32x1AVX512(nb int, w, x, side *byte, out *float32)
+
 var (
 	packFormatQ8_0 = &packFormat{groupBlockBytes: 544, corrMul: 128, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ8_0, k4: packQ8_0x4VNNI, k4pf: packQ8_0x4PFVNNI, k1: packQ8_0x1VNNI}
 	packFormatQ5_0 = &packFormat{groupBlockBytes: 352, corrMul: 16, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ5_0, k4: packQ5_0x4VNNI, k4pf: packQ5_0x4PFVNNI, k1: packQ5_0x1VNNI}
@@ -110,7 +122,8 @@ var (
 	packFormatF16  = &packFormat{groupBlockBytes: 512, blockElems: 16, sideWords: 16, side: sideF16SIMD, pack: packF16, k4: packF16x4AVX512, k1: packF16x1AVX512, kw: packF16x8AVX512, kwpf: packF16x8PFAVX512, kwRows: 8}
 	packFormatQ4_1 = &packFormat{groupBlockBytes: 320, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ4_1, k4: packQ4_1x4VNNI, k4pf: packQ4_1x4PFVNNI, k1: packQ4_1x1VNNI}
 	packFormatQ5_1 = &packFormat{groupBlockBytes: 384, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ5_1, k4: packQ5_1x4VNNI, k4pf: packQ5_1x4PFVNNI, k1: packQ5_1x1VNNI}
-	packFormatBF16 = &packFormat{groupBlockBytes: 512, blockElems: 16, side: sideNone, pack: packBF16, k4: packBF16x4AVX512, k1: packBF16x1AVX512, kw: packBF16x8AVX512, kwpf: packBF16x8PFAVX512, kwRows: 8, pairSums: true}
+	packFormatBF16 = &packFormat{groupBlockBytes: 512, blockElems: 16, side: sideNone, pack: packBF16, k4: packBF16x4AVX512, k1: packBF16x1AVX512, kw: packBF16x8AVX512, kwpf: packBF16x8PFAVX512, kwRows: 8, approx: true}
+	packFormatF32  = &packFormat{groupBlockBytes: 1024, blockElems: 16, side: sideNone, pack: packF32, k4: packF32x4AVX512, k1: packF32x1AVX512, kw: packF32x8AVX512, kwpf: packF32x8PFAVX512, kwRows: 8, approx: true}
 	packFormatQ4_0 = &packFormat{groupBlockBytes: 288, corrMul: 8, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ4_0, k4: packQ4_0x4VNNI, k4pf: packQ4_0x4PFVNNI, k1: packQ4_0x1VNNI}
 )
 
@@ -143,6 +156,8 @@ func packFormatFor(isa string, t hal.DType) *packFormat {
 		if feat.avx512bf16 {
 			return packFormatBF16
 		}
+	case hal.F32:
+		return packFormatF32
 	}
 	return nil
 }
@@ -171,6 +186,8 @@ func packWideFor(t hal.DType) []packWide {
 		return []packWide{{packF16x8AVX512, packF16x8PFAVX512, 8}}
 	case hal.BF16:
 		return []packWide{{packBF16x8AVX512, packBF16x8PFAVX512, 8}}
+	case hal.F32:
+		return []packWide{{packF32x8AVX512, packF32x8PFAVX512, 8}}
 	}
 	return nil
 }

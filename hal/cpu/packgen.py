@@ -361,7 +361,7 @@ def side_f16():
 F16_BASES = ["R10", "R13", "DI", "R8"]  # side-row base registers, 4 rows each
 
 
-def kernel_f16(M, pf=False):
+def kernel_f16(M, pf=False, f32=False):
     """F16 rows: per output, the exact float32 products summed in float32 in
     column order (one lane per row; FMA is exact here as the products are).
     M activation rows (up to 16) share each widened weight vector, each
@@ -369,12 +369,17 @@ def kernel_f16(M, pf=False):
     latency of 4 cycles (Zen 4 issues one 512-bit FMA a cycle). With pf,
     unless pf is nil, each block also prefetches M/16 of a block of the next
     group at pf, so that the calls of a 16-row step fetch all of it while
-    they compute."""
-    gbb = 512
-    name = f"packF16x{M}{'PF' if pf else ''}AVX512"
+    they compute. With f32, F32 rows the same way: one FMA a product, which
+    is not rounded as the reference rounds it (the reference rounds each
+    product and sums in float64)."""
+    gbb = 1024 if f32 else 512
+    name = f"pack{'F32' if f32 else 'F16'}x{M}{'PF' if pf else ''}AVX512"
+    # F16 broadcasts the side rows (the activation widened to float32);
+    # F32 (f32) the activation rows themselves.
+    xrow = "MOVQ x+16(FP), R10\n\tMOVQ xstride+24(FP), R11" if f32 else "MOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11"
     if M > 1:
         signature4(name, pf)
-        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11\n\tLEAQ (R11)(R11*2), R12")
+        P(f"\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\t{xrow}\n\tLEAQ (R11)(R11*2), R12")
         if pf:
             P("\tMOVQ pf+64(FP), R9")
         # rows 4q..4q+3 hang off base register q
@@ -383,14 +388,14 @@ def kernel_f16(M, pf=False):
     else:
         P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
-        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ side+24(FP), R10")
+        P(f"\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ {'x+16' if f32 else 'side+24'}(FP), R10")
     sa = [f"({F16_BASES[m // 4]}){['', '(R11*1)', '(R11*2)', '(R12*1)'][m % 4]}" for m in range(M)]
     loop_head(name, M)
     if pf:
         prefetch_part(name, gbb * M // 16, "R9")
     for k in range(16):
         w = 16 + k % 8
-        P(f"\tVCVTPH2PS {32*k}(SI), Z{w}")
+        P(f"\tVMOVUPS {64*k}(SI), Z{w}" if f32 else f"\tVCVTPH2PS {32*k}(SI), Z{w}")
         for m in range(M):
             P(f"\tVFMADD231PS.BCST {4*k}{sa[m]}, Z{w}, Z{m}")
     P(f"\tADDQ ${gbb}, SI\n\tADDQ $64, R10")
@@ -499,6 +504,10 @@ kernel_f16(8)
 kernel_f16(8, pf=True)
 kernel_f16(4)
 kernel_f16(1)
+kernel_f16(8, f32=True)
+kernel_f16(8, pf=True, f32=True)
+kernel_f16(4, f32=True)
+kernel_f16(1, f32=True)
 kernel_bf16(8)
 kernel_bf16(8, pf=True)
 kernel_bf16(4)
