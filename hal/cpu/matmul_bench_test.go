@@ -160,6 +160,9 @@ func BenchmarkMatMulF16(b *testing.B) { benchMatMulFloat(b, hal.F16) }
 // BenchmarkMatMulBF16 is BenchmarkMatMulF16 for the packed BF16 kernels.
 func BenchmarkMatMulBF16(b *testing.B) { benchMatMulFloat(b, hal.BF16) }
 
+// BenchmarkMatMulF32 is BenchmarkMatMulF16 for the packed F32 kernels.
+func BenchmarkMatMulF32(b *testing.B) { benchMatMulFloat(b, hal.F32) }
+
 func benchMatMulFloat(b *testing.B, typ hal.DType) {
 	f := packFormatFor(kern.isa, typ)
 	if f == nil {

@@ -17,7 +17,7 @@ func TestOpsAllocateNothing(t *testing.T) {
 	x := testRandRow(r, rows*k)
 	out := make([]float32, rows*n)
 	weights := map[hal.DType]*hal.Weight{}
-	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.F16, hal.BF16} {
+	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.F16, hal.BF16, hal.F32} {
 		weights[typ] = benchWeight(typ, n, k)
 	}
 	norm := testRandRow(r, k)
