@@ -168,7 +168,7 @@ func benchMatMulFloat(b *testing.B, typ hal.DType) {
 	if f == nil {
 		b.Skipf("no packed %v kernels for ISA %s on this CPU", typ, kern.isa)
 	}
-	variants := packVariants(f, typ)
+	variants := packVariants(f)
 	for _, c := range []struct {
 		name    string
 		k, n, m int

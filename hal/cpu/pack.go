@@ -91,13 +91,6 @@ type packKernel4PF func(nb int, w, x *byte, xstride int, side *byte, sstride int
 // packKernel1 is packKernel4 for one activation row.
 type packKernel1 func(nb int, w, x, side *byte, out *float32)
 
-// packWide names a wide kernel with its row count.
-type packWide struct {
-	k    packKernel4
-	pf   packKernel4PF
-	rows int
-}
-
 // packCache holds the packed copies of the weights a backend has seen. It
 // is keyed by the *hal.Weight, which it keeps alive, so that no other
 // weight can take its address; a weight whose data, type or shape changed

@@ -1,6 +1,11 @@
 package cpu
 
-import "tandem/hal"
+import (
+	"encoding/binary"
+	"math"
+
+	"tandem/hal"
+)
 
 //go:noescape
 func packQ8_0x4PFVNNI(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)
@@ -113,6 +118,24 @@ func packF32x4AVX512(nb int, w, x *byte, xstride int, side *byte, sstride int, o
 //go:noescape
 func packF32x1AVX512(nb int, w, x, side *byte, out *float32)
 
+//go:noescape
+func packF16x4AVX2(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
+
+//go:noescape
+func packF16x1AVX2(nb int, w, x, side *byte, out *float32)
+
+//go:noescape
+func packBF16x4AVX2(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
+
+//go:noescape
+func packBF16x1AVX2(nb int, w, x, side *byte, out *float32)
+
+//go:noescape
+func packF32x4AVX2(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)
+
+//go:noescape
+func packF32x1AVX2(nb int, w, x, side *byte, out *float32)
+
 var (
 	packFormatQ8_0 = &packFormat{groupBlockBytes: 544, corrMul: 128, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ8_0, k4: packQ8_0x4VNNI, k4pf: packQ8_0x4PFVNNI, k1: packQ8_0x1VNNI}
 	packFormatQ5_0 = &packFormat{groupBlockBytes: 352, corrMul: 16, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ5_0, k4: packQ5_0x4VNNI, k4pf: packQ5_0x4PFVNNI, k1: packQ5_0x1VNNI}
@@ -124,12 +147,28 @@ var (
 	packFormatQ5_1 = &packFormat{groupBlockBytes: 384, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ5_1, k4: packQ5_1x4VNNI, k4pf: packQ5_1x4PFVNNI, k1: packQ5_1x1VNNI}
 	packFormatBF16 = &packFormat{groupBlockBytes: 512, blockElems: 16, side: sideNone, pack: packBF16, k4: packBF16x4AVX512, k1: packBF16x1AVX512, kw: packBF16x8AVX512, kwpf: packBF16x8PFAVX512, kwRows: 8, approx: true}
 	packFormatF32  = &packFormat{groupBlockBytes: 1024, blockElems: 16, side: sideNone, pack: packF32, k4: packF32x4AVX512, k1: packF32x1AVX512, kw: packF32x8AVX512, kwpf: packF32x8PFAVX512, kwRows: 8, approx: true}
+	// The float formats for CPUs with AVX2 but not AVX-512 (BF16 also
+	// where AVX-512 lacks AVX512_BF16): the layouts above, 8 lanes at a time.
+	packFormatF16AVX2  = &packFormat{groupBlockBytes: 512, blockElems: 16, sideWords: 16, side: sideF16, pack: packF16, k4: packF16x4AVX2, k1: packF16x1AVX2}
+	packFormatBF16AVX2 = &packFormat{groupBlockBytes: 512, blockElems: 16, sideWords: 16, side: sideBF16, pack: packBF16, k4: packBF16x4AVX2, k1: packBF16x1AVX2, approx: true}
+	packFormatF32AVX2  = &packFormat{groupBlockBytes: 1024, blockElems: 16, side: sideNone, pack: packF32, k4: packF32x4AVX2, k1: packF32x1AVX2, approx: true}
 	packFormatQ4_0 = &packFormat{groupBlockBytes: 288, corrMul: 8, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ4_0, k4: packQ4_0x4VNNI, k4pf: packQ4_0x4PFVNNI, k1: packQ4_0x1VNNI}
 )
 
 // packFormatFor returns the packed layout MatMul uses for weights of type
 // t under isa, or nil.
 func packFormatFor(isa string, t hal.DType) *packFormat {
+	if isa == "avx2" {
+		switch t {
+		case hal.F16:
+			return packFormatF16AVX2
+		case hal.BF16:
+			return packFormatBF16AVX2
+		case hal.F32:
+			return packFormatF32AVX2
+		}
+		return nil
+	}
 	if isa != "avx512vnni" {
 		return nil
 	}
@@ -156,6 +195,7 @@ func packFormatFor(isa string, t hal.DType) *packFormat {
 		if feat.avx512bf16 {
 			return packFormatBF16
 		}
+		return packFormatBF16AVX2
 	case hal.F32:
 		return packFormatF32
 	}
@@ -178,16 +218,22 @@ func sideF16SIMD(side []int32, xq []byte, nb int, _ int32) {
 // rows alone.
 func sideNone([]int32, []byte, int, int32) {}
 
-// packWideFor lists the wide kernels of type t's packed format, for tests
-// and benchmarks that exercise each.
-func packWideFor(t hal.DType) []packWide {
-	switch t {
-	case hal.F16:
-		return []packWide{{packF16x8AVX512, packF16x8PFAVX512, 8}}
-	case hal.BF16:
-		return []packWide{{packBF16x8AVX512, packBF16x8PFAVX512, 8}}
-	case hal.F32:
-		return []packWide{{packF32x8AVX512, packF32x8PFAVX512, 8}}
+// sideF16 widens the F16 activation row xq to float32 (16 words a block
+// of 16), which the packed AVX2 F16 kernels broadcast.
+func sideF16(side []int32, xq []byte, nb int, _ int32) {
+	n := 16 * nb
+	side, xq = side[:n], xq[:2*n]
+	for i := range side {
+		side[i] = int32(math.Float32bits(fp16Table[binary.LittleEndian.Uint16(xq[2*i:])]))
 	}
-	return nil
+}
+
+// sideBF16 widens the BF16 activation row xq to float32 (16 words a block
+// of 16), which the packed AVX2 BF16 kernels broadcast.
+func sideBF16(side []int32, xq []byte, nb int, _ int32) {
+	n := 16 * nb
+	side, xq = side[:n], xq[:2*n]
+	for i := range side {
+		side[i] = int32(uint32(binary.LittleEndian.Uint16(xq[2*i:])) << 16)
+	}
 }

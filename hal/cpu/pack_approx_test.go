@@ -12,39 +12,37 @@ import (
 	"tandem/hal"
 )
 
-// TestPackedApproxKernels: the packed BF16 kernels add the exact products
-// two at a time in float32 lanes (VDPBF16PS), the F32 kernels add each
-// exact product by FMA in float32; so each output is held to the reference
-// (rounded or exact products, float64 sum) within the rounding of the
-// kernel's float32 additions of Σ|products|, and to the bits of the
-// kernel's model (bf16PairSums, f32FMAChain), whatever the kernel set (the
-// four- and single-row kernels alone, with the wide kernel, prefetching),
-// the number of activation rows computed together and the thread count:
-// batch invariance rests on that. Shapes as TestPackedF16Kernels; the
-// values span many binades, and the test fails if its inputs could not
-// catch a kernel that loses the last product pair or sums in another
-// order (the model's wrong twin).
+// TestPackedApproxKernels: the packed BF16 kernels of AVX512_BF16 add the
+// exact products two at a time in float32 lanes (VDPBF16PS); the F32
+// kernels, and BF16's with AVX2 alone, add each product by FMA in float32.
+// So each output is held to the reference (rounded or exact products,
+// float64 sum) within the rounding of the kernel's float32 additions of
+// Σ|products|, and to the bits of the kernel's model (bf16PairSums,
+// fmaChain), whatever the kernel set (the four- and single-row kernels
+// alone, with the wide kernel, prefetching), the number of activation rows
+// computed together and the thread count: batch invariance rests on that.
+// Shapes as TestPackedF16Kernels; the values span many binades, and the
+// test fails if its inputs could not catch a kernel that loses the last
+// product pair or sums in another order (the model's wrong twin).
 func TestPackedApproxKernels(t *testing.T) {
-	for _, c := range []struct {
-		typ   hal.DType
-		model func(k int, w, x []byte, wrong bool) float32
-		adds  func(k int) int // float32 additions on a chain, plus one
-	}{
-		{hal.BF16, bf16PairSums, func(k int) int { return k/2 + 2 }},
-		{hal.F32, f32FMAChain, func(k int) int { return k + 2 }},
-	} {
-		t.Run(c.typ.String(), func(t *testing.T) {
-			f := packFormatFor(kern.isa, c.typ)
+	for _, isa := range simdISAs() {
+		for _, typ := range []hal.DType{hal.BF16, hal.F32} {
+			f := packFormatFor(isa, typ)
 			if f == nil {
-				t.Skipf("no packed %v kernels for ISA %s on this CPU", c.typ, kern.isa)
+				continue
 			}
-			testApproxKernels(t, c.typ, f, c.model, c.adds)
-		})
+			model := func(k int, w, x []byte, wrong bool) float32 { return fmaChain(typ, k, w, x, wrong) }
+			adds := func(k int) int { return k + 2 }
+			if f == packFormatBF16 {
+				model, adds = bf16PairSums, func(k int) int { return k/2 + 2 }
+			}
+			t.Run(isa+"/"+typ.String(), func(t *testing.T) { testApproxKernels(t, typ, f, model, adds) })
+		}
 	}
 }
 
 func testApproxKernels(t *testing.T, typ hal.DType, f *packFormat, model func(k int, w, x []byte, wrong bool) float32, adds func(int) int) {
-	variants := packVariants(f, typ)
+	variants := packVariants(f)
 	names := slices.Sorted(maps.Keys(variants))
 	r := rand.New(rand.NewPCG(51, 52))
 	spread := func(n int) []float32 {
@@ -129,15 +127,16 @@ func elemAt(typ hal.DType, b []byte, i int) float64 {
 	return float64(BF16ToFP32(binary.LittleEndian.Uint16(b[2*i:])))
 }
 
-// f32FMAChain is what the packed F32 kernels compute for one output: the
-// products added in column order by float32 FMAs (wrong: in reverse).
-func f32FMAChain(k int, w, x []byte, wrong bool) float32 {
+// fmaChain is what the packed F32 kernels, and the AVX2 BF16 ones,
+// compute for one output: the products added in column order by float32
+// FMAs (wrong: in reverse).
+func fmaChain(typ hal.DType, k int, w, x []byte, wrong bool) float32 {
 	var s float32
 	for i := range k {
 		if wrong {
 			i = k - 1 - i
 		}
-		s = fma32(float32(elemAt(hal.F32, w, i)), float32(elemAt(hal.F32, x, i)), s)
+		s = fma32(float32(elemAt(typ, w, i)), float32(elemAt(typ, x, i)), s)
 	}
 	return s
 }

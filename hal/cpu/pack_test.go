@@ -74,38 +74,53 @@ func TestPackedMatMulBitEqual(t *testing.T) {
 	}
 }
 
-// TestPackedF16Kernels holds each F16 kernel variant (the four-row and
-// single-row kernels alone, and with each wide kernel) to the reference
+// packVariants returns f as each kernel set the tests and benchmarks
+// compare: "x4" the four- and single-row kernels alone, "x8"… with f's
+// wide kernel of that many rows, "x8pf"… with its prefetching twin.
+func packVariants(f *packFormat) map[string]*packFormat {
+	base := *f
+	base.kw, base.kwpf, base.kwRows = nil, nil, 0
+	variants := map[string]*packFormat{"x4": &base}
+	if f.kw != nil {
+		v := base
+		v.kw, v.kwRows = f.kw, f.kwRows
+		variants[fmt.Sprintf("x%d", f.kwRows)] = &v
+		if f.kwpf != nil {
+			vpf := v
+			vpf.kwpf = f.kwpf
+			variants[fmt.Sprintf("x%dpf", f.kwRows)] = &vpf
+		}
+	}
+	return variants
+}
+
+// packISAVariants returns packVariants of t's packed format under every
+// ISA this CPU runs, named "isa/variant".
+func packISAVariants(t hal.DType) map[string]*packFormat {
+	all := map[string]*packFormat{}
+	for _, isa := range simdISAs() {
+		if f := packFormatFor(isa, t); f != nil {
+			for name, v := range packVariants(f) {
+				all[isa+"/"+name] = v
+			}
+		}
+	}
+	return all
+}
+
+// TestPackedF16Kernels holds each F16 kernel variant under every ISA
+// (AVX-512: the four-row and single-row kernels alone, and with each wide
+// kernel; AVX2: its four-row and single-row kernels) to the reference
 // bit for bit: column counts of one, three and 56 blocks of 16, weight row
 // counts around the groups (a partial last group, one row), and activation
 // row counts that leave every tail (8+8+4+1, 8+4+1, …). The values span
 // many binades, so that summing in any other order than the reference's
 // changes some outputs (checked on the reversed order).
-// packVariants returns f (the packed format of t) as each kernel set the
-// tests and benchmarks compare: "x4" the four- and single-row kernels
-// alone, "x8"… with a wide kernel of that many rows, "x8pf"… with its
-// prefetching twin.
-func packVariants(f *packFormat, t hal.DType) map[string]*packFormat {
-	base := *f
-	base.kw, base.kwpf, base.kwRows = nil, nil, 0
-	variants := map[string]*packFormat{"x4": &base}
-	for _, k := range packWideFor(t) {
-		v := base
-		v.kw, v.kwRows = k.k, k.rows
-		variants[fmt.Sprintf("x%d", k.rows)] = &v
-		vpf := v
-		vpf.kwpf = k.pf
-		variants[fmt.Sprintf("x%dpf", k.rows)] = &vpf
-	}
-	return variants
-}
-
 func TestPackedF16Kernels(t *testing.T) {
-	f := packFormatFor(kern.isa, hal.F16)
-	if f == nil {
-		t.Skipf("no packed F16 kernels for ISA %s", kern.isa)
+	variants := packISAVariants(hal.F16)
+	if len(variants) == 0 {
+		t.Skip("no packed F16 kernels on this CPU")
 	}
-	variants := packVariants(f, hal.F16)
 	r := rand.New(rand.NewPCG(43, 44))
 	spread := func(n int) []float32 {
 		x := make([]float32, n)
