@@ -563,28 +563,21 @@ func packF16(dst []byte, src [][]byte, nb int) {
 // packBF16 lays out one 16-row group of BF16 rows: for each of the block's
 // 8 column pairs (2p, 2p+1), the 16 rows' pairs (64 bytes), as VDPBF16PS
 // multiplies them with an activation pair.
-func packBF16(dst []byte, src [][]byte, nb int) {
-	const gbb = 8 * 64
-	dst = dst[:gbb*nb]
-	clear(dst)
-	for r, row := range src {
-		row = row[:32*nb]
-		for p := range 8 * nb {
-			binary.LittleEndian.PutUint32(dst[64*p+4*r:], binary.LittleEndian.Uint32(row[4*p:]))
-		}
-	}
-}
+func packBF16(dst []byte, src [][]byte, nb int) { packWords(dst, src, 8*nb) }
 
 // packF32 lays out one 16-row group of F32 rows: for each of the block's
 // 16 columns k, the 16 rows' values (64 bytes).
-func packF32(dst []byte, src [][]byte, nb int) {
-	const gbb = 16 * 64
-	dst = dst[:gbb*nb]
+func packF32(dst []byte, src [][]byte, nb int) { packWords(dst, src, 16*nb) }
+
+// packWords interleaves the 4-byte words of up to 16 rows of n words: word
+// i of row r goes to dst[64i+4r:].
+func packWords(dst []byte, src [][]byte, n int) {
+	dst = dst[:64*n]
 	clear(dst)
 	for r, row := range src {
-		row = row[:64*nb]
-		for k := range 16 * nb {
-			binary.LittleEndian.PutUint32(dst[64*k+4*r:], binary.LittleEndian.Uint32(row[4*k:]))
+		row = row[:4*n]
+		for i := range n {
+			binary.LittleEndian.PutUint32(dst[64*i+4*r:], binary.LittleEndian.Uint32(row[4*i:]))
 		}
 	}
 }

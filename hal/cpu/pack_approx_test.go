@@ -45,13 +45,7 @@ func testApproxKernels(t *testing.T, typ hal.DType, f *packFormat, model func(k 
 	variants := packVariants(f)
 	names := slices.Sorted(maps.Keys(variants))
 	r := rand.New(rand.NewPCG(51, 52))
-	spread := func(n int) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(r.NormFloat64() * math.Ldexp(1, r.IntN(24)-12))
-		}
-		return x
-	}
+	spread := func(n int) []float32 { return spreadValues(r, n) }
 	catchable, reordered := 0, 0
 	for _, shape := range []struct{ n, k int }{{1, 16}, {16, 48}, {17, 16}, {31, 48}, {64, 48}, {100, 896}, {130, 48}, {47, 16}} {
 		n, k := shape.n, shape.k

@@ -74,6 +74,17 @@ func TestPackedMatMulBitEqual(t *testing.T) {
 	}
 }
 
+// spreadValues returns n normal values scaled over 24 binades, so that a
+// float sum taken in another order than the reference's changes some
+// outputs.
+func spreadValues(r *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(r.NormFloat64() * math.Ldexp(1, r.IntN(24)-12))
+	}
+	return x
+}
+
 // packVariants returns f as each kernel set the tests and benchmarks
 // compare: "x4" the four- and single-row kernels alone, "x8"… with f's
 // wide kernel of that many rows, "x8pf"… with its prefetching twin.
@@ -122,13 +133,7 @@ func TestPackedF16Kernels(t *testing.T) {
 		t.Skip("no packed F16 kernels on this CPU")
 	}
 	r := rand.New(rand.NewPCG(43, 44))
-	spread := func(n int) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(r.NormFloat64() * math.Ldexp(1, r.IntN(24)-12))
-		}
-		return x
-	}
+	spread := func(n int) []float32 { return spreadValues(r, n) }
 	reordered := 0
 	for _, shape := range []struct{ n, k int }{{1, 16}, {16, 48}, {17, 16}, {31, 48}, {64, 48}, {100, 896}, {130, 48}, {47, 16}} {
 		n, k := shape.n, shape.k
