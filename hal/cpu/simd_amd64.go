@@ -61,6 +61,12 @@ func dotQ4_KAVX2(nb int, w, x *byte, xstride int, out *float32)
 func dotQ4_Kx4AVX2(nb int, w, x *byte, xstride int, out *[4]float32)
 
 //go:noescape
+func dotQ5_KAVX2(nb int, w, x *byte, xstride int, out *float32)
+
+//go:noescape
+func dotQ5_Kx4AVX2(nb int, w, x *byte, xstride int, out *[4]float32)
+
+//go:noescape
 func dotQ6_KAVX2(nb int, w, x *byte, xstride int, out *float32)
 
 //go:noescape
@@ -122,6 +128,8 @@ func simdKernels(t hal.DType, isa string) (dotFunc, dot4Func) {
 		return wrapQ32(22, dotQ5_0AVX2, dotQ5_0x4AVX2)
 	case hal.Q4_K:
 		return wrapQK(144, dotQ4_KAVX2, dotQ4_Kx4AVX2)
+	case hal.Q5_K:
+		return wrapQK(176, dotQ5_KAVX2, dotQ5_Kx4AVX2)
 	case hal.F16:
 		// The AVX-512 4-row F16 kernel is no faster than four single-row
 		// calls on this Zen 4 (double-pumped zmm); kept, tested, unused.
