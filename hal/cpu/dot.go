@@ -231,7 +231,7 @@ func dotQ4_0(n int, w, x []byte) float32 {
 		for j, v := range qw {
 			s += (int32(v&15)-8)*int32(int8(qx[j])) + (int32(v>>4)-8)*int32(int8(qx[j+16]))
 		}
-		sum += float32(float32(s)*f16At(wb)) * f16At(xb)
+		sum += float32(float32(float32(s)*f16At(wb)) * f16At(xb))
 	}
 	return sum
 }
@@ -271,7 +271,7 @@ func dotQ5_0(n int, w, x []byte) float32 {
 			q1 := int32(v>>4|byte(qh>>(j+12))&0x10) - 16
 			s += q0*int32(int8(qx[j])) + q1*int32(int8(qx[j+16]))
 		}
-		sum += float32(f16At(wb)*f16At(xb)) * float32(s)
+		sum += float32(float32(f16At(wb)*f16At(xb)) * float32(s))
 	}
 	return sum
 }
@@ -306,7 +306,7 @@ func dotQ8_0(n int, w, x []byte) float32 {
 		wb := w[34*i : 34*i+34]
 		xb := x[34*i : 34*i+34]
 		s := dot8x32((*[32]byte)(wb[2:34]), (*[32]byte)(xb[2:34]))
-		sum += float32(s) * float32(f16At(wb)*f16At(xb))
+		sum += float32(float32(s) * float32(f16At(wb)*f16At(xb)))
 	}
 	return sum
 }
