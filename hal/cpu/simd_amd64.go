@@ -126,6 +126,12 @@ func simdKernels(t hal.DType, isa string) (dotFunc, dot4Func) {
 			return one, four
 		}
 		return wrapQ32(22, dotQ5_0AVX2, dotQ5_0x4AVX2)
+	case hal.Q4_0:
+		return wrapQ32(18, dotQ4_0AVX2, dotQ4_0x4AVX2)
+	case hal.Q4_1:
+		return wrapQ8_1(20, dotQ4_1AVX2, dotQ4_1x4AVX2)
+	case hal.Q5_1:
+		return wrapQ8_1(24, dotQ5_1AVX2, dotQ5_1x4AVX2)
 	case hal.Q4_K:
 		return wrapQK(144, dotQ4_KAVX2, dotQ4_Kx4AVX2)
 	case hal.Q5_K:
