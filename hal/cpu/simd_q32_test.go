@@ -12,18 +12,21 @@ import (
 // q32Layout describes a weight format of 32-element blocks for
 // q32RawRows: its block bytes, its quants' bits and offset (q = code -
 // off), whether a min follows the scale, and the activation block size
-// (34 for Q8_0, 36 for Q8_1).
+// (34 for Q8_0, 36 for Q8_1), and the most negative activation byte its
+// kernels take: the AVX2 Q8_0 and Q5_0 kernels move the weight's sign onto
+// the activation (VPSIGNB), which -128 does not survive, and QuantizeRow
+// never writes -128 into Q8_0; the others take any byte.
 type q32Layout struct {
-	wsize, bits, off, xsize int
-	min                     bool
+	wsize, bits, off, xsize, minX int
+	min                           bool
 }
 
 var q32Layouts = map[hal.DType]q32Layout{
-	hal.Q4_0: {wsize: 18, bits: 4, off: 8, xsize: 34},
-	hal.Q4_1: {wsize: 20, bits: 4, xsize: 36, min: true},
-	hal.Q5_0: {wsize: 22, bits: 5, off: 16, xsize: 34},
-	hal.Q5_1: {wsize: 24, bits: 5, xsize: 36, min: true},
-	hal.Q8_0: {wsize: 34, bits: 8, off: 128, xsize: 34},
+	hal.Q4_0: {wsize: 18, bits: 4, off: 8, xsize: 34, minX: -128},
+	hal.Q4_1: {wsize: 20, bits: 4, xsize: 36, minX: -128, min: true},
+	hal.Q5_0: {wsize: 22, bits: 5, off: 16, xsize: 34, minX: -127},
+	hal.Q5_1: {wsize: 24, bits: 5, xsize: 36, minX: -128, min: true},
+	hal.Q8_0: {wsize: 34, bits: 8, off: 128, xsize: 34, minX: -127},
 }
 
 // randF16 is a finite FP16 value with a random sign and full mantissa.
@@ -37,7 +40,7 @@ func randF16(r *rand.Rand) uint16 {
 // quants; quants of the largest magnitudes with products all of one sign
 // (block sums of 15 bits and more, whose float32 products with a scale
 // round, so a kernel that reassociates the twin's float operations shows);
-// or all-zero activations.
+// or all-zero activations. Activation bytes go down to the layout's minX.
 func q32RawRows(r *rand.Rand, typ hal.DType, nb, rows int) (w []byte, xs [][]byte) {
 	l := q32Layouts[typ]
 	w = make([]byte, l.wsize*nb)
@@ -96,11 +99,11 @@ func q32RawRows(r *rand.Rand, typ hal.DType, nb, rows int) (w []byte, xs [][]byt
 				var v int
 				switch kind {
 				case 0:
-					v = r.IntN(255) - 127
+					v = l.minX + r.IntN(128-l.minX)
 				case 1: // the weight's sign times sign: all products of one sign
 					v = 100 + r.IntN(28)
 					if (codes[j] < l.off) != (sign < 0) {
-						v = -v
+						v = max(l.minX, -v-r.IntN(2))
 					}
 				}
 				xq[j] = byte(int8(v))

@@ -48,17 +48,15 @@ GLOBL q4bits<>(SB), RODATA|NOPTR, $32
 // ---- Q4_0 (18 bytes: d f16, 16 bytes of nibbles; q = nibble - 8) ----
 
 // One Q4_0 block at woff(SI) against the Q8_0 quants at xq, int32 lane
-// sums into dst. As the Q8_0 kernels: |q| goes to VPMADDUBSW as the
-// unsigned operand and q's sign moves onto the activations (VPSIGNB), so
-// no int16 pair can saturate. Uses Y1..Y3, Y10..Y13, Y15.
-#define Q40W(woff) \
-	NIBBLES(woff+2, Y1); \
-	VPSUBB Y12, Y1, Y1; \
-	VPABSB Y1, Y2
+// sums into dst: with the unsigned nibbles u (q = u-8), the int16 pair
+// sums of u·x and of 8·x (VPMADDUBSW, at most 15·128·2 and 8·128·2: no
+// saturation) are subtracted, exact, then widened (VPMADDWD with ones).
+// Any activation byte works, -128 included. Uses Y1, Y2, Y10..Y13, Y15.
+#define Q40W(woff) NIBBLES(woff+2, Y1)
 #define Q40X(xq, dst) \
-	VMOVDQU xq, Y3; \
-	VPSIGNB Y1, Y3, Y3; \
-	VPMADDUBSW Y3, Y2, dst; \
+	VPMADDUBSW xq, Y1, dst; \
+	VPMADDUBSW xq, Y12, Y2; \
+	VPSUBW Y2, dst, dst; \
 	VPMADDWD Y15, dst, dst
 
 // Four FP16 scales at stride st from base into X dst (float32).
