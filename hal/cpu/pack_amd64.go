@@ -152,7 +152,7 @@ var (
 	packFormatF16AVX2  = &packFormat{groupBlockBytes: 512, blockElems: 16, sideWords: 16, side: sideF16, pack: packF16, k4: packF16x4AVX2, k1: packF16x1AVX2}
 	packFormatBF16AVX2 = &packFormat{groupBlockBytes: 512, blockElems: 16, sideWords: 16, side: sideBF16, pack: packBF16, k4: packBF16x4AVX2, k1: packBF16x1AVX2, approx: true}
 	packFormatF32AVX2  = &packFormat{groupBlockBytes: 1024, blockElems: 16, side: sideNone, pack: packF32, k4: packF32x4AVX2, k1: packF32x1AVX2, approx: true}
-	packFormatQ4_0 = &packFormat{groupBlockBytes: 288, corrMul: 8, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ4_0, k4: packQ4_0x4VNNI, k4pf: packQ4_0x4PFVNNI, k1: packQ4_0x1VNNI}
+	packFormatQ4_0     = &packFormat{groupBlockBytes: 288, corrMul: 8, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ4_0, k4: packQ4_0x4VNNI, k4pf: packQ4_0x4PFVNNI, k1: packQ4_0x1VNNI}
 )
 
 // packFormatFor returns the packed layout MatMul uses for weights of type

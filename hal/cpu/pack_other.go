@@ -21,4 +21,3 @@ func quantizeQ8_KSIMD(src []float32, dst []byte) int { return 0 }
 func expShiftedSIMD(v []float32, m float32) int { return 0 }
 
 func f32ToF16SIMD(src []float32, dst []byte) int { return 0 }
-
