@@ -55,6 +55,12 @@ func detectCPU() (f cpuFeatures) {
 }
 
 //go:noescape
+func dotQ3_KAVX2(nb int, w, x *byte, xstride int, out *float32)
+
+//go:noescape
+func dotQ3_Kx4AVX2(nb int, w, x *byte, xstride int, out *[4]float32)
+
+//go:noescape
 func dotQ4_KAVX2(nb int, w, x *byte, xstride int, out *float32)
 
 //go:noescape
@@ -132,6 +138,8 @@ func simdKernels(t hal.DType, isa string) (dotFunc, dot4Func) {
 		return wrapQ8_1(20, dotQ4_1AVX2, dotQ4_1x4AVX2)
 	case hal.Q5_1:
 		return wrapQ8_1(24, dotQ5_1AVX2, dotQ5_1x4AVX2)
+	case hal.Q3_K:
+		return wrapQK(110, dotQ3_KAVX2, dotQ3_Kx4AVX2)
 	case hal.Q4_K:
 		return wrapQK(144, dotQ4_KAVX2, dotQ4_Kx4AVX2)
 	case hal.Q5_K:
