@@ -144,6 +144,8 @@ func simdKernels(t hal.DType, isa string) (dotFunc, dot4Func) {
 		return wrapQK(144, dotQ4_KAVX2, dotQ4_Kx4AVX2)
 	case hal.Q5_K:
 		return wrapQK(176, dotQ5_KAVX2, dotQ5_Kx4AVX2)
+	case hal.Q2_K:
+		return wrapQK(84, dotQ2_KAVX2, dotQ2_Kx4AVX2)
 	case hal.F16:
 		// The AVX-512 4-row F16 kernel is no faster than four single-row
 		// calls on this Zen 4 (double-pumped zmm); kept, tested, unused.
