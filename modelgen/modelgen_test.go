@@ -83,6 +83,39 @@ func TestQ4KMMix(t *testing.T) {
 	}
 }
 
+// TestSingleKQuantTypes checks the one-type K-quant files: the type where
+// the row is a multiple of 256 (ffn_down, 512 wide), its fallback where it
+// is not (896 wide), and Q6_K (here → Q8_0) for the tied output.
+func TestSingleKQuantTypes(t *testing.T) {
+	for _, c := range []struct {
+		typ            string
+		ftype          uint32
+		base, fallback hal.DType
+	}{
+		{"q3_k", 11, hal.Q3_K, hal.Q4_0},
+		{"q4_k", 14, hal.Q4_K, hal.Q5_0},
+		{"q5_k", 16, hal.Q5_K, hal.Q5_1},
+	} {
+		s := Spec{Arch: "qwen2", Embd: 896, Layers: 2, Heads: 14, KVHeads: 2, HeadDim: 64, FFN: 512, VocabSize: 300,
+			ContextLen: 128, RopeBase: 1e6, NormEps: 1e-6, Tied: true, QKVBias: true, Type: c.typ}
+		f := build(t, s)
+		if ft, ok := f.Uint("general.file_type"); !ok || ft != uint64(c.ftype) {
+			t.Errorf("%s: general.file_type %d, want %d", c.typ, ft, c.ftype)
+		}
+		for name, typ := range map[string]hal.DType{
+			"token_embd.weight":     hal.Q8_0,
+			"blk.0.ffn_down.weight": c.base,
+			"blk.1.ffn_down.weight": c.base,
+			"blk.0.attn_q.weight":   c.fallback,
+			"blk.1.ffn_up.weight":   c.fallback,
+		} {
+			if ti, ok := f.Tensor(name); !ok || ti.Type != typ {
+				t.Errorf("%s: %s is %v, want %s", c.typ, name, ti, typ)
+			}
+		}
+	}
+}
+
 func TestBuildErrors(t *testing.T) {
 	for name, s := range map[string]Spec{
 		"unknown type": {Arch: "llama", Embd: 64, Layers: 1, Heads: 2, KVHeads: 2, HeadDim: 32, FFN: 64, Type: "q3_x"},
