@@ -43,7 +43,7 @@ type Spec struct {
 	Llama3Rope bool
 
 	// Type is a file type: a tensor type name (f32, f16, bf16, q8_0, q4_0,
-	// q4_1, q5_0, q5_1, q3_k, q4_k, q5_k, q6_k) or a llama.cpp mix (q4_k_m, q4_k_s, q5_k_m).
+	// q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k) or a llama.cpp mix (q4_k_m, q4_k_s, q5_k_m).
 	Type string
 	Seed uint64
 
@@ -70,12 +70,12 @@ var Demo = Spec{Arch: "llama", Name: "tandem-demo", Embd: 128, Layers: 4, Heads:
 var fileTypes = map[string]uint32{
 	"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9,
 	"q4_k_s": 14, "q4_k_m": 15, "q5_k_s": 16, "q5_k_m": 17, "q6_k": 18, "bf16": 32, "q4_k": 14, "q5_k": 16,
-	"q3_k": 11, // as Q3_K_S
+	"q2_k": 10, "q3_k": 11, // as Q2_K and Q3_K_S
 }
 
 // FileTypes lists the accepted Type names.
 func FileTypes() []string {
-	return []string{"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_s", "q4_k_m", "q5_k_m"}
+	return []string{"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_s", "q4_k_m", "q5_k_m"}
 }
 
 // Build returns a GGUF writer holding the generated model.
@@ -280,6 +280,11 @@ func (g *gen) tensorType(r role, layer, cols int) hal.DType {
 		default:
 			t = base
 		}
+	case "q2_k":
+		t = hal.Q2_K
+		if r == roleOutput {
+			t = hal.Q6_K
+		}
 	case "q3_k":
 		t = hal.Q3_K
 		if r == roleOutput {
@@ -300,7 +305,7 @@ func (g *gen) tensorType(r role, layer, cols int) hal.DType {
 	}
 	if cols%t.BlockSize() != 0 {
 		switch t {
-		case hal.Q3_K:
+		case hal.Q2_K, hal.Q3_K:
 			t = hal.Q4_0 // llama.cpp takes IQ4_NL, 4.5 bits too
 		case hal.Q4_K:
 			t = hal.Q5_0

@@ -92,6 +92,7 @@ func TestSingleKQuantTypes(t *testing.T) {
 		ftype          uint32
 		base, fallback hal.DType
 	}{
+		{"q2_k", 10, hal.Q2_K, hal.Q4_0},
 		{"q3_k", 11, hal.Q3_K, hal.Q4_0},
 		{"q4_k", 14, hal.Q4_K, hal.Q5_0},
 		{"q5_k", 16, hal.Q5_K, hal.Q5_1},

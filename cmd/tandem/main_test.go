@@ -71,7 +71,7 @@ func TestTokenize(t *testing.T) {
 func TestGenModel(t *testing.T) {
 	vocab := fixtures.Model(t, "stories260K-f32.gguf")
 	dir := t.TempDir()
-	for _, typ := range []string{"f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q3_k", "q4_k_m", "q5_k_m", "q6_k"} {
+	for _, typ := range []string{"f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k_m", "q5_k_m", "q6_k"} {
 		out := filepath.Join(dir, typ+".gguf")
 		_, errOut, code := runMain(t, "gen-model", "--arch", "qwen2", "--embd", "256", "--layers", "2", "--heads", "4", "--kv-heads", "2",
 			"--ffn", "512", "--type", typ, "--vocab-from", vocab, "--out", out)
