@@ -208,6 +208,7 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 	if seq.arrival.IsZero() {
 		seq.arrival = time.Now()
 	}
+	seq.stream.cancelled = ctx.Done()
 	e.mu.Lock()
 	if e.stopped {
 		e.mu.Unlock()
@@ -291,11 +292,11 @@ func (e *Engine) enqueue(s *sequence) {
 	e.waiting = slices.Insert(e.waiting, i, s)
 }
 
-// reap frees the sequences whose streams were closed.
+// reap frees the sequences whose streams were abandoned.
 func (e *Engine) reap() {
 	keep := func(list []*sequence, waiting bool) []*sequence {
 		return slices.DeleteFunc(list, func(s *sequence) bool {
-			if !s.stream.closed.Load() {
+			if !s.stream.abandoned() {
 				return false
 			}
 			if s.kv != nil {

@@ -357,7 +357,7 @@ func (e *Engine) finishKV(s *sequence) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	x := t.m[s.hold]
-	if x == nil || x.seq != nil || s.stream.closed.Load() {
+	if x == nil || x.seq != nil || s.stream.abandoned() {
 		s.kv.Release()
 		return
 	}

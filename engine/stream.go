@@ -20,6 +20,9 @@ type stream struct {
 
 	closed atomic.Bool
 	wake   func() // tells the scheduler to look at closed streams
+	// cancelled is the request context's Done channel (nil: never), set
+	// before the scheduler sees the stream.
+	cancelled <-chan struct{}
 }
 
 func newStream(wake func()) *stream {
@@ -78,6 +81,23 @@ func (s *stream) Next(ctx context.Context) (llm.Event, error) {
 		case <-ctx.Done():
 			return llm.Event{}, ctx.Err()
 		}
+	}
+}
+
+// abandoned reports whether the caller closed the stream or cancelled the
+// request's context. The context counts as soon as it is cancelled, not
+// when the goroutine that closes the stream for it gets to run: otherwise a
+// loaded machine could let the scheduler finish (and pin) a prefill whose
+// caller was already gone.
+func (s *stream) abandoned() bool {
+	if s.closed.Load() {
+		return true
+	}
+	select {
+	case <-s.cancelled:
+		return true
+	default:
+		return false
 	}
 }
 
