@@ -1,4 +1,5 @@
 #include "textflag.h"
+#include "simd_kquant_amd64.h"
 
 // Q4_K × Q8_K, AVX2. Same bits as the pure-Go dotQ4_K: per super-block the
 // integer sums isum = Σ sc_j·Σ q·y and mins = Σ m_j·bsum_j are exact, then
@@ -15,41 +16,6 @@ DATA k0f<>+16(SB)/8, $0x0f0f0f0f0f0f0f0f
 DATA k0f<>+24(SB)/8, $0x0f0f0f0f0f0f0f0f
 GLOBL k0f<>(SB), RODATA|NOPTR, $32
 
-#define XR0 (DI)
-#define XR1 (DI)(R8*1)
-#define XR2 (DI)(R8*2)
-#define XR3 (DI)(R9*1)
-
-// Unpack the 6-bit scales and mins (ggml's kmask trick) into X14, X13.
-#define Q4K_SCALES \
-	MOVL 4(SI), AX; \
-	MOVL 8(SI), BX; \
-	MOVL 12(SI), DX; \
-	MOVL AX, R11; \
-	ANDL $0x3f3f3f3f, R11; \
-	VMOVD R11, X14; \
-	MOVL AX, R11; \
-	SHRL $6, R11; \
-	ANDL $0x03030303, R11; \
-	SHLL $4, R11; \
-	MOVL DX, R12; \
-	ANDL $0x0f0f0f0f, R12; \
-	ORL R12, R11; \
-	VPINSRD $1, R11, X14, X14; \
-	MOVL BX, R11; \
-	ANDL $0x3f3f3f3f, R11; \
-	VMOVD R11, X13; \
-	MOVL BX, R11; \
-	SHRL $6, R11; \
-	ANDL $0x03030303, R11; \
-	SHLL $4, R11; \
-	SHRL $4, DX; \
-	ANDL $0x0f0f0f0f, DX; \
-	ORL DX, R11; \
-	VPINSRD $1, R11, X13, X13; \
-	VPMOVZXBW X14, X14; \
-	VPMOVZXBW X13, X13
-
 // Chunk c: 32 bytes of nibbles = sub-blocks 2c (low) and 2c+1 (high).
 #define Q4K_CHUNK(c) \
 	VMOVDQU (16+32*c)(SI), Y1; \
@@ -60,50 +26,6 @@ GLOBL k0f<>(SB), RODATA|NOPTR, $32
 	VPBROADCASTW X3, Y3; \
 	VPSRLDQ $(4*c+2), X14, X4; \
 	VPBROADCASTW X4, Y4
-
-#define Q4K_ROW(c, XR, acc) \
-	VPMADDUBSW (4+64*c)XR, Y1, Y5; \
-	VPMADDWD Y3, Y5, Y5; \
-	VPADDD Y5, acc, acc; \
-	VPMADDUBSW (36+64*c)XR, Y2, Y6; \
-	VPMADDWD Y4, Y6, Y6; \
-	VPADDD Y6, acc, acc
-
-// Row epilogue: X1 = dw, X2 = dmin (float32), out element at o(R10).
-#define Q4K_EPI(XR, acc, accx, o) \
-	VEXTRACTI128 $1, acc, X5; \
-	VPADDD X5, accx, X5; \
-	VPSHUFD $0x4e, X5, X6; \
-	VPADDD X6, X5, X5; \
-	VPSHUFD $0xb1, X5, X6; \
-	VPADDD X6, X5, X5; \
-	VMOVDQU 260 XR, Y6; \
-	VEXTRACTI128 $1, Y6, X7; \
-	VPHADDW X7, X6, X6; \
-	VPMADDWD X13, X6, X6; \
-	VPSHUFD $0x4e, X6, X7; \
-	VPADDD X7, X6, X6; \
-	VPSHUFD $0xb1, X6, X7; \
-	VPADDD X7, X6, X6; \
-	VCVTDQ2PS X5, X5; \
-	VCVTDQ2PS X6, X6; \
-	VMOVSS 0 XR, X7; \
-	VMULSS X7, X1, X3; \
-	VMULSS X7, X2, X4; \
-	VMULSS X5, X3, X3; \
-	VMULSS X6, X4, X4; \
-	VMOVSS o(R10), X5; \
-	VADDSS X3, X5, X5; \
-	VSUBSS X4, X5, X5; \
-	VMOVSS X5, o(R10)
-
-#define Q4K_DSCALES \
-	MOVWLZX 0(SI), AX; \
-	VMOVD AX, X1; \
-	VCVTPH2PS X1, X1; \
-	MOVWLZX 2(SI), AX; \
-	VMOVD AX, X2; \
-	VCVTPH2PS X2, X2
 
 // func dotQ4_KAVX2(nb int, w, x *byte, xstride int, out *float32)
 TEXT ·dotQ4_KAVX2(SB), NOSPLIT, $0-40
@@ -116,18 +38,18 @@ TEXT ·dotQ4_KAVX2(SB), NOSPLIT, $0-40
 	TESTQ CX, CX
 	JEQ done
 loop:
-	Q4K_SCALES
+	KQ_SCALES
 	VPXOR Y8, Y8, Y8
 	Q4K_CHUNK(0)
-	Q4K_ROW(0, XR0, Y8)
+	KQ_ROW(0, XR0, Y8)
 	Q4K_CHUNK(1)
-	Q4K_ROW(1, XR0, Y8)
+	KQ_ROW(1, XR0, Y8)
 	Q4K_CHUNK(2)
-	Q4K_ROW(2, XR0, Y8)
+	KQ_ROW(2, XR0, Y8)
 	Q4K_CHUNK(3)
-	Q4K_ROW(3, XR0, Y8)
-	Q4K_DSCALES
-	Q4K_EPI(XR0, Y8, X8, 0)
+	KQ_ROW(3, XR0, Y8)
+	KQ_DSCALES
+	KQ_EPI(XR0, Y8, X8, 0)
 	ADDQ $144, SI
 	ADDQ $292, DI
 	DECQ CX
@@ -150,36 +72,36 @@ TEXT ·dotQ4_Kx4AVX2(SB), NOSPLIT, $0-40
 	TESTQ CX, CX
 	JEQ done
 loop:
-	Q4K_SCALES
+	KQ_SCALES
 	VPXOR Y8, Y8, Y8
 	VPXOR Y9, Y9, Y9
 	VPXOR Y10, Y10, Y10
 	VPXOR Y11, Y11, Y11
 	Q4K_CHUNK(0)
-	Q4K_ROW(0, XR0, Y8)
-	Q4K_ROW(0, XR1, Y9)
-	Q4K_ROW(0, XR2, Y10)
-	Q4K_ROW(0, XR3, Y11)
+	KQ_ROW(0, XR0, Y8)
+	KQ_ROW(0, XR1, Y9)
+	KQ_ROW(0, XR2, Y10)
+	KQ_ROW(0, XR3, Y11)
 	Q4K_CHUNK(1)
-	Q4K_ROW(1, XR0, Y8)
-	Q4K_ROW(1, XR1, Y9)
-	Q4K_ROW(1, XR2, Y10)
-	Q4K_ROW(1, XR3, Y11)
+	KQ_ROW(1, XR0, Y8)
+	KQ_ROW(1, XR1, Y9)
+	KQ_ROW(1, XR2, Y10)
+	KQ_ROW(1, XR3, Y11)
 	Q4K_CHUNK(2)
-	Q4K_ROW(2, XR0, Y8)
-	Q4K_ROW(2, XR1, Y9)
-	Q4K_ROW(2, XR2, Y10)
-	Q4K_ROW(2, XR3, Y11)
+	KQ_ROW(2, XR0, Y8)
+	KQ_ROW(2, XR1, Y9)
+	KQ_ROW(2, XR2, Y10)
+	KQ_ROW(2, XR3, Y11)
 	Q4K_CHUNK(3)
-	Q4K_ROW(3, XR0, Y8)
-	Q4K_ROW(3, XR1, Y9)
-	Q4K_ROW(3, XR2, Y10)
-	Q4K_ROW(3, XR3, Y11)
-	Q4K_DSCALES
-	Q4K_EPI(XR0, Y8, X8, 0)
-	Q4K_EPI(XR1, Y9, X9, 4)
-	Q4K_EPI(XR2, Y10, X10, 8)
-	Q4K_EPI(XR3, Y11, X11, 12)
+	KQ_ROW(3, XR0, Y8)
+	KQ_ROW(3, XR1, Y9)
+	KQ_ROW(3, XR2, Y10)
+	KQ_ROW(3, XR3, Y11)
+	KQ_DSCALES
+	KQ_EPI(XR0, Y8, X8, 0)
+	KQ_EPI(XR1, Y9, X9, 4)
+	KQ_EPI(XR2, Y10, X10, 8)
+	KQ_EPI(XR3, Y11, X11, 12)
 	ADDQ $144, SI
 	ADDQ $292, DI
 	DECQ CX

@@ -1,4 +1,5 @@
 #include "textflag.h"
+#include "simd_kquant_amd64.h"
 
 // Q5_K × Q8_K, AVX2. Same bits as the pure-Go dotQ5_K: per super-block the
 // integer sums isum = Σ sc_j·Σ q·y (q the 5-bit unsigned quant, nibble |
@@ -27,43 +28,6 @@ DATA q5k10<>+16(SB)/8, $0x1010101010101010
 DATA q5k10<>+24(SB)/8, $0x1010101010101010
 GLOBL q5k10<>(SB), RODATA|NOPTR, $32
 
-#define XR0 (DI)
-#define XR1 (DI)(R8*1)
-#define XR2 (DI)(R8*2)
-#define XR3 (DI)(R9*1)
-
-// Unpack the 6-bit scales and mins (ggml's kmask trick) into X14, X13
-// (as Q4K_SCALES in simd_k_amd64.s: the 12 bytes are at the same offset).
-#define Q5K_SCALES \
-	MOVL 4(SI), AX; \
-	MOVL 8(SI), BX; \
-	MOVL 12(SI), DX; \
-	MOVL AX, R11; \
-	ANDL $0x3f3f3f3f, R11; \
-	VMOVD R11, X14; \
-	MOVL AX, R11; \
-	SHRL $6, R11; \
-	ANDL $0x03030303, R11; \
-	SHLL $4, R11; \
-	MOVL DX, R12; \
-	ANDL $0x0f0f0f0f, R12; \
-	ORL R12, R11; \
-	VPINSRD $1, R11, X14, X14; \
-	MOVL BX, R11; \
-	ANDL $0x3f3f3f3f, R11; \
-	VMOVD R11, X13; \
-	MOVL BX, R11; \
-	SHRL $6, R11; \
-	ANDL $0x03030303, R11; \
-	SHLL $4, R11; \
-	SHRL $4, DX; \
-	ANDL $0x0f0f0f0f, DX; \
-	ORL DX, R11; \
-	VPINSRD $1, R11, X13, X13; \
-	VPMOVZXBW X14, X14; \
-	VPMOVZXBW X13, X13; \
-	VMOVDQU 16(SI), Y7
-
 // Chunk c: 32 bytes of nibbles = sub-blocks 2c (low, into Y1) and 2c+1
 // (high, into Y2); the scales of both broadcast into Y3, Y4.
 #define Q5K_NIB(c) \
@@ -88,50 +52,6 @@ GLOBL q5k10<>(SB), RODATA|NOPTR, $32
 #define Q5K_CHUNK2 Q5K_NIB(2); VPAND Y12, Y7, Y0; VPOR Y0, Y1, Y1; Q5K_HB(VPSRLW, 1, Y2)
 #define Q5K_CHUNK3 Q5K_NIB(3); Q5K_HB(VPSRLW, 2, Y1); Q5K_HB(VPSRLW, 3, Y2)
 
-#define Q5K_ROW(c, XR, acc) \
-	VPMADDUBSW (4+64*c)XR, Y1, Y5; \
-	VPMADDWD Y3, Y5, Y5; \
-	VPADDD Y5, acc, acc; \
-	VPMADDUBSW (36+64*c)XR, Y2, Y6; \
-	VPMADDWD Y4, Y6, Y6; \
-	VPADDD Y6, acc, acc
-
-// Row epilogue: X1 = dw, X2 = dmin (float32), out element at o(R10).
-#define Q5K_EPI(XR, acc, accx, o) \
-	VEXTRACTI128 $1, acc, X5; \
-	VPADDD X5, accx, X5; \
-	VPSHUFD $0x4e, X5, X6; \
-	VPADDD X6, X5, X5; \
-	VPSHUFD $0xb1, X5, X6; \
-	VPADDD X6, X5, X5; \
-	VMOVDQU 260 XR, Y6; \
-	VEXTRACTI128 $1, Y6, X7; \
-	VPHADDW X7, X6, X6; \
-	VPMADDWD X13, X6, X6; \
-	VPSHUFD $0x4e, X6, X7; \
-	VPADDD X7, X6, X6; \
-	VPSHUFD $0xb1, X6, X7; \
-	VPADDD X7, X6, X6; \
-	VCVTDQ2PS X5, X5; \
-	VCVTDQ2PS X6, X6; \
-	VMOVSS 0 XR, X7; \
-	VMULSS X7, X1, X3; \
-	VMULSS X7, X2, X4; \
-	VMULSS X5, X3, X3; \
-	VMULSS X6, X4, X4; \
-	VMOVSS o(R10), X5; \
-	VADDSS X3, X5, X5; \
-	VSUBSS X4, X5, X5; \
-	VMOVSS X5, o(R10)
-
-#define Q5K_DSCALES \
-	MOVWLZX 0(SI), AX; \
-	VMOVD AX, X1; \
-	VCVTPH2PS X1, X1; \
-	MOVWLZX 2(SI), AX; \
-	VMOVD AX, X2; \
-	VCVTPH2PS X2, X2
-
 // func dotQ5_KAVX2(nb int, w, x *byte, xstride int, out *float32)
 TEXT ·dotQ5_KAVX2(SB), NOSPLIT, $0-40
 	MOVQ nb+0(FP), CX
@@ -144,18 +64,19 @@ TEXT ·dotQ5_KAVX2(SB), NOSPLIT, $0-40
 	TESTQ CX, CX
 	JEQ done
 loop:
-	Q5K_SCALES
+	KQ_SCALES
+	VMOVDQU 16(SI), Y7 // the qh bytes
 	VPXOR Y8, Y8, Y8
 	Q5K_CHUNK0
-	Q5K_ROW(0, XR0, Y8)
+	KQ_ROW(0, XR0, Y8)
 	Q5K_CHUNK1
-	Q5K_ROW(1, XR0, Y8)
+	KQ_ROW(1, XR0, Y8)
 	Q5K_CHUNK2
-	Q5K_ROW(2, XR0, Y8)
+	KQ_ROW(2, XR0, Y8)
 	Q5K_CHUNK3
-	Q5K_ROW(3, XR0, Y8)
-	Q5K_DSCALES
-	Q5K_EPI(XR0, Y8, X8, 0)
+	KQ_ROW(3, XR0, Y8)
+	KQ_DSCALES
+	KQ_EPI(XR0, Y8, X8, 0)
 	ADDQ $176, SI
 	ADDQ $292, DI
 	DECQ CX
@@ -179,36 +100,37 @@ TEXT ·dotQ5_Kx4AVX2(SB), NOSPLIT, $0-40
 	TESTQ CX, CX
 	JEQ done
 loop:
-	Q5K_SCALES
+	KQ_SCALES
+	VMOVDQU 16(SI), Y7 // the qh bytes
 	VPXOR Y8, Y8, Y8
 	VPXOR Y9, Y9, Y9
 	VPXOR Y10, Y10, Y10
 	VPXOR Y11, Y11, Y11
 	Q5K_CHUNK0
-	Q5K_ROW(0, XR0, Y8)
-	Q5K_ROW(0, XR1, Y9)
-	Q5K_ROW(0, XR2, Y10)
-	Q5K_ROW(0, XR3, Y11)
+	KQ_ROW(0, XR0, Y8)
+	KQ_ROW(0, XR1, Y9)
+	KQ_ROW(0, XR2, Y10)
+	KQ_ROW(0, XR3, Y11)
 	Q5K_CHUNK1
-	Q5K_ROW(1, XR0, Y8)
-	Q5K_ROW(1, XR1, Y9)
-	Q5K_ROW(1, XR2, Y10)
-	Q5K_ROW(1, XR3, Y11)
+	KQ_ROW(1, XR0, Y8)
+	KQ_ROW(1, XR1, Y9)
+	KQ_ROW(1, XR2, Y10)
+	KQ_ROW(1, XR3, Y11)
 	Q5K_CHUNK2
-	Q5K_ROW(2, XR0, Y8)
-	Q5K_ROW(2, XR1, Y9)
-	Q5K_ROW(2, XR2, Y10)
-	Q5K_ROW(2, XR3, Y11)
+	KQ_ROW(2, XR0, Y8)
+	KQ_ROW(2, XR1, Y9)
+	KQ_ROW(2, XR2, Y10)
+	KQ_ROW(2, XR3, Y11)
 	Q5K_CHUNK3
-	Q5K_ROW(3, XR0, Y8)
-	Q5K_ROW(3, XR1, Y9)
-	Q5K_ROW(3, XR2, Y10)
-	Q5K_ROW(3, XR3, Y11)
-	Q5K_DSCALES
-	Q5K_EPI(XR0, Y8, X8, 0)
-	Q5K_EPI(XR1, Y9, X9, 4)
-	Q5K_EPI(XR2, Y10, X10, 8)
-	Q5K_EPI(XR3, Y11, X11, 12)
+	KQ_ROW(3, XR0, Y8)
+	KQ_ROW(3, XR1, Y9)
+	KQ_ROW(3, XR2, Y10)
+	KQ_ROW(3, XR3, Y11)
+	KQ_DSCALES
+	KQ_EPI(XR0, Y8, X8, 0)
+	KQ_EPI(XR1, Y9, X9, 4)
+	KQ_EPI(XR2, Y10, X10, 8)
+	KQ_EPI(XR3, Y11, X11, 12)
 	ADDQ $176, SI
 	ADDQ $292, DI
 	DECQ CX
