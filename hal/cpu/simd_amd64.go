@@ -55,22 +55,10 @@ func detectCPU() (f cpuFeatures) {
 }
 
 //go:noescape
-func dotQ3_KAVX2(nb int, w, x *byte, xstride int, out *float32)
-
-//go:noescape
-func dotQ3_Kx4AVX2(nb int, w, x *byte, xstride int, out *[4]float32)
-
-//go:noescape
 func dotQ4_KAVX2(nb int, w, x *byte, xstride int, out *float32)
 
 //go:noescape
 func dotQ4_Kx4AVX2(nb int, w, x *byte, xstride int, out *[4]float32)
-
-//go:noescape
-func dotQ5_KAVX2(nb int, w, x *byte, xstride int, out *float32)
-
-//go:noescape
-func dotQ5_Kx4AVX2(nb int, w, x *byte, xstride int, out *[4]float32)
 
 //go:noescape
 func dotQ6_KAVX2(nb int, w, x *byte, xstride int, out *float32)
