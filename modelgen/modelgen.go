@@ -260,6 +260,12 @@ type gen struct {
 	row    []float32
 }
 
+// singleKQuants are the file types with one K-quant for every matrix but
+// the output.
+var singleKQuants = map[string]hal.DType{
+	"q2_k": hal.Q2_K, "q3_k": hal.Q3_K, "q4_k": hal.Q4_K, "q4_k_s": hal.Q4_K, "q5_k": hal.Q5_K, "q5_k_s": hal.Q5_K,
+}
+
 // tensorType picks a matrix's type the way llama-quantize does for the
 // file type: mixes give some tensors more bits, and K-quants fall back to
 // 32-wide types when the row is not a multiple of 256.
@@ -280,28 +286,15 @@ func (g *gen) tensorType(r role, layer, cols int) hal.DType {
 		default:
 			t = base
 		}
-	case "q2_k":
-		t = hal.Q2_K
-		if r == roleOutput {
-			t = hal.Q6_K
-		}
-	case "q3_k":
-		t = hal.Q3_K
-		if r == roleOutput {
-			t = hal.Q6_K
-		}
-	case "q4_k_s", "q4_k":
-		t = hal.Q4_K
-		if r == roleOutput {
-			t = hal.Q6_K
-		}
-	case "q5_k_s", "q5_k":
-		t = hal.Q5_K
-		if r == roleOutput {
-			t = hal.Q6_K
-		}
 	default:
-		t, _ = hal.ParseDType(g.mix)
+		if k, ok := singleKQuants[g.mix]; ok {
+			t = k
+			if r == roleOutput {
+				t = hal.Q6_K // as llama-quantize keeps it for these files
+			}
+		} else {
+			t, _ = hal.ParseDType(g.mix)
+		}
 	}
 	if cols%t.BlockSize() != 0 {
 		switch t {

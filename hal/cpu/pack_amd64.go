@@ -1,8 +1,7 @@
 package cpu
 
 import (
-	"encoding/binary"
-	"math"
+	"unsafe"
 
 	"tandem/hal"
 )
@@ -218,22 +217,15 @@ func sideF16SIMD(side []int32, xq []byte, nb int, _ int32) {
 // rows alone.
 func sideNone([]int32, []byte, int, int32) {}
 
-// sideF16 widens the F16 activation row xq to float32 (16 words a block
-// of 16), which the packed AVX2 F16 kernels broadcast.
-func sideF16(side []int32, xq []byte, nb int, _ int32) {
-	n := 16 * nb
-	side, xq = side[:n], xq[:2*n]
-	for i := range side {
-		side[i] = int32(math.Float32bits(fp16Table[binary.LittleEndian.Uint16(xq[2*i:])]))
-	}
-}
+// sideF16 and sideBF16 widen the activation row xq to float32 (16 words a
+// block of 16), which the packed AVX2 F16 and BF16 kernels broadcast.
+func sideF16(side []int32, xq []byte, nb int, _ int32)  { widenSide(hal.F16, side, xq, nb) }
+func sideBF16(side []int32, xq []byte, nb int, _ int32) { widenSide(hal.BF16, side, xq, nb) }
 
-// sideBF16 widens the BF16 activation row xq to float32 (16 words a block
-// of 16), which the packed AVX2 BF16 kernels broadcast.
-func sideBF16(side []int32, xq []byte, nb int, _ int32) {
+func widenSide(t hal.DType, side []int32, xq []byte, nb int) {
 	n := 16 * nb
-	side, xq = side[:n], xq[:2*n]
-	for i := range side {
-		side[i] = int32(uint32(binary.LittleEndian.Uint16(xq[2*i:])) << 16)
+	if n == 0 {
+		return
 	}
+	DequantizeRow(t, xq[:2*n], unsafe.Slice((*float32)(unsafe.Pointer(&side[0])), n))
 }

@@ -1,7 +1,6 @@
 package cpu
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -103,85 +102,6 @@ func packVariants(f *packFormat) map[string]*packFormat {
 		}
 	}
 	return variants
-}
-
-// packISAVariants returns packVariants of t's packed format under every
-// ISA this CPU runs, named "isa/variant".
-func packISAVariants(t hal.DType) map[string]*packFormat {
-	all := map[string]*packFormat{}
-	for _, isa := range simdISAs() {
-		if f := packFormatFor(isa, t); f != nil {
-			for name, v := range packVariants(f) {
-				all[isa+"/"+name] = v
-			}
-		}
-	}
-	return all
-}
-
-// TestPackedF16Kernels holds each F16 kernel variant under every ISA
-// (AVX-512: the four-row and single-row kernels alone, and with each wide
-// kernel; AVX2: its four-row and single-row kernels) to the reference
-// bit for bit: column counts of one, three and 56 blocks of 16, weight row
-// counts around the groups (a partial last group, one row), and activation
-// row counts that leave every tail (8+8+4+1, 8+4+1, …). The values span
-// many binades, so that summing in any other order than the reference's
-// changes some outputs (checked on the reversed order).
-func TestPackedF16Kernels(t *testing.T) {
-	variants := packISAVariants(hal.F16)
-	if len(variants) == 0 {
-		t.Skip("no packed F16 kernels on this CPU")
-	}
-	r := rand.New(rand.NewPCG(43, 44))
-	spread := func(n int) []float32 { return spreadValues(r, n) }
-	reordered := 0
-	for _, shape := range []struct{ n, k int }{{1, 16}, {16, 48}, {17, 16}, {31, 48}, {64, 48}, {100, 896}, {130, 48}, {47, 16}} {
-		n, k := shape.n, shape.k
-		var wd []byte
-		for range n {
-			wd = append(wd, testQuantize(hal.F16, spread(k))...)
-		}
-		w := &hal.Weight{Type: hal.F16, Rows: n, Cols: k, Data: wd}
-		const maxRows = 33
-		x := spread(maxRows * k)
-		xq := make([]byte, maxRows*2*k)
-		for m := range maxRows {
-			QuantizeRow(hal.F16, x[m*k:(m+1)*k], xq[m*2*k:(m+1)*2*k])
-		}
-		want := make([]float32, maxRows*n)
-		for m := range maxRows {
-			for j := range n {
-				want[m*n+j] = vecDotRef(hal.F16, k, wd[j*2*k:(j+1)*2*k], xq[m*2*k:])
-				var rev float32
-				for i := k - 1; i >= 0; i-- {
-					rev += fp16Table[binary.LittleEndian.Uint16(wd[j*2*k+2*i:])] * fp16Table[binary.LittleEndian.Uint16(xq[m*2*k+2*i:])]
-				}
-				if rev != want[m*n+j] {
-					reordered++
-				}
-			}
-		}
-		for name, v := range variants {
-			for _, threads := range []int{1, 2} {
-				be := New(threads)
-				be.MatMul(make([]float32, n), x[:k], 1, w) // packs w
-				be.packs.m[w].f = v
-				for _, rows := range []int{1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 17, 21, 24, 25, 33} {
-					out := make([]float32, rows*n)
-					be.MatMul(out, x[:rows*k], rows, w)
-					for i, got := range out {
-						if math.Float32bits(got) != math.Float32bits(want[i]) {
-							t.Fatalf("%s n=%d k=%d rows=%d threads=%d (m=%d, j=%d): packed %g, reference %g", name, n, k, rows, threads, i/n, i%n, got, want[i])
-						}
-					}
-				}
-				be.Close()
-			}
-		}
-	}
-	if reordered == 0 {
-		t.Fatal("no output changes when summed in reverse order: the inputs cannot catch a reordering kernel")
-	}
 }
 
 // TestPackWeightInWaves: a weight larger than a few packing waves, with a

@@ -109,23 +109,23 @@ func simdKernels(t hal.DType, isa string) (dotFunc, dot4Func) {
 	case hal.Q8_0:
 		if vnni {
 			one, _ := wrapQ32x1(34, dotQ8_0x1VNNI)
-			_, four := wrapQ32(34, dotQ8_0VNNI, dotQ8_0x4VNNI)
+			_, four := wrapQ32(34, 34, dotQ8_0VNNI, dotQ8_0x4VNNI)
 			return one, four
 		}
-		return wrapQ32(34, dotQ8_0AVX2, dotQ8_0x4AVX2)
+		return wrapQ32(34, 34, dotQ8_0AVX2, dotQ8_0x4AVX2)
 	case hal.Q5_0:
 		if vnni {
 			one, _ := wrapQ32x1(22, dotQ5_0x1VNNI)
-			_, four := wrapQ32(22, dotQ5_0VNNI, dotQ5_0x4VNNI)
+			_, four := wrapQ32(22, 34, dotQ5_0VNNI, dotQ5_0x4VNNI)
 			return one, four
 		}
-		return wrapQ32(22, dotQ5_0AVX2, dotQ5_0x4AVX2)
+		return wrapQ32(22, 34, dotQ5_0AVX2, dotQ5_0x4AVX2)
 	case hal.Q4_0:
-		return wrapQ32(18, dotQ4_0AVX2, dotQ4_0x4AVX2)
+		return wrapQ32(18, 34, dotQ4_0AVX2, dotQ4_0x4AVX2)
 	case hal.Q4_1:
-		return wrapQ8_1(20, dotQ4_1AVX2, dotQ4_1x4AVX2)
+		return wrapQ32(20, 36, dotQ4_1AVX2, dotQ4_1x4AVX2)
 	case hal.Q5_1:
-		return wrapQ8_1(24, dotQ5_1AVX2, dotQ5_1x4AVX2)
+		return wrapQ32(24, 36, dotQ5_1AVX2, dotQ5_1x4AVX2)
 	case hal.Q3_K:
 		return wrapQK(110, dotQ3_KAVX2, dotQ3_Kx4AVX2)
 	case hal.Q4_K:
@@ -149,14 +149,15 @@ func simdKernels(t hal.DType, isa string) (dotFunc, dot4Func) {
 }
 
 // wrapQ32 bounds-checks the rows for kernels over 32-element weight
-// blocks of wsize bytes against Q8_0 activations (34 bytes a block).
-func wrapQ32(wsize int, k1 func(nb int, w, x *byte) float32, k4 func(nb int, w, x *byte, xstride int, out *[4]float32)) (dotFunc, dot4Func) {
+// blocks of wsize bytes against activation blocks of xsize bytes (Q8_0:
+// 34, Q8_1: 36).
+func wrapQ32(wsize, xsize int, k1 func(nb int, w, x *byte) float32, k4 func(nb int, w, x *byte, xstride int, out *[4]float32)) (dotFunc, dot4Func) {
 	return func(n int, w, x []byte) float32 {
 			nb := n / 32
 			if nb == 0 {
 				return 0
 			}
-			_, _ = w[wsize*nb-1], x[34*nb-1]
+			_, _ = w[wsize*nb-1], x[xsize*nb-1]
 			return k1(nb, &w[0], &x[0])
 		}, func(n int, w, x []byte, xstride int, out *[4]float32) {
 			nb := n / 32
@@ -164,7 +165,7 @@ func wrapQ32(wsize int, k1 func(nb int, w, x *byte) float32, k4 func(nb int, w, 
 				*out = [4]float32{}
 				return
 			}
-			_, _ = w[wsize*nb-1], x[3*xstride+34*nb-1]
+			_, _ = w[wsize*nb-1], x[3*xstride+xsize*nb-1]
 			k4(nb, &w[0], &x[0], xstride, out)
 		}
 }

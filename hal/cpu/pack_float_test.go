@@ -12,36 +12,46 @@ import (
 	"tandem/hal"
 )
 
-// TestPackedApproxKernels: the packed BF16 kernels of AVX512_BF16 add the
-// exact products two at a time in float32 lanes (VDPBF16PS); the F32
-// kernels, and BF16's with AVX2 alone, add each product by FMA in float32.
-// So each output is held to the reference (rounded or exact products,
+// TestPackedFloatKernels holds every packed F16, BF16 and F32 kernel set,
+// under every ISA the CPU runs, to its arithmetic. F16's kernels add the
+// exact products in column order, as the reference does: the reference's
+// bits. BF16's on AVX512_BF16 add them two at a time in float32 lanes
+// (VDPBF16PS); F32's, and BF16's with AVX2 alone, add each product by FMA
+// in float32: they are held to the reference (rounded or exact products,
 // float64 sum) within the rounding of the kernel's float32 additions of
 // Σ|products|, and to the bits of the kernel's model (bf16PairSums,
-// fmaChain), whatever the kernel set (the four- and single-row kernels
-// alone, with the wide kernel, prefetching), the number of activation rows
-// computed together and the thread count: batch invariance rests on that.
-// Shapes as TestPackedF16Kernels; the values span many binades, and the
-// test fails if its inputs could not catch a kernel that loses the last
-// product pair or sums in another order (the model's wrong twin).
-func TestPackedApproxKernels(t *testing.T) {
+// fmaChain). That for every kernel of the set (the four- and single-row
+// kernels alone, with the wide kernel, prefetching), any number of
+// activation rows computed together and any thread count: batch invariance
+// rests on it. Column counts of one, three and 56 blocks of 16, weight row
+// counts around the groups (a partial last group, one row), activation row
+// counts that leave every tail (8+8+4+1, 8+4+1, …). The values span many
+// binades, and the test fails if its inputs could not catch a kernel that
+// loses the last product pair or sums in another order (the model's wrong
+// twin).
+func TestPackedFloatKernels(t *testing.T) {
+	tested := 0
 	for _, isa := range simdISAs() {
-		for _, typ := range []hal.DType{hal.BF16, hal.F32} {
+		for _, typ := range []hal.DType{hal.F16, hal.BF16, hal.F32} {
 			f := packFormatFor(isa, typ)
 			if f == nil {
 				continue
 			}
+			tested++
 			model := func(k int, w, x []byte, wrong bool) float32 { return fmaChain(typ, k, w, x, wrong) }
 			adds := func(k int) int { return k + 2 }
 			if f == packFormatBF16 {
 				model, adds = bf16PairSums, func(k int) int { return k/2 + 2 }
 			}
-			t.Run(isa+"/"+typ.String(), func(t *testing.T) { testApproxKernels(t, typ, f, model, adds) })
+			t.Run(isa+"/"+typ.String(), func(t *testing.T) { testPackedFloatKernels(t, typ, f, model, adds) })
 		}
+	}
+	if tested == 0 {
+		t.Skip("no packed float kernels on this CPU")
 	}
 }
 
-func testApproxKernels(t *testing.T, typ hal.DType, f *packFormat, model func(k int, w, x []byte, wrong bool) float32, adds func(int) int) {
+func testPackedFloatKernels(t *testing.T, typ hal.DType, f *packFormat, model func(k int, w, x []byte, wrong bool) float32, adds func(int) int) {
 	variants := packVariants(f)
 	names := slices.Sorted(maps.Keys(variants))
 	r := rand.New(rand.NewPCG(51, 52))
@@ -70,6 +80,9 @@ func testApproxKernels(t *testing.T, typ hal.DType, f *packFormat, model func(k 
 				wj := wd[j*wrb : (j+1)*wrb]
 				ref[m*n+j] = vecDotRef(typ, k, wj, xm)
 				want[m*n+j] = model(k, wj, xm, false)
+				if !f.approx {
+					want[m*n+j] = ref[m*n+j] // the reference's own bits
+				}
 				if math.Float32bits(model(k, wj, xm, true)) != math.Float32bits(want[m*n+j]) {
 					reordered++
 				}
@@ -97,7 +110,7 @@ func testApproxKernels(t *testing.T, typ hal.DType, f *packFormat, model func(k 
 							t.Fatalf("%s n=%d k=%d rows=%d threads=%d (m=%d, j=%d): packed %g, reference %g: |Δ| %g over %g", name, n, k, rows, threads, i/n, i%n, got, ref[i], d, bound[i])
 						}
 						if math.Float32bits(got) != math.Float32bits(want[i]) {
-							t.Fatalf("%s n=%d k=%d rows=%d threads=%d (m=%d, j=%d): packed %g, the kernel's model %g", name, n, k, rows, threads, i/n, i%n, got, want[i])
+							t.Fatalf("%s n=%d k=%d rows=%d threads=%d (m=%d, j=%d): packed %g, want %g (the reference for exact formats, else the kernel's model)", name, n, k, rows, threads, i/n, i%n, got, want[i])
 						}
 					}
 				}
@@ -113,15 +126,18 @@ func testApproxKernels(t *testing.T, typ hal.DType, f *packFormat, model func(k 
 	}
 }
 
-// elemAt is element i of a BF16 or F32 row.
+// elemAt is element i of an F16, BF16 or F32 row.
 func elemAt(typ hal.DType, b []byte, i int) float64 {
-	if typ == hal.F32 {
+	switch typ {
+	case hal.F32:
 		return float64(math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])))
+	case hal.F16:
+		return float64(fp16Table[binary.LittleEndian.Uint16(b[2*i:])])
 	}
 	return float64(BF16ToFP32(binary.LittleEndian.Uint16(b[2*i:])))
 }
 
-// fmaChain is what the packed F32 kernels, and the AVX2 BF16 ones,
+// fmaChain is what the packed F32 and F16 kernels, and the AVX2 BF16 ones,
 // compute for one output: the products added in column order by float32
 // FMAs (wrong: in reverse).
 func fmaChain(typ hal.DType, k int, w, x []byte, wrong bool) float32 {
