@@ -26,13 +26,28 @@ type RoPE struct {
 }
 
 // KVLayout is the shape of the paged key/value store: Layers × Blocks blocks,
-// each holding BlockSize positions of KVHeads heads of HeadDim values.
+// each holding BlockSize positions of KVHeads heads of HeadDim values of
+// DType. The zero DType is F32; a backend may also offer F16 (half the
+// memory, values rounded to nearest even as they are stored).
 type KVLayout struct {
 	Layers    int
 	Blocks    int
 	BlockSize int
 	KVHeads   int
 	HeadDim   int
+	DType     DType
+}
+
+// ElemBytes is the size of one stored key or value element: 4 for F32, 2 for
+// F16 and BF16, 0 for a type that is not a plain float.
+func (l KVLayout) ElemBytes() int {
+	switch l.DType {
+	case F32:
+		return 4
+	case F16, BF16:
+		return 2
+	}
+	return 0
 }
 
 // AttnBatch describes a flattened batch of tokens from several sequences for

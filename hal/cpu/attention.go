@@ -11,58 +11,87 @@ import (
 // one KV head's BlockSize positions are contiguous. Values are stored
 // position by position ([slot][dim]); keys transposed ([dim][slot]), so
 // that the scores of a block's positions are computed lane by lane, each
-// with the sequential float32 sum of dotF32.
+// with the sequential float32 sum of dotF32. Elements are float32 (k, v)
+// or FP16 (k16, v16), as the layout's DType says; kb and vb are the same
+// arrays as bytes.
 type kvStore struct {
-	layout hal.KVLayout
-	k, v   [][]float32 // per layer
+	layout   hal.KVLayout
+	k, v     [][]float32 // per layer; F32 stores
+	k16, v16 [][]uint16  // per layer; F16 stores
+	kb, vb   [][]byte    // per layer, either type
 }
 
-// NewKVStore allocates a paged key/value store in host memory.
+// NewKVStore allocates a paged key/value store in host memory, of float32
+// or FP16 elements.
 func (b *Backend) NewKVStore(l hal.KVLayout) (hal.KVStore, error) {
 	if l.Layers <= 0 || l.Blocks <= 0 || l.BlockSize <= 0 || l.KVHeads <= 0 || l.HeadDim <= 0 {
 		return nil, fmt.Errorf("cpu: invalid KV layout %+v", l)
 	}
-	return newHostKVStore(l, l.Blocks*l.BlockSize*l.KVHeads*l.HeadDim)
+	if l.DType != hal.F32 && l.DType != hal.F16 {
+		return nil, fmt.Errorf("cpu: KV element type %v is not supported (F32 or F16)", l.DType)
+	}
+	per := l.Blocks * l.BlockSize * l.KVHeads * l.HeadDim
+	if per/l.Blocks != l.BlockSize*l.KVHeads*l.HeadDim || per > math.MaxInt32 {
+		// Attention addresses a layer's blocks by int32 element offsets.
+		return nil, fmt.Errorf("cpu: KV layout %+v has more than 2³¹ elements a layer", l)
+	}
+	return newHostKVStore(l, per)
 }
 
 func (s *kvStore) Layout() hal.KVLayout { return s.layout }
 
 func (s *kvStore) Bytes() int64 {
 	l := s.layout
-	return int64(l.Layers) * 2 * int64(l.Blocks*l.BlockSize*l.KVHeads*l.HeadDim) * 4
+	return int64(l.Layers) * 2 * int64(l.Blocks*l.BlockSize*l.KVHeads*l.HeadDim) * int64(l.ElemBytes())
 }
 
 func (s *kvStore) blockLen() int { return s.layout.BlockSize * s.layout.KVHeads * s.layout.HeadDim }
 
 func (s *kvStore) CopyBlock(dst, src int) {
-	n := s.blockLen()
-	for l := range s.k {
-		copy(s.k[l][dst*n:(dst+1)*n], s.k[l][src*n:(src+1)*n])
-		copy(s.v[l][dst*n:(dst+1)*n], s.v[l][src*n:(src+1)*n])
+	n := s.blockLen() * s.layout.ElemBytes()
+	for l := range s.kb {
+		copy(s.kb[l][dst*n:(dst+1)*n], s.kb[l][src*n:(src+1)*n])
+		copy(s.vb[l][dst*n:(dst+1)*n], s.vb[l][src*n:(src+1)*n])
 	}
 }
 
-// offset is where (block, head, slot) starts in a layer's array.
+// offset is where (block, head, slot) starts in a layer's array, in elements.
 func (s *kvStore) offset(block, head, slot int) int {
 	l := s.layout
 	return ((block*l.KVHeads+head)*l.BlockSize + slot) * l.HeadDim
 }
 
-// StoreKV writes each token's keys and values at its position.
+// StoreKV writes each token's keys and values at its position; an F16 store
+// rounds them to nearest even.
 func (b *Backend) StoreKV(store hal.KVStore, layer int, k, v []float32, batch *hal.AttnBatch) {
 	s := store.(*kvStore)
 	l := s.layout
 	row := l.KVHeads * l.HeadDim
+	f16 := l.DType == hal.F16
 	for t, p := range batch.Pos {
 		blocks := batch.Blocks[batch.SeqOf[t]]
 		blk := int(blocks[int(p)/l.BlockSize])
 		slot := int(p) % l.BlockSize
 		for h := 0; h < l.KVHeads; h++ {
 			o := s.offset(blk, h, slot)
-			copy(s.v[layer][o:o+l.HeadDim], v[t*row+h*l.HeadDim:t*row+(h+1)*l.HeadDim])
-			kb := s.k[layer][s.offset(blk, h, 0):]
-			for i, kv := range k[t*row+h*l.HeadDim : t*row+(h+1)*l.HeadDim] {
-				kb[i*l.BlockSize+slot] = kv
+			ko := s.offset(blk, h, 0)
+			kt := k[t*row+h*l.HeadDim : t*row+(h+1)*l.HeadDim]
+			vt := v[t*row+h*l.HeadDim : t*row+(h+1)*l.HeadDim]
+			if f16 {
+				vd := s.v16[layer][o : o+l.HeadDim]
+				for i, x := range vt {
+					vd[i] = FP32ToFP16(x)
+				}
+				kb := s.k16[layer][ko:]
+				for i, x := range kt {
+					kb[i*l.BlockSize+slot] = FP32ToFP16(x)
+				}
+				continue
+			}
+			copy(s.v[layer][o:o+l.HeadDim], vt)
+			kb := s.k[layer][ko:]
+			for i, x := range kt {
+				kb[i*l.BlockSize+slot] = x
 			}
 		}
 	}
@@ -73,7 +102,10 @@ func (b *Backend) StoreKV(store hal.KVStore, layer int, k, v []float32, batch *h
 // alone with a fixed order over positions, so the result does not depend on
 // the batch, the chunking, or the prefill/decode path. The SIMD kernels
 // (attnKernels) run the same float32 operations per score and per output
-// element as the scalar loops, only for several of them at once.
+// element as the scalar loops, only for several of them at once. Over an
+// F16 store every key and value is widened to float32 (exactly) and then
+// takes the same operations, so an F16 store gives the bits an F32 store
+// holding the same rounded values would.
 func (b *Backend) Attention(out, q []float32, heads int, scale float32, store hal.KVStore, layer int, batch *hal.AttnBatch) {
 	s := store.(*kvStore)
 	l := s.layout
@@ -83,29 +115,37 @@ func (b *Backend) Attention(out, q []float32, heads int, scale float32, store ha
 		maxPos = max(maxPos, p)
 	}
 	maxBlocks := int(maxPos)/bs + 1
-	kl, vl := s.k[layer], s.v[layer]
-	ak := attnKernelsFor(kern.isa, hd, bs)
-	b.attn = attnTask{b: b, s: s, out: out, q: q, heads: heads, scale: scale, kl: kl, vl: vl, batch: batch, ak: ak, maxBlocks: maxBlocks}
+	b.attn = attnTask{b: b, s: s, out: out, q: q, heads: heads, scale: scale, batch: batch, maxBlocks: maxBlocks}
+	if l.DType == hal.F16 {
+		b.attn.kl16, b.attn.vl16 = s.k16[layer], s.v16[layer]
+		b.attn.ak16 = attnKernelsF16For(kern.isa, hd, bs)
+	} else {
+		b.attn.kl, b.attn.vl = s.k[layer], s.v[layer]
+		b.attn.ak = attnKernelsFor(kern.isa, hd, bs)
+	}
 	b.pool.run(len(batch.Pos)*heads, &b.attn)
 }
 
 // attnTask computes attention for a range of (token, head) pairs.
 type attnTask struct {
-	b         *Backend
-	s         *kvStore
-	out, q    []float32
-	heads     int
-	scale     float32
-	kl, vl    []float32
-	batch     *hal.AttnBatch
-	ak        *attnKernels
-	maxBlocks int
+	b          *Backend
+	s          *kvStore
+	out, q     []float32
+	heads      int
+	scale      float32
+	kl, vl     []float32 // F32 store
+	kl16, vl16 []uint16  // F16 store
+	batch      *hal.AttnBatch
+	ak         *attnKernels
+	ak16       *attnKernelsF16
+	maxBlocks  int
 }
 
 func (a *attnTask) runRange(worker, lo, hi int) {
-	b, s, batch, heads, ak, kl, vl, scale, q, out := a.b, a.s, a.batch, a.heads, a.ak, a.kl, a.vl, a.scale, a.q, a.out
+	b, s, batch, heads, scale, q, out := a.b, a.s, a.batch, a.heads, a.scale, a.q, a.out
 	l := s.layout
 	hd, bs := l.HeadDim, l.BlockSize
+	f16 := l.DType == hal.F16
 	group := heads / l.KVHeads
 	maxBlocks := a.maxBlocks
 	scores := b.workerScratch(worker, maxBlocks*bs)
@@ -121,10 +161,15 @@ func (a *attnTask) runRange(worker, lo, hi int) {
 		}
 		qh := q[(t*heads+h)*hd : (t*heads+h+1)*hd]
 		sc := scores[:nblk*bs]
-		if ak != nil {
-			ak.scores(qh, kl, offs[:nblk], scale, sc)
-		} else {
-			attnScoresRef(qh, kl, offs[:nblk], bs, scale, sc)
+		switch {
+		case f16 && a.ak16 != nil:
+			a.ak16.scores(qh, a.kl16, offs[:nblk], scale, sc)
+		case f16:
+			attnScoresF16Ref(qh, a.kl16, offs[:nblk], bs, scale, sc)
+		case a.ak != nil:
+			a.ak.scores(qh, a.kl, offs[:nblk], scale, sc)
+		default:
+			attnScoresRef(qh, a.kl, offs[:nblk], bs, scale, sc)
 		}
 		sc = sc[:n]
 		expShifted(sc, maxOf(sc))
@@ -133,10 +178,15 @@ func (a *attnTask) runRange(worker, lo, hi int) {
 			sc[j] = w * inv
 		}
 		oh := out[(t*heads+h)*hd : (t*heads+h+1)*hd]
-		if ak != nil {
-			ak.accumV(oh, vl, offs[:nblk], sc)
-		} else {
-			attnAccumVRef(oh, vl, offs[:nblk], bs, sc)
+		switch {
+		case f16 && a.ak16 != nil:
+			a.ak16.accumV(oh, a.vl16, offs[:nblk], sc)
+		case f16:
+			attnAccumVF16Ref(oh, a.vl16, offs[:nblk], bs, sc)
+		case a.ak != nil:
+			a.ak.accumV(oh, a.vl, offs[:nblk], sc)
+		default:
+			attnAccumVRef(oh, a.vl, offs[:nblk], bs, sc)
 		}
 	}
 }

@@ -35,6 +35,10 @@ func TestOpsAllocateNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		store16, err := be.NewKVStore(hal.KVLayout{Layers: 1, Blocks: 2, BlockSize: 16, KVHeads: kvHeads, HeadDim: hd, DType: hal.F16})
+		if err != nil {
+			t.Fatal(err)
+		}
 		step := func() {
 			for _, w := range weights {
 				be.MatMul(out, x, rows, w)
@@ -47,6 +51,8 @@ func TestOpsAllocateNothing(t *testing.T) {
 			be.RoPE(q, heads, hd, batch.Pos, rope)
 			be.StoreKV(store, 0, kv, kv, batch)
 			be.Attention(ao, q, heads, 0.125, store, 0, batch)
+			be.StoreKV(store16, 0, kv, kv, batch)
+			be.Attention(ao, q, heads, 0.125, store16, 0, batch)
 			be.SiLUMul(x[:k], x[k:2*k])
 		}
 		step()

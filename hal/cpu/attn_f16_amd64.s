@@ -1,0 +1,392 @@
+#include "textflag.h"
+
+// Attention kernels over FP16 keys and values, for KV blocks of 16
+// positions: AVX-512F (16 lanes) and AVX2 with F16C (8 lanes). Each key or
+// value is widened with VCVTPH2PS (exact), then every lane runs the scalar
+// loops' float32 operations in their order (a product rounded, then added;
+// no FMA), so the results are bit-equal to attnScoresF16Ref and
+// attnAccumVF16Ref.
+
+// func attnScores16F16AVX512(q *float32, hd int, k *uint16, offs *int32, nblk int, scale float32, out *float32)
+// For each block b: out[16b+s] = (Σ_i q[i]·float32(kb[16i+s]))·scale, kb = k + offs[b]
+// (FP16 keys transposed in the block). Four blocks at a time, then one.
+TEXT ·attnScores16F16AVX512(SB), NOSPLIT, $0-56
+	MOVQ k+16(FP), DX
+	MOVQ offs+24(FP), R8
+	MOVQ nblk+32(FP), BX
+	VBROADCASTSS scale+40(FP), Z15
+	MOVQ out+48(FP), DI
+h512s_loop4:
+	CMPQ BX, $4
+	JLT h512s_tail
+	MOVLQSX 0(R8), R9
+	LEAQ (DX)(R9*2), R9
+	MOVLQSX 4(R8), R10
+	LEAQ (DX)(R10*2), R10
+	MOVLQSX 8(R8), R11
+	LEAQ (DX)(R11*2), R11
+	MOVLQSX 12(R8), R12
+	LEAQ (DX)(R12*2), R12
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	MOVQ q+0(FP), SI
+	MOVQ hd+8(FP), CX
+h512s_inner4:
+	VBROADCASTSS (SI), Z4
+	VCVTPH2PS (R9), Z5
+	VMULPS Z5, Z4, Z5
+	VADDPS Z5, Z0, Z0
+	VCVTPH2PS (R10), Z6
+	VMULPS Z6, Z4, Z6
+	VADDPS Z6, Z1, Z1
+	VCVTPH2PS (R11), Z7
+	VMULPS Z7, Z4, Z7
+	VADDPS Z7, Z2, Z2
+	VCVTPH2PS (R12), Z8
+	VMULPS Z8, Z4, Z8
+	VADDPS Z8, Z3, Z3
+	ADDQ $4, SI
+	ADDQ $32, R9
+	ADDQ $32, R10
+	ADDQ $32, R11
+	ADDQ $32, R12
+	DECQ CX
+	JNE h512s_inner4
+	VMULPS Z15, Z0, Z0
+	VMULPS Z15, Z1, Z1
+	VMULPS Z15, Z2, Z2
+	VMULPS Z15, Z3, Z3
+	VMOVUPS Z0, 0(DI)
+	VMOVUPS Z1, 64(DI)
+	VMOVUPS Z2, 128(DI)
+	VMOVUPS Z3, 192(DI)
+	ADDQ $256, DI
+	ADDQ $16, R8
+	SUBQ $4, BX
+	JMP h512s_loop4
+h512s_tail:
+	TESTQ BX, BX
+	JEQ h512s_done
+	MOVLQSX 0(R8), R9
+	LEAQ (DX)(R9*2), R9
+	VXORPS Z0, Z0, Z0
+	MOVQ q+0(FP), SI
+	MOVQ hd+8(FP), CX
+h512s_inner1:
+	VBROADCASTSS (SI), Z4
+	VCVTPH2PS (R9), Z5
+	VMULPS Z5, Z4, Z5
+	VADDPS Z5, Z0, Z0
+	ADDQ $4, SI
+	ADDQ $32, R9
+	DECQ CX
+	JNE h512s_inner1
+	VMULPS Z15, Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, DI
+	ADDQ $4, R8
+	DECQ BX
+	JMP h512s_tail
+h512s_done:
+	VZEROUPPER
+	RET
+
+// func attnAccumV16F16AVX512(o *float32, hd int, v *uint16, offs *int32, n int, w *float32)
+// o[i] = Σ_j w[j]·float32(v_j[i]) for j < n in order, v_j = v + offs[j/16] + (j%16)·hd.
+// Columns in chunks of 64 (four accumulators), then of 16.
+TEXT ·attnAccumV16F16AVX512(SB), NOSPLIT, $0-48
+	MOVQ o+0(FP), R11
+	MOVQ hd+8(FP), R10
+	MOVQ v+16(FP), DX
+	LEAQ 0(R10*2), R14
+	XORQ R12, R12
+h512a_chunkw:
+	CMPQ R10, $64
+	JLT h512a_chunk1
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	MOVQ offs+24(FP), R8
+	MOVQ w+40(FP), R13
+	MOVQ n+32(FP), BX
+h512a_blkw:
+	MOVLQSX (R8), R9
+	LEAQ (DX)(R9*2), R9
+	ADDQ R12, R9
+	MOVQ $16, CX
+	CMPQ BX, CX
+	CMOVQLT BX, CX
+	SUBQ CX, BX
+h512a_slotw:
+	VBROADCASTSS (R13), Z4
+	VCVTPH2PS 0(R9), Z5
+	VMULPS Z5, Z4, Z5
+	VADDPS Z5, Z0, Z0
+	VCVTPH2PS 32(R9), Z6
+	VMULPS Z6, Z4, Z6
+	VADDPS Z6, Z1, Z1
+	VCVTPH2PS 64(R9), Z7
+	VMULPS Z7, Z4, Z7
+	VADDPS Z7, Z2, Z2
+	VCVTPH2PS 96(R9), Z8
+	VMULPS Z8, Z4, Z8
+	VADDPS Z8, Z3, Z3
+	ADDQ $4, R13
+	ADDQ R14, R9
+	DECQ CX
+	JNE h512a_slotw
+	ADDQ $4, R8
+	TESTQ BX, BX
+	JNE h512a_blkw
+	VMOVUPS Z0, 0(R11)
+	VMOVUPS Z1, 64(R11)
+	VMOVUPS Z2, 128(R11)
+	VMOVUPS Z3, 192(R11)
+	ADDQ $256, R11
+	ADDQ $128, R12
+	SUBQ $64, R10
+	JMP h512a_chunkw
+h512a_chunk1:
+	TESTQ R10, R10
+	JEQ h512a_done
+	VXORPS Z0, Z0, Z0
+	MOVQ offs+24(FP), R8
+	MOVQ w+40(FP), R13
+	MOVQ n+32(FP), BX
+h512a_blk1:
+	MOVLQSX (R8), R9
+	LEAQ (DX)(R9*2), R9
+	ADDQ R12, R9
+	MOVQ $16, CX
+	CMPQ BX, CX
+	CMOVQLT BX, CX
+	SUBQ CX, BX
+h512a_slot1:
+	VBROADCASTSS (R13), Z4
+	VCVTPH2PS (R9), Z5
+	VMULPS Z5, Z4, Z5
+	VADDPS Z5, Z0, Z0
+	ADDQ $4, R13
+	ADDQ R14, R9
+	DECQ CX
+	JNE h512a_slot1
+	ADDQ $4, R8
+	TESTQ BX, BX
+	JNE h512a_blk1
+	VMOVUPS Z0, (R11)
+	ADDQ $64, R11
+	ADDQ $32, R12
+	SUBQ $16, R10
+	JMP h512a_chunk1
+h512a_done:
+	VZEROUPPER
+	RET
+
+// func attnScores16F16AVX2(q *float32, hd int, k *uint16, offs *int32, nblk int, scale float32, out *float32)
+// As attnScores16F16AVX512, with each block's 16 scores in two 8-lane halves.
+TEXT ·attnScores16F16AVX2(SB), NOSPLIT, $0-56
+	MOVQ k+16(FP), DX
+	MOVQ offs+24(FP), R8
+	MOVQ nblk+32(FP), BX
+	VBROADCASTSS scale+40(FP), Y15
+	MOVQ out+48(FP), DI
+h2s_loop4:
+	CMPQ BX, $4
+	JLT h2s_tail
+	MOVLQSX 0(R8), R9
+	LEAQ (DX)(R9*2), R9
+	MOVLQSX 4(R8), R10
+	LEAQ (DX)(R10*2), R10
+	MOVLQSX 8(R8), R11
+	LEAQ (DX)(R11*2), R11
+	MOVLQSX 12(R8), R12
+	LEAQ (DX)(R12*2), R12
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	MOVQ q+0(FP), SI
+	MOVQ hd+8(FP), CX
+h2s_inner4:
+	VBROADCASTSS (SI), Y8
+	VCVTPH2PS 0(R9), Y9
+	VMULPS Y9, Y8, Y9
+	VADDPS Y9, Y0, Y0
+	VCVTPH2PS 16(R9), Y10
+	VMULPS Y10, Y8, Y10
+	VADDPS Y10, Y1, Y1
+	VCVTPH2PS 0(R10), Y11
+	VMULPS Y11, Y8, Y11
+	VADDPS Y11, Y2, Y2
+	VCVTPH2PS 16(R10), Y12
+	VMULPS Y12, Y8, Y12
+	VADDPS Y12, Y3, Y3
+	VCVTPH2PS 0(R11), Y13
+	VMULPS Y13, Y8, Y13
+	VADDPS Y13, Y4, Y4
+	VCVTPH2PS 16(R11), Y14
+	VMULPS Y14, Y8, Y14
+	VADDPS Y14, Y5, Y5
+	VCVTPH2PS 0(R12), Y9
+	VMULPS Y9, Y8, Y9
+	VADDPS Y9, Y6, Y6
+	VCVTPH2PS 16(R12), Y10
+	VMULPS Y10, Y8, Y10
+	VADDPS Y10, Y7, Y7
+	ADDQ $4, SI
+	ADDQ $32, R9
+	ADDQ $32, R10
+	ADDQ $32, R11
+	ADDQ $32, R12
+	DECQ CX
+	JNE h2s_inner4
+	VMULPS Y15, Y0, Y0
+	VMULPS Y15, Y1, Y1
+	VMULPS Y15, Y2, Y2
+	VMULPS Y15, Y3, Y3
+	VMULPS Y15, Y4, Y4
+	VMULPS Y15, Y5, Y5
+	VMULPS Y15, Y6, Y6
+	VMULPS Y15, Y7, Y7
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
+	ADDQ $256, DI
+	ADDQ $16, R8
+	SUBQ $4, BX
+	JMP h2s_loop4
+h2s_tail:
+	TESTQ BX, BX
+	JEQ h2s_done
+	MOVLQSX 0(R8), R9
+	LEAQ (DX)(R9*2), R9
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	MOVQ q+0(FP), SI
+	MOVQ hd+8(FP), CX
+h2s_inner1:
+	VBROADCASTSS (SI), Y8
+	VCVTPH2PS (R9), Y9
+	VMULPS Y9, Y8, Y9
+	VADDPS Y9, Y0, Y0
+	VCVTPH2PS 16(R9), Y10
+	VMULPS Y10, Y8, Y10
+	VADDPS Y10, Y1, Y1
+	ADDQ $4, SI
+	ADDQ $32, R9
+	DECQ CX
+	JNE h2s_inner1
+	VMULPS Y15, Y0, Y0
+	VMULPS Y15, Y1, Y1
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	ADDQ $64, DI
+	ADDQ $4, R8
+	DECQ BX
+	JMP h2s_tail
+h2s_done:
+	VZEROUPPER
+	RET
+
+// func attnAccumV16F16AVX2(o *float32, hd int, v *uint16, offs *int32, n int, w *float32)
+// As attnAccumV16F16AVX512: columns in chunks of 32 (four accumulators), then of 8.
+TEXT ·attnAccumV16F16AVX2(SB), NOSPLIT, $0-48
+	MOVQ o+0(FP), R11
+	MOVQ hd+8(FP), R10
+	MOVQ v+16(FP), DX
+	LEAQ 0(R10*2), R14
+	XORQ R12, R12
+h2a_chunkw:
+	CMPQ R10, $32
+	JLT h2a_chunk1
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	MOVQ offs+24(FP), R8
+	MOVQ w+40(FP), R13
+	MOVQ n+32(FP), BX
+h2a_blkw:
+	MOVLQSX (R8), R9
+	LEAQ (DX)(R9*2), R9
+	ADDQ R12, R9
+	MOVQ $16, CX
+	CMPQ BX, CX
+	CMOVQLT BX, CX
+	SUBQ CX, BX
+h2a_slotw:
+	VBROADCASTSS (R13), Y4
+	VCVTPH2PS 0(R9), Y5
+	VMULPS Y5, Y4, Y5
+	VADDPS Y5, Y0, Y0
+	VCVTPH2PS 16(R9), Y6
+	VMULPS Y6, Y4, Y6
+	VADDPS Y6, Y1, Y1
+	VCVTPH2PS 32(R9), Y7
+	VMULPS Y7, Y4, Y7
+	VADDPS Y7, Y2, Y2
+	VCVTPH2PS 48(R9), Y8
+	VMULPS Y8, Y4, Y8
+	VADDPS Y8, Y3, Y3
+	ADDQ $4, R13
+	ADDQ R14, R9
+	DECQ CX
+	JNE h2a_slotw
+	ADDQ $4, R8
+	TESTQ BX, BX
+	JNE h2a_blkw
+	VMOVUPS Y0, 0(R11)
+	VMOVUPS Y1, 32(R11)
+	VMOVUPS Y2, 64(R11)
+	VMOVUPS Y3, 96(R11)
+	ADDQ $128, R11
+	ADDQ $64, R12
+	SUBQ $32, R10
+	JMP h2a_chunkw
+h2a_chunk1:
+	TESTQ R10, R10
+	JEQ h2a_done
+	VXORPS Y0, Y0, Y0
+	MOVQ offs+24(FP), R8
+	MOVQ w+40(FP), R13
+	MOVQ n+32(FP), BX
+h2a_blk1:
+	MOVLQSX (R8), R9
+	LEAQ (DX)(R9*2), R9
+	ADDQ R12, R9
+	MOVQ $16, CX
+	CMPQ BX, CX
+	CMOVQLT BX, CX
+	SUBQ CX, BX
+h2a_slot1:
+	VBROADCASTSS (R13), Y4
+	VCVTPH2PS (R9), Y5
+	VMULPS Y5, Y4, Y5
+	VADDPS Y5, Y0, Y0
+	ADDQ $4, R13
+	ADDQ R14, R9
+	DECQ CX
+	JNE h2a_slot1
+	ADDQ $4, R8
+	TESTQ BX, BX
+	JNE h2a_blk1
+	VMOVUPS Y0, (R11)
+	ADDQ $32, R11
+	ADDQ $16, R12
+	SUBQ $8, R10
+	JMP h2a_chunk1
+h2a_done:
+	VZEROUPPER
+	RET
