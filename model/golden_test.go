@@ -190,7 +190,8 @@ func TestGoldenLogits(t *testing.T) {
 }
 
 // TestStoriesGreedyText checks that stories260K, prompted with BOS alone,
-// writes the text Karpathy documents for llama2.c's greedy run.
+// writes the text Karpathy documents for llama2.c's greedy run, with an F32
+// KV cache and with an F16 one.
 func TestStoriesGreedyText(t *testing.T) {
 	want, err := os.ReadFile(fixtures.Dir(t) + "/llama2c/stories260K.llama2c-greedy-expected.txt")
 	if err != nil {
@@ -198,23 +199,28 @@ func TestStoriesGreedyText(t *testing.T) {
 	}
 	be := cpu.New(0)
 	defer be.Close()
-	m := loadFixture(t, be, "stories260K-f32.gguf")
-	const steps = 256
-	s := newSeqRunner(t, m, be, steps+1)
-	logits := s.feed(t, []int32{m.Tokenizer.BOS()})
-	var ids []int32
-	for len(ids) < steps {
-		id := argmax(logits)
-		if m.Tokenizer.IsEOG(id) {
-			break
-		}
-		ids = append(ids, id)
-		logits = s.feed(t, []int32{id})
-	}
-	got := m.Tokenizer.Decode(ids)
-	w := strings.TrimSpace(string(want))
-	if !strings.HasPrefix(strings.TrimSpace(got), w) {
-		t.Errorf("greedy text:\n%q\nwant prefix of:\n%q", got, w)
+	for _, kvType := range []hal.DType{hal.F32, hal.F16} {
+		t.Run("kv-"+kvType.String(), func(t *testing.T) {
+			m := loadFixture(t, be, "stories260K-f32.gguf")
+			m.KVType = kvType
+			const steps = 256
+			s := newSeqRunner(t, m, be, steps+1)
+			logits := s.feed(t, []int32{m.Tokenizer.BOS()})
+			var ids []int32
+			for len(ids) < steps {
+				id := argmax(logits)
+				if m.Tokenizer.IsEOG(id) {
+					break
+				}
+				ids = append(ids, id)
+				logits = s.feed(t, []int32{id})
+			}
+			got := m.Tokenizer.Decode(ids)
+			w := strings.TrimSpace(string(want))
+			if !strings.HasPrefix(strings.TrimSpace(got), w) {
+				t.Errorf("greedy text:\n%q\nwant prefix of:\n%q", got, w)
+			}
+		})
 	}
 }
 

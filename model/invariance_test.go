@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -11,9 +12,8 @@ import (
 // runBatches feeds each sequence's tokens in the given pieces, all sequences
 // sharing each forward step, and returns every position's logits per sequence.
 // steps[k][s] is how many tokens sequence s feeds at step k.
-func runBatches(t *testing.T, m *Model, be hal.Backend, seqs [][]int32, steps [][]int) [][][]float32 {
+func runBatches(t *testing.T, m *Model, be hal.Backend, bs int, seqs [][]int32, steps [][]int) [][][]float32 {
 	t.Helper()
-	const bs = 4
 	vocab := m.Config.VocabSize
 	var tables [][]int32
 	next := int32(0)
@@ -66,13 +66,29 @@ func runBatches(t *testing.T, m *Model, be hal.Backend, seqs [][]int32, steps []
 }
 
 // TestBatchInvariance checks that a sequence's logits are bit-for-bit the
-// same alone, batched with other sequences, and under any prefill chunking.
+// same alone, batched with other sequences, and under any prefill chunking,
+// with an F32 and an F16 KV cache, in blocks of 4 (the scalar attention
+// loops, and many blocks per sequence) and of 16 (the SIMD kernels).
 func TestBatchInvariance(t *testing.T) {
 	be := cpu.New(0)
 	defer be.Close()
+	type run struct {
+		name   string
+		kvType hal.DType
+		bs     int
+	}
+	var runs []run
 	for _, name := range []string{"rand-qwen3-tok512-f32.gguf", "rand-llama-tok512-q8_0.gguf", "rand-llama256-tok512-q4_k_m.gguf", "rand-llama-tok512-bf16.gguf"} {
-		t.Run(name, func(t *testing.T) {
+		runs = append(runs, run{name, hal.F32, 4}, run{name, hal.F16, 4})
+	}
+	// Head sizes 32 and 64: the AVX2 and AVX-512 kernels' paths.
+	runs = append(runs, run{"rand-qwen3-tok512-f32.gguf", hal.F32, 16}, run{"rand-qwen3-tok512-f32.gguf", hal.F16, 16},
+		run{"rand-llama256-tok512-q4_k_m.gguf", hal.F32, 16}, run{"rand-llama256-tok512-q4_k_m.gguf", hal.F16, 16})
+	for _, rn := range runs {
+		name, bs := rn.name, rn.bs
+		t.Run(fmt.Sprintf("%s/kv-%v/bs%d", name, rn.kvType, bs), func(t *testing.T) {
 			m := loadFixture(t, be, name)
+			m.KVType = rn.kvType
 			rng := rand.New(rand.NewPCG(1, 2))
 			seq := func(n int) []int32 {
 				s := make([]int32, n)
@@ -82,7 +98,7 @@ func TestBatchInvariance(t *testing.T) {
 				return s
 			}
 			a, b, c, d := seq(23), seq(9), seq(17), seq(50)
-			alone := runBatches(t, m, be, [][]int32{a}, [][]int{{23}})[0]
+			alone := runBatches(t, m, be, bs, [][]int32{a}, [][]int{{23}})[0]
 
 			cases := map[string]struct {
 				seqs  [][]int32
@@ -97,7 +113,7 @@ func TestBatchInvariance(t *testing.T) {
 				"mixed prefill and decode":  {[][]int32{b, a, c}, [][]int{{9, 3, 0}, {0, 1, 17}, {0, 19, 0}}},
 			}
 			for cname, tc := range cases {
-				got := runBatches(t, m, be, tc.seqs, tc.steps)
+				got := runBatches(t, m, be, bs, tc.seqs, tc.steps)
 				idx := 0
 				for i, s := range tc.seqs {
 					if &s[0] == &a[0] {

@@ -40,6 +40,10 @@ type Model struct {
 	FileType string
 	// WeightBytes is the size of the weights as stored.
 	WeightBytes int64
+	// KVType is the element type of the KV stores KVLayout describes: hal.F32 (the zero
+	// value) or hal.F16, which halves KVBytesPerToken. A run-time choice, not the file's:
+	// set it before building engines or stores.
+	KVType hal.DType
 
 	closers []io.Closer
 }
@@ -178,13 +182,13 @@ func (m *Model) RoPE() *hal.RoPE {
 // KVLayout is the KV store shape for this model with the given block count and size.
 func (m *Model) KVLayout(blocks, blockSize int) hal.KVLayout {
 	c := &m.Config
-	return hal.KVLayout{Layers: c.Layers, Blocks: blocks, BlockSize: blockSize, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
+	return hal.KVLayout{Layers: c.Layers, Blocks: blocks, BlockSize: blockSize, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: m.KVType}
 }
 
-// KVBytesPerToken is the KV memory one position takes across all layers.
+// KVBytesPerToken is the KV memory one position takes across all layers, in KVType.
 func (m *Model) KVBytesPerToken() int64 {
 	c := &m.Config
-	return int64(c.Layers) * 2 * int64(c.KVHeads*c.HeadDim) * 4
+	return int64(c.Layers) * 2 * int64(c.KVHeads*c.HeadDim) * int64(m.KVLayout(0, 0).ElemBytes())
 }
 
 func attnScale(headDim int) float32 { return float32(1 / math.Sqrt(float64(headDim))) }
