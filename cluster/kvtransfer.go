@@ -31,8 +31,8 @@ const (
 )
 
 // KVLayout is how an engine stores a KV block, as a transfer carries it: per layer, keys then
-// values, each KVHeads × BlockSize × HeadDim values of DType ("f32": little-endian IEEE
-// float32) in the element order of the engine's KV store, which Store names. Its fields are
+// values, each KVHeads × BlockSize × HeadDim values of DType ("f32" or "f16": little-endian
+// IEEE float32 or binary16) in the element order of the engine's KV store, which Store names. Its fields are
 // engine.KVFormat's, so the worker converts between the two directly.
 type KVLayout struct {
 	Store     string

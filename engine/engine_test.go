@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"tandem/hal"
 	"tandem/llm"
 	"tandem/metrics"
 	"tandem/model"
@@ -21,7 +22,14 @@ import (
 // startEngine runs an engine on the stories260K fixture until the test ends.
 func startEngine(t *testing.T, cfg Config) (*Engine, *model.Model) {
 	t.Helper()
+	return startEngineKV(t, cfg, hal.F32)
+}
+
+// startEngineKV is startEngine with a KV cache of kvType.
+func startEngineKV(t *testing.T, cfg Config, kvType hal.DType) (*Engine, *model.Model) {
+	t.Helper()
 	m, be := loadStories(t)
+	m.KVType = kvType
 	if cfg.KVBlocks == 0 {
 		cfg.KVBlocks = 256
 	}
@@ -112,14 +120,21 @@ func runConcurrently(t *testing.T, e *Engine, m *model.Model, maxTokens int) ([]
 func TestContinuousBatchingMatchesSolo(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	met := metrics.NewEngine(reg, "stories")
-	cases := map[string]Config{
-		"roomy":                 {Metrics: met},
-		"chunked prefill of 5":  {MaxBatchTokens: 5},
-		"two sequences at once": {MaxSeqs: 2},
+	cases := []struct {
+		name   string
+		cfg    Config
+		kvType hal.DType
+	}{
+		{"roomy", Config{Metrics: met}, hal.F32},
+		{"chunked prefill of 5", Config{MaxBatchTokens: 5}, hal.F32},
+		{"two sequences at once", Config{MaxSeqs: 2}, hal.F32},
+		{"roomy, F16 KV", Config{Metrics: met}, hal.F16},
+		{"chunked prefill of 5, F16 KV", Config{MaxBatchTokens: 5}, hal.F16},
 	}
-	for name, cfg := range cases {
-		t.Run(name, func(t *testing.T) {
-			e, m := startEngine(t, cfg)
+	for _, c := range cases {
+		cfg := c.cfg
+		t.Run(c.name, func(t *testing.T) {
+			e, m := startEngineKV(t, cfg, c.kvType)
 			want := solo(t, m, 40)
 			got, last := runConcurrently(t, e, m, 40)
 			for i := range prompts {
@@ -133,7 +148,7 @@ func TestContinuousBatchingMatchesSolo(t *testing.T) {
 			waitIdle(t, e)
 		})
 	}
-	if n := testutil.ToFloat64(met.GenerationTokens); n != float64(40*len(prompts)) {
+	if n := testutil.ToFloat64(met.GenerationTokens); n != float64(2*40*len(prompts)) {
 		t.Errorf("generation tokens metric %v", n)
 	}
 }
@@ -151,21 +166,25 @@ func waitIdle(t *testing.T, e *Engine) {
 }
 
 func TestPreemptionKeepsOutput(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	met := metrics.NewEngine(reg, "stories")
-	// 12 blocks of 16: room for about two 90-token sequences, not six.
-	e, m := startEngine(t, Config{KVBlocks: 12, Metrics: met})
-	want := solo(t, m, 70)
-	got, _ := runConcurrently(t, e, m, 70)
-	for i := range prompts {
-		if !slices.Equal(got[i], want[i]) {
-			t.Errorf("prompt %d: with preemption %v, alone %v", i, got[i], want[i])
-		}
+	for _, kvType := range []hal.DType{hal.F32, hal.F16} {
+		t.Run("kv-"+kvType.String(), func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			met := metrics.NewEngine(reg, "stories")
+			// 12 blocks of 16: room for about two 90-token sequences, not six.
+			e, m := startEngineKV(t, Config{KVBlocks: 12, Metrics: met}, kvType)
+			want := solo(t, m, 70)
+			got, _ := runConcurrently(t, e, m, 70)
+			for i := range prompts {
+				if !slices.Equal(got[i], want[i]) {
+					t.Errorf("prompt %d: with preemption %v, alone %v", i, got[i], want[i])
+				}
+			}
+			if n := testutil.ToFloat64(met.Preemptions); n == 0 {
+				t.Error("no preemption happened; the test does not test it")
+			}
+			waitIdle(t, e)
+		})
 	}
-	if n := testutil.ToFloat64(met.Preemptions); n == 0 {
-		t.Error("no preemption happened; the test does not test it")
-	}
-	waitIdle(t, e)
 }
 
 func TestPrefixCacheReuse(t *testing.T) {

@@ -56,5 +56,5 @@ func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) 
 // (BlockBytes) would take.
 func (e *Engine) simBlockIO() *blockIO {
 	l := e.m.KVLayout(e.cfg.KVBlocks, e.cfg.BlockSize)
-	return &blockIO{f: KVFormat{Store: SimStore, DType: "f32", BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}}
+	return &blockIO{f: KVFormat{Store: SimStore, DType: kvDTypeName(l.DType), BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}}
 }

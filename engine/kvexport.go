@@ -37,7 +37,7 @@ import (
 // can exchange blocks only when their formats are equal.
 type KVFormat struct {
 	Store     string // the KV store's element order within a block: its Go type (e.g. "*cpu.kvStore")
-	DType     string // "f32": IEEE float32, little-endian
+	DType     string // "f32": IEEE float32; "f16": IEEE binary16; little-endian
 	BlockSize int    // positions per block
 	Layers    int
 	KVHeads   int
@@ -68,10 +68,25 @@ func (f KVFormat) WireBytes() int {
 }
 
 func dtypeSize(t string) int {
-	if t == "f32" {
+	switch t {
+	case "f32":
 		return 4
+	case "f16":
+		return 2
 	}
 	return 0
+}
+
+// kvDTypeName is the KVFormat name of a KV store's element type, "" for one a transfer
+// cannot carry.
+func kvDTypeName(t hal.DType) string {
+	switch t {
+	case hal.F32:
+		return "f32"
+	case hal.F16:
+		return "f16"
+	}
+	return ""
 }
 
 func (f KVFormat) String() string {
@@ -92,35 +107,41 @@ func (f KVFormat) Check(other KVFormat) error {
 }
 
 // blockIO reads and writes whole blocks of a host-memory KV store whose per-layer K and V
-// arrays are float32, block-major (hal/cpu's store): a block's bytes are copied as they lie.
+// arrays are block-major (hal/cpu's store), of float32 or FP16 elements: a block's bytes are
+// copied as they lie.
 type blockIO struct {
 	st   hal.KVStore // keeps k and v valid (hal/cpu maps them outside the Go heap)
-	k, v [][]float32
-	n    int // floats of one block in one layer's K (or V) array
+	k, v [][]byte
+	sz   int // bytes of one block in one layer's K (or V) array
 	f    KVFormat
 }
 
-// kvArrays is what a KV store offers for KV transfer: its per-layer K and V arrays in host
-// memory (hal/cpu's store has it). A device store would offer block reads and writes instead.
-type kvArrays interface {
-	KVArrays() (k, v [][]float32)
+// kvBytes is what a KV store offers for KV transfer: its per-layer K and V arrays in host
+// memory, as bytes (hal/cpu's store has it). A device store would offer block reads and
+// writes instead.
+type kvBytes interface {
+	KVBytes() (k, v [][]byte)
 }
 
 func newBlockIO(st hal.KVStore) (*blockIO, error) {
 	if st == nil {
-		return nil, errors.New("engine: this engine keeps no KV data (a modelled forward pass); KV transfer needs a host-memory float32 store")
+		return nil, errors.New("engine: this engine keeps no KV data (a modelled forward pass); KV transfer needs a host-memory store")
 	}
 	l := st.Layout()
-	var k, v [][]float32
-	if a, ok := st.(kvArrays); ok {
-		k, v = a.KVArrays()
+	dt := kvDTypeName(l.DType)
+	if dt == "" {
+		return nil, fmt.Errorf("engine: KV transfer carries f32 or f16 blocks, not the KV store's %v", l.DType)
 	}
-	n := l.BlockSize * l.KVHeads * l.HeadDim
+	var k, v [][]byte
+	if a, ok := st.(kvBytes); ok {
+		k, v = a.KVBytes()
+	}
+	sz := l.BlockSize * l.KVHeads * l.HeadDim * dtypeSize(dt)
 	if len(k) != l.Layers || len(v) != l.Layers {
-		return nil, fmt.Errorf("engine: the KV store %T does not expose its blocks; KV transfer needs a host-memory float32 store", st)
+		return nil, fmt.Errorf("engine: the KV store %T does not expose its blocks; KV transfer needs a host-memory store", st)
 	}
 	for i := range k {
-		if len(k[i]) != l.Blocks*n || len(v[i]) != l.Blocks*n {
+		if len(k[i]) != l.Blocks*sz || len(v[i]) != l.Blocks*sz {
 			return nil, fmt.Errorf("engine: the KV store %T's arrays do not match its layout %+v", st, l)
 		}
 	}
@@ -128,23 +149,19 @@ func newBlockIO(st hal.KVStore) (*blockIO, error) {
 	if *(*byte)(unsafe.Pointer(&probe)) != 1 {
 		return nil, errors.New("engine: KV transfer needs a little-endian host")
 	}
-	f := KVFormat{Store: fmt.Sprintf("%T", st), DType: "f32", BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
-	return &blockIO{st: st, k: k, v: v, n: n, f: f}, nil
-}
-
-// bytesOf views floats as bytes (always aligned, unlike the other way round).
-func bytesOf(x []float32) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
+	f := KVFormat{Store: fmt.Sprintf("%T", st), DType: dt, BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
+	return &blockIO{st: st, k: k, v: v, sz: sz, f: f}, nil
 }
 
 func (b *blockIO) read(block int32, dst []byte) {
 	if b.k == nil { // modelled: no payload
 		return
 	}
-	o, sz := int(block)*b.n, 4*b.n
+	sz := b.sz
+	o := int(block) * sz
 	for l := range b.k {
-		copy(dst[2*l*sz:], bytesOf(b.k[l][o:o+b.n]))
-		copy(dst[(2*l+1)*sz:], bytesOf(b.v[l][o:o+b.n]))
+		copy(dst[2*l*sz:], b.k[l][o:o+sz])
+		copy(dst[(2*l+1)*sz:], b.v[l][o:o+sz])
 	}
 }
 
@@ -152,10 +169,11 @@ func (b *blockIO) write(block int32, src []byte) {
 	if b.k == nil {
 		return
 	}
-	o, sz := int(block)*b.n, 4*b.n
+	sz := b.sz
+	o := int(block) * sz
 	for l := range b.k {
-		copy(bytesOf(b.k[l][o:o+b.n]), src[2*l*sz:(2*l+1)*sz])
-		copy(bytesOf(b.v[l][o:o+b.n]), src[(2*l+1)*sz:(2*l+2)*sz])
+		copy(b.k[l][o:o+sz], src[2*l*sz:(2*l+1)*sz])
+		copy(b.v[l][o:o+sz], src[(2*l+1)*sz:(2*l+2)*sz])
 	}
 }
 
