@@ -76,6 +76,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	batches := fs.String("batch", "4,16", "comma-separated sequence counts for batched decode")
 	reps := fs.Int("r", 3, "repetitions of each test")
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
+	kvt := addKVTypeFlag(fs)
 	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the tests to this file")
 	memProfile := fs.String("memprofile", "", "write a heap profile taken after the tests to this file")
@@ -102,12 +103,17 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	if *reps < 1 || *prompt < 0 || *gen < 0 {
 		return fmt.Errorf("-r must be ≥ 1 and -p, -n ≥ 0")
 	}
+	kvType, err := kvt.parse()
+	if err != nil {
+		return err
+	}
 	t0 := time.Now()
 	be, m, closeModel, err := openModel(*modelPath, *threads)
 	if err != nil {
 		return err
 	}
 	defer closeModel()
+	m.KVType = kvType
 	m.Prefault(be, nil)
 	loadTime := time.Since(t0)
 	fileBytes := weightFileBytes(*modelPath, m.WeightBytes)

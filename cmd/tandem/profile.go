@@ -26,6 +26,7 @@ func profileCmd(args []string, stdout, stderr io.Writer) error {
 	reps := fs.Int("r", 3, "repetitions of each step shape (the median counts)")
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
 	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "KV block size in tokens")
+	kvt := addKVTypeFlag(fs)
 	maxBatch := fs.Int("max-batch-tokens", engine.DefaultMaxBatchTokens, "largest step to time, in tokens (the serving engine's budget)")
 	maxSeqs := fs.Int("max-seqs", 32, "largest decode batch to time")
 	transfers := fs.Bool("transfer", true, "with --backend cpu: also time KV-sized transfers (64 KiB to 64 MiB) over loopback ORPC and fit the transfer parameters")
@@ -40,6 +41,10 @@ func profileCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if *reps < 1 || *blockSize < 1 || *maxBatch < 16 || *maxSeqs < 1 {
 		return fmt.Errorf("-r, --block-size and --max-seqs must be ≥ 1 and --max-batch-tokens ≥ 16")
+	}
+	kvType, err := kvt.parse()
+	if err != nil {
+		return err
 	}
 	var base sim.Timing
 	switch *backend {
@@ -65,6 +70,7 @@ func profileCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeModel()
+	m.KVType = kvType
 	plan := simstep.DefaultPlan(m.Config.ContextLen, *maxBatch, *maxSeqs, *reps)
 	var f simstep.Forwarder
 	if *backend == "sim" {

@@ -52,6 +52,7 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	ignoreEOS := fs.Bool("ignore-eos", false, "keep generating past end-of-generation tokens")
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
 	chunk := fs.Int("prefill-chunk", 512, "most prompt tokens per forward pass")
+	kvt := addKVTypeFlag(fs)
 	sampling := samplingFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem run [--model PATH] [flags] \"prompt\"")
@@ -72,6 +73,10 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	if *maxTokens <= 0 {
 		return fmt.Errorf("--max-tokens must be positive, got %d", *maxTokens)
 	}
+	kvType, err := kvt.parse()
+	if err != nil {
+		return err
+	}
 
 	t0 := time.Now()
 	be, m, closeModel, err := openModel(*modelPath, *threads)
@@ -79,6 +84,7 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeModel()
+	m.KVType = kvType
 	loadTime := time.Since(t0)
 
 	text := pos[0]

@@ -41,6 +41,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	maxSeqs := fs.Int("max-seqs", engine.DefaultMaxSeqs, "most sequences running at once")
 	maxQueue := fs.Int("max-queue", engine.DefaultMaxQueue, "most requests waiting; past it 429")
 	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "KV cache block size in tokens")
+	kvt := addKVTypeFlag(fs)
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token")
 	tlsCert := fs.String("tls-cert", "", "TLS certificate file: serve HTTPS, HTTP/2 and HTTP/3")
@@ -106,6 +107,10 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	kvType, err := kvt.parse()
+	if err != nil {
+		return err
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -131,6 +136,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if *maxModelLen > 0 {
 		m.Config.ContextLen = *maxModelLen
 	}
+	m.KVType = kvType
 	perToken := m.KVBytesPerToken()
 	budget, err := kvBudget(*kvMem, perToken, *maxSeqs*m.Config.ContextLen)
 	if err != nil {
@@ -229,9 +235,9 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	fmt.Fprintf(stderr, "tandem serve: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s), context %d\n  load time: %v, backend %s\n",
+	fmt.Fprintf(stderr, "tandem serve: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s\n",
 		srv.URL(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
-		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), m.Config.ContextLen,
+		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), kvType, m.Config.ContextLen,
 		loadTime.Round(time.Millisecond), be.Name())
 	if bk.sim() {
 		fmt.Fprintf(stderr, "  sim backend: %d replica(s), modelled compute %+v\n", len(engines), timing)
