@@ -16,20 +16,28 @@ import (
 type OfflineBench struct {
 	Runner    *model.Runner
 	BlockSize int
-	rng       *rand.Rand
+	// Depth is the context every test starts after (llama-bench's -d): each
+	// sequence's positions 0..Depth-1 hold random keys and values, written
+	// before the timed passes, so attention reads Depth positions more from
+	// memory as it would after a prompt of that length.
+	Depth int
+	rng   *rand.Rand
 	// kv and logits are reused from test to test (see Reserve), so that
 	// repeated tests do not pile up garbage the size of the KV store.
 	kv     hal.KVStore
 	logits []float32
+	// filledPer and filledSeqs: the first filledSeqs sequences of filledPer
+	// blocks each hold their Depth positions of context.
+	filledPer, filledSeqs int
 }
 
 // KVShape is what a test asks of the KV store: Seqs sequences of
 // Positions positions each.
 type KVShape struct{ Seqs, Positions int }
 
-// blocks is the number of KV blocks the shape takes.
+// blocks is the number of KV blocks the shape takes, after Depth positions of context.
 func (o *OfflineBench) blocks(s KVShape) int {
-	return s.Seqs * ((s.Positions + o.BlockSize - 1) / o.BlockSize)
+	return s.Seqs * ((o.Depth + s.Positions + o.BlockSize - 1) / o.BlockSize)
 }
 
 // Reserve allocates ahead of the tests the KV store for the largest of
@@ -74,8 +82,9 @@ func NewOfflineBench(m *model.Model, be hal.Backend) *OfflineBench {
 	return &OfflineBench{Runner: model.NewRunner(m, be), BlockSize: DefaultBlockSize, rng: rand.New(rand.NewPCG(1, 1))}
 }
 
-// store returns a KV store for seqs sequences of n positions, the one
-// from before when it is large enough, and their block tables.
+// store returns a KV store for seqs sequences of Depth+n positions, the one
+// from before when it is large enough, and their block tables; each
+// sequence's first Depth positions hold context.
 func (o *OfflineBench) store(seqs, n int) (hal.KVStore, [][]int32, error) {
 	per := o.blocks(KVShape{1, n})
 	if o.kv == nil || o.kv.Layout().Blocks < seqs*per || o.kv.Layout().BlockSize != o.BlockSize {
@@ -85,6 +94,7 @@ func (o *OfflineBench) store(seqs, n int) (hal.KVStore, [][]int32, error) {
 			return nil, nil, err
 		}
 		o.kv = kv
+		o.filledSeqs = 0
 	}
 	kv := o.kv
 	tables := make([][]int32, seqs)
@@ -94,12 +104,46 @@ func (o *OfflineBench) store(seqs, n int) (hal.KVStore, [][]int32, error) {
 			tables[s][i] = int32(s*per + i)
 		}
 	}
+	if o.Depth > 0 {
+		if per != o.filledPer {
+			o.filledPer, o.filledSeqs = per, 0
+		}
+		for ; o.filledSeqs < seqs; o.filledSeqs++ {
+			o.fillContext(kv, tables[o.filledSeqs])
+		}
+	}
 	return kv, tables, nil
+}
+
+// fillContext writes random keys and values (uniform in [-1, 1)) at positions 0..Depth-1 of
+// the sequence with block table table, in every layer. Untouched KV pages would read as the
+// one shared zero page, from cache, not from memory.
+func (o *OfflineBench) fillContext(kv hal.KVStore, table []int32) {
+	const chunk = 256
+	l := kv.Layout()
+	row := l.KVHeads * l.HeadDim
+	k, v := make([]float32, chunk*row), make([]float32, chunk*row)
+	b := &hal.AttnBatch{Blocks: [][]int32{table}}
+	for from := 0; from < o.Depth; from += chunk {
+		n := min(chunk, o.Depth-from)
+		b.Pos, b.SeqOf = b.Pos[:0], b.SeqOf[:0]
+		for p := range n {
+			b.Pos = append(b.Pos, int32(from+p))
+			b.SeqOf = append(b.SeqOf, 0)
+		}
+		for layer := range l.Layers {
+			for i := range k[:n*row] {
+				k[i], v[i] = 2*o.rng.Float32()-1, 2*o.rng.Float32()-1
+			}
+			o.Runner.Be.StoreKV(kv, layer, k[:n*row], v[:n*row], b)
+		}
+	}
 }
 
 func (o *OfflineBench) token() int32 { return int32(o.rng.IntN(o.Runner.M.Config.VocabSize)) }
 
-// Prompt times one forward pass over n prompt tokens (the logits of the last).
+// Prompt times one forward pass over n prompt tokens (the logits of the last), after Depth
+// positions of context.
 func (o *OfflineBench) Prompt(n int) (time.Duration, error) {
 	kv, tables, err := o.store(1, n)
 	if err != nil {
@@ -108,7 +152,7 @@ func (o *OfflineBench) Prompt(n int) (time.Duration, error) {
 	b := &model.Batch{Attn: hal.AttnBatch{Blocks: tables}, Outputs: []int{n - 1}}
 	for i := range n {
 		b.Tokens = append(b.Tokens, o.token())
-		b.Attn.Pos = append(b.Attn.Pos, int32(i))
+		b.Attn.Pos = append(b.Attn.Pos, int32(o.Depth+i))
 		b.Attn.SeqOf = append(b.Attn.SeqOf, 0)
 	}
 	logits := o.logitsBuf(o.Runner.M.Config.VocabSize)
@@ -118,7 +162,7 @@ func (o *OfflineBench) Prompt(n int) (time.Duration, error) {
 }
 
 // Decode times steps decode steps of seqs sequences together, each step one
-// token per sequence, from an empty context.
+// token per sequence, after Depth positions of context.
 func (o *OfflineBench) Decode(seqs, steps int) (time.Duration, error) {
 	if seqs <= 0 || steps <= 0 {
 		return 0, fmt.Errorf("engine: decode bench needs sequences and steps")
@@ -134,7 +178,7 @@ func (o *OfflineBench) Decode(seqs, steps int) (time.Duration, error) {
 		b.Tokens, b.Attn.Pos, b.Attn.SeqOf, b.Outputs = b.Tokens[:0], b.Attn.Pos[:0], b.Attn.SeqOf[:0], b.Outputs[:0]
 		for s := range seqs {
 			b.Tokens = append(b.Tokens, o.token())
-			b.Attn.Pos = append(b.Attn.Pos, int32(p))
+			b.Attn.Pos = append(b.Attn.Pos, int32(o.Depth+p))
 			b.Attn.SeqOf = append(b.Attn.SeqOf, int32(s))
 			b.Outputs = append(b.Outputs, s)
 		}

@@ -28,6 +28,8 @@ type benchResult struct {
 	NPrompt         int       `json:"n_prompt"`
 	NGen            int       `json:"n_gen"`
 	NSeqs           int       `json:"n_seqs"`
+	NDepth          int       `json:"n_depth"`
+	KVType          string    `json:"type_kv"` // the KV cache's element type, F32 or F16
 	TokensPerSecond float64   `json:"tokens_per_second"`
 	Stddev          float64   `json:"stddev_tokens_per_second"`
 	Samples         []float64 `json:"samples_tokens_per_second"`
@@ -73,6 +75,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	modelPath := fs.String("model", "", "GGUF file or Hugging Face directory (default: the built-in demo model)")
 	prompt := fs.Int("p", 512, "prompt tokens for the prompt-processing test (0 skips it)")
 	gen := fs.Int("n", 64, "generated tokens for the generation tests (0 skips them)")
+	depth := fs.Int("d", 0, "context depth: every test starts after this many positions of context (random keys and values), as llama-bench's -d")
 	batches := fs.String("batch", "4,16", "comma-separated sequence counts for batched decode")
 	reps := fs.Int("r", 3, "repetitions of each test")
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
@@ -100,8 +103,8 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		seqCounts = append(seqCounts, n)
 	}
-	if *reps < 1 || *prompt < 0 || *gen < 0 {
-		return fmt.Errorf("-r must be ≥ 1 and -p, -n ≥ 0")
+	if *reps < 1 || *prompt < 0 || *gen < 0 || *depth < 0 {
+		return fmt.Errorf("-r must be ≥ 1 and -p, -n, -d ≥ 0")
 	}
 	kvType, err := kvt.parse()
 	if err != nil {
@@ -117,10 +120,15 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	m.Prefault(be, nil)
 	loadTime := time.Since(t0)
 	fileBytes := weightFileBytes(*modelPath, m.WeightBytes)
-	if need := max(*prompt, *gen); need > m.Config.ContextLen {
+	if need := *depth + max(*prompt, *gen); need > m.Config.ContextLen {
 		return fmt.Errorf("tests need %d positions but the context is %d", need, m.Config.ContextLen)
 	}
 	ob := engine.NewOfflineBench(m, be)
+	ob.Depth = *depth
+	at := "" // the test names' depth suffix, as llama-bench writes it
+	if *depth > 0 {
+		at = fmt.Sprintf(" @ d%d", *depth)
+	}
 	// One KV store, for the test that needs the most positions, serves
 	// them all: its size is the run's KV budget.
 	shapes := []engine.KVShape{{Seqs: 1, Positions: max(*prompt, *gen)}}
@@ -148,7 +156,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	var results []benchResult
 	run := func(test string, np, ng, seqs int, f func() (time.Duration, error)) error {
 		r := base
-		r.Test, r.NPrompt, r.NGen, r.NSeqs = test, np, ng, seqs
+		r.Test, r.NPrompt, r.NGen, r.NSeqs, r.NDepth, r.KVType = test+at, np, ng, seqs, *depth, kvType.String()
 		if _, err := f(); err != nil { // warm-up, as llama-bench does
 			return err
 		}
@@ -198,10 +206,14 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(results)
 	}
-	fmt.Fprintf(stdout, "| %-28s | %-14s | %10s | %-10s | %7s | %8s | %18s |\n", "model", "type", "size", "backend", "threads", "test", "t/s")
-	fmt.Fprintf(stdout, "| %s | %s | %s | %s | %s | %s | %s |\n", strings.Repeat("-", 28), strings.Repeat("-", 14), strings.Repeat("-", 10), strings.Repeat("-", 10), strings.Repeat("-", 7), strings.Repeat("-", 8), strings.Repeat("-", 18))
+	tw := 8 // the test column: "batch16 @ d2048" with a depth
 	for _, r := range results {
-		fmt.Fprintf(stdout, "| %-28s | %-14s | %10s | %-10s | %7d | %8s | %9.2f ± %6.2f |\n", trunc(r.Model, 28), r.ModelType, formatBytes(r.SizeBytes), r.Backend, r.Threads, r.Test, r.TokensPerSecond, r.Stddev)
+		tw = max(tw, len(r.Test))
+	}
+	fmt.Fprintf(stdout, "| %-28s | %-14s | %10s | %-10s | %7s | %-4s | %*s | %18s |\n", "model", "type", "size", "backend", "threads", "kv", tw, "test", "t/s")
+	fmt.Fprintf(stdout, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", strings.Repeat("-", 28), strings.Repeat("-", 14), strings.Repeat("-", 10), strings.Repeat("-", 10), strings.Repeat("-", 7), strings.Repeat("-", 4), strings.Repeat("-", tw), strings.Repeat("-", 18))
+	for _, r := range results {
+		fmt.Fprintf(stdout, "| %-28s | %-14s | %10s | %-10s | %7d | %-4s | %*s | %9.2f ± %6.2f |\n", trunc(r.Model, 28), r.ModelType, formatBytes(r.SizeBytes), r.Backend, r.Threads, r.KVType, tw, r.Test, r.TokensPerSecond, r.Stddev)
 	}
 	fmt.Fprintf(stdout, "\n%s\n", mem)
 	return nil
