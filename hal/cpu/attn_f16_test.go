@@ -102,11 +102,11 @@ func TestAttentionF16Store(t *testing.T) {
 				}
 				tables = append(tables, tb)
 			}
-			tables[0], tables[1] = tables[0][:len(tables[0]):len(tables[0])], tables[1]
-			for i := range tables[0] { // reverse, so the test depends on the tables
-				tables[0][i] = next - 1 - tables[0][i]
+			for _, tb := range tables { // blocks backwards, so the test depends on the tables
+				for i := range tb {
+					tb[i] = next - 1 - tb[i]
+				}
 			}
-			tables[1][0] = next - 1 - tables[1][0]
 			batch := &hal.AttnBatch{Blocks: tables}
 			for s, n := range lens {
 				for p := range n {
