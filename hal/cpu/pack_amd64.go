@@ -166,7 +166,7 @@ func packFormatFor(isa string, t hal.DType) *packFormat {
 		case hal.F32:
 			return packFormatF32AVX2
 		}
-		return nil
+		return packFormatIntAVX2(t)
 	}
 	if isa != "avx512vnni" {
 		return nil

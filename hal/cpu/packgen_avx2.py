@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+"""Writes pack_avx2_amd64.s: the packed-weight kernels of the int8 formats
+for CPUs with AVX2 and no AVX-512 (see pack.go, pack_avx2_amd64.go).
+
+Run from hal/cpu: python3 packgen_avx2.py > pack_avx2_amd64.s
+
+AVX2 has no VPDPBUSD: a step (4 codes of each of 8 rows, 32 bytes) is
+multiplied with 4 activation bytes broadcast to every lane by VPMADDUBSW
+(unsigned codes times signed activations, adjacent products summed into
+int16 with saturation) and widened by VPMADDWD (by ones, or by the rows'
+scales as int16 pairs). No sum here can saturate: the bounds are noted
+at each format, for activations of magnitude at most 128.
+
+A 16-row group is computed as two halves of 8 rows (the low and high 32
+bytes of each 64-byte step of the VNNI layouts), one pass over the
+group's blocks per half: the 16 ymm registers hold, for 4 activation
+rows, the float sums (Y0..Y3), the exact int32 block sums (Y4..Y7) and
+int16 partial sums (Y8..Y11), with Y12..Y15 for codes and temporaries.
+Per block and lane the float operations are the reference's, in its
+order, without FMA, so every output keeps the bits of vecDotRef.
+"""
+
+out = []
+P = out.append
+
+# name: (group block bytes, activation block bytes, side bytes a block)
+GEOM = {
+    "Q8_0": (544, 34, 8),
+    "Q5_0": (352, 34, 8),
+    "Q4_0": (288, 34, 8),
+    "Q4_1": (320, 36, 8),
+    "Q5_1": (384, 36, 8),
+    "Q4_K": (2368, 292, 32),
+    "Q5_K": (2880, 292, 32),
+    "Q6_K": (3360, 292, 0),
+}
+
+ONES = "avx2ones<>(SB)"  # int16 ones
+C0F = "avx2c0f<>(SB)"
+C10 = "avx2c10<>(SB)"
+C30 = "avx2c30<>(SB)"
+
+
+def F(m):
+    return f"Y{m}"
+
+
+def I32(m):
+    return f"Y{4+m}"
+
+
+def A16(m):
+    return f"Y{8+m}"
+
+
+def load_args(M):
+    if M == 4:
+        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ x+16(FP), DI\n\tMOVQ xstride+24(FP), R8\n\tLEAQ (R8)(R8*2), R9\n\tMOVQ side+32(FP), R10\n\tMOVQ sstride+40(FP), R11\n\tLEAQ (R11)(R11*2), R12")
+    else:
+        P("\tMOVQ nb+0(FP), CX\n\tMOVQ w+8(FP), SI\n\tMOVQ x+16(FP), DI\n\tMOVQ side+24(FP), R10")
+
+
+def store(M, h):
+    if M == 4:
+        P("\tMOVQ out+48(FP), AX\n\tMOVQ ostride+56(FP), BX\n\tLEAQ (BX)(BX*2), DX")
+        oa = ["(AX)", "(AX)(BX*1)", "(AX)(BX*2)", "(AX)(DX*1)"]
+        for m in range(M):
+            P(f"\tVMOVUPS {F(m)}, {32*h}{oa[m]}")
+    else:
+        P(f"\tMOVQ out+32(FP), AX\n\tVMOVUPS Y0, {32*h}(AX)")
+
+
+def shift_to(src, dst, bit, want):
+    """dst = src shifted so that bit `bit` of each byte lands on bit `want`
+    (32-bit lanes: the bits crossing bytes are masked off afterwards)."""
+    if bit < want:
+        P(f"\tVPSLLD ${want-bit}, {src}, {dst}")
+    elif bit > want:
+        P(f"\tVPSRLD ${bit-want}, {src}, {dst}")
+    elif src != dst:
+        P(f"\tVMOVDQA {src}, {dst}")
+
+
+def madd_step(code, xaddr, m, first, tmp="Y13"):
+    """A16[m] (+)= VPMADDUBSW(code, broadcast activation bytes at xaddr)."""
+    P(f"\tVPBROADCASTD {xaddr}, {tmp}")
+    if first:
+        P(f"\tVPMADDUBSW {tmp}, {code}, {A16(m)}")
+    else:
+        P(f"\tVPMADDUBSW {tmp}, {code}, {tmp}")
+        P(f"\tVPADDW {tmp}, {A16(m)}, {A16(m)}")
+
+
+def flush(M, first, by=ONES):
+    """I32[m] (+)= VPMADDWD(A16[m], by): the int16 pairs summed (times the
+    scales when by holds them) into int32."""
+    for m in range(M):
+        if first:
+            P(f"\tVPMADDWD {by}, {A16(m)}, {I32(m)}")
+        else:
+            P(f"\tVPMADDWD {by}, {A16(m)}, {A16(m)}")
+            P(f"\tVPADDD {A16(m)}, {I32(m)}, {I32(m)}")
+
+
+def body_q8_0(M, h, xa, sa):
+    """Q8_0, codes stored signed (packQ8_0AVX2): the sign trick of the row
+    kernels, |w| (VPABSB) times x·sign(w) (VPSIGNB), as VPMADDUBSW wants an
+    unsigned operand; pairs at most 2·128·127 (the Q8_0 quantizer never
+    writes −128), so each step is widened to int32 at once."""
+    for m in range(M):
+        P(f"\tVPXOR {I32(m)}, {I32(m)}, {I32(m)}")
+    for k in range(8):
+        P(f"\tVMOVDQU {32+64*k+32*h}(SI), Y12")
+        P("\tVPABSB Y12, Y13")
+        for m in range(M):
+            t = A16(m)
+            P(f"\tVPBROADCASTD {2+4*k}{xa[m]}, {t}")
+            P(f"\tVPSIGNB Y12, {t}, {t}")
+            P(f"\tVPMADDUBSW {t}, Y13, {t}")
+            P(f"\tVPMADDWD Y15, {t}, {t}")
+            P(f"\tVPADDD {t}, {I32(m)}, {I32(m)}")
+    # sum += float32(s) * (dw*dx)
+    P(f"\tVCVTPH2PS {16*h}(SI), Y12")
+    for m in range(M):
+        P(f"\tVBROADCASTSS {sa[m]}, Y13")
+        P("\tVMULPS Y13, Y12, Y13")
+        P(f"\tVCVTDQ2PS {I32(m)}, {I32(m)}")
+        P(f"\tVMULPS Y13, {I32(m)}, {I32(m)}")
+        P(f"\tVADDPS {I32(m)}, {F(m)}, {F(m)}")
+
+
+def body_q32(fmt, M, h, xa, sa):
+    """Q4_0, Q5_0 (against Q8_0) and Q4_1, Q5_1 (against Q8_1) in their
+    VNNI layouts: unsigned 4- or 5-bit codes. Pairs at most 2·15·128
+    (2·31·128), so 8 steps (4 steps) sum in int16 before widening."""
+    q5 = fmt in ("Q5_0", "Q5_1")
+    hdr = 64 if fmt in ("Q4_1", "Q5_1") else 32
+    xq = 4 if fmt in ("Q4_1", "Q5_1") else 2
+    if q5:
+        P(f"\tVMOVDQU {hdr+256+32*h}(SI), Y15")  # the rows' high-bit words
+    chain = 4 if q5 else 8
+    n = 0
+    for t in range(4):
+        P(f"\tVMOVDQU {hdr+64*t+32*h}(SI), Y14")
+        for s in (t, t + 4):
+            if s < 4:
+                P(f"\tVPAND {C0F}, Y14, Y12")
+            else:
+                P("\tVPSRLW $4, Y14, Y12")
+                P(f"\tVPAND {C0F}, Y12, Y12")
+            if q5:
+                # the high bit of step s, byte i, is bit 8i+s of the word
+                shift_to("Y15", "Y13", s, 4)
+                P(f"\tVPAND {C10}, Y13, Y13")
+                P("\tVPOR Y13, Y12, Y12")
+            for m in range(M):
+                madd_step("Y12", f"{xq+4*t+(16 if s >= 4 else 0)}{xa[m]}", m, n % chain == 0)
+            n += 1
+            if n % chain == 0:
+                flush(M, n == chain)
+    P(f"\tVCVTPH2PS {16*h}(SI), Y12")  # dw
+    if fmt in ("Q4_1", "Q5_1"):
+        # sum += (dw*dx)*float32(s) + mw*sx
+        P(f"\tVCVTPH2PS {32+16*h}(SI), Y15")  # mw
+        for m in range(M):
+            P(f"\tVBROADCASTSS {sa[m]}, Y13")
+            P("\tVMULPS Y13, Y12, Y13")
+            P(f"\tVCVTDQ2PS {I32(m)}, {I32(m)}")
+            P(f"\tVMULPS Y13, {I32(m)}, {I32(m)}")
+            P(f"\tVBROADCASTSS 4{sa[m]}, Y14")
+            P("\tVMULPS Y14, Y15, Y14")
+            P(f"\tVADDPS Y14, {I32(m)}, {I32(m)}")
+            P(f"\tVADDPS {I32(m)}, {F(m)}, {F(m)}")
+        return
+    for m in range(M):
+        P(f"\tVPBROADCASTD 4{sa[m]}, Y13")  # (code offset)·Σx
+        P(f"\tVPSUBD Y13, {I32(m)}, {I32(m)}")
+        P(f"\tVCVTDQ2PS {I32(m)}, {I32(m)}")
+        P(f"\tVBROADCASTSS {sa[m]}, Y13")
+        if fmt == "Q5_0":  # sum += (dw*dx) * float32(s)
+            P("\tVMULPS Y13, Y12, Y13")
+            P(f"\tVMULPS Y13, {I32(m)}, {I32(m)}")
+        else:  # Q4_0: sum += (float32(s)*dw) * dx
+            P(f"\tVMULPS Y12, {I32(m)}, {I32(m)}")
+            P(f"\tVMULPS Y13, {I32(m)}, {I32(m)}")
+        P(f"\tVADDPS {I32(m)}, {F(m)}, {F(m)}")
+
+
+def scale_pairs_u8(addr, dst, tmp):
+    """dst = 8 unsigned scale bytes at addr as int16 pairs (sc, sc)."""
+    P(f"\tVPMOVZXBD {addr}, {dst}")
+    P(f"\tVPSLLD $16, {dst}, {tmp}")
+    P(f"\tVPOR {tmp}, {dst}, {dst}")
+
+
+def body_qk(M, h, xa, sa, q5):
+    """Q4_K (Q5_K) in the VNNI layout against Q8_K: per sub-block j of 32
+    quants, 8 steps of unsigned 4-bit codes sum in int16 (at most
+    8·2·15·128; 5-bit codes: 4 steps, 4·2·31·128), widened by VPMADDWD
+    with the rows' 6-bit scales as (sc, sc) pairs; the mins against the
+    side row's sub-block sums as the VNNI kernels do, by VPMADDWD."""
+    for m in range(M):
+        P(f"\tVPXOR {I32(m)}, {I32(m)}, {I32(m)}")
+    chain = 4 if q5 else 8
+    for c in range(4):
+        for part in range(2):
+            j = 2 * c + part
+            scale_pairs_u8(f"{64+16*j+8*h}(SI)", "Y14", "Y13")
+            for t in range(8):
+                P(f"\tVMOVDQU {320+512*c+64*t+32*h}(SI), Y12")
+                if part == 1:
+                    P("\tVPSRLW $4, Y12, Y12")
+                P(f"\tVPAND {C0F}, Y12, Y12")
+                if q5:
+                    P(f"\tVMOVDQU {2368+64*t+32*h}(SI), Y15")
+                    shift_to("Y15", "Y15", 2 * c + part, 4)
+                    P(f"\tVPAND {C10}, Y15, Y15")
+                    P("\tVPOR Y15, Y12, Y12")
+                for m in range(M):
+                    madd_step("Y12", f"{4+64*c+32*part+4*t}{xa[m]}", m, t % chain == 0)
+                if t % chain == chain - 1:
+                    for m in range(M):
+                        P(f"\tVPMADDWD Y14, {A16(m)}, {A16(m)}")
+                        P(f"\tVPADDD {A16(m)}, {I32(m)}, {I32(m)}")
+    # mins: msum (int32, in A16) = Σ pairs (m_2i, m_2i+1)·(p_2i, p_2i+1)
+    for i in range(4):
+        P(f"\tVPMOVZXBW {192+32*i+16*h}(SI), Y12")
+        for m in range(M):
+            P(f"\tVPBROADCASTD {4+4*i}{sa[m]}, Y13")
+            if i == 0:
+                P(f"\tVPMADDWD Y13, Y12, {A16(m)}")
+            else:
+                P("\tVPMADDWD Y13, Y12, Y13")
+                P(f"\tVPADDD Y13, {A16(m)}, {A16(m)}")
+    P(f"\tVCVTPH2PS {16*h}(SI), Y12")     # d of the rows
+    P(f"\tVCVTPH2PS {32+16*h}(SI), Y13")  # dmin of the rows
+    for m in range(M):
+        P(f"\tVBROADCASTSS {sa[m]}, Y15")  # yd
+        P("\tVMULPS Y15, Y12, Y14")         # d = dw*yd
+        P(f"\tVCVTDQ2PS {I32(m)}, {I32(m)}")
+        P(f"\tVMULPS Y14, {I32(m)}, {I32(m)}")
+        P(f"\tVADDPS {I32(m)}, {F(m)}, {F(m)}")  # sum += d*isum
+        P("\tVMULPS Y15, Y13, Y14")         # dmin = dminw*yd
+        P(f"\tVCVTDQ2PS {A16(m)}, {A16(m)}")
+        P(f"\tVMULPS Y14, {A16(m)}, {A16(m)}")
+        P(f"\tVSUBPS {A16(m)}, {F(m)}, {F(m)}")  # sum -= dmin*msum
+
+
+def q6k_region(h6, l4):
+    return 288 + 768 * (2 * h6 + l4 // 4)
+
+
+def q6k_ql(h6, j):
+    l4 = j % 8
+    if j < 8:
+        return q6k_region(h6, l4) + 128 * (l4 % 4)
+    return q6k_region(h6, l4) + 512 + 64 * (l4 % 4)
+
+
+def q6k_qh(h6, l4):
+    return q6k_region(h6, l4) + 128 * (l4 % 4) + 64
+
+
+def body_q6k(M, h, xa):
+    """Q6_K in packQ6_KAVX2's layout (the VNNI one with each group's 16
+    scales stored in the order rows 0-3, 8-11, 4-7, 12-15, so that
+    VPMOVSXBW and VPUNPCKLWD / VPUNPCKHWD give half 0's / half 1's (sc, sc)
+    pairs) against Q8_K, which the kernels read alone (its d and its
+    16-element sums). Unsigned 6-bit codes: 2 steps sum in int16 (at most
+    2·2·63·128), widened by VPMADDWD with the group's scale pairs; the
+    codes' offset 32 comes off at the end as 32·Σ sc_G·bsum_G, by
+    VPMADDWD of (sc_2i, sc_2i+1) with the activation's bsums pairs."""
+    unpck = "VPUNPCKLWD" if h == 0 else "VPUNPCKHWD"
+    for m in range(M):
+        P(f"\tVPXOR {I32(m)}, {I32(m)}, {I32(m)}")
+    for h6 in range(2):
+        for q in range(2):
+            for ab in range(2):
+                for k in ((1, 3) if ab == 0 else (2, 4)):
+                    G = 8 * h6 + 2 * (k - 1) + q
+                    P(f"\tVPMOVSXBW {32+16*G}(SI), Y14")
+                    P(f"\t{unpck} Y14, Y14, Y14")
+                    sh = 2 * (k - 1)  # the code's high bits in qh
+                    high_nib = k > 2
+                    for i, l4 in enumerate(range(4 * q, 4 * q + 4)):
+                        P(f"\tVMOVDQU {q6k_ql(h6, 8*ab+l4)+32*h}(SI), Y12")
+                        if high_nib:
+                            P("\tVPSRLW $4, Y12, Y12")
+                        P(f"\tVPAND {C0F}, Y12, Y12")
+                        P(f"\tVMOVDQU {q6k_qh(h6, l4)+32*h}(SI), Y15")
+                        shift_to("Y15", "Y15", sh, 4)
+                        P(f"\tVPAND {C30}, Y15, Y15")
+                        P("\tVPOR Y15, Y12, Y12")
+                        xoff = 4 + 128 * h6 + 32 * (k - 1) + 4 * l4
+                        for m in range(M):
+                            madd_step("Y12", f"{xoff}{xa[m]}", m, i % 2 == 0)
+                        if i % 2 == 1:
+                            for m in range(M):
+                                P(f"\tVPMADDWD Y14, {A16(m)}, {A16(m)}")
+                                P(f"\tVPADDD {A16(m)}, {I32(m)}, {I32(m)}")
+    # the offset: I32 -= 32·Σ_i (sc_2i, sc_2i+1)·(bsum_2i, bsum_2i+1)
+    for i in range(8):
+        P(f"\tVPMOVSXBW {32+32*i}(SI), Y12")
+        P(f"\tVPMOVSXBW {48+32*i}(SI), Y13")
+        P(f"\t{unpck} Y13, Y12, Y12")
+        for m in range(M):
+            P(f"\tVPBROADCASTD {260+4*i}{xa[m]}, Y13")
+            if i == 0:
+                P(f"\tVPMADDWD Y13, Y12, {A16(m)}")
+            else:
+                P("\tVPMADDWD Y13, Y12, Y13")
+                P(f"\tVPADDD Y13, {A16(m)}, {A16(m)}")
+    P(f"\tVCVTPH2PS {16*h}(SI), Y12")  # d of the rows
+    for m in range(M):
+        P(f"\tVPSLLD $5, {A16(m)}, {A16(m)}")
+        P(f"\tVPSUBD {A16(m)}, {I32(m)}, {I32(m)}")
+        P(f"\tVBROADCASTSS {xa[m]}, Y13")  # yd
+        P("\tVMULPS Y13, Y12, Y13")         # d = dw*yd
+        P(f"\tVCVTDQ2PS {I32(m)}, {I32(m)}")
+        P(f"\tVMULPS Y13, {I32(m)}, {I32(m)}")
+        P(f"\tVADDPS {I32(m)}, {F(m)}, {F(m)}")
+
+
+def kernel(fmt, M):
+    gbb, xbs, sbs = GEOM[fmt]
+    name = f"pack{fmt}x{M}AVX2"
+    if M == 4:
+        P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
+        P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
+    else:
+        P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
+        P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
+    xa = ["(DI)", "(DI)(R8*1)", "(DI)(R8*2)", "(DI)(R9*1)"][:M]
+    sa = ["(R10)", "(R10)(R11*1)", "(R10)(R11*2)", "(R10)(R12*1)"][:M]
+    for h in range(2):
+        lbl = f"{name}_h{h}"
+        load_args(M)
+        if fmt == "Q8_0":
+            P("\tVPCMPEQW Y15, Y15, Y15\n\tVPSRLW $15, Y15, Y15")  # int16 ones
+        for m in range(M):
+            P(f"\tVXORPS {F(m)}, {F(m)}, {F(m)}")
+        P(f"\tTESTQ CX, CX\n\tJEQ {lbl}_done\n{lbl}_loop:")
+        if fmt == "Q8_0":
+            body_q8_0(M, h, xa, sa)
+        elif fmt in ("Q4_K", "Q5_K"):
+            body_qk(M, h, xa, sa, fmt == "Q5_K")
+        elif fmt == "Q6_K":
+            body_q6k(M, h, xa)
+        else:
+            body_q32(fmt, M, h, xa, sa)
+        P(f"\tADDQ ${gbb}, SI\n\tADDQ ${xbs}, DI")
+        if sbs:
+            P(f"\tADDQ ${sbs}, R10")
+        P(f"\tDECQ CX\n\tJNE {lbl}_loop\n{lbl}_done:")
+        store(M, h)
+    P("\tVZEROUPPER\n\tRET\n")
+
+
+def const(name, word):
+    for i in range(4):
+        P(f"DATA {name}<>+{8*i}(SB)/8, ${word:#018x}")
+    P(f"GLOBL {name}<>(SB), RODATA|NOPTR, $32\n")
+
+
+P("""// Code generated by packgen_avx2.py; DO NOT EDIT.
+
+#include "textflag.h"
+
+// Packed-weight kernels of the int8 formats for AVX2 (no VPDPBUSD);
+// layouts in pack.go and pack_avx2_amd64.go.
+""")
+const("avx2ones", 0x0001000100010001)
+const("avx2c0f", 0x0F0F0F0F0F0F0F0F)
+const("avx2c10", 0x1010101010101010)
+const("avx2c30", 0x3030303030303030)
+for f in GEOM:
+    kernel(f, 4)
+    kernel(f, 1)
+print("\n".join(out))
