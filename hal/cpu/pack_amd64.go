@@ -188,6 +188,10 @@ func packFormatFor(isa string, t hal.DType) *packFormat {
 		return packFormatQ5_K
 	case hal.Q6_K:
 		return packFormatQ6_K
+	case hal.Q3_K:
+		return packFormatQ3_K
+	case hal.Q2_K:
+		return packFormatQ2_K
 	case hal.F16:
 		return packFormatF16
 	case hal.BF16:

@@ -339,6 +339,117 @@ def kernel_q6k(M, pf=False):
     store_tail(name, M)
 
 
+
+def kernel_q23k(M, q3, pf=False):
+    """Q3_K (q3) or Q2_K super-blocks (256 quants, 16 sub-blocks of 16)
+    against Q8_K rows; layouts and the pair trick in pack_q23k.go. For each
+    half h and code k (bits 2k..2k+1 of the qs bytes), acc[k] sums the
+    sub-block pair i = 4h+k: sub-block 2i over the first 16 bytes of the
+    half (chunks 0..3), shifted up 16 bits, then 2i+1 over chunks 4..7,
+    then the bias B = q23kBias in the low word (Q3_K's side pair has it),
+    which keeps the low word in 0..32767: so the high word is sub-block
+    2i's sum exactly, not one less when 2i+1's is negative. corr sums
+    B·sc_2i+1 over the pairs (the same for every activation row), which
+    isum then loses."""
+    gbb = 1824 if q3 else 1344
+    name = f"pack{'Q3_K' if q3 else 'Q2_K'}x{M}{'PF' if pf else ''}VNNI"
+    xa, sa = head(name, M, pf)
+    # Q3_K: sum Z0.., isum Z4.., scale pair Z8, corr Z9, acc Z10+4k+m, Q
+    # Z26, H Z27, code Z28 (and Z29), masks 0x03 Z30, 0x04 Z31.
+    # Q2_K: sum Z0.., isum Z4.., summs Z8.., acc Z12+4k+m, Q Z28, code Z29,
+    # corr Z30, mask 0x03 Z31.
+    accb = 10 if q3 else 12
+    m3 = "Z30" if q3 else "Z31"
+    corr = "Z9" if q3 else "Z30"
+    P(f"\tMOVL $0x03030303, AX\n\tVPBROADCASTD AX, {m3}")
+    if q3:
+        P("\tMOVL $0x04040404, AX\n\tVPBROADCASTD AX, Z31")
+    loop_head(name, M)
+    if pf:
+        prefetch_part(name, gbb // 4, "R13")
+    P(f"\tVPXORD {corr}, {corr}, {corr}")
+    for m in range(M):
+        P(f"\tVPXORD Z{4+m}, Z{4+m}, Z{4+m}")
+        if not q3:
+            P(f"\tVPXORD Z{8+m}, Z{8+m}, Z{8+m}")
+    acc = lambda k, m: f"Z{accb+4*k+m}"
+    for h in range(2):
+        for k in range(4):
+            for m in range(M):
+                P(f"\tVPXORD {acc(k, m)}, {acc(k, m)}, {acc(k, m)}")
+        for j in range(8):
+            if q3:
+                qoff = 352 + 128 * j if h == 0 else 1312 + 64 * j
+                P(f"\tVMOVDQU32 {qoff}(SI), Z26")
+                P(f"\tVMOVDQU32 {288+128*j}(SI), Z27")
+                Q = "Z26"
+            else:
+                P(f"\tVMOVDQU32 {320+512*h+64*j}(SI), Z28")
+                Q = "Z28"
+            t = "Z28" if q3 else "Z29"
+            for k in range(4):
+                if k == 0:
+                    P(f"\tVPANDD {m3}, {Q}, {t}")
+                else:
+                    P(f"\tVPSRLW ${2*k}, {Q}, {t}")
+                    P(f"\tVPANDD {m3}, {t}, {t}")
+                if q3:
+                    s = 4 * h + k - 2  # the hmask bit of (h, k) to bit 2
+                    hsrc = "Z29"
+                    if s < 0:
+                        P(f"\tVPSLLW ${-s}, Z27, Z29")
+                    elif s > 0:
+                        P(f"\tVPSRLW ${s}, Z27, Z29")
+                    else:
+                        hsrc = "Z27"
+                    P(f"\tVPTERNLOGD $0xF8, Z31, {hsrc}, {t}")  # t |= hbit
+                for m in range(M):
+                    P(f"\tVPDPBUSD.BCST {4+128*h+32*k+4*j}{xa[m]}, {t}, {acc(k, m)}")
+            if j == 3:
+                for k in range(4):
+                    for m in range(M):
+                        P(f"\tVPSLLD $16, {acc(k, m)}, {acc(k, m)}")
+        for k in range(4):
+            i = 4 * h + k
+            if q3:
+                P(f"\tVPMOVSXBW {32+32*i}(SI), Z8")
+                P("\tVPDPWSSD.BCST q23kBias<>(SB), Z8, Z9")
+                for m in range(M):
+                    P(f"\tVPADDD.BCST {4+4*i}{sa[m]}, {acc(k, m)}, {acc(k, m)}")
+                    P(f"\tVPDPWSSD Z8, {acc(k, m)}, Z{4+m}")
+            else:
+                P(f"\tVPMOVZXBW {64+32*i}(SI), Z28")
+                P("\tVPANDD.BCST q2kScaleMask<>(SB), Z28, Z29")  # scale pairs
+                P("\tVPSRLW $4, Z28, Z28")                       # min pairs
+                P("\tVPDPWSSD.BCST q23kBias<>(SB), Z29, Z30")
+                for m in range(M):
+                    P(f"\tVPADDD.BCST q23kBias<>(SB), {acc(k, m)}, {acc(k, m)}")
+                    P(f"\tVPDPWSSD Z29, {acc(k, m)}, Z{4+m}")
+                    P(f"\tVPDPWSSD.BCST {4+4*i}{sa[m]}, Z28, Z{8+m}")
+    for m in range(M):
+        P(f"\tVPSUBD {corr}, Z{4+m}, Z{4+m}")
+    if q3:
+        P("\tVCVTPH2PS (SI), Z8")
+        for m in range(M):
+            P(f"\tVMULPS.BCST {sa[m]}, Z8, Z9")       # d = dw*yd
+            P(f"\tVCVTDQ2PS Z{4+m}, Z{4+m}")
+            P(f"\tVMULPS Z9, Z{4+m}, Z{4+m}")
+            P(f"\tVADDPS Z{4+m}, Z{m}, Z{m}")
+    else:
+        P("\tVCVTPH2PS (SI), Z28\n\tVCVTPH2PS 32(SI), Z29")
+        for m in range(M):
+            P(f"\tVMULPS.BCST {sa[m]}, Z28, Z30")     # dall = yd*dw
+            P(f"\tVCVTDQ2PS Z{4+m}, Z{4+m}")
+            P(f"\tVMULPS Z30, Z{4+m}, Z{4+m}")
+            P(f"\tVMULPS.BCST {sa[m]}, Z29, Z30")     # dmin = yd*dminw
+            P(f"\tVCVTDQ2PS Z{8+m}, Z{8+m}")
+            P(f"\tVMULPS Z30, Z{8+m}, Z{8+m}")
+            P(f"\tVSUBPS Z{8+m}, Z{4+m}, Z{4+m}")     # dall*isum − dmin*summs
+            P(f"\tVADDPS Z{4+m}, Z{m}, Z{m}")
+    P(f"\tADDQ ${gbb}, SI\n\tADDQ $292, DI\n\tADDQ $48, R10\n\tDECQ CX\n\tJNE {name}_loop")
+    store_tail(name, M)
+
+
 def side_f16():
     """The F16 side row: n (a multiple of 16) FP16 values widened to float32,
     exactly (VCVTPH2PS), 64 at a time, then 16 at a time."""
@@ -545,6 +656,16 @@ P("""// Code generated by packgen.py; DO NOT EDIT.
 // scale dx and the int32 correction (code offset)·Σx. Per block and lane:
 // s = Σ VPDPBUSD − correction (exact), then the reference's float32
 // operations in its order, without FMA.
+
+// The low word pair 0x000F000F: the Q2_K kernels' 4-bit scales of a
+// sub-block pair.
+DATA q2kScaleMask<>+0(SB)/4, $0x000f000f
+GLOBL q2kScaleMask<>(SB), RODATA|NOPTR, $4
+
+// The bias the Q3_K and Q2_K kernels add to the low word of a sub-block
+// pair's sum (16384 low, 0 high): see kernel_q23k.
+DATA q23kBias<>+0(SB)/4, $0x00004000
+GLOBL q23kBias<>(SB), RODATA|NOPTR, $4
 """)
 for f in FORMATS:
     kernel(f, 4, pf=True)
@@ -559,6 +680,10 @@ kernel_q4k(1, q5=True)
 kernel_q6k(4, pf=True)
 kernel_q6k(4)
 kernel_q6k(1)
+for q3 in (True, False):
+    kernel_q23k(4, q3, pf=True)
+    kernel_q23k(4, q3)
+    kernel_q23k(1, q3)
 kernel_f16(8)
 kernel_f16(8, pf=True)
 kernel_f16(4)
