@@ -29,7 +29,7 @@ func benchWeight(typ hal.DType, rows, k int) *hal.Weight {
 // BenchmarkMatMulDecode streams a weight far larger than the caches
 // through one activation row, as a decode step does (GB/s of weights).
 func BenchmarkMatMulDecode(b *testing.B) {
-	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.Q6_K, hal.F16, hal.BF16} {
+	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q2_K, hal.Q3_K, hal.Q4_K, hal.Q6_K, hal.F16, hal.BF16} {
 		k := 896
 		if typ.BlockSize() == 256 {
 			k = 4864
@@ -56,7 +56,7 @@ func BenchmarkMatMulDecode(b *testing.B) {
 // through 16 activation rows, as a batched decode step of 16 sequences
 // does (GB/s of weights).
 func BenchmarkMatMulBatch16(b *testing.B) {
-	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.Q6_K} {
+	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q2_K, hal.Q3_K, hal.Q4_K, hal.Q6_K} {
 		k := 896
 		if typ.BlockSize() == 256 {
 			k = 4864
@@ -80,7 +80,7 @@ func BenchmarkMatMulBatch16(b *testing.B) {
 
 // BenchmarkMatMulPrompt: a 64-row batch against an FFN-sized weight.
 func BenchmarkMatMulPrompt(b *testing.B) {
-	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_K, hal.Q6_K, hal.F16, hal.BF16} {
+	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q2_K, hal.Q3_K, hal.Q4_K, hal.Q6_K, hal.F16, hal.BF16} {
 		k, n, m := 896, 4864, 64
 		if typ.BlockSize() == 256 {
 			k, n = n, k
