@@ -10,20 +10,23 @@ import (
 )
 
 // TestPackedKernelsRawBlocks holds the packed int8 kernels of every ISA
-// this CPU runs (the four-row and the single-row kernel) to the pure-Go
-// reference's bits on blocks built byte by byte rather than quantized:
-// the 32-element formats from q32RawRows (codes of the largest magnitudes
-// with products of one sign, random and full-mantissa scales), the
-// K-quants from kQuantBlocks (random bytes everywhere; every code, scale
-// and min at its maximum) against activations of -128, 127, both or
-// random bytes: the largest int16 sums the AVX2 kernels form before
-// widening. Groups are full (16 rows) and partial (13).
+// this CPU runs (the four-row kernel, its prefetching twin, and the
+// single-row kernel) to the pure-Go reference's bits on blocks built byte
+// by byte rather than quantized: the 32-element formats from q32RawRows
+// (codes of the largest magnitudes with products of one sign, random and
+// full-mantissa scales), the K-quants from kQuantBlocks (random bytes
+// everywhere; every code, scale and min at its maximum; every byte zero,
+// Q3_K's most negative codes and scales) against activations of -128,
+// 127, both or random bytes: the largest int16 sums the AVX2 kernels form
+// before widening, and the edges of the int16 word pairs the Q2_K and
+// Q3_K kernels keep (pack_q23k.go). Groups are full (16 rows) and partial
+// (13).
 func TestPackedKernelsRawBlocks(t *testing.T) {
 	r := rand.New(rand.NewPCG(61, 62))
 	isas := simdISAs()
 	tested := 0
 	for _, isa := range isas {
-		for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_0, hal.Q4_1, hal.Q5_1, hal.Q4_K, hal.Q5_K, hal.Q6_K} {
+		for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_0, hal.Q4_1, hal.Q5_1, hal.Q2_K, hal.Q3_K, hal.Q4_K, hal.Q5_K, hal.Q6_K} {
 			f := packFormatFor(isa, typ)
 			if f == nil || f.approx {
 				continue
@@ -52,7 +55,7 @@ func TestPackedKernelsRawBlocks(t *testing.T) {
 // blocks of typ, built byte by byte; trial picks the K-quant patterns.
 func packRawCase(r *rand.Rand, typ hal.DType, nb, rows, trial int) (ws, xs [][]byte) {
 	if typ.BlockSize() == 256 {
-		wp := [2]string{"random", "max"}[trial%2]
+		wp := [3]string{"random", "max", "zero"}[trial%3]
 		acts := []func(i int) int8{
 			func(int) int8 { return int8(r.Uint32()) },
 			func(int) int8 { return -128 },
@@ -112,6 +115,17 @@ func checkPackedGroup(t *testing.T, isa string, f *packFormat, typ hal.DType, nb
 			}
 			if got := out1[j]; math.Float32bits(got) != math.Float32bits(want) {
 				t.Fatalf("%s %v nb=%d trial %d rows %d: 1-row kernel row %d output %d %g, reference %g", isa, typ, nb, trial, len(ws), m, j, got, want)
+			}
+		}
+	}
+	if f.k4pf != nil { // its outputs must be k4's (the reference's, checked above), prefetching (from w itself) or not
+		for _, pf := range []*byte{nil, &w[0]} {
+			var outPF [4 * packRows]float32
+			f.k4pf(nb, &w[0], &xq[0], xstride, sideRow(side[:4*sw], 0), 4*sw, &outPF[0], 4*packRows, pf)
+			for i := range outPF {
+				if math.Float32bits(outPF[i]) != math.Float32bits(out4[i]) {
+					t.Fatalf("%s %v nb=%d trial %d rows %d: prefetching 4-row kernel output %d %g, 4-row kernel %g", isa, typ, nb, trial, len(ws), i, outPF[i], out4[i])
+				}
 			}
 		}
 	}

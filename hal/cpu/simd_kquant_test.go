@@ -20,21 +20,26 @@ var kQuantF16Fields = map[hal.DType][]int{
 // every quant/scale byte a random value and the f16 scales random finite
 // values (subnormals included); "max" sets every quant/scale byte to 0xFF
 // (Q4_K/Q5_K: all 6-bit scales and mins 63, all quants 15 or 31) with unit
-// f16 scales.
+// f16 scales; "zero"
+// every quant/scale byte to 0 (Q3_K: all codes −4, all scales −32), with
+// unit f16 scales.
 func kQuantBlocks(r *rand.Rand, typ hal.DType, nb int, pattern string) []byte {
 	bs, _ := typ.RowBytes(256)
 	w := make([]byte, nb*bs)
 	for i := range w {
-		if pattern == "max" {
+		switch pattern {
+		case "max":
 			w[i] = 0xff
-		} else {
+		case "zero":
+			w[i] = 0
+		default:
 			w[i] = byte(r.Uint32())
 		}
 	}
 	for b := range nb {
 		for _, o := range kQuantF16Fields[typ] {
 			h := uint16(0x3c00) // 1.0
-			if pattern != "max" {
+			if pattern == "random" {
 				h = uint16(r.Uint32()) &^ 0x7c00
 				h |= uint16(r.IntN(31)) << 10 // exponent 0..30: finite
 			}
