@@ -247,14 +247,19 @@ func (e *Engine) committed() {
 
 // holdEnded tells the exports of the prefill-only sequence under handle h that it ended
 // (aborted, dropped, or closed at its finish) without pinning its blocks: the blocks not
-// computed yet will not be. Called by Run's goroutine.
-func (e *Engine) holdEnded(h uint64) {
+// computed yet will not be. If its caller is gone (abandoned), the handle is forgotten
+// here: nothing is held under it, and a caller that never calls StartPrefill's wait would
+// otherwise leave it in the table for good. Called by Run's goroutine.
+func (e *Engine) holdEnded(h uint64, abandoned bool) {
 	t := &e.held
 	t.mu.Lock()
 	x := t.m[h]
 	ended := x != nil && x.seq == nil && !x.ended
 	if ended {
 		x.ended = true
+		if abandoned {
+			delete(t.m, h)
+		}
 	}
 	t.mu.Unlock()
 	if ended {
@@ -313,7 +318,8 @@ func (e *Engine) Prefill(ctx context.Context, req *llm.Request, ttl time.Duratio
 
 // StartPrefill queues req as Prefill does and returns its handle at once, before the
 // prefill runs: ExportBlocks under it streams the prompt's blocks as they are computed.
-// wait returns Prefill's result.
+// wait returns Prefill's result; a caller whose ctx is cancelled may skip it (the handle
+// is forgotten when the sequence ends).
 func (e *Engine) StartPrefill(ctx context.Context, req *llm.Request, ttl time.Duration) (h uint64, wait func() (*PrefillResult, error), err error) {
 	if ttl <= 0 {
 		return 0, nil, fmt.Errorf("%w: a prefill hold needs a positive timeout", llm.ErrInvalid)

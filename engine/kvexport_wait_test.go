@@ -200,7 +200,13 @@ func TestExportStreamsBlocksAsCommitted(t *testing.T) {
 		if err := returned(t, errc, "after the prefill was cancelled"); !errors.Is(err, ErrNotHeld) {
 			t.Errorf("export of a cancelled prefill: %v, want ErrNotHeld", err)
 		}
-		p.ReleaseHeld(h)
+		// Nobody calls wait or ReleaseHeld: the engine forgets the handle by itself.
+		if held, _ := p.HeldStats(); held != 0 {
+			t.Errorf("%d handles held after the prefill's caller went away, want 0", held)
+		}
+		if p.ReleaseHeld(h) {
+			t.Errorf("handle %d still held after its prefill was cancelled", h)
+		}
 		waitIdle(t, p)
 	})
 }

@@ -66,6 +66,6 @@ func (e *Engine) dropSampler(s *sequence) {
 func (e *Engine) seqEnded(s *sequence) {
 	e.dropSampler(s)
 	if s.hold != 0 {
-		e.holdEnded(s.hold)
+		e.holdEnded(s.hold, s.stream.abandoned())
 	}
 }

@@ -195,13 +195,13 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	// store: packed copies replace the file's pages (see
 	// docs/architecture.md).
 	mem := measureMemory(fileBytes, ob.KVBytes(), loadTime)
-	fmt.Fprintln(stderr, mem)
 	if *memProfile != "" {
 		if err := writeHeapProfile(*memProfile); err != nil {
 			return fmt.Errorf("--memprofile: %w", err)
 		}
 	}
 	if *asJSON {
+		fmt.Fprintln(stderr, mem) // the table carries it otherwise
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(results)
