@@ -190,57 +190,73 @@ func TestNewKVStoreTypes(t *testing.T) {
 
 // BenchmarkAttnKernels times one head's scores and weighted value sum over
 // a long context, F32 and F16 KV, with each ISA's kernels and the scalar
-// loops. Bytes per op are the keys and values read.
+// loops. Bytes per op are the keys and values read. "cache": the same head
+// every time (4 MiB of F32 KV at head size 128, in L3); "mem": a different
+// head each time, from 128 MiB of F32 KV (64 MiB of F16), so the keys and
+// values come from memory, as in a decode step over long contexts.
 func BenchmarkAttnKernels(b *testing.B) {
 	const bs, n = 16, 4096
 	r := rand.New(rand.NewPCG(57, 58))
 	for _, hd := range []int{64, 128} {
-		nblk := n / bs
-		offs := make([]int32, nblk)
-		for i, p := range r.Perm(nblk) {
-			offs[i] = int32(p * bs * hd)
-		}
-		q := testRandRow(r, hd)
-		k32, v32 := testRandRow(r, n*hd), testRandRow(r, n*hd)
-		k16, v16 := randKVF16(r, n*hd, 1), randKVF16(r, n*hd, 1)
-		sc, o := make([]float32, n), make([]float32, hd)
-		w := make([]float32, n)
-		for i := range w {
-			w[i] = r.Float32() / n
-		}
-		for _, isa := range append(simdISAs(), "go") {
-			b.Run(fmt.Sprintf("f32/hd%d/%s", hd, isa), func(b *testing.B) {
-				ak := attnKernelsFor(isa, hd, bs)
-				if ak == nil && isa != "go" {
-					b.Skipf("no F32 attention kernels for %s", isa)
+		for _, where := range []string{"cache", "mem"} {
+			heads := 1
+			if where == "mem" {
+				heads = (128 << 20) / (n * hd * 8)
+			}
+			nblk := n / bs
+			offs := make([][]int32, heads)
+			for h := range offs {
+				offs[h] = make([]int32, nblk)
+				for i, p := range r.Perm(nblk) {
+					offs[h][i] = int32((h*nblk + p) * bs * hd)
 				}
-				b.SetBytes(int64(2 * n * hd * 4))
-				for b.Loop() {
-					if ak != nil {
-						ak.scores(q, k32, offs, 0.125, sc)
-						ak.accumV(o, v32, offs, w)
-					} else {
-						attnScoresRef(q, k32, offs, bs, 0.125, sc)
-						attnAccumVRef(o, v32, offs, bs, w)
+			}
+			q := testRandRow(r, hd)
+			k32, v32 := testRandRow(r, heads*n*hd), testRandRow(r, heads*n*hd)
+			k16, v16 := randKVF16(r, heads*n*hd, 1), randKVF16(r, heads*n*hd, 1)
+			sc, o := make([]float32, n), make([]float32, hd)
+			w := make([]float32, n)
+			for i := range w {
+				w[i] = r.Float32() / n
+			}
+			for _, isa := range append(simdISAs(), "go") {
+				b.Run(fmt.Sprintf("f32/hd%d/%s/%s", hd, where, isa), func(b *testing.B) {
+					ak := attnKernelsFor(isa, hd, bs)
+					if ak == nil && isa != "go" {
+						b.Skipf("no F32 attention kernels for %s", isa)
 					}
-				}
-			})
-			b.Run(fmt.Sprintf("f16/hd%d/%s", hd, isa), func(b *testing.B) {
-				ak := attnKernelsF16For(isa, hd, bs)
-				if ak == nil && isa != "go" {
-					b.Skipf("no F16 attention kernels for %s", isa)
-				}
-				b.SetBytes(int64(2 * n * hd * 2))
-				for b.Loop() {
-					if ak != nil {
-						ak.scores(q, k16, offs, 0.125, sc)
-						ak.accumV(o, v16, offs, w)
-					} else {
-						attnScoresF16Ref(q, k16, offs, bs, 0.125, sc)
-						attnAccumVF16Ref(o, v16, offs, bs, w)
+					b.SetBytes(int64(2 * n * hd * 4))
+					h := 0
+					for b.Loop() {
+						h = (h + 1) % heads
+						if ak != nil {
+							ak.scores(q, k32, offs[h], 0.125, sc)
+							ak.accumV(o, v32, offs[h], w)
+						} else {
+							attnScoresRef(q, k32, offs[h], bs, 0.125, sc)
+							attnAccumVRef(o, v32, offs[h], bs, w)
+						}
 					}
-				}
-			})
+				})
+				b.Run(fmt.Sprintf("f16/hd%d/%s/%s", hd, where, isa), func(b *testing.B) {
+					ak := attnKernelsF16For(isa, hd, bs)
+					if ak == nil && isa != "go" {
+						b.Skipf("no F16 attention kernels for %s", isa)
+					}
+					b.SetBytes(int64(2 * n * hd * 2))
+					h := 0
+					for b.Loop() {
+						h = (h + 1) % heads
+						if ak != nil {
+							ak.scores(q, k16, offs[h], 0.125, sc)
+							ak.accumV(o, v16, offs[h], w)
+						} else {
+							attnScoresF16Ref(q, k16, offs[h], bs, 0.125, sc)
+							attnAccumVF16Ref(o, v16, offs[h], bs, w)
+						}
+					}
+				})
+			}
 		}
 	}
 }
