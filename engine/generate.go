@@ -135,7 +135,7 @@ func (g *Generator) Generate(ctx context.Context, req *Request, emit func(Token)
 }
 
 func (g *Generator) ensureKV(blocks int) error {
-	if g.kv != nil && g.kv.Layout().Blocks >= blocks {
+	if g.kv != nil && g.kv.Layout().Blocks >= blocks && g.kv.Layout().DType == g.Runner.M.KVType {
 		return nil
 	}
 	kv, err := g.Runner.Be.NewKVStore(g.Runner.M.KVLayout(blocks, g.BlockSize))

@@ -87,7 +87,7 @@ func NewOfflineBench(m *model.Model, be hal.Backend) *OfflineBench {
 // sequence's first Depth positions hold context.
 func (o *OfflineBench) store(seqs, n int) (hal.KVStore, [][]int32, error) {
 	per := o.blocks(KVShape{1, n})
-	if o.kv == nil || o.kv.Layout().Blocks < seqs*per || o.kv.Layout().BlockSize != o.BlockSize {
+	if o.kv == nil || o.kv.Layout().Blocks < seqs*per || o.kv.Layout().BlockSize != o.BlockSize || o.kv.Layout().DType != o.Runner.M.KVType {
 		o.kv = nil // let the old one go before the new one is allocated
 		kv, err := o.Runner.Be.NewKVStore(o.Runner.M.KVLayout(seqs*per, o.BlockSize))
 		if err != nil {
