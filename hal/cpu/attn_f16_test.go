@@ -39,6 +39,10 @@ func TestAttnKernelsF16BitEqual(t *testing.T) {
 			const blocks = 9
 			k := randKVF16(r, blocks*bs*hd, 1)
 			v := randKVF16(r, blocks*bs*hd, 1)
+			// FP16's edges among them: subnormals, ±0, the largest finite values.
+			for _, h := range []uint16{0x0001, 0x83ff, 0x0000, 0x8000, 0x7bff, 0xfbff, 0x0400} {
+				k[r.IntN(len(k))], v[r.IntN(len(v))] = h, h
+			}
 			q := testRandRow(r, hd)
 			for _, n := range []int{1, 2, 7, 8, 9, 15, 16, 17, 33, 63, 64, 65, 100, blocks * bs} {
 				nblk := (n + bs - 1) / bs
