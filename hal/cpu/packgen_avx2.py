@@ -321,10 +321,28 @@ def body_q6k(M, h, xa):
         P(f"\tVADDPS {I32(m)}, {F(m)}, {F(m)}")
 
 
-def kernel(fmt, M):
+def prefetch_part(lbl, part, reg):
+    """Unless pf (in reg) is nil, prefetch part bytes of the next group at
+    reg and advance it, once per block: as in packgen.py, the calls for
+    activation rows 0-3, 4-7, 8-11 and 12-15 of a group each fetch a
+    quarter of the next group while they compute."""
+    P(f"\tTESTQ {reg}, {reg}")
+    P(f"\tJEQ {lbl}_nopf")
+    for c in range(0, part, 64):
+        P(f"\tPREFETCHT0 {c}({reg})")
+    if part % 64:
+        P(f"\tPREFETCHT0 {part-1}({reg})")
+    P(f"\tADDQ ${part}, {reg}")
+    P(f"{lbl}_nopf:")
+
+
+def kernel(fmt, M, pf=False):
     gbb, xbs, sbs = GEOM[fmt]
-    name = f"pack{fmt}x{M}AVX2"
-    if M == 4:
+    name = f"pack{fmt}x{M}{'PF' if pf else ''}AVX2"
+    if pf:
+        P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int, pf *byte)")
+        P(f"TEXT ·{name}(SB), NOSPLIT, $0-72")
+    elif M == 4:
         P(f"// func {name}(nb int, w, x *byte, xstride int, side *byte, sstride int, out *float32, ostride int)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
     else:
@@ -339,7 +357,12 @@ def kernel(fmt, M):
             P("\tVPCMPEQW Y15, Y15, Y15\n\tVPSRLW $15, Y15, Y15")  # int16 ones
         for m in range(M):
             P(f"\tVXORPS {F(m)}, {F(m)}, {F(m)}")
+        if pf and h == 0:
+            P("\tMOVQ pf+64(FP), R13")
         P(f"\tTESTQ CX, CX\n\tJEQ {lbl}_done\n{lbl}_loop:")
+        if pf and h == 0:
+            # the first half's pass fetches the whole quarter
+            prefetch_part(lbl, gbb // 4, "R13")
         if fmt == "Q8_0":
             body_q8_0(M, h, xa, sa)
         elif fmt in ("Q4_K", "Q5_K"):
@@ -374,6 +397,7 @@ const("avx2c0f", 0x0F0F0F0F0F0F0F0F)
 const("avx2c10", 0x1010101010101010)
 const("avx2c30", 0x3030303030303030)
 for f in GEOM:
+    kernel(f, 4, pf=True)
     kernel(f, 4)
     kernel(f, 1)
 print("\n".join(out))
