@@ -80,7 +80,7 @@ func BenchmarkMatMulBatch16(b *testing.B) {
 
 // BenchmarkMatMulPrompt: a 64-row batch against an FFN-sized weight.
 func BenchmarkMatMulPrompt(b *testing.B) {
-	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q2_K, hal.Q3_K, hal.Q4_K, hal.Q6_K, hal.F16, hal.BF16} {
+	for _, typ := range []hal.DType{hal.Q8_0, hal.Q5_0, hal.Q4_0, hal.Q4_1, hal.Q5_1, hal.Q2_K, hal.Q3_K, hal.Q4_K, hal.Q5_K, hal.Q6_K, hal.F16, hal.BF16} {
 		k, n, m := 896, 4864, 64
 		if typ.BlockSize() == 256 {
 			k, n = n, k
