@@ -46,3 +46,7 @@ func TestSideF16SIMD(t *testing.T) {
 		}
 	}
 }
+
+// sumsBF16Pairs reports whether f's kernels add BF16 products two at a
+// time (VDPBF16PS), the arithmetic bf16PairSums models.
+func sumsBF16Pairs(f *packFormat) bool { return f == packFormatBF16 }
