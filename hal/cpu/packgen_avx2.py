@@ -25,7 +25,7 @@ P = out.append
 
 # name: (group block bytes, activation block bytes, side bytes a block)
 GEOM = {
-    "Q8_0": (544, 34, 8),
+    "Q8_0": (544, 34, 68),
     "Q5_0": (352, 34, 8),
     "Q4_0": (288, 34, 8),
     "Q4_1": (320, 36, 8),
@@ -91,10 +91,10 @@ def madd_step(code, xaddr, m, first, tmp="Y13"):
         P(f"\tVPADDW {tmp}, {A16(m)}, {A16(m)}")
 
 
-def flush(M, first, by=ONES):
+def flush(ms, first, by=ONES):
     """I32[m] (+)= VPMADDWD(A16[m], by): the int16 pairs summed (times the
     scales when by holds them) into int32."""
-    for m in range(M):
+    for m in ms:
         if first:
             P(f"\tVPMADDWD {by}, {A16(m)}, {I32(m)}")
         else:
@@ -102,26 +102,23 @@ def flush(M, first, by=ONES):
             P(f"\tVPADDD {A16(m)}, {I32(m)}, {I32(m)}")
 
 
-def body_q8_0(M, h, xa, sa):
-    """Q8_0, codes stored signed (packQ8_0AVX2): the sign trick of the row
-    kernels, |w| (VPABSB) times x·sign(w) (VPSIGNB), as VPMADDUBSW wants an
-    unsigned operand; pairs at most 2·128·127 (the Q8_0 quantizer never
-    writes −128), so each step is widened to int32 at once."""
-    for m in range(M):
+def body_q8_0(ms, h, xa, sa):
+    """Q8_0 in packQ8_0AVX2's layout: code pairs of 8 rows sign-extended
+    to int16 (VPMOVSXBW) times the activation's pair as int16 words from
+    the side row (VPMADDWD): exact for any bytes. (VPMADDUBSW would
+    saturate on 8-bit codes; the row kernels' sign trick, |w| times
+    x·sign(w), measured slower: one VPSIGNB more per row and step.)"""
+    for m in ms:
         P(f"\tVPXOR {I32(m)}, {I32(m)}, {I32(m)}")
-    for k in range(8):
-        P(f"\tVMOVDQU {32+64*k+32*h}(SI), Y12")
-        P("\tVPABSB Y12, Y13")
-        for m in range(M):
+    for p in range(16):
+        P(f"\tVPMOVSXBW {32+32*p+16*h}(SI), Y12")
+        for m in ms:
             t = A16(m)
-            P(f"\tVPBROADCASTD {2+4*k}{xa[m]}, {t}")
-            P(f"\tVPSIGNB Y12, {t}, {t}")
-            P(f"\tVPMADDUBSW {t}, Y13, {t}")
-            P(f"\tVPMADDWD Y15, {t}, {t}")
+            P(f"\tVPBROADCASTD {4+4*p}{sa[m]}, {t}")
+            P(f"\tVPMADDWD {t}, Y12, {t}")
             P(f"\tVPADDD {t}, {I32(m)}, {I32(m)}")
-    # sum += float32(s) * (dw*dx)
     P(f"\tVCVTPH2PS {16*h}(SI), Y12")
-    for m in range(M):
+    for m in ms:
         P(f"\tVBROADCASTSS {sa[m]}, Y13")
         P("\tVMULPS Y13, Y12, Y13")
         P(f"\tVCVTDQ2PS {I32(m)}, {I32(m)}")
@@ -129,7 +126,7 @@ def body_q8_0(M, h, xa, sa):
         P(f"\tVADDPS {I32(m)}, {F(m)}, {F(m)}")
 
 
-def body_q32(fmt, M, h, xa, sa):
+def body_q32(fmt, ms, h, xa, sa):
     """Q4_0, Q5_0 (against Q8_0) and Q4_1, Q5_1 (against Q8_1) in their
     VNNI layouts: unsigned 4- or 5-bit codes. Pairs at most 2·15·128
     (2·31·128), so 8 steps (4 steps) sum in int16 before widening."""
@@ -153,16 +150,16 @@ def body_q32(fmt, M, h, xa, sa):
                 shift_to("Y15", "Y13", s, 4)
                 P(f"\tVPAND {C10}, Y13, Y13")
                 P("\tVPOR Y13, Y12, Y12")
-            for m in range(M):
+            for m in ms:
                 madd_step("Y12", f"{xq+4*t+(16 if s >= 4 else 0)}{xa[m]}", m, n % chain == 0)
             n += 1
             if n % chain == 0:
-                flush(M, n == chain)
+                flush(ms, n == chain)
     P(f"\tVCVTPH2PS {16*h}(SI), Y12")  # dw
     if fmt in ("Q4_1", "Q5_1"):
         # sum += (dw*dx)*float32(s) + mw*sx
         P(f"\tVCVTPH2PS {32+16*h}(SI), Y15")  # mw
-        for m in range(M):
+        for m in ms:
             P(f"\tVBROADCASTSS {sa[m]}, Y13")
             P("\tVMULPS Y13, Y12, Y13")
             P(f"\tVCVTDQ2PS {I32(m)}, {I32(m)}")
@@ -172,7 +169,7 @@ def body_q32(fmt, M, h, xa, sa):
             P(f"\tVADDPS Y14, {I32(m)}, {I32(m)}")
             P(f"\tVADDPS {I32(m)}, {F(m)}, {F(m)}")
         return
-    for m in range(M):
+    for m in ms:
         P(f"\tVPBROADCASTD 4{sa[m]}, Y13")  # (code offset)·Σx
         P(f"\tVPSUBD Y13, {I32(m)}, {I32(m)}")
         P(f"\tVCVTDQ2PS {I32(m)}, {I32(m)}")
@@ -193,13 +190,13 @@ def scale_pairs_u8(addr, dst, tmp):
     P(f"\tVPOR {tmp}, {dst}, {dst}")
 
 
-def body_qk(M, h, xa, sa, q5):
+def body_qk(ms, h, xa, sa, q5):
     """Q4_K (Q5_K) in the VNNI layout against Q8_K: per sub-block j of 32
     quants, 8 steps of unsigned 4-bit codes sum in int16 (at most
     8·2·15·128; 5-bit codes: 4 steps, 4·2·31·128), widened by VPMADDWD
     with the rows' 6-bit scales as (sc, sc) pairs; the mins against the
     side row's sub-block sums as the VNNI kernels do, by VPMADDWD."""
-    for m in range(M):
+    for m in ms:
         P(f"\tVPXOR {I32(m)}, {I32(m)}, {I32(m)}")
     chain = 4 if q5 else 8
     for c in range(4):
@@ -216,16 +213,16 @@ def body_qk(M, h, xa, sa, q5):
                     shift_to("Y15", "Y15", 2 * c + part, 4)
                     P(f"\tVPAND {C10}, Y15, Y15")
                     P("\tVPOR Y15, Y12, Y12")
-                for m in range(M):
+                for m in ms:
                     madd_step("Y12", f"{4+64*c+32*part+4*t}{xa[m]}", m, t % chain == 0)
                 if t % chain == chain - 1:
-                    for m in range(M):
+                    for m in ms:
                         P(f"\tVPMADDWD Y14, {A16(m)}, {A16(m)}")
                         P(f"\tVPADDD {A16(m)}, {I32(m)}, {I32(m)}")
     # mins: msum (int32, in A16) = Σ pairs (m_2i, m_2i+1)·(p_2i, p_2i+1)
     for i in range(4):
         P(f"\tVPMOVZXBW {192+32*i+16*h}(SI), Y12")
-        for m in range(M):
+        for m in ms:
             P(f"\tVPBROADCASTD {4+4*i}{sa[m]}, Y13")
             if i == 0:
                 P(f"\tVPMADDWD Y13, Y12, {A16(m)}")
@@ -234,7 +231,7 @@ def body_qk(M, h, xa, sa, q5):
                 P(f"\tVPADDD Y13, {A16(m)}, {A16(m)}")
     P(f"\tVCVTPH2PS {16*h}(SI), Y12")     # d of the rows
     P(f"\tVCVTPH2PS {32+16*h}(SI), Y13")  # dmin of the rows
-    for m in range(M):
+    for m in ms:
         P(f"\tVBROADCASTSS {sa[m]}, Y15")  # yd
         P("\tVMULPS Y15, Y12, Y14")         # d = dw*yd
         P(f"\tVCVTDQ2PS {I32(m)}, {I32(m)}")
@@ -261,7 +258,7 @@ def q6k_qh(h6, l4):
     return q6k_region(h6, l4) + 128 * (l4 % 4) + 64
 
 
-def body_q6k(M, h, xa):
+def body_q6k(ms, h, xa):
     """Q6_K in packQ6_KAVX2's layout (the VNNI one with each group's 16
     scales stored in the order rows 0-3, 8-11, 4-7, 12-15, so that
     VPMOVSXBW and VPUNPCKLWD / VPUNPCKHWD give half 0's / half 1's (sc, sc)
@@ -271,7 +268,7 @@ def body_q6k(M, h, xa):
     codes' offset 32 comes off at the end as 32·Σ sc_G·bsum_G, by
     VPMADDWD of (sc_2i, sc_2i+1) with the activation's bsums pairs."""
     unpck = "VPUNPCKLWD" if h == 0 else "VPUNPCKHWD"
-    for m in range(M):
+    for m in ms:
         P(f"\tVPXOR {I32(m)}, {I32(m)}, {I32(m)}")
     for h6 in range(2):
         for q in range(2):
@@ -292,10 +289,10 @@ def body_q6k(M, h, xa):
                         P(f"\tVPAND {C30}, Y15, Y15")
                         P("\tVPOR Y15, Y12, Y12")
                         xoff = 4 + 128 * h6 + 32 * (k - 1) + 4 * l4
-                        for m in range(M):
+                        for m in ms:
                             madd_step("Y12", f"{xoff}{xa[m]}", m, i % 2 == 0)
                         if i % 2 == 1:
-                            for m in range(M):
+                            for m in ms:
                                 P(f"\tVPMADDWD Y14, {A16(m)}, {A16(m)}")
                                 P(f"\tVPADDD {A16(m)}, {I32(m)}, {I32(m)}")
     # the offset: I32 -= 32·Σ_i (sc_2i, sc_2i+1)·(bsum_2i, bsum_2i+1)
@@ -303,7 +300,7 @@ def body_q6k(M, h, xa):
         P(f"\tVPMOVSXBW {32+32*i}(SI), Y12")
         P(f"\tVPMOVSXBW {48+32*i}(SI), Y13")
         P(f"\t{unpck} Y13, Y12, Y12")
-        for m in range(M):
+        for m in ms:
             P(f"\tVPBROADCASTD {260+4*i}{xa[m]}, Y13")
             if i == 0:
                 P(f"\tVPMADDWD Y13, Y12, {A16(m)}")
@@ -311,7 +308,7 @@ def body_q6k(M, h, xa):
                 P("\tVPMADDWD Y13, Y12, Y13")
                 P(f"\tVPADDD Y13, {A16(m)}, {A16(m)}")
     P(f"\tVCVTPH2PS {16*h}(SI), Y12")  # d of the rows
-    for m in range(M):
+    for m in ms:
         P(f"\tVPSLLD $5, {A16(m)}, {A16(m)}")
         P(f"\tVPSUBD {A16(m)}, {I32(m)}, {I32(m)}")
         P(f"\tVBROADCASTSS {xa[m]}, Y13")  # yd
@@ -337,6 +334,10 @@ def prefetch_part(lbl, part, reg):
 
 
 def kernel(fmt, M, pf=False):
+    """A kernel for M (4 or 1) activation rows. Four rows take the group
+    in two passes, one per half; one row takes both halves in one pass
+    (units 0 and 1 of the registers: the group is read once, as one
+    stream, which decode's speed depends on)."""
     gbb, xbs, sbs = GEOM[fmt]
     name = f"pack{fmt}x{M}{'PF' if pf else ''}AVX2"
     if pf:
@@ -348,34 +349,76 @@ def kernel(fmt, M, pf=False):
     else:
         P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
         P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
-    xa = ["(DI)", "(DI)(R8*1)", "(DI)(R8*2)", "(DI)(R9*1)"][:M]
-    sa = ["(R10)", "(R10)(R11*1)", "(R10)(R11*2)", "(R10)(R12*1)"][:M]
-    for h in range(2):
-        lbl = f"{name}_h{h}"
+    if M == 4:
+        xa = ["(DI)", "(DI)(R8*1)", "(DI)(R8*2)", "(DI)(R9*1)"]
+        sa = ["(R10)", "(R10)(R11*1)", "(R10)(R11*2)", "(R10)(R12*1)"]
+        passes = [[(h, [0, 1, 2, 3])] for h in range(2)]
+    else:
+        xa, sa = ["(DI)"] * 2, ["(R10)"] * 2
+        passes = [[(0, [0]), (1, [1])]]
+    for i, halves in enumerate(passes):
+        lbl = f"{name}_p{i}"
         load_args(M)
-        if fmt == "Q8_0":
-            P("\tVPCMPEQW Y15, Y15, Y15\n\tVPSRLW $15, Y15, Y15")  # int16 ones
-        for m in range(M):
+        units = [m for _, ms in halves for m in ms]
+        for m in units:
             P(f"\tVXORPS {F(m)}, {F(m)}, {F(m)}")
-        if pf and h == 0:
+        if pf and i == 0:
             P("\tMOVQ pf+64(FP), R13")
         P(f"\tTESTQ CX, CX\n\tJEQ {lbl}_done\n{lbl}_loop:")
-        if pf and h == 0:
+        if pf and i == 0:
             # the first half's pass fetches the whole quarter
             prefetch_part(lbl, gbb // 4, "R13")
-        if fmt == "Q8_0":
-            body_q8_0(M, h, xa, sa)
-        elif fmt in ("Q4_K", "Q5_K"):
-            body_qk(M, h, xa, sa, fmt == "Q5_K")
-        elif fmt == "Q6_K":
-            body_q6k(M, h, xa)
-        else:
-            body_q32(fmt, M, h, xa, sa)
+        for h, ms in halves:
+            if fmt == "Q8_0":
+                body_q8_0(ms, h, xa, sa)
+            elif fmt in ("Q4_K", "Q5_K"):
+                body_qk(ms, h, xa, sa, fmt == "Q5_K")
+            elif fmt == "Q6_K":
+                body_q6k(ms, h, xa)
+            else:
+                body_q32(fmt, ms, h, xa, sa)
         P(f"\tADDQ ${gbb}, SI\n\tADDQ ${xbs}, DI")
         if sbs:
             P(f"\tADDQ ${sbs}, R10")
         P(f"\tDECQ CX\n\tJNE {lbl}_loop\n{lbl}_done:")
-        store(M, h)
+        if M == 4:
+            store(M, halves[0][0])
+        else:
+            P("\tMOVQ out+32(FP), AX\n\tVMOVUPS Y0, (AX)\n\tVMOVUPS Y1, 32(AX)")
+    P("\tVZEROUPPER\n\tRET\n")
+
+
+def kernel_q8_0_x1():
+    """The one-row Q8_0 kernel (packQ8_0AVX2's layout) in one pass over
+    the group: both halves share each broadcast pair, two int32 chains a
+    half (their sum is exact)."""
+    name = "packQ8_0x1AVX2"
+    P(f"// func {name}(nb int, w, x, side *byte, out *float32)")
+    P(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
+    load_args(1)
+    P("\tVXORPS Y0, Y0, Y0\n\tVXORPS Y1, Y1, Y1")
+    P(f"\tTESTQ CX, CX\n\tJEQ {name}_done\n{name}_loop:")
+    for r in (4, 5, 6, 7):
+        P(f"\tVPXOR Y{r}, Y{r}, Y{r}")
+    for p in range(16):
+        x = 13 if p % 2 == 0 else 14
+        a, b = (8, 9) if p % 2 == 0 else (10, 11)
+        P(f"\tVPBROADCASTD {4+4*p}(R10), Y{x}")
+        P(f"\tVPMOVSXBW {32+32*p}(SI), Y{a}")
+        P(f"\tVPMOVSXBW {32+32*p+16}(SI), Y{b}")
+        P(f"\tVPMADDWD Y{x}, Y{a}, Y{a}")
+        P(f"\tVPMADDWD Y{x}, Y{b}, Y{b}")
+        c = 4 if p % 2 == 0 else 6
+        P(f"\tVPADDD Y{a}, Y{c}, Y{c}")
+        P(f"\tVPADDD Y{b}, Y{c+1}, Y{c+1}")
+    P("\tVPADDD Y6, Y4, Y4\n\tVPADDD Y7, Y5, Y5")
+    P("\tVCVTPH2PS (SI), Y12\n\tVCVTPH2PS 16(SI), Y14")
+    P("\tVBROADCASTSS (R10), Y13")
+    P("\tVMULPS Y13, Y12, Y12\n\tVMULPS Y13, Y14, Y14")  # dw*dx
+    for acc, i, d in ((0, 4, 12), (1, 5, 14)):
+        P(f"\tVCVTDQ2PS Y{i}, Y{i}\n\tVMULPS Y{d}, Y{i}, Y{i}\n\tVADDPS Y{i}, Y{acc}, Y{acc}")
+    P(f"\tADDQ $544, SI\n\tADDQ $34, DI\n\tADDQ $68, R10\n\tDECQ CX\n\tJNE {name}_loop\n{name}_done:")
+    P("\tMOVQ out+32(FP), AX\n\tVMOVUPS Y0, (AX)\n\tVMOVUPS Y1, 32(AX)")
     P("\tVZEROUPPER\n\tRET\n")
 
 
@@ -399,5 +442,8 @@ const("avx2c30", 0x3030303030303030)
 for f in GEOM:
     kernel(f, 4, pf=True)
     kernel(f, 4)
-    kernel(f, 1)
+    if f == "Q8_0":
+        kernel_q8_0_x1()
+    else:
+        kernel(f, 1)
 print("\n".join(out))
