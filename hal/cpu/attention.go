@@ -123,10 +123,19 @@ func (b *Backend) Attention(out, q []float32, heads int, scale float32, store ha
 		b.attn.kl, b.attn.vl = s.k[layer], s.v[layer]
 		b.attn.ak = attnKernelsFor(kern.isa, hd, bs)
 	}
+	if heads > l.KVHeads && heads%l.KVHeads == 0 && !b.perHeadAttn {
+		// Grouped-query attention: one unit per (token, KV head), reading the
+		// KV head once for all the query heads that share it.
+		if b.attn.gk = attnGroupKernelsFor(kern.isa, l.DType, hd, bs); b.attn.gk != nil {
+			b.pool.run(len(batch.Pos)*l.KVHeads, &b.attn)
+			return
+		}
+	}
 	b.pool.run(len(batch.Pos)*heads, &b.attn)
 }
 
-// attnTask computes attention for a range of (token, head) pairs.
+// attnTask computes attention for a range of (token, head) pairs, or of
+// (token, KV head) pairs where gk is set.
 type attnTask struct {
 	b          *Backend
 	s          *kvStore
@@ -138,10 +147,15 @@ type attnTask struct {
 	batch      *hal.AttnBatch
 	ak         *attnKernels
 	ak16       *attnKernelsF16
+	gk         *attnGroupKernels // set: units are (token, KV head), run by runGroups
 	maxBlocks  int
 }
 
 func (a *attnTask) runRange(worker, lo, hi int) {
+	if a.gk != nil {
+		a.runGroups(worker, lo, hi)
+		return
+	}
 	b, s, batch, heads, scale, q, out := a.b, a.s, a.batch, a.heads, a.scale, a.q, a.out
 	l := s.layout
 	hd, bs := l.HeadDim, l.BlockSize

@@ -29,6 +29,8 @@ type Backend struct {
 	rope   ropeTask
 	attn   attnTask
 	silu   siluTask
+
+	perHeadAttn bool // tests: attention one query head at a time, grouped kernels or not
 }
 
 // New returns a CPU backend using threads workers (0 means all cores).
