@@ -263,4 +263,5 @@ func BenchmarkAttnKernels(b *testing.B) {
 			}
 		}
 	}
+	benchAttnGroups(b)
 }

@@ -167,3 +167,82 @@ func TestAttentionGroupedPerHead(t *testing.T) {
 		}
 	}
 }
+
+// benchAttnGroups (part of BenchmarkAttnKernels) times the G query heads of
+// one KV head over 4096 positions: "grouped", the grouped kernels reading
+// the KV head once; "perhead", the per-head kernels G times, as attention
+// ran before. Bytes per op are the KV head's keys and values, read once.
+// "cache": the same KV head every time; "mem": a different one each time,
+// from 128 MiB of F32 KV (64 MiB of F16).
+func benchAttnGroups(b *testing.B) {
+	const bs, n = 16, 4096
+	r := rand.New(rand.NewPCG(65, 66))
+	for _, c := range []struct{ G, hd int }{{7, 64}, {4, 64}, {4, 128}} {
+		for _, where := range []string{"cache", "mem"} {
+			kvHeads := 1
+			if where == "mem" {
+				kvHeads = (128 << 20) / (n * c.hd * 8)
+			}
+			nblk := n / bs
+			offs := make([][]int32, kvHeads)
+			for h := range offs {
+				offs[h] = make([]int32, nblk)
+				for i, p := range r.Perm(nblk) {
+					offs[h][i] = int32((h*nblk + p) * bs * c.hd)
+				}
+			}
+			hd, G := c.hd, c.G
+			q := testRandRow(r, G*hd)
+			qi := testRandRow(r, G*hd)
+			k32, v32 := testRandRow(r, kvHeads*n*hd), testRandRow(r, kvHeads*n*hd)
+			k16, v16 := randKVF16(r, kvHeads*n*hd, 1), randKVF16(r, kvHeads*n*hd, 1)
+			sc, o := make([]float32, G*n), make([]float32, G*hd)
+			w := make([]float32, G*n)
+			for i := range w {
+				w[i] = r.Float32() / n
+			}
+			for _, dt := range []hal.DType{hal.F32, hal.F16} {
+				kp, vp, kvLen, es := unsafe.Pointer(&k32[0]), unsafe.Pointer(&v32[0]), len(k32), 4
+				if dt == hal.F16 {
+					kp, vp, es = unsafe.Pointer(&k16[0]), unsafe.Pointer(&v16[0]), 2
+				}
+				for _, isa := range simdISAs() {
+					gk := attnGroupKernelsFor(isa, dt, hd, bs)
+					if gk == nil {
+						continue
+					}
+					b.Run(fmt.Sprintf("group/%v/G%d/hd%d/%s/%s/grouped", dt, G, hd, where, isa), func(b *testing.B) {
+						b.SetBytes(int64(2 * n * hd * es))
+						h := 0
+						for b.Loop() {
+							h = (h + 1) % kvHeads
+							gk.groupScores(qi, G, hd, kp, kvLen, offs[h], 0.125, sc, n)
+							gk.groupAccumV(o, G, hd, vp, kvLen, offs[h], n, w)
+						}
+					})
+					b.Run(fmt.Sprintf("group/%v/G%d/hd%d/%s/%s/perhead", dt, G, hd, where, isa), func(b *testing.B) {
+						ak, ak16 := attnKernelsFor(isa, hd, bs), attnKernelsF16For(isa, hd, bs)
+						if (dt == hal.F32 && ak == nil) || (dt == hal.F16 && ak16 == nil) {
+							b.Skipf("no per-head kernels for %v under %s", dt, isa)
+						}
+						b.SetBytes(int64(2 * n * hd * es))
+						h := 0
+						for b.Loop() {
+							h = (h + 1) % kvHeads
+							for g := range G {
+								qh, sh, oh, wh := q[g*hd:(g+1)*hd], sc[g*n:(g+1)*n], o[g*hd:(g+1)*hd], w[g*n:(g+1)*n]
+								if dt == hal.F16 {
+									ak16.scores(qh, k16, offs[h], 0.125, sh)
+									ak16.accumV(oh, v16, offs[h], wh)
+								} else {
+									ak.scores(qh, k32, offs[h], 0.125, sh)
+									ak.accumV(oh, v32, offs[h], wh)
+								}
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+}

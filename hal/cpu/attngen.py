@@ -104,6 +104,23 @@ def gen_scores(elem, isa, g):
         for b in range(nb):
             P(f"\tMOVLQSX {4 * b}(R8), {ptrs[b]}")
             P(f"\tLEAQ (DX)({ptrs[b]}*{es}), {ptrs[b]}")
+        # Prefetch the next step's blocks (scattered in memory, so the
+        # hardware prefetcher does not see them coming) while this step
+        # computes: each block is 16·hd elements, hd·es/4 cache lines.
+        P(f"\tCMPQ BX, ${2 * nb}")
+        P(f"\tJLT {lbl}_nopf")
+        for b in range(nb):
+            P(f"\tMOVLQSX {4 * (nb + b)}(R8), AX")
+            P(f"\tLEAQ (DX)(AX*{es}), AX")
+            P("\tMOVQ R15, CX")
+            if es == 2:
+                P("\tSHRQ $1, CX")
+            P(f"{lbl}_pf{b}:")
+            P("\tPREFETCHT0 (AX)")
+            P("\tADDQ $64, AX")
+            P("\tDECQ CX")
+            P(f"\tJNE {lbl}_pf{b}")
+        P(f"{lbl}_nopf:")
         for b in range(nb):
             for h in range(g):
                 for v in range(vpb):
@@ -186,7 +203,22 @@ def gen_accum(elem, isa, g):
         P("\tCMPQ BX, CX")
         P("\tCMOVQLT BX, CX")
         P("\tSUBQ CX, BX")
+        # SI: from this block's rows to those of the block two ahead (0 if
+        # none), prefetched row by row while this block is summed.
+        P("\tXORQ SI, SI")
+        P("\tCMPQ BX, $16")
+        P(f"\tJLE {lbl}_nopf")
+        P("\tMOVLQSX 8(R8), SI")
+        P("\tMOVLQSX (R8), DI")
+        P("\tSUBQ DI, SI")
+        if es == 4:
+            P("\tSHLQ $2, SI")
+        else:
+            P("\tSHLQ $1, SI")
+        P(f"{lbl}_nopf:")
         P(f"{lbl}_slot:")
+        for off in range(0, c * lanes * es, 64):
+            P(f"\tPREFETCHT0 {off}(R9)(SI*1)")
         for v in range(c):
             load(elem, f"{v * lanes * es}(R9)", val[v])
         for h in range(g):
