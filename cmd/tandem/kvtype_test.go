@@ -69,7 +69,7 @@ func TestServeKVTypeBudget(t *testing.T) {
 	tokens := map[string]int{}
 	for _, kvType := range []string{"f32", "f16"} {
 		s := startServe(t, "--model", path, "--kv-cache-memory", "1MiB", "--kv-type", kvType)
-		m := re.FindStringSubmatch(s.log())
+		m := s.logMatch(re)
 		if m == nil {
 			t.Fatalf("--kv-type %s: no KV cache line in\n%s", kvType, s.log())
 		}

@@ -99,6 +99,19 @@ func (s *server) log() string {
 	return s.stderr.String()
 }
 
+// logMatch waits up to 10 s for the log to match re (the lines after the
+// URL's are read in the background) and returns the submatches, nil if
+// they never came.
+func (s *server) logMatch(re *regexp.Regexp) []string {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if m := re.FindStringSubmatch(s.log()); m != nil || time.Now().After(deadline) {
+			return m
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func (s *server) client() *sdk.Client {
 	c := sdk.NewClient(option.WithBaseURL(s.url+"/v1/"), option.WithAPIKey("none"), option.WithMaxRetries(0),
 		option.WithRequestTimeout(60*time.Second))
