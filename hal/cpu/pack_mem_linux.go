@@ -204,14 +204,18 @@ func parseMapping(line []byte) (mapping, bool) {
 	}, true
 }
 
-// mapKV returns n zeroed bytes mapped outside the Go heap (no huge pages:
-// a KV block is a few KiB of each layer's array, and a huge page per first
-// write would make the cache resident 2 MiB at a time), and the function
-// that unmaps them.
+// mapKV returns n zeroed bytes mapped outside the Go heap, with transparent
+// huge pages requested, and the function that unmaps them. Attention reads
+// a sequence's blocks scattered over each layer's array, a few KiB each:
+// with 4 KiB pages nearly every block costs a TLB miss (decode at 4096
+// positions ran 8–15 % slower). The price is residency in 2 MiB steps: at
+// most one partly used huge page per layer array beyond the blocks written
+// (and the whole store is resident once the prefix cache has filled it).
 func mapKV(n int) ([]byte, func(), error) {
 	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 	if err != nil {
 		return nil, nil, err
 	}
+	_ = syscall.Madvise(b, 14) // MADV_HUGEPAGE; advice only
 	return b, func() { _ = syscall.Munmap(b) }, nil
 }
