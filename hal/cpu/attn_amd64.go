@@ -16,9 +16,7 @@ var attn16AVX512 = &attnKernels{
 			return
 		}
 		_ = sc[16*len(offs)-1]
-		for _, o := range offs {
-			_ = k[int(o)+16*hd-1] // bounds: every block lies in k
-		}
+		blocksInBounds(k, offs, hd)
 		attnScores16AVX512(&q[0], hd, unsafe.SliceData(k), &offs[0], len(offs), scale, &sc[0])
 	},
 	accumV: func(o, v []float32, offs []int32, w []float32) {
@@ -29,9 +27,7 @@ var attn16AVX512 = &attnKernels{
 		}
 		nblk := (len(w) + 15) / 16
 		_ = offs[nblk-1]
-		for _, off := range offs[:nblk] {
-			_ = v[int(off)+16*hd-1]
-		}
+		blocksInBounds(v, offs[:nblk], hd)
 		attnAccumV16AVX512(&o[0], hd, unsafe.SliceData(v), &offs[0], len(w), &w[0])
 	},
 }
@@ -44,4 +40,12 @@ func attnKernelsFor(isa string, hd, bs int) *attnKernels {
 		return nil
 	}
 	return attn16AVX512
+}
+
+// blocksInBounds panics, as an index out of range, unless each 16-position
+// block of hd values at offs lies in kv: the assembly kernels do not check.
+func blocksInBounds[E float32 | uint16](kv []E, offs []int32, hd int) {
+	for _, o := range offs {
+		_ = kv[int(o)+16*hd-1]
+	}
 }

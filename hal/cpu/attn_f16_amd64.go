@@ -29,9 +29,7 @@ func newAttnKernelsF16(scores attnScoresF16Asm, accum attnAccumF16Asm) *attnKern
 				return
 			}
 			_ = sc[16*len(offs)-1]
-			for _, o := range offs {
-				_ = k[int(o)+16*hd-1] // bounds: every block lies in k
-			}
+			blocksInBounds(k, offs, hd)
 			scores(&q[0], hd, unsafe.SliceData(k), &offs[0], len(offs), scale, &sc[0])
 		},
 		accumV: func(o []float32, v []uint16, offs []int32, w []float32) {
@@ -42,9 +40,7 @@ func newAttnKernelsF16(scores attnScoresF16Asm, accum attnAccumF16Asm) *attnKern
 			}
 			nblk := (len(w) + 15) / 16
 			_ = offs[nblk-1]
-			for _, off := range offs[:nblk] {
-				_ = v[int(off)+16*hd-1]
-			}
+			blocksInBounds(v, offs[:nblk], hd)
 			accum(&o[0], hd, unsafe.SliceData(v), &offs[0], len(w), &w[0])
 		},
 	}
