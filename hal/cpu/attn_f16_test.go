@@ -94,28 +94,11 @@ func TestAttentionF16Store(t *testing.T) {
 		{64, 16, 4, 2}, {128, 16, 2, 1}, {8, 16, 4, 4}, {16, 4, 2, 1}, {24, 16, 2, 2},
 	} {
 		t.Run(fmt.Sprintf("hd%d_bs%d", c.hd, c.bs), func(t *testing.T) {
-			// Sequence 0: 37 positions, sequence 1: 5, blocks interleaved.
-			lens := []int{37, 5}
-			var tables [][]int32
-			next := int32(0)
-			for _, n := range lens {
-				var tb []int32
-				for range (n + c.bs - 1) / c.bs {
-					tb = append(tb, next)
-					next++
-				}
-				tables = append(tables, tb)
-			}
-			for _, tb := range tables { // blocks backwards, so the test depends on the tables
+			// Sequence 0: 37 positions, sequence 1: 5.
+			batch, next := prefillBatch([]int{37, 5}, c.bs)
+			for _, tb := range batch.Blocks { // blocks backwards, so the test depends on the tables
 				for i := range tb {
 					tb[i] = next - 1 - tb[i]
-				}
-			}
-			batch := &hal.AttnBatch{Blocks: tables}
-			for s, n := range lens {
-				for p := range n {
-					batch.Pos = append(batch.Pos, int32(p))
-					batch.SeqOf = append(batch.SeqOf, int32(s))
 				}
 			}
 			tokens := len(batch.Pos)
@@ -159,9 +142,9 @@ func TestAttentionF16Store(t *testing.T) {
 				}
 			}
 			// CopyBlock moves an F16 block whole.
-			st16.CopyBlock(0, int(tables[0][0]))
+			st16.CopyBlock(0, int(batch.Blocks[0][0]))
 			n := c.bs * c.kvHeads * c.hd
-			o := int(tables[0][0]) * n
+			o := int(batch.Blocks[0][0]) * n
 			for i := range n {
 				if s16.k16[1][i] != s16.k16[1][o+i] || s16.v16[1][i] != s16.v16[1][o+i] {
 					t.Fatalf("CopyBlock: element %d differs", i)
@@ -264,4 +247,24 @@ func BenchmarkAttnKernels(b *testing.B) {
 		}
 	}
 	benchAttnGroups(b)
+}
+
+// prefillBatch is a batch of every position of sequences of lens positions,
+// each given the next unused blocks of bs positions in turn; blocks is how
+// many that takes.
+func prefillBatch(lens []int, bs int) (batch *hal.AttnBatch, blocks int32) {
+	batch = &hal.AttnBatch{}
+	for s, n := range lens {
+		var tb []int32
+		for range (n + bs - 1) / bs {
+			tb = append(tb, blocks)
+			blocks++
+		}
+		batch.Blocks = append(batch.Blocks, tb)
+		for p := range n {
+			batch.Pos = append(batch.Pos, int32(p))
+			batch.SeqOf = append(batch.SeqOf, int32(s))
+		}
+	}
+	return batch, blocks
 }

@@ -112,7 +112,7 @@ func TestAttnGroupKernelsBitEqual(t *testing.T) {
 // TestAttentionGroupedPerHead: attention by (token, KV head) units with the
 // grouped kernels gives the bits of attention one query head at a time, for
 // the models' group shapes and others, F32 and F16 stores, two sequences
-// whose blocks are interleaved, every position of each.
+// in one batch, every position of each.
 func TestAttentionGroupedPerHead(t *testing.T) {
 	r := rand.New(rand.NewPCG(63, 64))
 	be := New(2)
@@ -126,24 +126,7 @@ func TestAttentionGroupedPerHead(t *testing.T) {
 					t.Skipf("no grouped kernels for %v hd %d under %s", dt, c.hd, kern.isa)
 				}
 				const bs = 16
-				lens := []int{70, 21}
-				var tables [][]int32
-				next := int32(0)
-				for _, n := range lens {
-					var tb []int32
-					for range (n + bs - 1) / bs {
-						tb = append(tb, next)
-						next++
-					}
-					tables = append(tables, tb)
-				}
-				batch := &hal.AttnBatch{Blocks: tables}
-				for s, n := range lens {
-					for p := range n {
-						batch.Pos = append(batch.Pos, int32(p))
-						batch.SeqOf = append(batch.SeqOf, int32(s))
-					}
-				}
+				batch, next := prefillBatch([]int{70, 21}, bs)
 				tokens := len(batch.Pos)
 				row := c.kvHeads * c.hd
 				k, v := testRandRow(r, tokens*row), testRandRow(r, tokens*row)
