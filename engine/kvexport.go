@@ -136,7 +136,7 @@ func newBlockIO(st hal.KVStore) (*blockIO, error) {
 	if a, ok := st.(kvBytes); ok {
 		k, v = a.KVBytes()
 	}
-	sz := l.BlockSize * l.KVHeads * l.HeadDim * dtypeSize(dt)
+	sz := l.BlockSize * l.KVHeads * l.HeadDim * l.ElemBytes()
 	if len(k) != l.Layers || len(v) != l.Layers {
 		return nil, fmt.Errorf("engine: the KV store %T does not expose its blocks; KV transfer needs a host-memory store", st)
 	}

@@ -17,8 +17,8 @@ import (
 // the garbage of requests had grown as large as the whole cache (+180 MiB
 // of resident memory over 150 short requests to Qwen 0.5B with a 9 GiB
 // budget, the next collection due at 12.6 GB). Pages are zero and not
-// resident until first written, as before. The arrays KVArrays and
-// KVBytes hand out are valid while the store is reachable.
+// resident until first written, as before. The arrays KVBytes hands out
+// are valid while the store is reachable.
 func newHostKVStore(l hal.KVLayout, per int) (*kvStore, error) {
 	es := l.ElemBytes()
 	n := 2 * l.Layers * per

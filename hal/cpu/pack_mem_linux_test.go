@@ -99,7 +99,7 @@ func TestKVStoreOffHeap(t *testing.T) {
 	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 16<<20 {
 		t.Errorf("a %d-byte KV store grew the Go heap by %d bytes", st.Bytes(), grew)
 	}
-	k, v := st.(*kvStore).KVArrays()
+	k, v := st.(*kvStore).k, st.(*kvStore).v
 	per := l.Blocks * l.BlockSize * l.KVHeads * l.HeadDim
 	for i := range l.Layers {
 		if len(k[i]) != per || len(v[i]) != per || cap(k[i]) != per {
