@@ -186,8 +186,7 @@ func (a *attnTask) runRange(worker, lo, hi int) {
 			attnScoresRef(qh, a.kl, offs[:nblk], bs, scale, sc)
 		}
 		sc = sc[:n]
-		expShifted(sc, maxOf(sc))
-		inv := float32(1 / softmaxSum(sc))
+		inv := softmaxExp(sc)
 		for j, w := range sc {
 			sc[j] = w * inv
 		}
@@ -203,6 +202,14 @@ func (a *attnTask) runRange(worker, lo, hi int) {
 			attnAccumVRef(oh, a.vl, offs[:nblk], bs, sc)
 		}
 	}
+}
+
+// softmaxExp sets sc[j] = exp(sc[j] − max sc) and returns the factor,
+// 1/Σ, that makes them the softmax. The per-head and grouped paths both
+// call it: their outputs are the same bits.
+func softmaxExp(sc []float32) float32 {
+	expShifted(sc, maxOf(sc))
+	return float32(1 / softmaxSum(sc))
 }
 
 // maxOf returns the largest of v (−Inf for none), four running maxima at a

@@ -118,8 +118,7 @@ func (a *attnTask) runGroups(worker, lo, hi int) {
 		gk.groupScores(qi, G, hd, kp, klen, offs[:nblk], scale, scores, stride)
 		for h := range G {
 			sc := scores[h*stride : h*stride+n]
-			expShifted(sc, maxOf(sc))
-			inv := float32(1 / softmaxSum(sc))
+			inv := softmaxExp(sc)
 			for j, w := range sc {
 				wi[j*G+h] = w * inv
 			}
