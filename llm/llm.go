@@ -27,6 +27,10 @@ type Request struct {
 	// them as output for penalties and replays their RNG draws, so a seeded sampled
 	// request continues exactly as it would have on one worker.
 	Resumed int
+	// Session groups requests that should run on one worker (a conversation): the
+	// X-Session-Id header, else the body's "user" field. Only the router reads it; it
+	// does not travel to workers.
+	Session string
 }
 
 // TokenLogprob is a token id with its log-probability.

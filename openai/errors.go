@@ -1,12 +1,15 @@
 package openai
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
+	"os"
 	"strings"
 
 	"tandem/llm"
@@ -94,14 +97,26 @@ func backendError(err error) *apiError {
 	return &apiError{status: http.StatusInternalServerError, typ: "server_error", msg: "Internal error: " + err.Error()}
 }
 
-// readJSON reads a body of at most maxBody bytes and decodes it into v.
+// readJSON reads a body of at most maxBody bytes and decodes it into v. A body the
+// server stops reading (too large, too slow) leaves the connection in an unknown place
+// in the client's bytes, so those answers close it: nothing after them is parsed as
+// another request.
 func readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, v any) *apiError {
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if aerr := checkContentType(r); aerr != nil {
+		w.Header().Set("Connection", "close")
+		return aerr
+	}
+	data, err := readBody(w, r, maxBody)
 	if err != nil {
+		w.Header().Set("Connection", "close")
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		switch {
+		case errors.As(err, &mbe):
 			return &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
 				msg: fmt.Sprintf("The request body is larger than %d bytes.", mbe.Limit)}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",
+				msg: "The request body did not arrive in time (" + err.Error() + ")."}
 		}
 		return badRequest("", "Reading the request body: %v.", err)
 	}
@@ -123,6 +138,36 @@ func readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, v any) *api
 		return badRequest("", "The request body is not valid JSON: %v.", err)
 	}
 	return nil
+}
+
+// readBody reads the whole body, sized once when the client declared its length.
+func readBody(w http.ResponseWriter, r *http.Request, maxBody int64) ([]byte, error) {
+	if r.ContentLength > maxBody {
+		// Refused before reading a byte: the declared length is over the limit.
+		return nil, &http.MaxBytesError{Limit: maxBody}
+	}
+	body := http.MaxBytesReader(w, r.Body, maxBody)
+	if r.ContentLength <= 0 {
+		return io.ReadAll(body)
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, r.ContentLength+1))
+	_, err := buf.ReadFrom(body)
+	return buf.Bytes(), err
+}
+
+// checkContentType refuses a body declared as something other than JSON (a form, plain
+// text), as vLLM does; a body without a Content-Type is read as JSON.
+func checkContentType(r *http.Request) *apiError {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json")) {
+		return nil
+	}
+	return &apiError{status: http.StatusUnsupportedMediaType, typ: "invalid_request_error", code: "unsupported_media_type",
+		msg: fmt.Sprintf("Unsupported Content-Type %q: send the body as application/json.", ct)}
 }
 
 // jsonTypeName names a Go type the way a JSON user thinks of it.

@@ -118,6 +118,17 @@ func isNull(raw json.RawMessage) bool {
 	return len(raw) == 0 || string(raw) == "null"
 }
 
+// SessionHeader carries a session id: a router keeps the requests of one session on one
+// worker. Without it, the body's "user" field is the session.
+const SessionHeader = "X-Session-Id"
+
+func session(r *http.Request, user string) string {
+	if sid := r.Header.Get(SessionHeader); sid != "" {
+		return sid
+	}
+	return user
+}
+
 // newJob validates the fields chat and completions share.
 func newJob(m *Model, f *samplingFields, chat bool, maxTokens *int64, maxParam string) (*job, *apiError) {
 	j := &job{m: m, chat: chat, created: time.Now().Unix(), stream: f.Stream, includeStop: f.IncludeStopStr, maxParam: maxParam}
@@ -389,6 +400,7 @@ func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo
 	if aerr != nil {
 		return nil, aerr
 	}
+	j.req.Session = session(r, req.User)
 	j.logprobs = req.Logprobs != nil && *req.Logprobs
 	if req.TopLogprobs != nil {
 		if *req.TopLogprobs > 0 && !j.logprobs {
@@ -427,6 +439,7 @@ func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *r
 	if aerr != nil {
 		return nil, aerr
 	}
+	j.req.Session = session(r, req.User)
 	if req.BestOf != nil && *req.BestOf != int64(j.n) {
 		return nil, badRequest("best_of", "best_of must equal n (%d) when given: choosing the best of several is not supported.", j.n)
 	}

@@ -524,23 +524,15 @@ func (l *Live) rebuildAPI() {
 	l.api.Store(&h)
 }
 
-type sessionKey struct{}
-
 // SessionHeader carries a session id; requests of one session stay on one worker.
-const SessionHeader = "X-Session-Id"
+const SessionHeader = openai.SessionHeader
 
 // Handler is the router's OpenAI API: the models registered so far. A request's session is
-// its X-Session-Id header, else the "user" field of its body.
+// its X-Session-Id header, else the "user" field of its body (openai sets llm.Request.Session;
+// the router never reads a body itself, so the API handler's body limit and its closing of
+// the connection after a 413 hold).
 func (l *Live) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if sid := sessionOf(r); sid != "" {
-			r = r.WithContext(context.WithValue(r.Context(), sessionKey{}, sid))
-		}
 		(*l.api.Load()).ServeHTTP(w, r)
 	})
-}
-
-func sessionFrom(ctx context.Context) string {
-	s, _ := ctx.Value(sessionKey{}).(string)
-	return s
 }

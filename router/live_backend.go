@@ -1,14 +1,11 @@
 package router
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -37,7 +34,7 @@ func (b *liveBackend) Generate(ctx context.Context, req *llm.Request) (llm.Strea
 		return nil, fmt.Errorf("%w: empty prompt", llm.ErrInvalid)
 	}
 	start := time.Now()
-	s := &liveStream{b: b, orig: *req, session: sessionFrom(ctx), ctx: ctx}
+	s := &liveStream{b: b, orig: *req, session: req.Session, ctx: ctx}
 	s.orig.Prompt = req.Prompt
 	if p := &s.orig.Sampling; !p.HasSeed && p.Temperature > 0 {
 		// The router picks the seed, so that a migrated request resumes the same draws.
@@ -323,28 +320,4 @@ func (s *liveStream) Close() error {
 	}
 	s.release()
 	return nil
-}
-
-// sessionOf returns the session of an API request: the X-Session-Id header, else the
-// "user" field of a JSON body (which is then restored for the handler).
-func sessionOf(r *http.Request) string {
-	if sid := r.Header.Get(SessionHeader); sid != "" {
-		return sid
-	}
-	if r.Method != http.MethodPost || r.Body == nil || !strings.HasPrefix(r.URL.Path, "/v1/") {
-		return ""
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 32<<20+1))
-	r.Body.Close()
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	if err != nil {
-		return ""
-	}
-	var v struct {
-		User string `json:"user"`
-	}
-	if json.Unmarshal(body, &v) != nil {
-		return ""
-	}
-	return v.User
 }
