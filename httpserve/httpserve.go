@@ -25,6 +25,8 @@ const (
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
 	DefaultMaxHeaderBytes    = 64 << 10
+	DefaultBodyReadTimeout   = 10 * time.Second
+	DefaultMinBodyRate       = 64 << 10 // bytes per second
 )
 
 // Paths answered by the Server itself, ahead of Config.Handler.
@@ -32,6 +34,20 @@ const (
 	HealthPath  = "/health"
 	MetricsPath = "/metrics"
 )
+
+// cutGrace is how long, once the drain deadline has passed, request handlers get to end
+// their responses (a stream sends an error event) after their contexts are cancelled
+// with ErrDrainTimeout, before the remaining connections are closed.
+const cutGrace = 500 * time.Millisecond
+
+// cutLinger is how long a cut response's last bytes get to leave before its stream or
+// connection is reset (see abort).
+const cutLinger = 100 * time.Millisecond
+
+// ErrDrainTimeout is the cause (context.Cause) of a request context that Shutdown
+// cancelled because its deadline passed: the server, not the client, is ending the
+// request, and the handler should say so in its response before it returns.
+var ErrDrainTimeout = errors.New("httpserve: the server's drain deadline passed")
 
 // hardCloseGrace bounds how long Shutdown waits, after its deadline has
 // passed and connections were cut, for serving goroutines to return. A
@@ -86,6 +102,20 @@ type Config struct {
 	IdleTimeout       time.Duration
 	MaxHeaderBytes    int
 
+	// BodyReadTimeout and MinBodyRate bound how long a request body may take: a body
+	// must keep within BodyReadTimeout plus its bytes so far at MinBodyRate, counted from
+	// the handler's first read. A client that sends its headers and then a byte every few
+	// seconds, or Expect: 100-continue and no body, is cut: the read fails with an error
+	// matching os.ErrDeadlineExceeded. Zero means the Default* constant; a negative
+	// BodyReadTimeout turns the bound off.
+	BodyReadTimeout time.Duration
+	MinBodyRate     int64 // bytes per second
+
+	// MetricsToken, if set, is the bearer token MetricsPath requires
+	// ("Authorization: Bearer TOKEN"). HealthPath never requires one: load balancers
+	// and probes must reach it, and it tells only "ok", "not ready" or "draining".
+	MetricsToken string
+
 	// Logger receives start, shutdown and server error lines. Nil means
 	// slog.Default().
 	Logger *slog.Logger
@@ -108,10 +138,13 @@ type Server struct {
 	h3      *http3.Server
 	altSvc  string
 
-	baseCtx    context.Context    // parent of every TCP request context
-	cancelBase context.CancelFunc // cut TCP request contexts on hard close
-	serving    sync.WaitGroup     // serve goroutines
-	serveErr   chan error         // unexpected serve failures
+	baseCtx    context.Context         // parent of every request context
+	cancelBase context.CancelCauseFunc // cut request contexts on hard close
+	serving    sync.WaitGroup          // serve goroutines
+	serveErr   chan error              // unexpected serve failures
+	handlers   sync.WaitGroup          // requests being served
+	handoff    *handoffListener        // the TCP listener, shared with the drain server
+	drainSrv   *http.Server            // answers 503 on new connections during a drain
 
 	shutdownDone chan struct{}
 	shutdownErr  error
@@ -147,6 +180,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxHeaderBytes <= 0 {
 		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
+	if cfg.BodyReadTimeout == 0 {
+		cfg.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	if cfg.MinBodyRate <= 0 {
+		cfg.MinBodyRate = DefaultMinBodyRate
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, shutdownDone: make(chan struct{}), serveErr: make(chan error, 2)}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -180,7 +219,8 @@ func (s *Server) Start() error {
 	if err := s.listen(); err != nil {
 		return err
 	}
-	s.baseCtx, s.cancelBase = context.WithCancel(context.Background())
+	s.baseCtx, s.cancelBase = context.WithCancelCause(context.Background())
+	s.handoff = newHandoffListener(s.tcpLn)
 
 	protos := new(http.Protocols)
 	protos.SetHTTP1(true)
@@ -208,6 +248,16 @@ func (s *Server) Start() error {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return s.baseCtx },
 	}
+	s.drainSrv = &http.Server{
+		Handler:           http.HandlerFunc(s.drainAnswer),
+		Protocols:         protos,
+		TLSConfig:         s.tlsConf,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	s.drainSrv.SetKeepAlivesEnabled(false)
 	if s.http3On {
 		s.h3 = &http3.Server{
 			Handler:        s.routes(),
@@ -216,6 +266,13 @@ func (s *Server) Start() error {
 			MaxHeaderBytes: s.cfg.MaxHeaderBytes,
 			IdleTimeout:    s.cfg.IdleTimeout,
 			Logger:         s.log,
+			ConnContext: func(ctx context.Context, _ *quic.Conn) context.Context {
+				// HTTP/3 request contexts end with the TCP ones, with the same cause.
+				ctx, cancel := context.WithCancelCause(ctx)
+				stop := context.AfterFunc(s.baseCtx, func() { cancel(context.Cause(s.baseCtx)) })
+				context.AfterFunc(ctx, func() { stop() })
+				return ctx
+			},
 		}
 	}
 
@@ -223,12 +280,13 @@ func (s *Server) Start() error {
 	s.serving.Go(func() {
 		var err error
 		if s.tlsConf != nil {
-			err = s.hs.ServeTLS(s.tcpLn, "", "") // certificates are in TLSConfig
+			err = s.hs.ServeTLS(s.handoff.main, "", "") // certificates are in TLSConfig
 		} else {
-			err = s.hs.Serve(s.tcpLn)
+			err = s.hs.Serve(s.handoff.main)
 		}
 		s.reportServeErr("tcp", err)
 	})
+	s.serving.Go(s.handoff.run)
 	if s.h3 != nil {
 		s.serving.Go(func() { s.reportServeErr("quic", s.h3.Serve(s.udpConn)) })
 	}
@@ -279,6 +337,8 @@ func (s *Server) reportServeErr(what string, err error) {
 func (s *Server) routes() http.Handler {
 	app, metrics := s.cfg.Handler, s.cfg.Metrics
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.handlers.Add(1)
+		defer s.handlers.Done()
 		switch r.URL.Path {
 		case HealthPath:
 			s.health(w)
@@ -287,11 +347,37 @@ func (s *Server) routes() http.Handler {
 				http.NotFound(w, r)
 				return
 			}
+			if s.cfg.MetricsToken != "" && !bearerIs(r, s.cfg.MetricsToken) {
+				w.Header().Set("WWW-Authenticate", "Bearer")
+				http.Error(w, "metrics need \"Authorization: Bearer <key>\" (the server's API key)", http.StatusUnauthorized)
+				return
+			}
 			metrics.ServeHTTP(w, r)
 		default:
+			if r.Body != nil && r.Body != http.NoBody && s.cfg.BodyReadTimeout > 0 {
+				r.Body = &deadlineBody{body: r.Body, rc: http.NewResponseController(w),
+					timeout: s.cfg.BodyReadTimeout, rate: s.cfg.MinBodyRate}
+			}
 			app.ServeHTTP(w, r)
+			if errors.Is(context.Cause(r.Context()), ErrDrainTimeout) {
+				s.abort(w, r)
+			}
 		}
 	})
+}
+
+// abort ends a response the drain deadline cut, after its handler returned, so that the
+// client sees a cut stream (no clean end of the body) and not a complete response; what
+// the handler wrote first (a stream's error event) is delivered before the cut. HTTP/3 is
+// the exception: a QUIC stream reset makes the client drop the data it has not read yet,
+// the handler's last words included, so there the response ends normally and those
+// words alone say it was cut.
+func (s *Server) abort(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 3 {
+		return
+	}
+	http.NewResponseController(w).Flush()
+	panic(http.ErrAbortHandler)
 }
 
 func (s *Server) health(w http.ResponseWriter) {
@@ -403,7 +489,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 func (s *Server) drain(ctx context.Context) error {
 	start := time.Now()
-	defer s.cancelBase()
+	defer s.cancelBase(ErrServerClosed)
 	s.draining.Store(true)
 	s.log.Info("httpserve: draining", "url", s.url(), "drain_delay", s.cfg.DrainDelay)
 	if d := s.cfg.DrainDelay; d > 0 {
@@ -415,13 +501,31 @@ func (s *Server) drain(ctx context.Context) error {
 		}
 	}
 
+	// New TCP connections now go to the drain server, which answers 503 (HealthPath
+	// "draining"), so that a load balancer reads the drain instead of a refused
+	// connection; the listener itself closes when the drain ends.
+	s.handoff.toDrain()
+	s.serving.Go(func() {
+		var err error
+		if s.tlsConf != nil {
+			err = s.drainSrv.ServeTLS(s.handoff.drain, "", "")
+		} else {
+			err = s.drainSrv.Serve(s.handoff.drain)
+		}
+		s.reportServeErr("tcp (draining)", err)
+	})
+	defer s.drainSrv.Close()
+	defer s.handoff.Close()
+
 	// Graceful part: both servers stop accepting and wait for their requests.
 	done := make(chan error, 2)
 	n := 1
 	go func() { done <- s.hs.Shutdown(ctx) }()
 	if s.h3 != nil {
 		n++
-		go func() { done <- s.h3.Shutdown(ctx) }() // on ctx end it closes itself
+		// Not ctx: at its end h3.Shutdown would close the connections at once, before the
+		// handlers had their cutGrace; the cut below closes them.
+		go func() { done <- s.h3.Shutdown(context.WithoutCancel(ctx)) }()
 	}
 	var errs []error
 	got, cut := 0, false
@@ -444,20 +548,35 @@ wait:
 		}
 	}
 	if !cut {
+		s.handoff.Close()
+		s.drainSrv.Close()
 		s.serving.Wait()
 		s.closeUDP()
 		s.log.Info("httpserve: stopped", "took", time.Since(start).Round(time.Millisecond))
 		return errors.Join(errs...)
 	}
 
-	s.log.Warn("httpserve: drain deadline passed, closing remaining connections", "took", time.Since(start).Round(time.Millisecond))
-	// Cut connections first, then cancel request contexts, so a handler that
-	// returns on cancellation cannot end its response cleanly in between.
+	s.log.Warn("httpserve: drain deadline passed, ending the remaining requests", "took", time.Since(start).Round(time.Millisecond))
+	// Cancel request contexts with ErrDrainTimeout first, so each handler can end its
+	// response saying why (a stream's error event), then cut what is left.
+	s.cancelBase(ErrDrainTimeout)
+	handled := make(chan struct{})
+	go func() { s.handlers.Wait(); close(handled) }()
+	cg := time.NewTimer(cutGrace)
+	select {
+	case <-handled:
+		// HTTP/2 writes frames from its connection's own goroutine: let the last ones
+		// (the handlers' final data, the resets) leave before the connections close.
+		time.Sleep(cutLinger)
+	case <-cg.C:
+	}
+	cg.Stop()
 	s.hs.Close()
+	s.handoff.Close()
+	s.drainSrv.Close()
 	if s.h3 != nil {
 		go s.h3.Close() // h3.Shutdown may be doing so already; Close is idempotent
 	}
-	s.cancelBase()
 	// Wait, bounded, for h3 to finish closing its connections (so their
 	// CONNECTION_CLOSE frames go out before the UDP socket closes) and for
 	// the serving goroutines to return.

@@ -1,0 +1,27 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// HTTP holds the API server's own refusals and cuts, the ones no engine or router
+// metric sees: requests refused before they reached a model, and streams the server
+// ended early.
+type HTTP struct {
+	// Refused counts requests answered with an error before any work, by reason:
+	// unauthorized, body_too_large, body_timeout, unsupported_media_type.
+	Refused *prometheus.CounterVec
+	// Cut counts responses the server ended early at its drain deadline (streams get an
+	// error event first).
+	Cut prometheus.Counter
+}
+
+// NewHTTP registers the HTTP metrics on reg under prefix ("tandem" for the engine,
+// "tandem_router" for the router).
+func NewHTTP(reg prometheus.Registerer, prefix string) *HTTP {
+	f := factory{reg: reg}
+	return &HTTP{
+		Refused: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + ":http_requests_refused_total",
+			Help: "HTTP requests refused before any work, by reason (unauthorized, body_too_large, body_timeout, unsupported_media_type)."},
+			[]string{"reason"})).(*prometheus.CounterVec),
+		Cut: f.counter(prefix+":http_responses_cut_total", "HTTP responses (streams) the server ended early because its drain deadline passed."),
+	}
+}
