@@ -101,8 +101,9 @@ func backendError(err error) *apiError {
 // server stops reading (too large, too slow) leaves the connection in an unknown place
 // in the client's bytes, so those answers close it: nothing after them is parsed as
 // another request.
-func readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, v any) *apiError {
+func (h *handler) readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, v any) *apiError {
 	if aerr := checkContentType(r); aerr != nil {
+		h.refused("unsupported_media_type")
 		w.Header().Set("Connection", "close")
 		return aerr
 	}
@@ -112,9 +113,11 @@ func readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, v any) *api
 		var mbe *http.MaxBytesError
 		switch {
 		case errors.As(err, &mbe):
+			h.refused("body_too_large")
 			return &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
 				msg: fmt.Sprintf("The request body is larger than %d bytes.", mbe.Limit)}
 		case errors.Is(err, os.ErrDeadlineExceeded):
+			h.refused("body_timeout")
 			return &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",
 				msg: "The request body did not arrive in time (" + err.Error() + ")."}
 		}

@@ -310,8 +310,18 @@ func TestAPIKey(t *testing.T) {
 	if r := do(t, "GET", e.srv.URL+"/v1/nothing", ""); r.status != 401 {
 		t.Errorf("unknown /v1 path without a key: %d", r.status)
 	}
-	if r := do(t, "POST", e.srv.URL+"/tokenize", `{"prompt":"Hi"}`); r.status != 200 {
-		t.Errorf("/tokenize (outside /v1) without a key: %d %s", r.status, r.body)
+	// /tokenize and /detokenize are outside /v1 and were open; they need the key too.
+	for _, path := range []string{"/tokenize", "/detokenize"} {
+		body := `{"prompt":"Hi"}`
+		if path == "/detokenize" {
+			body = `{"tokens":[1,2]}`
+		}
+		if r := do(t, "POST", e.srv.URL+path, body); r.status != 401 {
+			t.Errorf("%s without a key: %d %s", path, r.status, r.body)
+		}
+		if r := do(t, "POST", e.srv.URL+path, body, "Authorization", "Bearer k3y"); r.status != 200 {
+			t.Errorf("%s with the key: %d %s", path, r.status, r.body)
+		}
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"tandem/llm"
+	"tandem/metrics"
 	"tandem/tokenizer"
 )
 
@@ -51,9 +52,12 @@ type Model struct {
 
 // Options configures NewHandler.
 type Options struct {
-	MaxBodyBytes int64        // default 32 MiB; larger bodies → 413
-	APIKey       string       // if set, every /v1 request needs "Authorization: Bearer KEY"
-	Logger       *slog.Logger // default slog.Default(); one line per request
+	MaxBodyBytes int64 // default 32 MiB; larger bodies → 413
+	// APIKey, if set, is required ("Authorization: Bearer KEY") on every path the
+	// handler serves: /v1/..., /tokenize and /detokenize.
+	APIKey  string
+	Logger  *slog.Logger  // default slog.Default(); one line per request
+	Metrics *metrics.HTTP // refusals and cut streams; nil counts nothing
 }
 
 // DefaultMaxBodyBytes is the request body limit when Options.MaxBodyBytes is 0.
@@ -71,6 +75,8 @@ type handler struct {
 	maxBody int64
 	apiKey  string
 	log     *slog.Logger
+	met     *metrics.HTTP
+	mem     memoryReturn
 }
 
 // NewHandler returns the API's HTTP handler for models. Routes:
@@ -108,7 +114,7 @@ type handler struct {
 // It panics if a model is nil, lacks an ID, Tokenizer or Backend, or two
 // models share an ID: those are wiring mistakes.
 func NewHandler(models []*Model, opts Options) http.Handler {
-	h := &handler{byID: map[string]*Model{}, maxBody: opts.MaxBodyBytes, apiKey: opts.APIKey, log: opts.Logger}
+	h := &handler{byID: map[string]*Model{}, maxBody: opts.MaxBodyBytes, apiKey: opts.APIKey, log: opts.Logger, met: opts.Metrics}
 	if h.maxBody <= 0 {
 		h.maxBody = DefaultMaxBodyBytes
 	}
@@ -184,13 +190,13 @@ func (h *handler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	}()
 
 	path := r.URL.Path
-	if path == "/v1" || strings.HasPrefix(path, "/v1/") {
-		if h.apiKey != "" && !h.authorized(r) {
-			w.Header().Set("WWW-Authenticate", "Bearer")
-			writeError(w, &apiError{status: http.StatusUnauthorized, typ: "invalid_request_error", code: "invalid_api_key",
-				msg: "Invalid or missing API key: send \"Authorization: Bearer <key>\"."})
-			return
-		}
+	defer h.mem.after(r.ContentLength)
+	if h.apiKey != "" && !h.authorized(r) {
+		h.refused("unauthorized")
+		w.Header().Set("WWW-Authenticate", "Bearer")
+		writeError(w, &apiError{status: http.StatusUnauthorized, typ: "invalid_request_error", code: "invalid_api_key",
+			msg: "Invalid or missing API key: send \"Authorization: Bearer <key>\"."})
+		return
 	}
 	var fn func(http.ResponseWriter, *http.Request, *reqInfo)
 	method := http.MethodPost
@@ -219,6 +225,13 @@ func (h *handler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fn(w, r, info)
+}
+
+// refused counts a request refused before any work.
+func (h *handler) refused(reason string) {
+	if h.met != nil {
+		h.met.Refused.WithLabelValues(reason).Inc()
+	}
 }
 
 func (h *handler) authorized(r *http.Request) bool {

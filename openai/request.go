@@ -246,9 +246,11 @@ func (j *job) validateSampling(topLogprobsParam string) *apiError {
 	return badRequest(param, "%s.", msg)
 }
 
-// encodePrompt encodes a rendered prompt or plain text. add is the request's
-// add_special_tokens, or nil for the default rule.
-func encodeText(t *tokenizer.Tokenizer, text string, add *bool, chat bool) []int32 {
+// encodeText encodes a rendered prompt or plain text. add is the request's
+// add_special_tokens, or nil for the default rule. With limit > 0 it stops as soon as
+// the text is known to encode to more than limit tokens and reports false, so that a
+// prompt far longer than the context costs no more work than one that fits.
+func encodeText(t *tokenizer.Tokenizer, text string, add *bool, chat bool, limit int) ([]int32, bool) {
 	addSpecial := true
 	switch {
 	case add != nil:
@@ -260,7 +262,14 @@ func encodeText(t *tokenizer.Tokenizer, text string, add *bool, chat bool) []int
 			addSpecial = false
 		}
 	}
-	return t.Encode(text, addSpecial, true)
+	return t.EncodeLimit(text, addSpecial, true, limit)
+}
+
+// tooLong is the answer to a prompt that encodes to more than the context holds.
+func (m *Model) tooLong(what string) *apiError {
+	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: what, code: "context_length_exceeded",
+		msg: fmt.Sprintf("This model's maximum context length is %d tokens. However, the %s more than %d tokens. Please reduce the length of the %s.",
+			m.ContextLen, map[string]string{"prompt": "prompt encodes to", "messages": "messages encode to"}[what], m.ContextLen, what)}
 }
 
 // chatMessages converts the request's messages to the template's.
@@ -353,7 +362,8 @@ func (m *Model) renderChat(msgs []tokenizer.Message, addGenerationPrompt bool) (
 }
 
 // chatPrompt renders and encodes a chat request's messages.
-func (m *Model) chatPrompt(in []chatMessage, addGenerationPrompt, addSpecial *bool) ([]int32, *apiError) {
+// With limit > 0, messages that encode to more tokens are refused (see encodeText).
+func (m *Model) chatPrompt(in []chatMessage, addGenerationPrompt, addSpecial *bool, limit int) ([]int32, *apiError) {
 	msgs, aerr := chatMessages(in)
 	if aerr != nil {
 		return nil, aerr
@@ -363,12 +373,16 @@ func (m *Model) chatPrompt(in []chatMessage, addGenerationPrompt, addSpecial *bo
 	if aerr != nil {
 		return nil, aerr
 	}
-	return encodeText(m.Tokenizer, text, addSpecial, true), nil
+	ids, ok := encodeText(m.Tokenizer, text, addSpecial, true, limit)
+	if !ok {
+		return nil, m.tooLong("messages")
+	}
+	return ids, nil
 }
 
 func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo) (*job, *apiError) {
 	var req chatRequest
-	if aerr := readJSON(w, r, h.maxBody, &req); aerr != nil {
+	if aerr := h.readJSON(w, r, h.maxBody, &req); aerr != nil {
 		return nil, aerr
 	}
 	m, aerr := h.resolve(req.Model, info)
@@ -412,7 +426,7 @@ func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo
 	if aerr := j.validateSampling("top_logprobs"); aerr != nil {
 		return nil, aerr
 	}
-	prompt, aerr := m.chatPrompt(req.Messages, req.AddGenerationPrompt, req.AddSpecialTokens)
+	prompt, aerr := m.chatPrompt(req.Messages, req.AddGenerationPrompt, req.AddSpecialTokens, m.ContextLen)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -422,7 +436,7 @@ func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo
 
 func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo) (*job, *apiError) {
 	var req completionRequest
-	if aerr := readJSON(w, r, h.maxBody, &req); aerr != nil {
+	if aerr := h.readJSON(w, r, h.maxBody, &req); aerr != nil {
 		return nil, aerr
 	}
 	m, aerr := h.resolve(req.Model, info)
@@ -454,7 +468,7 @@ func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *r
 	if aerr := j.validateSampling("logprobs"); aerr != nil {
 		return nil, aerr
 	}
-	prompts, aerr := completionPrompts(m.Tokenizer, req.Prompt, req.AddSpecialTokens)
+	prompts, aerr := m.completionPrompts(req.Prompt, req.AddSpecialTokens)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -464,14 +478,26 @@ func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *r
 
 // completionPrompts accepts a string, a list of strings, a list of token ids,
 // or a list of lists of token ids.
-func completionPrompts(t *tokenizer.Tokenizer, raw json.RawMessage, addSpecial *bool) ([][]int32, *apiError) {
+// Texts that encode to more tokens than the context holds are refused (see encodeText).
+func (m *Model) completionPrompts(raw json.RawMessage, addSpecial *bool) ([][]int32, *apiError) {
 	if isNull(raw) {
 		return nil, badRequest("prompt", "prompt is required.")
 	}
-	encode := func(s string) []int32 { return encodeText(t, s, addSpecial, false) }
+	t := m.Tokenizer
+	encode := func(s string) ([]int32, *apiError) {
+		ids, ok := encodeText(t, s, addSpecial, false, m.ContextLen)
+		if !ok {
+			return nil, m.tooLong("prompt")
+		}
+		return ids, nil
+	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return [][]int32{encode(s)}, nil
+		ids, aerr := encode(s)
+		if aerr != nil {
+			return nil, aerr
+		}
+		return [][]int32{ids}, nil
 	}
 	var elems []json.RawMessage
 	if json.Unmarshal(raw, &elems) != nil {
@@ -504,7 +530,11 @@ func completionPrompts(t *tokenizer.Tokenizer, raw json.RawMessage, addSpecial *
 		}
 		out := make([][]int32, len(list))
 		for i, s := range list {
-			out[i] = encode(s)
+			ids, aerr := encode(s)
+			if aerr != nil {
+				return nil, aerr
+			}
+			out[i] = ids
 		}
 		return out, nil
 	case len(first) > 0 && first[0] == '[':

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"tandem/httpserve"
 	"tandem/llm"
 	"tandem/tokenizer"
 )
@@ -153,7 +154,10 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 		select {
 		case it = <-items:
 		case <-ctx.Done():
-			return // the client went away; the deferred Close frees the sequences
+			// The client went away (the deferred Close frees the sequences), or the
+			// server is ending the request, which the client must be told.
+			h.endedByServer(w, r, sse)
+			return
 		}
 		c := choices[it.i]
 		if c.done {
@@ -168,6 +172,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 		}
 		if err != nil {
 			if ctx.Err() != nil {
+				h.endedByServer(w, r, sse)
 				return
 			}
 			aerr := backendError(err)
@@ -244,6 +249,27 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 			Logprobs: j.completionLogprobs(c.lps)})
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// endedByServer answers a request whose context ended because the server is ending it
+// (its drain deadline passed): a stream gets an error event and [DONE], as for a backend
+// failure, so that the client does not take the cut for a finished answer; a response
+// not yet begun gets a 503. A client that went away gets nothing.
+func (h *handler) endedByServer(w http.ResponseWriter, r *http.Request, sse *sseWriter) {
+	if !errors.Is(context.Cause(r.Context()), httpserve.ErrDrainTimeout) {
+		return
+	}
+	if h.met != nil {
+		h.met.Cut.Inc()
+	}
+	aerr := &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "server_shutdown", retryAfter: "1",
+		msg: "The server is shutting down and ended this response before it finished (its drain deadline passed); retry on another server."}
+	if sse != nil {
+		sse.send(aerr.body())
+		sse.done()
+		return
+	}
+	writeError(w, aerr)
 }
 
 func contains(list []string, s string) bool {

@@ -20,11 +20,17 @@ type tokenizeResponse struct {
 	TokenStrs   []string `json:"token_strs,omitempty"`
 }
 
+// MaxTokenizeBodyBytes bounds the body of /tokenize and /detokenize (or
+// Options.MaxBodyBytes when smaller). Their answer is the whole token list, with no
+// context length to stop at, so the body bounds their work: a MiB of text takes up to
+// ~100 MB while it is tokenized (SentencePiece vocabularies the most).
+const MaxTokenizeBodyBytes = 1 << 20
+
 // tokenize serves vLLM's POST /tokenize: a prompt (add_special_tokens
 // defaults to true) or chat messages (rendered as for chat completions).
 func (h *handler) tokenize(w http.ResponseWriter, r *http.Request, info *reqInfo) {
 	var req tokenizeRequest
-	if aerr := readJSON(w, r, h.maxBody, &req); aerr != nil {
+	if aerr := h.readJSON(w, r, min(h.maxBody, MaxTokenizeBodyBytes), &req); aerr != nil {
 		writeError(w, aerr)
 		return
 	}
@@ -38,9 +44,9 @@ func (h *handler) tokenize(w http.ResponseWriter, r *http.Request, info *reqInfo
 	case req.Prompt != nil && req.Messages != nil:
 		aerr = badRequest("prompt", "Send either prompt or messages, not both.")
 	case req.Prompt != nil:
-		tokens = encodeText(m.Tokenizer, *req.Prompt, req.AddSpecialTokens, false)
+		tokens, _ = encodeText(m.Tokenizer, *req.Prompt, req.AddSpecialTokens, false, 0)
 	case req.Messages != nil:
-		tokens, aerr = m.chatPrompt(req.Messages, req.AddGenerationPrompt, req.AddSpecialTokens)
+		tokens, aerr = m.chatPrompt(req.Messages, req.AddGenerationPrompt, req.AddSpecialTokens, 0)
 	default:
 		aerr = badRequest("prompt", "Send a prompt or messages to tokenize.")
 	}
@@ -68,7 +74,7 @@ func (h *handler) detokenize(w http.ResponseWriter, r *http.Request, info *reqIn
 		Model  string  `json:"model"`
 		Tokens []int64 `json:"tokens"`
 	}
-	if aerr := readJSON(w, r, h.maxBody, &req); aerr != nil {
+	if aerr := h.readJSON(w, r, min(h.maxBody, MaxTokenizeBodyBytes), &req); aerr != nil {
 		writeError(w, aerr)
 		return
 	}

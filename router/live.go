@@ -77,7 +77,8 @@ type Live struct {
 	changed chan struct{} // closed (and replaced) when load may have dropped
 	queued  int
 
-	api atomic.Pointer[http.Handler]
+	api     atomic.Pointer[http.Handler]
+	httpMet *metrics.HTTP
 }
 
 type liveModel struct {
@@ -173,6 +174,7 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 	}
 	l.met = newLiveMetrics(l, reg)
 	l.dis = metrics.NewDisagg(reg)
+	l.httpMet = metrics.NewHTTP(reg, "tandem_router")
 	l.rebuildAPI()
 	return l, nil
 }
@@ -520,7 +522,7 @@ func (l *Live) rebuildAPI() {
 	}
 	l.mu.Unlock()
 	slices.SortFunc(models, func(a, b *openai.Model) int { return cmp.Compare(a.ID, b.ID) })
-	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log})
+	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet})
 	l.api.Store(&h)
 }
 

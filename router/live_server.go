@@ -27,7 +27,14 @@ type ServerConfig struct {
 	Live      LiveConfig // Identity is made by the server from the CA
 	// DrainTimeout bounds Shutdown's wait for running requests.
 	DrainTimeout time.Duration
-	Logger       *slog.Logger
+	// BodyReadTimeout and MinBodyRate bound how long a request body may take (see
+	// httpserve.Config); zero means httpserve's defaults.
+	BodyReadTimeout time.Duration
+	MinBodyRate     int64
+	// PublicMetrics serves /metrics without the API key (Live.APIKey); /health never
+	// needs it.
+	PublicMetrics bool
+	Logger        *slog.Logger
 }
 
 // Server is a running tandem-router.
@@ -116,12 +123,19 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("router: ORPC listen: %w", err)
 	}
 
+	metricsToken := cfg.Live.APIKey
+	if cfg.PublicMetrics {
+		metricsToken = ""
+	}
 	hs, err := httpserve.New(httpserve.Config{
-		Addr:         net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)),
-		Handler:      live.Handler(),
-		Metrics:      metrics.Handler(reg),
-		DrainTimeout: cfg.DrainTimeout,
-		Logger:       log,
+		Addr:            net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)),
+		Handler:         live.Handler(),
+		Metrics:         metrics.Handler(reg),
+		MetricsToken:    metricsToken,
+		DrainTimeout:    cfg.DrainTimeout,
+		BodyReadTimeout: cfg.BodyReadTimeout,
+		MinBodyRate:     cfg.MinBodyRate,
+		Logger:          log,
 	})
 	if err != nil {
 		ol.Close()

@@ -59,7 +59,33 @@ func (t *Tokenizer) partition(text string, parseSpecial bool) []frag {
 // when the vocab asks for them; with parseSpecial, the text of control tokens is
 // matched as those tokens (user-defined tokens always are).
 func (t *Tokenizer) Encode(text string, addSpecial, parseSpecial bool) []int32 {
-	out := make([]int32, 0, len(text)/3+2)
+	out, _ := t.encode(text, addSpecial, parseSpecial, 0)
+	return out
+}
+
+// EncodeLimit is Encode for input of unknown size: it reports false, and returns no
+// tokens, as soon as the text is known to encode to more than limit tokens (limit ≤ 0:
+// no limit). The work and memory it spends are bounded by the limit, not by the text:
+// a text longer than limit times the longest token's bytes is refused before any
+// tokenizing, and tokenizing stops once the output passes the limit.
+func (t *Tokenizer) EncodeLimit(text string, addSpecial, parseSpecial bool, limit int) ([]int32, bool) {
+	if limit > 0 && t.maxTokenBytes > 0 && len(text)/t.maxTokenBytes > limit {
+		return nil, false
+	}
+	return t.encode(text, addSpecial, parseSpecial, limit)
+}
+
+// MaxTokenBytes is the most bytes of input one token can stand for (0 when some input
+// bytes may map to no token at all, so that no such bound holds).
+func (t *Tokenizer) MaxTokenBytes() int { return t.maxTokenBytes }
+
+func (t *Tokenizer) encode(text string, addSpecial, parseSpecial bool, limit int) ([]int32, bool) {
+	size := len(text)/3 + 2
+	if limit > 0 {
+		size = min(size, limit+2)
+	}
+	out := make([]int32, 0, size)
+	over := func() bool { return limit > 0 && len(out) > limit }
 	if addSpecial && t.addBOS && t.bos != nullToken {
 		out = append(out, t.bos)
 	}
@@ -68,6 +94,9 @@ func (t *Tokenizer) Encode(text string, addSpecial, parseSpecial bool) []int32 {
 	case kindSPM:
 		prevSpecial := true
 		for _, f := range frags {
+			if over() {
+				return nil, false
+			}
 			if f.tok != nullToken {
 				out = append(out, f.tok)
 				prevSpecial = true
@@ -87,17 +116,23 @@ func (t *Tokenizer) Encode(text string, addSpecial, parseSpecial bool) []int32 {
 		}
 	case kindBPE:
 		for _, f := range frags {
+			if over() {
+				return nil, false
+			}
 			if f.tok != nullToken {
 				out = append(out, f.tok)
 				continue
 			}
-			out = t.bpeTokenize(text[f.lo:f.hi], out)
+			out = t.bpeTokenize(text[f.lo:f.hi], out, limit)
 		}
 	}
 	if addSpecial && t.addEOS && t.eos != nullToken {
 		out = append(out, t.eos)
 	}
-	return out
+	if over() {
+		return nil, false
+	}
+	return out, true
 }
 
 // symbol is a run of bytes [start, start+n) of the text being merged, in a linked list.
@@ -235,9 +270,12 @@ func (t *Tokenizer) spmTokenize(text string, out []int32) []int32 {
 
 // bpeTokenize pre-tokenizes text into words, maps bytes to the byte-level alphabet,
 // and merges each word by BPE rank.
-func (t *Tokenizer) bpeTokenize(text string, out []int32) []int32 {
+func (t *Tokenizer) bpeTokenize(text string, out []int32, limit int) []int32 {
 	var enc strings.Builder
 	for _, w := range t.pre.split(text) {
+		if limit > 0 && len(out) > limit {
+			return out
+		}
 		enc.Reset()
 		for i := 0; i < len(w); i++ {
 			enc.WriteString(byteToUnicode[w[i]])

@@ -273,6 +273,12 @@ func fromHFBytes(tokJSON, cfgJSON, genJSON []byte, vocabSize int) (*Tokenizer, e
 		return nil, fmt.Errorf("tokenizer: unsupported pre-tokenizer Split pattern %q", unknownPatterns[0])
 	}
 
+	if len(tj.Model.Vocab) == 0 {
+		// Added tokens alone would load, and every character of every text would then
+		// become <unk>.
+		return nil, fmt.Errorf("tokenizer: tokenizer.json: model.vocab is missing or empty; a BPE model needs its vocabulary")
+	}
+
 	// Vocabulary with added tokens; gaps become unused [PADn] entries.
 	n := 0
 	for _, id := range tj.Model.Vocab {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -245,11 +246,13 @@ func TestFromHFSentencePieceBPE(t *testing.T) {
 }
 
 func TestFromHFErrors(t *testing.T) {
-	for _, c := range []struct{ name, json string }{
-		{"not json", "{"},
-		{"unigram", `{"model":{"type":"Unigram","vocab":[]}}`},
-		{"empty", `{"model":{"type":"BPE","vocab":{},"merges":[]}}`},
-		{"bad split", `{"pre_tokenizer":{"type":"Split","pattern":{"Regex":"x+"}},"model":{"type":"BPE","vocab":{"a":0},"merges":[]}}`},
+	for _, c := range []struct{ name, json, want string }{
+		{"not json", "{", ""},
+		{"unigram", `{"model":{"type":"Unigram","vocab":[]}}`, ""},
+		{"empty", `{"model":{"type":"BPE","vocab":{},"merges":[]}}`, "model.vocab"},
+		// Loaded before, with every character of every text mapped to <unk>.
+		{"no vocab", `{"added_tokens":[{"id":0,"content":"<unk>","special":true}],"model":{"type":"BPE","unk_token":"<unk>","merges":[]}}`, "model.vocab"},
+		{"bad split", `{"pre_tokenizer":{"type":"Split","pattern":{"Regex":"x+"}},"model":{"type":"BPE","vocab":{"a":0},"merges":[]}}`, ""},
 	} {
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(c.json), 0o644); err != nil {
@@ -257,8 +260,8 @@ func TestFromHFErrors(t *testing.T) {
 		}
 		if _, err := FromHF(dir); err == nil {
 			t.Errorf("%s: expected an error", c.name)
-		} else {
-			t.Logf("%s: %v", c.name, err)
+		} else if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want it to name %q", c.name, err, c.want)
 		}
 	}
 	if _, err := FromHF(t.TempDir()); err == nil {

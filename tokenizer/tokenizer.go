@@ -92,6 +92,7 @@ type Tokenizer struct {
 	hfBOSText      string
 	hfEOSText      string
 	wordCache      wordCache
+	maxTokenBytes  int // see MaxTokenBytes
 }
 
 // preTokenizer describes the llama.cpp pre-tokenizer behaviour of a BPE vocab.
@@ -625,6 +626,29 @@ func (t *Tokenizer) buildPieces() {
 	}
 	t.pieces = slices.Clone(pieces) // exactly its size, not append's headroom
 	t.pieceOff = newOffsets(starts)
+	t.maxTokenBytes = t.longestToken()
+}
+
+// longestToken is the most input bytes one token stands for: its piece, or for a
+// special token matched in the text, its text. It is 0 when an input byte can map to no
+// token (a vocabulary without byte tokens, or an SPM one without them and without
+// <unk>), where the count of tokens has no lower bound by length.
+func (t *Tokenizer) longestToken() int {
+	covered := true
+	for _, id := range t.byteTok {
+		covered = covered && id != nullToken
+	}
+	if !covered && !(t.kind == kindSPM && t.unk != nullToken) {
+		return 0
+	}
+	n := 1
+	for id := range t.VocabSize() {
+		n = max(n, int(t.pieceOff.at(int32(id)+1)-t.pieceOff.at(int32(id))))
+	}
+	for _, id := range t.specials {
+		n = max(n, len(t.tokens.at(id)))
+	}
+	return n
 }
 
 func parseByteToken(s string) (byte, bool) {

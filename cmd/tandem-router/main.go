@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"tandem/httpserve"
 	"tandem/router"
 )
 
@@ -49,7 +50,10 @@ func run(args []string, stderr io.Writer) error {
 	maxMigrations := fs.Int("max-migrations", router.DefaultMaxMigrations, "most times one request moves to another worker when its worker fails mid-stream (0: never)")
 	heartbeat := fs.Duration("heartbeat", 250*time.Millisecond, "heartbeat interval asked of workers")
 	hbTimeout := fs.Duration("heartbeat-timeout", 0, "a worker whose load reports stop this long is declared dead: removed, and its requests retried or migrated elsewhere (0: 4 heartbeat intervals, at least 1s)")
-	apiKey := fs.String("api-key", "", "require this key as a Bearer token")
+	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
+	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
+	bodyTimeout := fs.Duration("body-timeout", httpserve.DefaultBodyReadTimeout, "a request body must arrive within this, plus 1 s per --min-body-rate bytes (negative: no limit)")
+	minBodyRate := fs.Int64("min-body-rate", httpserve.DefaultMinBodyRate, "the slowest a request body may arrive, in bytes per second, after --body-timeout")
 	name := fs.String("name", "tandem-router", "this router's name in the cluster")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long running requests may take to finish")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -63,6 +67,9 @@ func run(args []string, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *minBodyRate <= 0 {
+		return fmt.Errorf("--min-body-rate %d: want a positive number of bytes per second", *minBodyRate)
 	}
 	if *heartbeat <= 0 {
 		return fmt.Errorf("--heartbeat %v: want a positive interval", *heartbeat)
@@ -90,8 +97,11 @@ func run(args []string, stderr io.Writer) error {
 			QueueTimeout: *queueTimeout, MaxQueue: *maxQueue, APIKey: *apiKey, MaxMigrations: noneIfZero(*maxMigrations),
 			Disagg: dis,
 		},
-		DrainTimeout: *drain,
-		Logger:       log,
+		DrainTimeout:    *drain,
+		BodyReadTimeout: *bodyTimeout,
+		MinBodyRate:     *minBodyRate,
+		PublicMetrics:   *publicMetrics,
+		Logger:          log,
 	})
 	if err != nil {
 		return err

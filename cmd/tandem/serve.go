@@ -43,7 +43,10 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "KV cache block size in tokens")
 	kvt := addKVTypeFlag(fs)
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
-	apiKey := fs.String("api-key", "", "require this key as a Bearer token")
+	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
+	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
+	bodyTimeout := fs.Duration("body-timeout", httpserve.DefaultBodyReadTimeout, "a request body must arrive within this, plus 1 s per --min-body-rate bytes (negative: no limit)")
+	minBodyRate := fs.Int64("min-body-rate", httpserve.DefaultMinBodyRate, "the slowest a request body may arrive, in bytes per second, after --body-timeout")
 	tlsCert := fs.String("tls-cert", "", "TLS certificate file: serve HTTPS, HTTP/2 and HTTP/3")
 	tlsKey := fs.String("tls-key", "", "TLS key file")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long running requests may take to finish")
@@ -78,6 +81,9 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	if (*tlsCert == "") != (*tlsKey == "") {
 		return errors.New("--tls-cert and --tls-key go together")
+	}
+	if *minBodyRate <= 0 {
+		return fmt.Errorf("--min-body-rate %d: want a positive number of bytes per second", *minBodyRate)
 	}
 	if *port < 0 || *port > 65535 {
 		return fmt.Errorf("--port %d out of range", *port)
@@ -181,17 +187,24 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		Created:    time.Now().Unix(),
 		OwnedBy:    "tandem",
 		Backend:    eng,
-	}}, openai.Options{APIKey: *apiKey, Logger: log})
+	}}, openai.Options{APIKey: *apiKey, Logger: log, Metrics: metrics.NewHTTP(reg, "tandem")})
+	metricsToken := *apiKey
+	if *publicMetrics {
+		metricsToken = ""
+	}
 	var ready atomic.Bool
 	srv, err := httpserve.New(httpserve.Config{
-		Addr:         net.JoinHostPort(*host, strconv.Itoa(*port)),
-		Handler:      api,
-		TLSCert:      *tlsCert,
-		TLSKey:       *tlsKey,
-		Ready:        ready.Load,
-		Metrics:      metrics.Handler(reg),
-		DrainTimeout: *drain,
-		Logger:       log,
+		Addr:            net.JoinHostPort(*host, strconv.Itoa(*port)),
+		Handler:         api,
+		TLSCert:         *tlsCert,
+		TLSKey:          *tlsKey,
+		Ready:           ready.Load,
+		Metrics:         metrics.Handler(reg),
+		MetricsToken:    metricsToken,
+		DrainTimeout:    *drain,
+		BodyReadTimeout: *bodyTimeout,
+		MinBodyRate:     *minBodyRate,
+		Logger:          log,
 	})
 	if err != nil {
 		stopEngine()

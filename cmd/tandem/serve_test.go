@@ -340,7 +340,7 @@ func TestServeStreamInvariants(t *testing.T) {
 // a full queue; each gets its status and an OpenAI error body, and the
 // server answers the next good request.
 func TestServeBadRequestsAndQueue(t *testing.T) {
-	s := startServe(t, "--max-seqs", "1", "--max-queue", "1", "--api-key", "k")
+	s := startServe(t, "--max-seqs", "1", "--max-queue", "1", "--api-key", "k", "--public-metrics") // metrics are polled below without the key
 	post := func(path, body, key string) (int, http.Header, string) {
 		req, _ := http.NewRequest("POST", s.url+path, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
