@@ -56,6 +56,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("model: %d rope frequency factors, want %d", len(c.FreqFactors), c.RopeDims/2)
 	case c.Layers > 1024 || c.Heads > 1024 || c.HeadDim > 4096:
 		return fmt.Errorf("model: implausible shape (%d layers, %d heads, head size %d)", c.Layers, c.Heads, c.HeadDim)
+	case c.RopeBase < 0 || math.IsNaN(c.RopeBase) || math.IsInf(c.RopeBase, 0):
+		return fmt.Errorf("model: RoPE base (rope.freq_base, rope_theta) is %v; want a positive number", c.RopeBase)
 	}
 	if c.NormEps <= 0 {
 		c.NormEps = 1e-5

@@ -200,6 +200,15 @@ func TestLoadErrors(t *testing.T) {
 	if _, err := loadHFWeights(dir, be); err == nil || !strings.Contains(err.Error(), "model.safetensors") {
 		t.Errorf("no weights: %v", err)
 	}
+	// Nonsense that loaded before, as a context of 2048 and a RoPE base of 10000.
+	for field, value := range map[string]string{"max_position_embeddings": "0", "rope_theta": "-1e6"} {
+		for _, v := range []string{value, "-5"} {
+			write("config.json", `{"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":1,"num_attention_heads":4,"intermediate_size":128,"vocab_size":512,"`+field+`":`+v+`}`)
+			if _, err := loadHFWeights(dir, be); err == nil || !strings.Contains(err.Error(), field) {
+				t.Errorf("%s %s: %v, want an error naming the field", field, v, err)
+			}
+		}
+	}
 	w := gguf.NewWriter()
 	w.SetKV("general.architecture", "gptneox")
 	p := filepath.Join(dir, "x.gguf")

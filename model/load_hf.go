@@ -3,6 +3,7 @@ package model
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -25,9 +26,9 @@ type hfConfig struct {
 	NumKeyValueHeads      int      `json:"num_key_value_heads"`
 	IntermediateSize      int      `json:"intermediate_size"`
 	VocabSize             int      `json:"vocab_size"`
-	MaxPositionEmbeddings int      `json:"max_position_embeddings"`
+	MaxPositionEmbeddings *int     `json:"max_position_embeddings"`
 	RMSNormEps            float64  `json:"rms_norm_eps"`
-	RopeTheta             float64  `json:"rope_theta"`
+	RopeTheta             *float64 `json:"rope_theta"`
 	HeadDim               int      `json:"head_dim"`
 	TieWordEmbeddings     bool     `json:"tie_word_embeddings"`
 	RopeScaling           *struct {
@@ -104,6 +105,14 @@ func readHFConfig(path string) (Config, error) {
 	if arch == "" {
 		return Config{}, fmt.Errorf("model: %s: unsupported architecture %v (supported: %s)", path, hc.Architectures, strings.Join(sortedKeys(hfArch), ", "))
 	}
+	// Present but nonsensical, these loaded before and became a context of 2048 and a
+	// RoPE base of 10000 without a word.
+	if p := hc.MaxPositionEmbeddings; p != nil && *p <= 0 {
+		return Config{}, fmt.Errorf("model: %s: max_position_embeddings is %d; want the context length, a positive number of tokens", path, *p)
+	}
+	if p := hc.RopeTheta; p != nil && !(*p > 0 && !math.IsInf(*p, 0)) {
+		return Config{}, fmt.Errorf("model: %s: rope_theta is %v; want a positive RoPE base", path, *p)
+	}
 	c := Config{
 		Arch:       arch,
 		Name:       filepath.Base(filepath.Dir(path)),
@@ -114,9 +123,9 @@ func readHFConfig(path string) (Config, error) {
 		KVHeads:    hc.NumKeyValueHeads,
 		HeadDim:    hc.HeadDim,
 		FFN:        hc.IntermediateSize,
-		ContextLen: hc.MaxPositionEmbeddings,
+		ContextLen: deref(hc.MaxPositionEmbeddings),
 		NormEps:    float32(hc.RMSNormEps),
-		RopeBase:   hc.RopeTheta,
+		RopeBase:   deref(hc.RopeTheta),
 		// HF checkpoints keep q and k unpermuted and rotate halves.
 		RopeNeox: true,
 		QKNorm:   arch == "qwen3",
@@ -227,4 +236,13 @@ func sortedKeys(m map[string]string) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// deref is *p, or the zero value for nil.
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }
