@@ -106,12 +106,12 @@ func readHFConfig(path string) (Config, error) {
 		return Config{}, fmt.Errorf("model: %s: unsupported architecture %v (supported: %s)", path, hc.Architectures, strings.Join(sortedKeys(hfArch), ", "))
 	}
 	// Present but nonsensical, these loaded before and became a context of 2048 and a
-	// RoPE base of 10000 without a word.
+	// RoPE base of 10000 without a word. (A rope_theta of 0 means the default, as absent.)
 	if p := hc.MaxPositionEmbeddings; p != nil && *p <= 0 {
 		return Config{}, fmt.Errorf("model: %s: max_position_embeddings is %d; want the context length, a positive number of tokens", path, *p)
 	}
-	if p := hc.RopeTheta; p != nil && !(*p > 0 && !math.IsInf(*p, 0)) {
-		return Config{}, fmt.Errorf("model: %s: rope_theta is %v; want a positive RoPE base", path, *p)
+	if p := hc.RopeTheta; p != nil && (*p < 0 || math.IsNaN(*p) || math.IsInf(*p, 0)) {
+		return Config{}, fmt.Errorf("model: %s: rope_theta is %v; want a positive RoPE base (or 0 or none for the default, 10000)", path, *p)
 	}
 	c := Config{
 		Arch:       arch,
