@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -267,11 +268,21 @@ func Join(ctx context.Context, addr string, tok Token, name string, hosts []stri
 	return id, nil
 }
 
-// JoinOrLoad returns the identity stored in dir if there is a valid one, else joins the
-// cluster at addr (see Join) and stores the result in dir. joined reports a new join.
+// JoinOrLoad returns the identity stored in dir if there is a valid one for name (for any
+// name if name is ""), else joins the cluster at addr as name (see Join) and stores the
+// result in dir. joined reports a new join. With the zero Token it only loads: an identity
+// that is missing, does not load (corrupt, expired, not under its CA) or is another node's
+// is then an error naming the file.
 func JoinOrLoad(ctx context.Context, dir, addr string, tok Token, name string, hosts []string, opts ...Option) (id *Identity, joined bool, err error) {
-	if id, err := LoadIdentity(dir); err == nil {
+	id, err = LoadIdentity(dir)
+	if err == nil && name != "" && id.Name != name {
+		err = fmt.Errorf("orpc: %s is the identity of node %q, not %q", filepath.Join(dir, NodeCertFile), id.Name, name)
+	}
+	if err == nil {
 		return id, false, nil
+	}
+	if tok == (Token{}) {
+		return nil, false, fmt.Errorf("%w; without a join token this node cannot join the cluster again", err)
 	}
 	id, err = Join(ctx, addr, tok, name, hosts, opts...)
 	if err != nil {

@@ -54,7 +54,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	if cfg.StateDir == "" {
 		return nil, errors.New("router: a state directory is needed (--state-dir)")
 	}
-	ca, caCreated, err := orpc.LoadOrCreateCA(cfg.StateDir)
+	ca, caCreated, err := orpc.LoadOrCreateCA(cfg.StateDir, log)
 	if err != nil {
 		return nil, fmt.Errorf("router: cluster CA: %w", err)
 	}
