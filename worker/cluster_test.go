@@ -126,6 +126,10 @@ type workerOpts struct {
 	// through two udpRelays only (node.in and node.out), which a test cuts to make the
 	// worker vanish without a word.
 	relays bool
+	// stateDir is the worker's state directory ("": a new one); node "" leaves the name to
+	// the worker (its stored identity's, else host name and port).
+	stateDir string
+	node     *string
 }
 
 // addWorkerOpts is addWorker with more choices.
@@ -162,8 +166,14 @@ func (c *testCluster) addWorkerOpts(name, token string, o workerOpts) *node {
 		Engine: we,
 		Card: cluster.ModelCard{Model: modelName, HashVersion: kvcache.HashVersion, BlockSize: blockSize, Salt: salt,
 			KVBlocks: 256, ContextLen: m.Config.ContextLen, TokenizerFormat: format, TokenizerFiles: files},
-		Node: name, Routers: []string{c.router.ORPCAddr}, Token: token, StateDir: t.TempDir(), Listen: "127.0.0.1:0",
+		Node: name, Routers: []string{c.router.ORPCAddr}, Token: token, StateDir: o.stateDir, Listen: "127.0.0.1:0",
 		Logger: slog.New(slog.NewTextHandler(logs, nil)), Options: o.options,
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = t.TempDir()
+	}
+	if o.node != nil {
+		cfg.Node = *o.node
 	}
 	var in, out *udpRelay
 	if o.relays {
