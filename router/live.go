@@ -419,7 +419,7 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 		log.Warn("worker left", "id", id, "reason", w.reason)
 	}()
 	if err := send(&cluster.RegisterReply{WorkerID: uint64(id), HeartbeatMs: int(l.cfg.Heartbeat / time.Millisecond), Router: l.cfg.Name,
-		DispatchKey: w.key}); err != nil {
+		DispatchKey: w.key, HeartbeatTimeoutMs: int(l.cfg.HeartbeatTimeout / time.Millisecond)}); err != nil {
 		w.remove("registration reply failed: " + err.Error())
 		return err
 	}

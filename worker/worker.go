@@ -70,8 +70,10 @@ type Config struct {
 	KVPullTimeout time.Duration
 	KVSendRate    float64 // bytes per second a KV pull is served at (0: unlimited)
 	KVMetrics     *metrics.KVTransfer
-	Logger        *slog.Logger
-	Options       []orpc.Option // for the ORPC server and clients
+	// Metrics, if set, counts the requests canceled because their router was lost.
+	Metrics *metrics.Worker
+	Logger  *slog.Logger
+	Options []orpc.Option // for the ORPC server and clients
 
 	// KVTransferTime is the modelled time to move n bytes of KV (the sim backend's
 	// sim.Timing.Transfer): a pull of modelled blocks (engine.KVFormat.Modelled) sends no
@@ -423,15 +425,35 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		}
 	}()
 
-	me := w.regs.add(reply.DispatchKey)
-	defer w.regs.remove(me)
-	tracked := reply.DispatchKey != 0
-	report := func() error { return w.heartbeat(sctx, c, reply.WorkerID, me, tracked) }
-
 	interval := time.Duration(reply.HeartbeatMs) * time.Millisecond
 	if interval <= 0 {
 		interval = 250 * time.Millisecond
 	}
+	// A heartbeat (or event batch) unanswered for as long as the router waits for our
+	// heartbeats means the router is lost (a router killed with SIGKILL says nothing, and
+	// QUIC would notice only at its idle timeout).
+	lossTimeout := time.Duration(reply.HeartbeatTimeoutMs) * time.Millisecond
+	if lossTimeout <= 0 {
+		lossTimeout = max(4*interval, time.Second)
+	}
+
+	me := w.regs.add(reply.DispatchKey)
+	defer func() {
+		if ctx.Err() != nil {
+			w.regs.remove(me) // stopping: the server ends the calls, or lets them finish
+			return
+		}
+		// The registration is over, and with it the router's interest in the requests it
+		// sent: free their sequences now rather than compute for nobody.
+		if n := w.regs.lose(me, fmt.Errorf("worker: lost the router at %s that sent this request: %w", addr, err)); n > 0 {
+			if m := w.cfg.Metrics; m != nil {
+				m.OrphansCanceled.Add(float64(n))
+			}
+			w.log.Warn("router lost; canceled the requests it had sent", "router", addr, "canceled", n, "err", err)
+		}
+	}()
+	tracked := reply.DispatchKey != 0
+	report := func() error { return w.heartbeat(sctx, c, reply.WorkerID, me, tracked, lossTimeout) }
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	gap := time.NewTimer(0) // armed while a nudged report waits for minReportGap
@@ -467,7 +489,10 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 					break drain
 				}
 			}
-			if err := c.Call(sctx, cluster.MethodEvents, batch, &cluster.Ack{}); err != nil {
+			ectx, cancel := context.WithTimeout(sctx, lossTimeout)
+			err := c.Call(ectx, cluster.MethodEvents, batch, &cluster.Ack{})
+			cancel()
+			if err != nil {
 				return true, fmt.Errorf("sending KV events: %w", err)
 			}
 		case <-tick.C:
@@ -498,13 +523,13 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	}
 }
 
-func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64, reg *registration, tracked bool) error {
+func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64, reg *registration, tracked bool, timeout time.Duration) error {
 	// Read it first: a dispatch recorded here is already in the engine's figures.
 	received := reg.received.Load()
 	r := w.Load()
 	r.WorkerID = id
 	r.Received, r.Tracked = received, tracked
-	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	hctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := c.Call(hctx, cluster.MethodHeartbeat, &r, &cluster.Ack{}); err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
@@ -549,8 +574,16 @@ func (w *Worker) Load() cluster.LoadReport {
 }
 
 // generate serves Worker.Generate: an Accepted event (or an Error event), then the tokens.
-// The call's context is the sequence's: a caller that cancels frees it at once.
+// The call's context is the sequence's: a caller that cancels frees it at once, and so does
+// the loss of the router that sent it (registrations.bind).
 func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, send func(*cluster.GenerateEvent) error) error {
+	ctx, done := w.regs.bind(ctx, req.DispatchKey)
+	defer done()
+	return w.generateBound(ctx, req, send)
+}
+
+// generateBound is generate for a request already bound to its router's registration.
+func (w *Worker) generateBound(ctx context.Context, req *cluster.GenerateRequest, send func(*cluster.GenerateEvent) error) error {
 	r := req.Request
 	st, err := w.cfg.Engine.Generate(ctx, &r)
 	w.regs.received(req.DispatchKey, req.DispatchSeq) // refused or not, the dispatch has arrived
