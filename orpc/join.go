@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -42,12 +43,27 @@ type JoinConfig struct {
 	Validity time.Duration
 	// OnJoin, if set, is told of every certificate issued.
 	OnJoin func(name string, cert *x509.Certificate)
+	// Limits bounds the attempts per client address (zero fields: DefaultJoinLimits).
+	Limits JoinLimits
+	// OnRefused, if set, is told of every attempt refused, with its reason: JoinRefusedToken,
+	// JoinRefusedRateLimited or JoinRefusedBadRequest (for a metric).
+	OnRefused func(reason string)
 }
+
+// Reasons a join attempt is refused, as JoinConfig.OnRefused is told them.
+const (
+	JoinRefusedToken       = "token"        // not a token the server accepts
+	JoinRefusedRateLimited = "rate_limited" // too many attempts, or too many rejected ones, from its address
+	JoinRefusedBadRequest  = "bad_request"  // a request or certificate request that does not parse or is invalid
+)
 
 type joinService struct {
 	cfg JoinConfig
 	s   *Server
 	h   UnaryFunc
+
+	mu  sync.Mutex
+	lim *joinLimiter
 }
 
 // EnableJoin makes the server answer joins (connections with ALPN "orpc-join/1").
@@ -56,7 +72,7 @@ func (s *Server) EnableJoin(cfg JoinConfig) {
 		panic("orpc: EnableJoin needs a CA and Tokens")
 	}
 	s.mu.Lock()
-	j := &joinService{cfg: cfg, s: s}
+	j := &joinService{cfg: cfg, s: s, lim: newJoinLimiter(cfg.Limits)}
 	j.h = j.handle
 	s.join = j
 	s.mu.Unlock()
@@ -134,12 +150,40 @@ func channelBinding(conn *quic.Conn) ([]byte, error) {
 	return b, nil
 }
 
+// refused counts a refused attempt.
+func (j *joinService) refused(reason string) {
+	if j.cfg.OnRefused != nil {
+		j.cfg.OnRefused(reason)
+	}
+}
+
+// rejected charges a rejected attempt from addr and counts it.
+func (j *joinService) rejected(addr, reason string) {
+	j.mu.Lock()
+	j.lim.reject(addr, time.Now())
+	j.mu.Unlock()
+	j.refused(reason)
+}
+
 func (j *joinService) handle(ctx context.Context, b []byte) ([]byte, error) {
+	peer, _ := PeerFromContext(ctx)
+	addr := addrKey(peer.Addr)
+	j.mu.Lock()
+	ok, log, n := j.lim.allow(addr, time.Now())
+	j.mu.Unlock()
+	if !ok {
+		j.refused(JoinRefusedRateLimited)
+		if log {
+			j.s.o.logger.Warn("orpc: join attempts refused: too many, or too many rejected, from this address",
+				"peer", addr, "refused", n, "log_interval", j.lim.lim.LogInterval)
+		}
+		return nil, Errorf(ResourceExhausted, "join: too many attempts from %s; retry later", addr)
+	}
 	var req joinRequest
 	if err := Unmarshal(b, &req); err != nil {
+		j.rejected(addr, JoinRefusedBadRequest)
 		return nil, Errorf(InvalidArgument, "join request: %v", err)
 	}
-	peer, _ := PeerFromContext(ctx)
 	binding, err := channelBinding(peer.conn)
 	if err != nil {
 		return nil, Errorf(Internal, "%v", err)
@@ -154,6 +198,7 @@ func (j *joinService) handle(ctx context.Context, b []byte) ([]byte, error) {
 	}
 	if !found || !hmac.Equal(req.Proof, joinMAC(tok.Secret, joinClientLabel, binding, []byte(req.TokenID), req.CSR)) {
 		j.s.o.logger.Warn("orpc: join token rejected", "peer", peer.Addr, "token_id", req.TokenID, "known_id", found)
+		j.rejected(addr, JoinRefusedToken)
 		return nil, ErrJoinTokenRejected
 	}
 	csr, err := x509.ParseCertificateRequest(req.CSR)
@@ -161,6 +206,7 @@ func (j *joinService) handle(ctx context.Context, b []byte) ([]byte, error) {
 		err = csr.CheckSignature()
 	}
 	if err != nil {
+		j.rejected(addr, JoinRefusedBadRequest)
 		return nil, Errorf(InvalidArgument, "join: bad certificate request: %v", err)
 	}
 	hosts := append([]string(nil), csr.DNSNames...)
@@ -169,6 +215,7 @@ func (j *joinService) handle(ctx context.Context, b []byte) ([]byte, error) {
 	}
 	cert, err := j.cfg.CA.Issue(csr.Subject.CommonName, hosts, csr.PublicKey, j.cfg.Validity)
 	if err != nil {
+		j.rejected(addr, JoinRefusedBadRequest)
 		return nil, Errorf(InvalidArgument, "join: %v", err)
 	}
 	resp := joinResponse{CACert: j.cfg.CA.Cert.Raw, Cert: cert.Raw}

@@ -110,6 +110,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		OnJoin: func(node string, cert *x509.Certificate) {
 			log.Info("node joined the cluster", "node", node, "expires", cert.NotAfter.Format(time.DateOnly))
 		},
+		OnRefused: func(reason string) { live.met.mem.JoinsRefused.WithLabelValues(reason).Inc() },
 	})
 	ol, err := srv.Listen(net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.ORPCPort)), id.ServerTLS())
 	if err != nil {

@@ -415,6 +415,9 @@ func TestClusterRefusals(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("a worker with a wrong token was not refused")
 	}
+	if got := scrape(t, c.router.URL(), "tandem_router:join_refusals_total", `reason="token"`); got != 1 {
+		t.Errorf("join refusals for the token on /metrics: %v, want 1", got)
+	}
 
 	tok := c.router.Token.String()
 	c.addWorker("w1", tok, 0)
