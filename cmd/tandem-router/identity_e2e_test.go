@@ -74,3 +74,34 @@ func TestEndToEndNodeIdentity(t *testing.T) {
 		t.Errorf("%d joins, want the two engines' first starts only:\n%s", n, r.text())
 	}
 }
+
+// Sim replicas each have their own identity (replica i>0 in STATE_DIR/replica-i), so each
+// registers under the name in its own certificate, and a restart without --join-token loads
+// them all.
+func TestSimReplicasRestartWithoutToken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs three processes")
+	}
+	r := startRouterProc(t)
+	dir := t.TempDir()
+	const n = 3
+	args := []string{"serve", "--backend", "sim", "--replicas", fmt.Sprint(n), "--served-model-name", "stories",
+		"--node-name", "sim", "--port", "0", "--join", r.orpc, "--state-dir", dir}
+	first := startProc(t, "sims", "tandem", append(args, "--join-token", e2eToken)...)
+	for i := range n {
+		r.wait(t, fmt.Sprintf(`worker joined.*worker=sim-%d `, i), 60*time.Second)
+	}
+	first.cmd.Process.Signal(syscall.SIGKILL)
+	<-first.exited
+	again := startProc(t, "sims (restarted)", "tandem", args...)
+	again.wait(t, `sim backend: 3 replica\(s\)`, 60*time.Second)
+	for i := range n {
+		again.wait(t, fmt.Sprintf(`using the identity stored in the state directory.* node=sim-%d `, i), 30*time.Second)
+		if m, _ := r.logged(fmt.Sprintf(`(?s)(worker joined.*worker=sim-%d .*){2}`, i), 30*time.Second); m == nil {
+			t.Errorf("sim-%d did not register again:\n%s", i, r.text())
+		}
+	}
+	if n := strings.Count(r.text(), "node joined the cluster"); n != 3 {
+		t.Errorf("%d joins, want one per replica, on the first start:\n%s", n, r.text())
+	}
+}
