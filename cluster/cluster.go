@@ -144,6 +144,10 @@ type RegisterReply struct {
 	// the worker carry it; the worker counts them and reports the count back
 	// (LoadReport.Received), so that the router knows which dispatches a report counts.
 	DispatchKey uint64
+	// HeartbeatTimeoutMs is how long the router waits for a heartbeat before it declares
+	// the worker dead (0: not said). The worker takes a heartbeat unanswered for as long
+	// for the router's loss, and cancels the requests that router sent it.
+	HeartbeatTimeoutMs int
 }
 
 // MarshalORPC implements orpc.Marshaler.
@@ -152,6 +156,7 @@ func (r *RegisterReply) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(r.HeartbeatMs))
 	e.String(r.Router)
 	e.Uint64(r.DispatchKey)
+	e.Uvarint(uint64(r.HeartbeatTimeoutMs))
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -161,6 +166,9 @@ func (r *RegisterReply) UnmarshalORPC(d *orpc.Decoder) error {
 	r.Router = d.String()
 	if d.Len() > 0 {
 		r.DispatchKey = d.Uint64()
+	}
+	if d.Len() > 0 {
+		r.HeartbeatTimeoutMs = int(d.Uvarint())
 	}
 	return d.Err()
 }

@@ -35,7 +35,7 @@ func TestRoundTrip(t *testing.T) {
 	roundTrip(t, &ModelCard{Version: Version, Model: "m", Node: "n-1", Addr: "127.0.0.1:7", Role: RoleBoth, HashVersion: 1,
 		BlockSize: 16, Salt: 0x7d38246f2d3ef01c, KVBlocks: 512, ContextLen: 4096, TokenizerFormat: TokenizerHF,
 		TokenizerFiles: []File{{Name: "tokenizer.json", Data: []byte("{}")}}, ChatTemplate: "{{x}}"})
-	roundTrip(t, &RegisterReply{WorkerID: 3, HeartbeatMs: 250, Router: "r"})
+	roundTrip(t, &RegisterReply{WorkerID: 3, HeartbeatMs: 250, Router: "r", DispatchKey: 0x1234567890abcdef, HeartbeatTimeoutMs: 1000})
 	roundTrip(t, &LoadReport{WorkerID: 1, Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
 		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9})
 	roundTrip(t, &KVEvents{WorkerID: 2, Events: []kvcache.Event{

@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -41,12 +43,27 @@ type JoinConfig struct {
 	Validity time.Duration
 	// OnJoin, if set, is told of every certificate issued.
 	OnJoin func(name string, cert *x509.Certificate)
+	// Limits bounds the attempts per client address (zero fields: DefaultJoinLimits).
+	Limits JoinLimits
+	// OnRefused, if set, is told of every attempt refused, with its reason: JoinRefusedToken,
+	// JoinRefusedRateLimited or JoinRefusedBadRequest (for a metric).
+	OnRefused func(reason string)
 }
+
+// Reasons a join attempt is refused, as JoinConfig.OnRefused is told them.
+const (
+	JoinRefusedToken       = "token"        // not a token the server accepts
+	JoinRefusedRateLimited = "rate_limited" // too many attempts, or too many rejected ones, from its address
+	JoinRefusedBadRequest  = "bad_request"  // a request or certificate request that does not parse or is invalid
+)
 
 type joinService struct {
 	cfg JoinConfig
 	s   *Server
 	h   UnaryFunc
+
+	mu  sync.Mutex
+	lim *joinLimiter
 }
 
 // EnableJoin makes the server answer joins (connections with ALPN "orpc-join/1").
@@ -55,7 +72,7 @@ func (s *Server) EnableJoin(cfg JoinConfig) {
 		panic("orpc: EnableJoin needs a CA and Tokens")
 	}
 	s.mu.Lock()
-	j := &joinService{cfg: cfg, s: s}
+	j := &joinService{cfg: cfg, s: s, lim: newJoinLimiter(cfg.Limits)}
 	j.h = j.handle
 	s.join = j
 	s.mu.Unlock()
@@ -133,12 +150,40 @@ func channelBinding(conn *quic.Conn) ([]byte, error) {
 	return b, nil
 }
 
+// refused counts a refused attempt.
+func (j *joinService) refused(reason string) {
+	if j.cfg.OnRefused != nil {
+		j.cfg.OnRefused(reason)
+	}
+}
+
+// rejected charges a rejected attempt from addr and counts it.
+func (j *joinService) rejected(addr, reason string) {
+	j.mu.Lock()
+	j.lim.reject(addr, time.Now())
+	j.mu.Unlock()
+	j.refused(reason)
+}
+
 func (j *joinService) handle(ctx context.Context, b []byte) ([]byte, error) {
+	peer, _ := PeerFromContext(ctx)
+	addr := addrKey(peer.Addr)
+	j.mu.Lock()
+	ok, log, n := j.lim.allow(addr, time.Now())
+	j.mu.Unlock()
+	if !ok {
+		j.refused(JoinRefusedRateLimited)
+		if log {
+			j.s.o.logger.Warn("orpc: join attempts refused: too many, or too many rejected, from this address",
+				"peer", addr, "refused", n, "log_interval", j.lim.lim.LogInterval)
+		}
+		return nil, Errorf(ResourceExhausted, "join: too many attempts from %s; retry later", addr)
+	}
 	var req joinRequest
 	if err := Unmarshal(b, &req); err != nil {
+		j.rejected(addr, JoinRefusedBadRequest)
 		return nil, Errorf(InvalidArgument, "join request: %v", err)
 	}
-	peer, _ := PeerFromContext(ctx)
 	binding, err := channelBinding(peer.conn)
 	if err != nil {
 		return nil, Errorf(Internal, "%v", err)
@@ -153,6 +198,7 @@ func (j *joinService) handle(ctx context.Context, b []byte) ([]byte, error) {
 	}
 	if !found || !hmac.Equal(req.Proof, joinMAC(tok.Secret, joinClientLabel, binding, []byte(req.TokenID), req.CSR)) {
 		j.s.o.logger.Warn("orpc: join token rejected", "peer", peer.Addr, "token_id", req.TokenID, "known_id", found)
+		j.rejected(addr, JoinRefusedToken)
 		return nil, ErrJoinTokenRejected
 	}
 	csr, err := x509.ParseCertificateRequest(req.CSR)
@@ -160,6 +206,7 @@ func (j *joinService) handle(ctx context.Context, b []byte) ([]byte, error) {
 		err = csr.CheckSignature()
 	}
 	if err != nil {
+		j.rejected(addr, JoinRefusedBadRequest)
 		return nil, Errorf(InvalidArgument, "join: bad certificate request: %v", err)
 	}
 	hosts := append([]string(nil), csr.DNSNames...)
@@ -168,6 +215,7 @@ func (j *joinService) handle(ctx context.Context, b []byte) ([]byte, error) {
 	}
 	cert, err := j.cfg.CA.Issue(csr.Subject.CommonName, hosts, csr.PublicKey, j.cfg.Validity)
 	if err != nil {
+		j.rejected(addr, JoinRefusedBadRequest)
 		return nil, Errorf(InvalidArgument, "join: %v", err)
 	}
 	resp := joinResponse{CACert: j.cfg.CA.Cert.Raw, Cert: cert.Raw}
@@ -267,11 +315,21 @@ func Join(ctx context.Context, addr string, tok Token, name string, hosts []stri
 	return id, nil
 }
 
-// JoinOrLoad returns the identity stored in dir if there is a valid one, else joins the
-// cluster at addr (see Join) and stores the result in dir. joined reports a new join.
+// JoinOrLoad returns the identity stored in dir if there is a valid one for name (for any
+// name if name is ""), else joins the cluster at addr as name (see Join) and stores the
+// result in dir. joined reports a new join. With the zero Token it only loads: an identity
+// that is missing, does not load (corrupt, expired, not under its CA) or is another node's
+// is then an error naming the file.
 func JoinOrLoad(ctx context.Context, dir, addr string, tok Token, name string, hosts []string, opts ...Option) (id *Identity, joined bool, err error) {
-	if id, err := LoadIdentity(dir); err == nil {
+	id, err = LoadIdentity(dir)
+	if err == nil && name != "" && id.Name != name {
+		err = fmt.Errorf("orpc: %s is the identity of node %q, not %q", filepath.Join(dir, NodeCertFile), id.Name, name)
+	}
+	if err == nil {
 		return id, false, nil
+	}
+	if tok == (Token{}) {
+		return nil, false, fmt.Errorf("%w; without a join token this node cannot join the cluster again", err)
 	}
 	id, err = Join(ctx, addr, tok, name, hosts, opts...)
 	if err != nil {

@@ -27,7 +27,7 @@ type router struct {
 
 func startRouter(t *testing.T, stateDir string) *router {
 	t.Helper()
-	ca, created, err := LoadOrCreateCA(stateDir)
+	ca, created, err := LoadOrCreateCA(stateDir, quietLogger())
 	if err != nil || !created {
 		t.Fatalf("LoadOrCreateCA: created=%v err=%v", created, err)
 	}
@@ -65,7 +65,7 @@ func TestJoinFlow(t *testing.T) {
 		}
 	}
 	// A restart loads the same CA and token.
-	ca2, created, err := LoadOrCreateCA(routerDir)
+	ca2, created, err := LoadOrCreateCA(routerDir, quietLogger())
 	if err != nil || created || !ca2.Cert.Equal(r.ca.Cert) {
 		t.Fatalf("reload CA: %v %v", created, err)
 	}

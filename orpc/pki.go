@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
@@ -20,6 +21,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"tandem/internal/statefile"
 )
 
 // File names in a state directory.
@@ -70,13 +73,43 @@ func NewCA(commonName string) (*CA, error) {
 	return &CA{Cert: cert, Key: key}, nil
 }
 
-// LoadOrCreateCA loads the CA from dir (ca.crt, ca.key) or, if neither file exists, creates
-// one and writes it there (the key with mode 0600). created reports which happened.
-func LoadOrCreateCA(dir string) (ca *CA, created bool, err error) {
+// LoadOrCreateCA loads the CA from dir (ca.crt, ca.key) or, if there is none, creates one
+// and writes it there (the key with mode 0600). created reports a new CA.
+//
+// The certificate is the CA's commit point: Save writes the key first and the certificate
+// last, each atomically, and nothing is signed before both are on disk. So a key without a
+// certificate is a first start that was killed in between: that key never signed anything.
+// It is set aside as ca.key.orphaned (not deleted: it is key material), a warning is logged
+// on log (slog.Default if nil), and a new CA is made. A certificate without its key cannot
+// be repaired here (the certificates issued under it need that key): it is an error naming
+// both files and what to do.
+func LoadOrCreateCA(dir string, log *slog.Logger) (ca *CA, created bool, err error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	certPath, keyPath := filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)
-	_, cerr := os.Stat(certPath)
-	_, kerr := os.Stat(keyPath)
-	if errors.Is(cerr, fs.ErrNotExist) && errors.Is(kerr, fs.ErrNotExist) {
+	certExists, err := exists(certPath)
+	if err != nil {
+		return nil, false, err
+	}
+	keyExists, err := exists(keyPath)
+	if err != nil {
+		return nil, false, err
+	}
+	switch {
+	case certExists && !keyExists:
+		return nil, false, fmt.Errorf("orpc: %s exists but its private key %s does not: restore %s from a backup, "+
+			"or remove %s to make a new cluster CA (every engine must then join again: remove its state directory's %s)",
+			certPath, keyPath, CAKeyFile, certPath, NodeCertFile)
+	case keyExists && !certExists:
+		aside := keyPath + ".orphaned"
+		if err := os.Rename(keyPath, aside); err != nil {
+			return nil, false, fmt.Errorf("orpc: setting aside the key of an unfinished CA: %w", err)
+		}
+		log.Warn("orpc: the state directory held a CA key without its certificate: an earlier first start was interrupted "+
+			"before the CA was complete, so that key never signed anything; making a new CA", "dir", dir, "set_aside", aside)
+		fallthrough
+	case !certExists:
 		ca, err := NewCA("tandem cluster CA")
 		if err != nil {
 			return nil, false, err
@@ -88,6 +121,18 @@ func LoadOrCreateCA(dir string) (ca *CA, created bool, err error) {
 	}
 	ca, err = LoadCA(certPath, keyPath)
 	return ca, false, err
+}
+
+// exists reports whether path exists (an error other than "does not exist" is returned).
+func exists(path string) (bool, error) {
+	_, err := os.Stat(path)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	}
+	return false, err
 }
 
 // LoadCA reads a CA certificate and its private key from PEM files (for a CA given by
@@ -110,7 +155,9 @@ func LoadCA(certFile, keyFile string) (*CA, error) {
 	return &CA{Cert: cert, Key: key}, nil
 }
 
-// Save writes ca.crt and ca.key (0600) into dir, creating it (0700) if needed.
+// Save writes ca.key (0600) and then ca.crt into dir, creating it (0700) if needed. The
+// certificate is the commit point (see LoadOrCreateCA): an existing one is removed first,
+// so that a crash in between never pairs one CA's certificate with another's key.
 func (ca *CA) Save(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -119,10 +166,14 @@ func (ca *CA) Save(dir string) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, CAKeyFile), keyPEM, 0o600); err != nil {
+	certPath := filepath.Join(dir, CACertFile)
+	if err := statefile.Remove(certPath); err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, CACertFile), certToPEM(ca.Cert), 0o644)
+	if err := statefile.Write(filepath.Join(dir, CAKeyFile), keyPEM, 0o600); err != nil {
+		return err
+	}
+	return statefile.Write(certPath, certToPEM(ca.Cert), 0o644)
 }
 
 // Issue signs a node certificate for pub: CN = name, usable as both TLS client and server,
@@ -185,27 +236,38 @@ func newIdentity(cert *x509.Certificate, key crypto.Signer, ca *x509.Certificate
 	return &Identity{Name: cert.Subject.CommonName, Cert: cert, Key: key, CACert: ca}
 }
 
+// ErrNoIdentity is the error of LoadIdentity for a state directory that holds no node
+// identity (no node.crt).
+var ErrNoIdentity = errors.New("orpc: no node identity")
+
 // LoadIdentity reads node.crt, node.key and ca.crt from dir and checks that the certificate
-// is valid now and signed by the CA.
+// is valid now and signed by the CA. node.crt is the identity's commit point (Save writes it
+// last): without it there is no identity, whatever else dir holds (a join interrupted before
+// it finished), and the error matches ErrNoIdentity and fs.ErrNotExist. Any other failure
+// names the file at fault.
 func LoadIdentity(dir string) (*Identity, error) {
-	cert, err := readCertFile(filepath.Join(dir, NodeCertFile))
+	certPath, keyPath, caPath := filepath.Join(dir, NodeCertFile), filepath.Join(dir, NodeKeyFile), filepath.Join(dir, CACertFile)
+	cert, err := readCertFile(certPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %w", ErrNoIdentity, err)
+	}
 	if err != nil {
 		return nil, err
 	}
-	key, err := readKeyFile(filepath.Join(dir, NodeKeyFile))
+	key, err := readKeyFile(keyPath)
 	if err != nil {
 		return nil, err
 	}
-	ca, err := readCertFile(filepath.Join(dir, CACertFile))
+	ca, err := readCertFile(caPath)
 	if err != nil {
 		return nil, err
 	}
 	if !publicKeysEqual(key.Public(), cert.PublicKey) {
-		return nil, fmt.Errorf("orpc: %s does not match %s", NodeKeyFile, NodeCertFile)
+		return nil, fmt.Errorf("orpc: %s does not match %s", keyPath, certPath)
 	}
 	id := newIdentity(cert, key, ca)
 	if err := id.check(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("orpc: %s: %w", certPath, err)
 	}
 	return id, nil
 }
@@ -216,12 +278,15 @@ func (id *Identity) check() error {
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 	})
 	if err != nil {
-		return fmt.Errorf("orpc: node certificate %q is not valid under the cluster CA: %w", id.Name, err)
+		return fmt.Errorf("node certificate %q is not valid under the cluster CA: %w", id.Name, err)
 	}
 	return nil
 }
 
-// Save writes node.crt, node.key (0600) and ca.crt into dir.
+// Save writes node.key (0600), ca.crt and then node.crt into dir, creating it (0700) if
+// needed. node.crt is the commit point (see LoadIdentity): an existing one is removed
+// first, so that a crash in between never pairs one identity's certificate with another's
+// key or CA.
 func (id *Identity) Save(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -230,13 +295,17 @@ func (id *Identity) Save(dir string) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, NodeKeyFile), keyPEM, 0o600); err != nil {
+	certPath := filepath.Join(dir, NodeCertFile)
+	if err := statefile.Remove(certPath); err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, CACertFile), certToPEM(id.CACert), 0o644); err != nil {
+	if err := statefile.Write(filepath.Join(dir, NodeKeyFile), keyPEM, 0o600); err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, NodeCertFile), certToPEM(id.Cert), 0o644)
+	if err := statefile.Write(filepath.Join(dir, CACertFile), certToPEM(id.CACert), 0o644); err != nil {
+		return err
+	}
+	return statefile.Write(certPath, certToPEM(id.Cert), 0o644)
 }
 
 func (id *Identity) roots() *x509.CertPool {
@@ -370,7 +439,7 @@ func LoadOrCreateToken(dir, given string) (tok Token, created bool, err error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return Token{}, false, err
 		}
-		return tok, false, writeFileAtomic(path, []byte(tok.String()+"\n"), 0o600)
+		return tok, false, statefile.Write(path, []byte(tok.String()+"\n"), 0o600)
 	}
 	b, err := os.ReadFile(path)
 	if err == nil {
@@ -390,7 +459,7 @@ func LoadOrCreateToken(dir, given string) (tok Token, created bool, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return Token{}, false, err
 	}
-	return tok, true, writeFileAtomic(path, []byte(tok.String()+"\n"), 0o600)
+	return tok, true, statefile.Write(path, []byte(tok.String()+"\n"), 0o600)
 }
 
 const tokenAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -487,29 +556,4 @@ func readKeyFile(path string) (crypto.Signer, error) {
 func publicKeysEqual(a, b crypto.PublicKey) bool {
 	ea, ok := a.(interface{ Equal(crypto.PublicKey) bool })
 	return ok && ea.Equal(b)
-}
-
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

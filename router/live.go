@@ -3,6 +3,7 @@ package router
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -107,6 +108,12 @@ type liveWorker struct {
 	reason    string
 	// key is the registration's dispatch key: Generate calls carry it, load reports count them.
 	key uint64
+	// cert is the fingerprint of the certificate the worker registered with: its identity.
+	cert [sha256.Size]byte
+	// displaced is the address of the registration of the same identity this one replaced
+	// while that one was still reporting, and when (see nameConflictLocked).
+	displaced   string
+	displacedAt time.Time
 }
 
 func (w *liveWorker) remove(reason string) {
@@ -193,7 +200,7 @@ func (l *Live) Register(srv *orpc.Server) {
 func (l *Live) Run(ctx context.Context) {
 	t := time.NewTicker(l.cfg.Heartbeat)
 	defer t.Stop()
-	suspect := min(4*l.cfg.Heartbeat, l.cfg.HeartbeatTimeout/2)
+	suspect := l.suspectAfter()
 	for {
 		select {
 		case <-ctx.Done():
@@ -289,6 +296,24 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 		return orpc.Errorf(orpc.InvalidArgument, "router: %v", err)
 	}
 	log := l.log.With("worker", card.Node, "addr", addr, "model", card.Model)
+	// A node's name is the one in its certificate (the name it joined under).
+	if peer == nil || len(peer.Certificates) == 0 || peer.Name != card.Node {
+		certName := ""
+		if peer != nil {
+			certName = peer.Name
+		}
+		l.met.mem.NameRefusals.WithLabelValues("certificate_name").Inc()
+		log.Error("refusing worker: its card's node name is not the name in its certificate", "certificate_name", certName, "from", from)
+		return orpc.Errorf(orpc.PermissionDenied, "router: refusing worker %q from %s: its certificate is node %q's; a node registers under the name it joined with",
+			card.Node, from, certName)
+	}
+	cert := sha256.Sum256(peer.Certificates[0].Raw)
+	l.mu.Lock()
+	err = l.nameConflictLocked(card.Node, cert, addr, from, time.Now())
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
 
 	// Rebuild the tokenizer of a new model before taking the lock.
 	l.mu.Lock()
@@ -336,8 +361,19 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 		log.Error("refusing worker: its tokenizer or chat template differs from the model's other workers")
 		return orpc.Errorf(orpc.FailedPrecondition, "router: refusing worker %q: its tokenizer or chat template differs from the other workers of model %q", card.Node, card.Model)
 	}
+	now := time.Now()
+	if err := l.nameConflictLocked(card.Node, cert, addr, from, now); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	var displaced string
 	if old, ok := l.byNode[card.Node]; ok {
 		if ow := l.workers[old]; ow != nil {
+			if ow.cert == cert && ow.addr != addr && now.Sub(ow.lastBeat) < l.suspectAfter() {
+				displaced = ow.addr
+			}
+			log.Info("replacing the previous registration of this node", "previous_addr", ow.addr,
+				"same_identity", ow.cert == cert, "silent", now.Sub(ow.lastBeat).Round(time.Millisecond))
 			ow.remove("replaced by a new registration of the same node")
 			l.dropLocked(ow)
 		}
@@ -358,9 +394,11 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	}
 	_, remembered := l.cfg.KnownCards[card.Model]
 	persist := newModel && !remembered && l.cfg.NewModel != nil
-	now := time.Now()
 	w := &liveWorker{id: id, node: card.Node, addr: addr, model: m, client: client, joined: now, lastBeat: now,
-		resyncing: true, kick: make(chan struct{}), key: rand.Uint64() | 1}
+		resyncing: true, kick: make(chan struct{}), key: rand.Uint64() | 1, cert: cert}
+	if displaced != "" {
+		w.displaced, w.displacedAt = displaced, now
+	}
 	l.workers[id] = w
 	l.byNode[card.Node] = id
 	l.signal()
@@ -383,7 +421,7 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 		log.Warn("worker left", "id", id, "reason", w.reason)
 	}()
 	if err := send(&cluster.RegisterReply{WorkerID: uint64(id), HeartbeatMs: int(l.cfg.Heartbeat / time.Millisecond), Router: l.cfg.Name,
-		DispatchKey: w.key}); err != nil {
+		DispatchKey: w.key, HeartbeatTimeoutMs: int(l.cfg.HeartbeatTimeout / time.Millisecond)}); err != nil {
 		w.remove("registration reply failed: " + err.Error())
 		return err
 	}
@@ -396,6 +434,64 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	case <-w.kick:
 	}
 	return nil
+}
+
+// sharedIdentityWindow is how long a registration remembers the live registration of the
+// same identity it replaced, to tell two processes sharing one identity from a restart.
+const sharedIdentityWindow = 30 * time.Second
+
+// nameConflictLocked refuses a registration of node from a worker at addr (which connected
+// from from) with the certificate whose fingerprint is cert, while another registration of
+// that name is live: reporting within suspectAfter and not on its way out. A registration
+// of the same identity (the same certificate) replaces it: that is the node registering
+// again, after a restart (kill -9 leaves its old registration reporting-fresh for up to a
+// heartbeat timeout) or a new session; two engines that joined separately under one name
+// hold different certificates and are refused while the first is live, so they cannot
+// take turns evicting each other. One case of the same identity is refused too: two
+// processes sharing one state directory, recognised when the registration that replaced a
+// live one is in turn replaced from the address it displaced. A holder that stopped
+// reporting is replaced: a node restarted after a crash gets its name back at once.
+// Called with l.mu held.
+func (l *Live) nameConflictLocked(node string, cert [sha256.Size]byte, addr string, from net.Addr, now time.Time) error {
+	old, ok := l.byNode[node]
+	if !ok {
+		return nil
+	}
+	ow := l.workers[old]
+	if ow == nil {
+		return nil
+	}
+	select {
+	case <-ow.kick:
+		return nil // on its way out
+	default:
+	}
+	silent := now.Sub(ow.lastBeat)
+	if silent >= l.suspectAfter() {
+		return nil
+	}
+	switch {
+	case ow.cert != cert:
+		l.met.mem.NameRefusals.WithLabelValues("name_in_use").Inc()
+		l.log.Error("refusing worker: another live worker has its node name", "worker", node, "addr", addr, "from", from,
+			"holder_addr", ow.addr, "holder_last_report", silent.Round(time.Millisecond))
+		return orpc.Errorf(orpc.AlreadyExists, "router: node name %q is taken by a live worker at %s (last load report %v ago); refusing the one at %s (connected from %s): give each engine its own --node-name and --state-dir",
+			node, ow.addr, silent.Round(time.Millisecond), addr, from)
+	case ow.displaced == addr && addr != ow.addr && now.Sub(ow.displacedAt) < sharedIdentityWindow:
+		ow.displacedAt = now // still trying: keep recognising it
+		l.met.mem.NameRefusals.WithLabelValues("shared_identity").Inc()
+		l.log.Error("refusing worker: two live processes hold the identity of one node", "worker", node, "addr", addr, "from", from,
+			"holder_addr", ow.addr)
+		return orpc.Errorf(orpc.AlreadyExists, "router: two live processes hold the identity of node %q, at %s and at %s (connected from %s): they share a state directory; give each engine its own --state-dir and --node-name",
+			node, ow.addr, addr, from)
+	}
+	return nil
+}
+
+// suspectAfter is how long a worker may go without a load report before it is taken for
+// unhealthy (no new requests) and its name for free.
+func (l *Live) suspectAfter() time.Duration {
+	return min(4*l.cfg.Heartbeat, l.cfg.HeartbeatTimeout/2)
 }
 
 // dropLocked removes w from the registry and the policy. Called with l.mu held.

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"tandem/internal/statefile"
 )
 
 // A restarted router learns its models again from the workers that re-register. Without a
@@ -66,11 +68,7 @@ func (s *cardStore) add(c Card) error {
 	if err != nil {
 		return err
 	}
-	tmp := s.path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, s.path)
+	return statefile.Write(s.path, append(b, '\n'), 0o600)
 }
 
 func newCardStore(dir string) *cardStore { return &cardStore{path: filepath.Join(dir, cardsFile)} }

@@ -13,11 +13,12 @@ import (
 // and collects the per-worker gauges from the policy state at scrape time.
 type liveMetrics struct {
 	*metrics.Router
-	l *Live
+	mem *metrics.Membership
+	l   *Live
 }
 
 func newLiveMetrics(l *Live, reg prometheus.Registerer) *liveMetrics {
-	m := &liveMetrics{Router: metrics.NewRouter(reg), l: l}
+	m := &liveMetrics{Router: metrics.NewRouter(reg), mem: metrics.NewMembership(reg), l: l}
 	reg.MustRegister(m)
 	return m
 }

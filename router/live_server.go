@@ -61,7 +61,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	if cfg.StateDir == "" {
 		return nil, errors.New("router: a state directory is needed (--state-dir)")
 	}
-	ca, caCreated, err := orpc.LoadOrCreateCA(cfg.StateDir)
+	ca, caCreated, err := orpc.LoadOrCreateCA(cfg.StateDir, log)
 	if err != nil {
 		return nil, fmt.Errorf("router: cluster CA: %w", err)
 	}
@@ -117,6 +117,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		OnJoin: func(node string, cert *x509.Certificate) {
 			log.Info("node joined the cluster", "node", node, "expires", cert.NotAfter.Format(time.DateOnly))
 		},
+		OnRefused: func(reason string) { live.met.mem.JoinsRefused.WithLabelValues(reason).Inc() },
 	})
 	ol, err := srv.Listen(net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.ORPCPort)), id.ServerTLS())
 	if err != nil {

@@ -18,14 +18,17 @@ import (
 
 	"tandem/cluster"
 	"tandem/engine"
+	"tandem/engine/simstep"
 	"tandem/hal/cpu"
 	"tandem/internal/fixtures"
 	"tandem/kvcache"
 	"tandem/llm"
+	"tandem/metrics"
 	"tandem/model"
 	"tandem/openai"
 	"tandem/orpc"
 	"tandem/router"
+	"tandem/sim"
 	"tandem/worker"
 )
 
@@ -126,6 +129,14 @@ type workerOpts struct {
 	// through two udpRelays only (node.in and node.out), which a test cuts to make the
 	// worker vanish without a word.
 	relays bool
+	// stateDir is the worker's state directory ("": a new one); node "" leaves the name to
+	// the worker (its stored identity's, else host name and port).
+	stateDir string
+	node     *string
+	// timing, if set, makes the engine a sim engine: modelled forward passes of this
+	// duration on the wall clock (sequences that run for a chosen time).
+	timing  *sim.Timing
+	metrics *metrics.Worker // the worker's membership metrics
 }
 
 // addWorkerOpts is addWorker with more choices.
@@ -142,7 +153,19 @@ func (c *testCluster) addWorkerOpts(name, token string, o workerOpts) *node {
 		t.Fatal(err)
 	}
 	salt := kvcache.Salt(modelName, "", "")
-	eng, err := engine.New(m, be, engine.Config{KVBlocks: 256, BlockSize: blockSize, Salt: salt})
+	var eng *engine.Engine
+	ecfg := engine.Config{KVBlocks: 256, BlockSize: blockSize, Salt: salt}
+	if o.timing != nil {
+		tok := m.Tokenizer
+		step, err := simstep.New(simstep.Config{Timing: *o.timing, Vocab: m.Config.VocabSize,
+			Skip: func(id int32) bool { return tok.IsEOG(id) || tok.IsControl(id) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eng, err = engine.NewWithForwarder(m, step, ecfg)
+	} else {
+		eng, err = engine.New(m, be, ecfg)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,8 +185,14 @@ func (c *testCluster) addWorkerOpts(name, token string, o workerOpts) *node {
 		Engine: we,
 		Card: cluster.ModelCard{Model: modelName, HashVersion: kvcache.HashVersion, BlockSize: blockSize, Salt: salt,
 			KVBlocks: 256, ContextLen: m.Config.ContextLen, TokenizerFormat: format, TokenizerFiles: files},
-		Node: name, Routers: []string{c.router.ORPCAddr}, Token: token, StateDir: t.TempDir(), Listen: "127.0.0.1:0",
-		Logger: slog.New(slog.NewTextHandler(logs, nil)), Options: o.options,
+		Node: name, Routers: []string{c.router.ORPCAddr}, Token: token, StateDir: o.stateDir, Listen: "127.0.0.1:0",
+		Logger: slog.New(slog.NewTextHandler(logs, nil)), Options: o.options, Metrics: o.metrics,
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = t.TempDir()
+	}
+	if o.node != nil {
+		cfg.Node = *o.node
 	}
 	var in, out *udpRelay
 	if o.relays {
@@ -385,6 +414,9 @@ func TestClusterRefusals(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("a worker with a wrong token was not refused")
+	}
+	if got := scrape(t, c.router.URL(), "tandem_router:join_refusals_total", `reason="token"`); got != 1 {
+		t.Errorf("join refusals for the token on /metrics: %v, want 1", got)
 	}
 
 	tok := c.router.Token.String()

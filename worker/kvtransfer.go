@@ -118,6 +118,8 @@ func (w *Worker) met() *metrics.KVTransfer { return w.cfg.KVMetrics }
 
 // prefill serves Worker.Prefill.
 func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*cluster.PrefillReply, error) {
+	ctx, done := w.regs.bind(ctx, req.Generate.DispatchKey)
+	defer done()
 	eng := w.kvEngine()
 	f, err := eng.KVFormat()
 	if err != nil {
@@ -425,6 +427,8 @@ func (w *Worker) pullFailed(ctx context.Context, err error) error {
 // lacks, then generation as Worker.Generate does it. A failed pull falls back to computing
 // the prompt here, unless the source is strict.
 func (w *Worker) decode(ctx context.Context, req *cluster.DecodeRequest, send func(*cluster.GenerateEvent) error) error {
+	ctx, done := w.regs.bind(ctx, req.Generate.DispatchKey)
+	defer done()
 	eng := w.kvEngine()
 	if err := send(&cluster.GenerateEvent{Kind: cluster.EventAccepted}); err != nil {
 		return err
@@ -452,7 +456,7 @@ func (w *Worker) decode(ctx context.Context, req *cluster.DecodeRequest, send fu
 	}
 	bs := w.cfg.Card.BlockSize
 	accepted := false
-	return w.generate(ctx, &req.Generate, func(ev *cluster.GenerateEvent) error {
+	return w.generateBound(ctx, &req.Generate, func(ev *cluster.GenerateEvent) error {
 		switch {
 		case ev.Kind == cluster.EventAccepted && !accepted:
 			accepted = true

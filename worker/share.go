@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,15 +22,24 @@ import (
 const minReportGap = 5 * time.Millisecond
 
 // registrations holds, for each live registration with a router, the highest dispatch
-// number received and its nudge channel.
+// number received, its nudge channel, and the requests that router sent that are running.
 type registrations struct {
-	mu   sync.Mutex
-	regs map[uint64]*registration // by dispatch key
+	mu     sync.Mutex
+	regs   map[uint64]*registration // by dispatch key
+	nextID uint64                   // of bound requests
 }
 
 type registration struct {
 	received atomic.Uint64
 	nudge    chan struct{} // capacity 1: a pending nudge
+	// active are the running requests the registration's router sent (bind), canceled
+	// should that router be lost (lose). Guarded by registrations.mu.
+	active map[uint64]boundRequest
+}
+
+type boundRequest struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 }
 
 // add starts tracking the calls with key (0: the router does not track dispatches; the
@@ -51,13 +61,65 @@ func (r *registrations) add(key uint64) *registration {
 	return reg
 }
 
+// remove stops tracking reg; the requests bound to it run on.
 func (r *registrations) remove(reg *registration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.removeLocked(reg)
+}
+
+func (r *registrations) removeLocked(reg *registration) {
 	for k, v := range r.regs {
 		if v == reg {
 			delete(r.regs, k)
 		}
+	}
+}
+
+// lose stops tracking reg, whose router is lost, and cancels the requests bound to it with
+// cause. It returns how many were still running.
+func (r *registrations) lose(reg *registration, cause error) int {
+	r.mu.Lock()
+	r.removeLocked(reg)
+	active := reg.active
+	reg.active = nil
+	r.mu.Unlock()
+	n := 0
+	for _, b := range active {
+		if b.ctx.Err() == nil {
+			n++
+		}
+		b.cancel(cause)
+	}
+	return n
+}
+
+// bind ties a request that arrived with dispatch key key to that registration: the
+// returned context is also canceled should the registration's router be lost. done ends
+// the binding when the request ends. A request with no key, or one of a registration not
+// (or no longer) tracked, is not bound: it ends when its call does.
+func (r *registrations) bind(ctx context.Context, key uint64) (_ context.Context, done func()) {
+	if key == 0 {
+		return ctx, func() {}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	reg := r.regs[key]
+	if reg == nil {
+		return ctx, func() {}
+	}
+	bctx, cancel := context.WithCancelCause(ctx)
+	r.nextID++
+	id := r.nextID
+	if reg.active == nil {
+		reg.active = map[uint64]boundRequest{}
+	}
+	reg.active[id] = boundRequest{bctx, cancel}
+	return bctx, func() {
+		r.mu.Lock()
+		delete(reg.active, id)
+		r.mu.Unlock()
+		cancel(nil)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -69,8 +70,10 @@ type Config struct {
 	KVPullTimeout time.Duration
 	KVSendRate    float64 // bytes per second a KV pull is served at (0: unlimited)
 	KVMetrics     *metrics.KVTransfer
-	Logger        *slog.Logger
-	Options       []orpc.Option // for the ORPC server and clients
+	// Metrics, if set, counts the requests canceled because their router was lost.
+	Metrics *metrics.Worker
+	Logger  *slog.Logger
+	Options []orpc.Option // for the ORPC server and clients
 
 	// KVTransferTime is the modelled time to move n bytes of KV (the sim backend's
 	// sim.Timing.Transfer): a pull of modelled blocks (engine.KVFormat.Modelled) sends no
@@ -86,6 +89,12 @@ type Worker struct {
 	srv  *orpc.Server
 	addr string // actual ORPC listen address
 
+	// Before Run: the join token, the identity found in the state directory, or why the
+	// one there is not used (with a token, the worker then joins again).
+	tok    orpc.Token
+	stored *orpc.Identity
+	stale  error
+
 	ready chan struct{}
 
 	waiting  atomic.Int64 // accepted, no first token yet
@@ -99,19 +108,21 @@ type Worker struct {
 	kvx  kvXfer // clients to other workers, for KV pulls
 }
 
-// New checks cfg and returns a Worker; Run starts it.
+// New checks cfg and returns a Worker; Run starts it. Without a join token it loads the
+// identity stored in cfg.StateDir now, so that a missing, damaged or expired one is an
+// error at once, naming the file.
 func New(cfg Config) (*Worker, error) {
 	switch {
 	case cfg.Engine == nil:
 		return nil, errors.New("worker: no engine")
 	case len(cfg.Routers) == 0:
 		return nil, errors.New("worker: no router to join")
-	case cfg.Identity == nil && cfg.Token == "":
-		return nil, errors.New("worker: joining a router needs a join token (--join-token)")
 	case cfg.Identity == nil && cfg.StateDir == "":
-		return nil, errors.New("worker: joining a router needs a state directory (--state-dir)")
+		return nil, errors.New("worker: joining a router needs a state directory (--state-dir) to keep its identity in")
 	case cfg.Card.Model == "" || cfg.Card.BlockSize <= 0:
 		return nil, errors.New("worker: the model card needs a model name and a block size")
+	case cfg.Identity != nil && cfg.Node != "" && cfg.Identity.Name != cfg.Node:
+		return nil, fmt.Errorf("worker: the identity given is node %q's, not %q's", cfg.Identity.Name, cfg.Node)
 	}
 	if cfg.Card.Role == "" {
 		cfg.Card.Role = cluster.RoleBoth
@@ -132,7 +143,45 @@ func New(cfg Config) (*Worker, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Worker{cfg: cfg, log: log.With("component", "worker"), ready: make(chan struct{}), connected: map[string]uint64{}}, nil
+	w := &Worker{cfg: cfg, log: log.With("component", "worker"), ready: make(chan struct{}), connected: map[string]uint64{}}
+	if cfg.Identity == nil {
+		if err := w.loadIdentity(); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// loadIdentity loads the identity stored in the state directory, if it is this node's.
+// With a join token, one that is missing or unusable only means joining again (stale says
+// why, for the log); without one it is an error.
+func (w *Worker) loadIdentity() error {
+	if w.cfg.Token != "" {
+		tok, err := orpc.ParseToken(w.cfg.Token)
+		if err != nil {
+			return fmt.Errorf("worker: --join-token: %w", err)
+		}
+		w.tok = tok
+	}
+	certPath := filepath.Join(w.cfg.StateDir, orpc.NodeCertFile)
+	id, err := orpc.LoadIdentity(w.cfg.StateDir)
+	switch {
+	case err == nil && w.cfg.Node != "" && id.Name != w.cfg.Node:
+		if w.cfg.Token == "" {
+			return fmt.Errorf("worker: %s is the identity of node %q, not %q: start with --node-name %s (or none), "+
+				"or give --join-token to join as %s", certPath, id.Name, w.cfg.Node, id.Name, w.cfg.Node)
+		}
+		w.stale = fmt.Errorf("%s is the identity of node %q, not %q", certPath, id.Name, w.cfg.Node)
+	case err == nil:
+		w.stored = id
+	case w.cfg.Token != "":
+		w.stale = err
+	case errors.Is(err, orpc.ErrNoIdentity):
+		return fmt.Errorf("worker: joining a router needs a join token (--join-token): %s holds no identity from an earlier join (%w)", w.cfg.StateDir, err)
+	default:
+		return fmt.Errorf("worker: the identity in %s does not load, and without a join token (--join-token) this node cannot join again: %w", w.cfg.StateDir, err)
+	}
+	return nil
 }
 
 // Ready is closed once the worker serves ORPC (after joining).
@@ -187,8 +236,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	defer pc.Close()
 	w.addr = pc.LocalAddr().String()
+	// A node's name is the one in its certificate: the router refuses any other.
 	node := w.cfg.Node
-	if node == "" {
+	switch {
+	case w.cfg.Identity != nil:
+		node = w.cfg.Identity.Name
+	case w.stored != nil:
+		node = w.stored.Name
+	case node == "":
 		h, _ := os.Hostname()
 		if h == "" {
 			h = "worker"
@@ -235,15 +290,20 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 // identity returns the configured identity, or the one in the state directory, or joins a
-// router for one (trying the routers in turn, with backoff, until one answers). A refused
-// token ends the attempt at once: retrying would not help.
+// router for one as node (trying the routers in turn, with backoff, until one answers) and
+// stores it. A refused token ends the attempt at once: retrying would not help.
 func (w *Worker) identity(ctx context.Context, node string) (*orpc.Identity, error) {
-	if w.cfg.Identity != nil {
+	switch {
+	case w.cfg.Identity != nil:
 		return w.cfg.Identity, nil
+	case w.stored != nil:
+		w.log.Info("using the identity stored in the state directory", "node", node, "state_dir", w.cfg.StateDir,
+			"expires", w.stored.Cert.NotAfter.Format(time.DateOnly))
+		return w.stored, nil
 	}
-	tok, err := orpc.ParseToken(w.cfg.Token)
-	if err != nil {
-		return nil, fmt.Errorf("worker: --join-token: %w", err)
+	if w.stale != nil && !errors.Is(w.stale, orpc.ErrNoIdentity) {
+		w.log.Warn("the identity in the state directory is not usable; joining the cluster again with the join token",
+			"state_dir", w.cfg.StateDir, "reason", w.stale)
 	}
 	host, _, _ := net.SplitHostPort(w.addr)
 	var hosts []string
@@ -253,11 +313,12 @@ func (w *Worker) identity(ctx context.Context, node string) (*orpc.Identity, err
 	var b backoff
 	for {
 		for _, r := range w.cfg.Routers {
-			id, joined, err := orpc.JoinOrLoad(ctx, w.cfg.StateDir, r, tok, node, hosts, w.cfg.Options...)
+			id, err := orpc.Join(ctx, r, w.tok, node, hosts, w.cfg.Options...)
 			if err == nil {
-				if joined {
-					w.log.Info("joined the cluster", "router", r, "node", node, "state_dir", w.cfg.StateDir)
+				if err := id.Save(w.cfg.StateDir); err != nil {
+					return nil, fmt.Errorf("worker: storing the identity earned by joining: %w", err)
 				}
+				w.log.Info("joined the cluster", "router", r, "node", node, "state_dir", w.cfg.StateDir)
 				return id, nil
 			}
 			if errors.Is(err, orpc.ErrJoinTokenRejected) {
@@ -272,8 +333,11 @@ func (w *Worker) identity(ctx context.Context, node string) (*orpc.Identity, err
 }
 
 // link keeps a registration with router addr until ctx is done, reconnecting with backoff.
+// A refusal (the card disagrees with the model's, the name is another live node's) is
+// retried every refusalRetry, and logged once until it changes or a registration succeeds.
 func (w *Worker) link(ctx context.Context, addr string) {
 	var b backoff
+	refused := ""
 	for ctx.Err() == nil {
 		registered, err := w.session(ctx, addr)
 		if ctx.Err() != nil {
@@ -281,18 +345,35 @@ func (w *Worker) link(ctx context.Context, addr string) {
 		}
 		if registered {
 			b.reset()
+			refused = ""
 		}
 		d := b.next()
-		if errors.Is(err, orpc.ErrFailedPrecondition) {
-			d = 5 * time.Second // refused: the card disagrees; say so and retry slowly
-			w.log.Error("router refused this worker", "router", addr, "err", err)
-		} else {
+		switch {
+		case isRefusal(err):
+			d = refusalRetry
+			if msg := err.Error(); msg != refused {
+				refused = msg
+				w.log.Error("router refused this worker; retrying every "+refusalRetry.String(), "router", addr, "err", err)
+			} else {
+				w.log.Debug("router refused this worker again", "router", addr, "err", err)
+			}
+		default:
 			w.log.Warn("router connection lost; reconnecting", "router", addr, "err", err, "in", d)
 		}
 		if !sleep(ctx, d) {
 			return
 		}
 	}
+}
+
+// refusalRetry is how often a worker a router refused registers again: a refusal holds
+// until an operator acts or the other node with its name goes away.
+const refusalRetry = 5 * time.Second
+
+// isRefusal reports whether err is a router's verdict on the registration rather than a
+// failure to reach it.
+func isRefusal(err error) bool {
+	return errors.Is(err, orpc.ErrFailedPrecondition) || errors.Is(err, orpc.ErrAlreadyExists) || errors.Is(err, orpc.ErrPermissionDenied)
 }
 
 // session registers with router addr and publishes heartbeats and KV events until the
@@ -344,15 +425,35 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		}
 	}()
 
-	me := w.regs.add(reply.DispatchKey)
-	defer w.regs.remove(me)
-	tracked := reply.DispatchKey != 0
-	report := func() error { return w.heartbeat(sctx, c, reply.WorkerID, me, tracked) }
-
 	interval := time.Duration(reply.HeartbeatMs) * time.Millisecond
 	if interval <= 0 {
 		interval = 250 * time.Millisecond
 	}
+	// A heartbeat (or event batch) unanswered for as long as the router waits for our
+	// heartbeats means the router is lost (a router killed with SIGKILL says nothing, and
+	// QUIC would notice only at its idle timeout).
+	lossTimeout := time.Duration(reply.HeartbeatTimeoutMs) * time.Millisecond
+	if lossTimeout <= 0 {
+		lossTimeout = max(4*interval, time.Second)
+	}
+
+	me := w.regs.add(reply.DispatchKey)
+	defer func() {
+		if ctx.Err() != nil {
+			w.regs.remove(me) // stopping: the server ends the calls, or lets them finish
+			return
+		}
+		// The registration is over, and with it the router's interest in the requests it
+		// sent: free their sequences now rather than compute for nobody.
+		if n := w.regs.lose(me, fmt.Errorf("worker: lost the router at %s that sent this request: %w", addr, err)); n > 0 {
+			if m := w.cfg.Metrics; m != nil {
+				m.OrphansCanceled.Add(float64(n))
+			}
+			w.log.Warn("router lost; canceled the requests it had sent", "router", addr, "canceled", n, "err", err)
+		}
+	}()
+	tracked := reply.DispatchKey != 0
+	report := func() error { return w.heartbeat(sctx, c, reply.WorkerID, me, tracked, lossTimeout) }
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	gap := time.NewTimer(0) // armed while a nudged report waits for minReportGap
@@ -388,7 +489,10 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 					break drain
 				}
 			}
-			if err := c.Call(sctx, cluster.MethodEvents, batch, &cluster.Ack{}); err != nil {
+			ectx, cancel := context.WithTimeout(sctx, lossTimeout)
+			err := c.Call(ectx, cluster.MethodEvents, batch, &cluster.Ack{})
+			cancel()
+			if err != nil {
 				return true, fmt.Errorf("sending KV events: %w", err)
 			}
 		case <-tick.C:
@@ -419,13 +523,13 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	}
 }
 
-func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64, reg *registration, tracked bool) error {
+func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64, reg *registration, tracked bool, timeout time.Duration) error {
 	// Read it first: a dispatch recorded here is already in the engine's figures.
 	received := reg.received.Load()
 	r := w.Load()
 	r.WorkerID = id
 	r.Received, r.Tracked = received, tracked
-	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	hctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := c.Call(hctx, cluster.MethodHeartbeat, &r, &cluster.Ack{}); err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
@@ -470,8 +574,16 @@ func (w *Worker) Load() cluster.LoadReport {
 }
 
 // generate serves Worker.Generate: an Accepted event (or an Error event), then the tokens.
-// The call's context is the sequence's: a caller that cancels frees it at once.
+// The call's context is the sequence's: a caller that cancels frees it at once, and so does
+// the loss of the router that sent it (registrations.bind).
 func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, send func(*cluster.GenerateEvent) error) error {
+	ctx, done := w.regs.bind(ctx, req.DispatchKey)
+	defer done()
+	return w.generateBound(ctx, req, send)
+}
+
+// generateBound is generate for a request already bound to its router's registration.
+func (w *Worker) generateBound(ctx context.Context, req *cluster.GenerateRequest, send func(*cluster.GenerateEvent) error) error {
 	r := req.Request
 	st, err := w.cfg.Engine.Generate(ctx, &r)
 	w.regs.received(req.DispatchKey, req.DispatchSeq) // refused or not, the dispatch has arrived

@@ -199,16 +199,30 @@ func TestEndToEndRouterFeatures(t *testing.T) {
 	holder, before := complete(t, longBody)
 
 	t.Run("router restart", func(t *testing.T) {
+		// The three engines are held (SIGSTOP) across the restart, so that e4, which retries
+		// every 5 s, registers first with the new router: only the card the router remembers
+		// (models.json) can refuse it then. (Left to race, the engines, which notice the
+		// router's loss after its heartbeat timeout, would often come back first.)
+		for _, e := range engines {
+			if err := e.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if err := r1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		<-r1.exited
 		r2 := startProc(t, "tandem-router#2", "tandem-router", routerArgs("--routing", "kv")...)
 		base = r2.wait(t, `tandem-router: (http://\S+)`, 60*time.Second)[1]
+		r2.wait(t, `refusing worker: model card mismatch.*block size 32, the other workers use 16.*remembers`, 30*time.Second)
+		for _, e := range engines {
+			if err := e.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+		}
 		for name := range engines {
 			r2.wait(t, `worker joined.*worker=`+name, 30*time.Second)
 		}
-		r2.wait(t, `refusing worker: model card mismatch.*block size 32, the other workers use 16.*remembers`, 30*time.Second)
 		for name, e := range engines {
 			select {
 			case <-e.exited:

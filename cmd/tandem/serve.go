@@ -238,6 +238,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			StateDir:   *stateDir,
 			Advertise:  *advertise,
 			KVMetrics:  metrics.NewKVTransfer(reg, name),
+			Metrics:    metrics.NewWorker(reg),
 			KVHold:     *kvHold,
 			KVSendRate: float64(sendRate),
 			Logger:     log,

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -130,12 +131,12 @@ func (b *backendFlags) newEngines(m *model.Model, be hal.Backend, timing sim.Tim
 	return out, nil
 }
 
-// startWorkers makes each engine a cluster member, with base's card, routers and identity.
-// Replica 0 joins first; the others start once it is ready, so they load the identity it
-// earned from the state directory instead of each joining. Replica i listens on
-// orpcPort+i (a free port when orpcPort is 0) and is named node-i (default names already
-// differ by port). fatal receives the first error that ends a member; done is closed when
-// all have returned. With the sim backend, the workers model KV transfer time.
+// startWorkers makes each engine a cluster member, with base's card and routers. A node's
+// name is the one in its certificate, so each replica has its own identity: replica 0's in
+// the state directory, replica i's in its subdirectory replica-i. Replica
+// i listens on orpcPort+i (a free port when orpcPort is 0) and is named node-i (default
+// names already differ by port). fatal receives the first error that ends a member; done is
+// closed when all have returned. With the sim backend, the workers model KV transfer time.
 func (b *backendFlags) startWorkers(ctx context.Context, engines []*engine.Engine, base worker.Config, host string, orpcPort int, log *slog.Logger) (done <-chan struct{}, fatal <-chan error, err error) {
 	n := len(engines)
 	ws := make([]*worker.Worker, n)
@@ -154,6 +155,7 @@ func (b *backendFlags) startWorkers(ctx context.Context, engines []*engine.Engin
 			port = orpcPort + i
 		}
 		c.Listen = net.JoinHostPort(host, strconv.Itoa(port))
+		c.StateDir = replicaStateDir(base.StateDir, i)
 		if n > 1 {
 			if c.Node != "" {
 				c.Node = fmt.Sprintf("%s-%d", base.Node, i)
@@ -164,6 +166,9 @@ func (b *backendFlags) startWorkers(ctx context.Context, engines []*engine.Engin
 			c.Logger = base.Logger.With("replica", i)
 		}
 		if ws[i], err = worker.New(c); err != nil {
+			if n > 1 {
+				err = fmt.Errorf("replica %d: %w", i, err)
+			}
 			return nil, nil, err
 		}
 	}
@@ -180,22 +185,21 @@ func (b *backendFlags) startWorkers(ctx context.Context, engines []*engine.Engin
 	}
 	go func() {
 		defer close(doneCh)
-		started := 1
-		go run(ws[0])
-		if n > 1 {
-			select {
-			case <-ws[0].Ready():
-				for _, w := range ws[1:] {
-					go run(w)
-				}
-				started = n
-			case err := <-results:
-				results <- err // replica 0 ended before it was ready
-			}
+		for _, w := range ws {
+			go run(w)
 		}
-		for range started {
+		for range n {
 			<-results
 		}
 	}()
 	return doneCh, fatalCh, nil
+}
+
+// replicaStateDir is the state directory of sim replica i: dir itself for replica 0 (where
+// a single engine keeps its identity), dir/replica-i for the others.
+func replicaStateDir(dir string, i int) string {
+	if i == 0 || dir == "" {
+		return dir
+	}
+	return filepath.Join(dir, "replica-"+strconv.Itoa(i))
 }
