@@ -399,15 +399,16 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	if displaced != "" {
 		w.displaced, w.displacedAt = displaced, now
 	}
+	if newModel {
+		// Before the worker is visible: a request that finds the worker finds its model.
+		l.rebuildAPILocked()
+	}
 	l.workers[id] = w
 	l.byNode[card.Node] = id
 	l.signal()
 	l.mu.Unlock()
 	if persist {
 		l.cfg.NewModel(core)
-	}
-	if newModel {
-		l.rebuildAPI()
 	}
 	l.met.Joins.Inc()
 	log.Info("worker joined", "id", id, "block_size", card.BlockSize, "kv_blocks", card.KVBlocks, "role", card.Role)
@@ -609,6 +610,13 @@ func (l *Live) events(ctx context.Context, b *cluster.KVEvents) (*cluster.Ack, e
 // rebuildAPI makes a new OpenAI handler over the models known now.
 func (l *Live) rebuildAPI() {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rebuildAPILocked()
+}
+
+// rebuildAPILocked is rebuildAPI with l.mu held, which also orders the handlers stored by
+// two registrations at once.
+func (l *Live) rebuildAPILocked() {
 	var models []*openai.Model
 	for _, m := range l.models {
 		models = append(models, &openai.Model{
@@ -616,7 +624,6 @@ func (l *Live) rebuildAPI() {
 			Backend: &liveBackend{l: l, m: m}, ChatTemplate: m.card.ChatTemplate,
 		})
 	}
-	l.mu.Unlock()
 	slices.SortFunc(models, func(a, b *openai.Model) int { return cmp.Compare(a.ID, b.ID) })
 	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet})
 	l.api.Store(&h)
