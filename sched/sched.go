@@ -1,17 +1,3 @@
-// Package sched is the continuous-batching policy that the engine runs on the wall clock and
-// the simulator on virtual time: admission, order, token budget, chunked prefill, KV block
-// reservation, preemption and resume. It is a pure core over a kvcache.Pool: no I/O, no
-// clock, no goroutines.
-//
-// The caller drives it one step at a time, as etcd raft's RawNode is driven:
-//
-//	s, _ := sched.New[*mySeq](cfg, pool)
-//	s.Add(q)                 // a new request, waiting
-//	plan := s.Schedule()     // who computes which tokens this step
-//	// forward pass over plan.Chunks
-//	s.Commit()               // their KV is written
-//	// sample the chunks that end their sequence's tokens, append the tokens
-//	s.Finish(q)              // q is done (or failed, or its caller went away)
 package sched
 
 import (
@@ -129,7 +115,16 @@ func (p *Plan[S]) reset() {
 }
 
 // A Scheduler holds the waiting and running sequences of one KV pool. It is not safe for
-// concurrent use; the pool may be shared (a KV transfer reads it meanwhile).
+// concurrent use; the pool may be shared (a KV transfer reads it meanwhile). The caller
+// drives it one step at a time, as etcd raft's RawNode is driven:
+//
+//	s, _ := sched.New[*mySeq](cfg, pool)
+//	s.Add(q)             // a new request, waiting
+//	plan := s.Schedule() // who computes which tokens this step
+//	// forward pass over plan.Chunks
+//	s.Commit()           // their KV is written
+//	// sample the chunks that end their sequence's tokens, append the tokens
+//	s.Finish(q)          // q is done (or failed, or its caller went away)
 type Scheduler[S Sequence] struct {
 	cfg      Config
 	pool     *kvcache.Pool
@@ -156,6 +151,7 @@ func (s *Scheduler[S]) Config() Config { return s.cfg }
 
 // Fits reports whether a prompt of n tokens could ever run: its KV and the first generated
 // token's fit the whole pool. One that does not would wait for ever; the caller refuses it.
+// Fits reads only the pool's size, so it may be called from any goroutine.
 func (s *Scheduler[S]) Fits(n int) bool {
 	bs := s.pool.BlockSize()
 	return (n+1+bs-1)/bs <= s.pool.NumBlocks()
