@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"tandem/llm"
 	"tandem/metrics"
 	"tandem/model"
+	"tandem/sched"
 )
 
 // Config sizes the scheduler.
@@ -28,6 +28,11 @@ type Config struct {
 	Salt           uint64 // block hash salt (kvcache.Salt of model, namespace, LoRA)
 	Metrics        *metrics.Engine
 	Logger         *slog.Logger
+	// OnPlan, if set, is called by Run's goroutine with each step's plan (its String is
+	// what package sched's tests print) before the forward pass, when the plan runs or
+	// preempts or drops a sequence; the plan is valid during the call only. Tests compare
+	// the engine's schedule with the simulator's through it.
+	OnPlan func(plan fmt.Stringer)
 }
 
 // Defaults for a zero Config field.
@@ -40,8 +45,9 @@ const (
 
 // Engine serves generation requests on one model with iteration-level
 // continuous batching: every step mixes the decode tokens of running
-// sequences with prefill chunks of new ones under a token budget. One
-// goroutine (Run) owns all scheduling state; Generate only queues.
+// sequences with prefill chunks of new ones under a token budget (the policy
+// is package sched's). One goroutine (Run) owns all scheduling state;
+// Generate only queues.
 type Engine struct {
 	cfg    Config
 	m      *model.Model
@@ -59,12 +65,12 @@ type Engine struct {
 	nextID  uint64
 
 	// Owned by Run.
-	waiting []*sequence
-	running []*sequence
-	logits  []float32
-	batch   model.Batch
-	sched   []scheduled
-	last    kvcache.Stats
+	sched  *sched.Scheduler[*sequence]
+	plan   *sched.Plan[*sequence] // the step being run
+	gone   []*sequence            // reap's list of abandoned sequences
+	logits []float32
+	batch  model.Batch
+	last   kvcache.Stats
 
 	samplers *samplerBufs // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
 
@@ -72,28 +78,17 @@ type Engine struct {
 	held  heldTable // prefill-only sequences' blocks, pinned for a KV transfer (kvexport.go)
 }
 
+// sequence is one request in the engine: the scheduler's record (ID, priority, tokens,
+// KV block table) and what serving it takes besides.
 type sequence struct {
-	id        uint64
-	req       *llm.Request
-	stream    *stream
-	sampler   *Sampler
-	tokens    []int32 // prompt, then generated tokens
-	promptLen int
-	stop      stopRules
-	kv        *kvcache.Seq
-	cached    int // prompt tokens found in the prefix cache at first admission
-	admitted  bool
-	hold      uint64 // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
+	sched.Seq
+	req     *llm.Request
+	stream  *stream
+	sampler *Sampler
+	stop    stopRules
+	hold    uint64 // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
 
 	arrival, firstScheduled, firstToken, lastToken time.Time
-}
-
-func (s *sequence) generated() int { return len(s.tokens) - s.promptLen }
-
-type scheduled struct {
-	seq  *sequence
-	n    int // tokens computed this step
-	from int // first position
 }
 
 // New builds an engine for m on be, allocating its KV store.
@@ -134,8 +129,9 @@ func (cfg *Config) fill() error {
 	return nil
 }
 
+// newEngine builds the engine's state for cfg, which fill has checked.
 func newEngine(m *model.Model, cfg Config) *Engine {
-	return &Engine{
+	e := &Engine{
 		cfg:  cfg,
 		m:    m,
 		pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize),
@@ -144,6 +140,12 @@ func newEngine(m *model.Model, cfg Config) *Engine {
 
 		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
 	}
+	var err error
+	e.sched, err = sched.New[*sequence](sched.Config{MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Salt: cfg.Salt}, e.pool)
+	if err != nil {
+		panic("engine: " + err.Error()) // fill made the sizes positive
+	}
+	return e
 }
 
 // Pool is the engine's KV block pool: its stats and KV events.
@@ -180,7 +182,7 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 		return nil, fmt.Errorf("%w: empty prompt", llm.ErrInvalid)
 	case len(req.Prompt) >= c.ContextLen:
 		return nil, fmt.Errorf("%w: %d prompt tokens, the context length is %d", llm.ErrPromptTooLong, len(req.Prompt), c.ContextLen)
-	case (len(req.Prompt)+1+e.cfg.BlockSize-1)/e.cfg.BlockSize > e.cfg.KVBlocks:
+	case !e.sched.Fits(len(req.Prompt)):
 		return nil, fmt.Errorf("%w: %d prompt tokens do not fit the KV cache of %d tokens", llm.ErrPromptTooLong, len(req.Prompt), e.cfg.KVBlocks*e.cfg.BlockSize)
 	case req.MaxTokens < 0:
 		return nil, fmt.Errorf("%w: max tokens %d", llm.ErrInvalid, req.MaxTokens)
@@ -196,10 +198,9 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 		return nil, fmt.Errorf("%w: %v", llm.ErrInvalid, err)
 	}
 	seq := &sequence{
-		req:       req,
-		stream:    newStream(e.signal),
-		tokens:    slices.Clone(req.Prompt),
-		promptLen: len(req.Prompt),
+		Seq:    sched.Seq{Priority: req.Priority, Tokens: slices.Clone(req.Prompt), PromptLen: len(req.Prompt)},
+		req:    req,
+		stream: newStream(e.signal),
 		stop: stopRules{tok: e.m.Tokenizer, stopTokens: req.StopTokens, ignoreEOS: req.IgnoreEOS,
 			maxTokens: maxNewTokens(c.ContextLen, len(req.Prompt), req.MaxTokens)},
 		arrival: req.Arrival,
@@ -219,7 +220,7 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 		return nil, fmt.Errorf("%w: %d requests waiting", llm.ErrQueueFull, e.cfg.MaxQueue)
 	}
 	e.nextID++
-	seq.id = e.nextID
+	seq.ID = e.nextID
 	e.inbox = append(e.inbox, seq)
 	e.queued.Add(1)
 	e.mu.Unlock()
@@ -237,7 +238,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.reap()
 		e.observe()
 		e.publish()
-		if len(e.running) == 0 && len(e.waiting) == 0 {
+		if e.sched.Idle() {
 			select {
 			case <-e.wake:
 				continue
@@ -261,164 +262,95 @@ func (e *Engine) shutdown() {
 	e.inbox = nil
 	e.mu.Unlock()
 	err := fmt.Errorf("%w: the engine stopped", llm.ErrUnavailable)
-	for _, s := range slices.Concat(inbox, e.waiting, e.running) {
-		if s.kv != nil {
-			s.kv.Release()
-		}
+	for _, s := range slices.Concat(inbox, e.sched.Waiting(), e.sched.Running()) {
+		e.sched.Finish(s) // releases its blocks
 		s.stream.fail(err)
 		e.seqEnded(s)
 	}
-	e.waiting, e.running = nil, nil
 }
 
-// intake moves new requests into the waiting queue, ordered by priority and
-// then arrival.
+// intake moves new requests into the scheduler's waiting queue, ordered by
+// priority and then arrival.
 func (e *Engine) intake() {
 	e.mu.Lock()
 	inbox := e.inbox
 	e.inbox = nil
 	e.mu.Unlock()
 	for _, s := range inbox {
-		e.enqueue(s)
+		e.sched.Add(s)
 	}
-}
-
-func before(a, b *sequence) int {
-	return cmp.Or(cmp.Compare(a.req.Priority, b.req.Priority), cmp.Compare(a.id, b.id))
-}
-
-func (e *Engine) enqueue(s *sequence) {
-	i, _ := slices.BinarySearchFunc(e.waiting, s, before)
-	e.waiting = slices.Insert(e.waiting, i, s)
 }
 
 // reap frees the sequences whose streams were abandoned.
 func (e *Engine) reap() {
-	keep := func(list []*sequence, waiting bool) []*sequence {
-		return slices.DeleteFunc(list, func(s *sequence) bool {
-			if !s.stream.abandoned() {
-				return false
+	for _, list := range [2][]*sequence{e.sched.Running(), e.sched.Waiting()} {
+		for _, s := range list {
+			if s.stream.abandoned() {
+				e.gone = append(e.gone, s)
 			}
-			if s.kv != nil {
-				s.kv.Release()
-			}
-			if waiting {
-				e.queued.Add(-1)
-			}
-			e.seqEnded(s)
-			e.finishMetrics(s, llm.FinishAbort)
-			return true
-		})
+		}
 	}
-	e.running = keep(e.running, false)
-	e.waiting = keep(e.waiting, true)
-}
-
-// preempt frees a running sequence's blocks and puts it back in the waiting
-// queue; it will recompute its tokens (mostly from the prefix cache), and
-// its output does not change because the kernels are batch-invariant.
-func (e *Engine) preempt(s *sequence) {
-	s.kv.Release()
-	e.running = slices.DeleteFunc(e.running, func(r *sequence) bool { return r == s })
-	e.enqueue(s)
-	e.queued.Add(1)
-	if e.cfg.Metrics != nil {
-		e.cfg.Metrics.Preemptions.Inc()
+	for _, s := range e.gone {
+		if s.Waiting() {
+			e.queued.Add(-1)
+		}
+		e.sched.Finish(s)
+		e.seqEnded(s)
+		e.finishMetrics(s, llm.FinishAbort)
 	}
-	e.log.Debug("preempted", "seq", s.id, "tokens", len(s.tokens))
+	clear(e.gone)
+	e.gone = e.gone[:0]
 }
 
-// victim is the running sequence to preempt: the lowest priority, latest arrival.
-func (e *Engine) victim() *sequence {
-	return slices.MaxFunc(e.running, before)
-}
-
-// step schedules one batch, runs it and hands out the sampled tokens.
+// step schedules one batch (package sched), runs it and hands out the sampled
+// tokens. A preempted sequence goes back to the waiting queue and will
+// recompute its tokens (mostly from the prefix cache); its output does not
+// change because the kernels are batch-invariant and it keeps its sampler.
 func (e *Engine) step() error {
-	budget := e.cfg.MaxBatchTokens
-	e.sched = e.sched[:0]
-	// Running sequences first, decode tokens before prefill chunks, so that
-	// streams keep flowing while long prompts are being read.
-	slices.SortStableFunc(e.running, func(a, b *sequence) int {
-		return cmp.Compare(len(a.tokens)-a.kv.Len(), len(b.tokens)-b.kv.Len())
-	})
-	for _, s := range slices.Clone(e.running) {
-		if budget == 0 {
-			break
+	plan := e.sched.Schedule()
+	e.plan = plan
+	for _, s := range plan.Preempted {
+		e.queued.Add(1)
+		if e.cfg.Metrics != nil {
+			e.cfg.Metrics.Preemptions.Inc()
 		}
-		if !slices.Contains(e.running, s) {
-			continue // preempted to make room for an earlier one
-		}
-		n := min(len(s.tokens)-s.kv.Len(), budget)
-		for n > 0 && s.kv.Reserve(n) != nil {
-			v := e.victim()
-			if v == s && len(e.running) == 1 {
-				// Alone and still out of blocks: the sequence has outgrown the pool.
-				e.running = e.running[:0]
-				e.abort(s, fmt.Errorf("%w: the sequence no longer fits the KV cache", llm.ErrUnavailable))
-				n = 0
-				break
-			}
-			if i := slices.IndexFunc(e.sched, func(sc scheduled) bool { return sc.seq == v }); i >= 0 {
-				budget += e.sched[i].n
-				e.sched = slices.Delete(e.sched, i, i+1)
-			}
-			e.preempt(v)
-			if v == s {
-				n = 0
-			}
-		}
-		if n > 0 {
-			e.sched = append(e.sched, scheduled{seq: s, n: n, from: s.kv.Len()})
-			budget -= n
-		}
+		e.log.Debug("preempted", "seq", s.ID, "tokens", len(s.Tokens))
 	}
-	for budget > 0 && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxSeqs {
-		s := e.waiting[0]
-		// Look before matching, so that a request that cannot start yet
-		// does not count prefix-cache queries on every step.
-		bs := e.cfg.BlockSize
-		if st := e.pool.Stats(); st.Free+st.Cached < (min(len(s.tokens), budget)+bs-1)/bs+1 {
-			break
-		}
-		if s.kv == nil {
-			s.kv = e.pool.NewSeq(e.cfg.Salt)
-		}
-		matched := s.kv.Match(s.tokens, 1)
-		n := min(len(s.tokens)-matched, budget)
-		if err := s.kv.Reserve(n); err != nil {
-			s.kv.Release()
-			break
-		}
-		if !s.admitted {
-			s.admitted, s.cached, s.firstScheduled = true, matched, time.Now()
+	for _, s := range plan.Dropped {
+		e.abort(s, fmt.Errorf("%w: the sequence no longer fits the KV cache", llm.ErrUnavailable))
+	}
+	if len(plan.Admitted) > 0 {
+		now := time.Now()
+		for _, s := range plan.Admitted {
+			s.firstScheduled = now
 			e.newSeqSampler(s)
 		}
-		e.waiting = e.waiting[1:]
-		e.queued.Add(-1)
-		e.running = append(e.running, s)
-		e.sched = append(e.sched, scheduled{seq: s, n: n, from: matched})
-		budget -= n
 	}
-	if len(e.sched) == 0 {
+	if n := len(plan.Admitted) + len(plan.Resumed); n > 0 {
+		e.queued.Add(-int64(n))
+	}
+	if e.cfg.OnPlan != nil && (len(plan.Chunks) > 0 || len(plan.Preempted) > 0 || len(plan.Dropped) > 0) {
+		e.cfg.OnPlan(plan)
+	}
+	if len(plan.Chunks) == 0 {
 		return nil
 	}
-	return e.execute()
+	return e.execute(plan)
 }
 
-func (e *Engine) execute() error {
+func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 	b := &e.batch
 	b.Tokens, b.Outputs = b.Tokens[:0], b.Outputs[:0]
 	b.Attn.Pos, b.Attn.SeqOf, b.Attn.Blocks = b.Attn.Pos[:0], b.Attn.SeqOf[:0], b.Attn.Blocks[:0]
-	for i, sc := range e.sched {
-		s := sc.seq
-		b.Attn.Blocks = append(b.Attn.Blocks, s.kv.Blocks())
-		for p := sc.from; p < sc.from+sc.n; p++ {
-			b.Tokens = append(b.Tokens, s.tokens[p])
+	for i, c := range plan.Chunks {
+		s := c.Seq
+		b.Attn.Blocks = append(b.Attn.Blocks, s.KV.Blocks())
+		for p := c.From; p < c.From+c.N; p++ {
+			b.Tokens = append(b.Tokens, s.Tokens[p])
 			b.Attn.Pos = append(b.Attn.Pos, int32(p))
 			b.Attn.SeqOf = append(b.Attn.SeqOf, int32(i))
 		}
-		if sc.from+sc.n == len(s.tokens) {
+		if c.Samples() {
 			b.Outputs = append(b.Outputs, len(b.Tokens)-1)
 		}
 	}
@@ -431,39 +363,35 @@ func (e *Engine) execute() error {
 	e.stepDone(time.Since(t0), len(b.Tokens))
 	if err != nil {
 		err = fmt.Errorf("engine: forward pass: %w", err)
-		for _, sc := range e.sched {
-			e.abort(sc.seq, err)
+		for _, c := range plan.Chunks {
+			e.abort(c.Seq, err)
 		}
-		e.running = slices.DeleteFunc(e.running, func(s *sequence) bool { return s.stream.done })
 		e.log.Error("forward pass failed", "err", err)
 		return nil
 	}
 	if e.cfg.Metrics != nil {
 		e.cfg.Metrics.IterationTokens.Observe(float64(len(b.Tokens)))
 	}
-	for _, sc := range e.sched {
-		sc.seq.kv.Commit(sc.seq.tokens[:sc.from+sc.n])
-	}
+	e.sched.Commit()
 	e.committed() // before sampling: KV exports waiting for these blocks go on at once
 	out := 0
 	now := time.Now()
-	for _, sc := range e.sched {
-		s := sc.seq
-		if sc.from+sc.n != len(s.tokens) {
+	for _, c := range plan.Chunks {
+		if !c.Samples() {
 			continue
 		}
+		s := c.Seq
 		sample := s.sampler.Sample(e.logits[out*vocab : (out+1)*vocab])
 		out++
 		e.emit(s, sample, now)
 	}
-	e.running = slices.DeleteFunc(e.running, func(s *sequence) bool { return s.stream.done })
 	return nil
 }
 
 // emit appends a sampled token, sends it, and finishes the sequence when a
 // stop rule says so.
 func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
-	s.tokens = append(s.tokens, sample.ID)
+	s.Tokens = append(s.Tokens, sample.ID)
 	ev := llm.Event{Token: sample.ID, Logprob: sample.Logprob}
 	if len(sample.Top) > 0 {
 		ev.Top = slices.Clone(sample.Top)
@@ -479,7 +407,7 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 		s.firstToken = now
 	}
 	s.lastToken = now
-	finish := s.stop.finish(sample.ID, s.generated())
+	finish := s.stop.finish(sample.ID, s.Generated())
 	if finish == "" {
 		s.stream.push(ev)
 		return
@@ -487,6 +415,7 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 	ev.Finish = finish
 	ev.Usage = e.usage(s)
 	e.finishKV(s) // before the event: a prefill caller may use the held blocks at once
+	e.sched.Finish(s)
 	e.seqEnded(s)
 	s.stream.push(ev)
 	e.finishMetrics(s, finish)
@@ -495,13 +424,13 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 // abort ends a sequence that cannot continue.
 func (e *Engine) abort(s *sequence, err error) {
 	s.stream.fail(err)
-	s.kv.Release()
+	e.sched.Finish(s)
 	e.seqEnded(s)
 	e.finishMetrics(s, llm.FinishAbort)
 }
 
 func (e *Engine) usage(s *sequence) llm.Usage {
-	return llm.Usage{PromptTokens: s.promptLen, CachedTokens: s.cached, CompletionTokens: s.generated()}
+	return llm.Usage{PromptTokens: s.PromptLen, CachedTokens: s.Cached(), CompletionTokens: s.Generated()}
 }
 
 func (e *Engine) finishMetrics(s *sequence, reason llm.FinishReason) {
@@ -514,10 +443,10 @@ func (e *Engine) finishMetrics(s *sequence, reason llm.FinishReason) {
 		met.RequestSuccess.WithLabelValues(string(reason)).Inc()
 	}
 	met.E2E.Observe(now.Sub(s.arrival).Seconds())
-	met.RequestPrompt.Observe(float64(s.promptLen))
-	met.RequestGenerated.Observe(float64(s.generated()))
-	met.PromptTokens.Add(float64(s.promptLen))
-	met.GenerationTokens.Add(float64(s.generated()))
+	met.RequestPrompt.Observe(float64(s.PromptLen))
+	met.RequestGenerated.Observe(float64(s.Generated()))
+	met.PromptTokens.Add(float64(s.PromptLen))
+	met.GenerationTokens.Add(float64(s.Generated()))
 	if !s.firstScheduled.IsZero() {
 		met.QueueTime.Observe(s.firstScheduled.Sub(s.arrival).Seconds())
 		if !s.firstToken.IsZero() {
@@ -534,8 +463,8 @@ func (e *Engine) observe() {
 		return
 	}
 	st := e.pool.Stats()
-	met.Running.Set(float64(len(e.running)))
-	met.Waiting.Set(float64(len(e.waiting)))
+	met.Running.Set(float64(len(e.sched.Running())))
+	met.Waiting.Set(float64(len(e.sched.Waiting())))
 	met.KVUsage.Set(st.Usage())
 	met.PrefixQueries.Add(float64(st.Queries - e.last.Queries))
 	met.PrefixHits.Add(float64(st.Hits - e.last.Hits))

@@ -237,8 +237,8 @@ func (b *broadcast) notify() {
 // Called by Run's goroutine.
 func (e *Engine) committed() {
 	bs := e.cfg.BlockSize
-	for _, sc := range e.sched {
-		if (sc.from+sc.n)/bs > sc.from/bs {
+	for _, c := range e.plan.Chunks {
+		if (c.From+c.N)/bs > c.From/bs {
 			e.held.changed.notify()
 			return
 		}
@@ -374,7 +374,7 @@ func (e *Engine) finishPrefill(ctx context.Context, h uint64, st *stream) (*Pref
 // whose caller still waits. Called by Run's goroutine.
 func (e *Engine) finishKV(s *sequence) {
 	if s.hold == 0 {
-		s.kv.Release()
+		s.KV.Release()
 		return
 	}
 	t := &e.held
@@ -382,12 +382,12 @@ func (e *Engine) finishKV(s *sequence) {
 	defer t.mu.Unlock()
 	x := t.m[s.hold]
 	if x == nil || x.seq != nil || s.stream.abandoned() {
-		s.kv.Release()
+		s.KV.Release()
 		return
 	}
-	x.seq = s.kv
-	x.hashes = slices.Clone(s.kv.Hashes())
-	x.blocks = slices.Clone(s.kv.Blocks()[:len(x.hashes)])
+	x.seq = s.KV
+	x.hashes = slices.Clone(s.KV.Hashes())
+	x.blocks = slices.Clone(s.KV.Blocks()[:len(x.hashes)])
 	h := s.hold
 	x.timer = time.AfterFunc(x.ttl, func() {
 		if e.ReleaseHeld(h) {
@@ -395,7 +395,7 @@ func (e *Engine) finishKV(s *sequence) {
 			e.log.Warn("held KV blocks expired unclaimed", "handle", h, "blocks", len(x.hashes))
 		}
 	})
-	s.kv = e.pool.NewSeq(e.cfg.Salt) // the sequence is done; it must not release the held blocks
+	s.KV = e.pool.NewSeq(e.cfg.Salt) // the sequence is done; it must not release the held blocks
 	t.changed.notify()
 }
 

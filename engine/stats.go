@@ -47,24 +47,27 @@ func (e *Engine) Stats() Stats {
 }
 
 // publish records the scheduler's state for Stats. Called by Run's goroutine only.
-func (e *Engine) publish() {
+func (e *Engine) publish() { e.publishSeqs(e.sched.Running(), e.sched.Waiting()) }
+
+// publishSeqs records the state of the given running and waiting sequences for Stats.
+func (e *Engine) publishSeqs(running, waiting []*sequence) {
 	var s Stats
-	s.Running = len(e.running)
-	for _, q := range e.running {
+	s.Running = len(running)
+	for _, q := range running {
 		if q.firstToken.IsZero() {
 			s.Prefilling++
 		}
-		if q.kv == nil {
+		if q.KV == nil {
 			continue
 		}
-		s.DecodeBlocks += len(q.kv.Blocks())
+		s.DecodeBlocks += len(q.KV.Blocks())
 		// The last token of a decoding sequence is uncomputed too, but it is decode work.
-		if n := q.kv.Len(); n < len(q.tokens)-1 || n < q.promptLen {
-			s.PrefillTokens += len(q.tokens) - n
+		if n := q.KV.Len(); n < len(q.Tokens)-1 || n < q.PromptLen {
+			s.PrefillTokens += len(q.Tokens) - n
 		}
 	}
-	for _, q := range e.waiting {
-		s.WaitingTokens += len(q.tokens)
+	for _, q := range waiting {
+		s.WaitingTokens += len(q.Tokens)
 	}
 	e.stats.mu.Lock()
 	s.LastStep, s.LastStepTokens, s.Steps = e.stats.s.LastStep, e.stats.s.LastStepTokens, e.stats.s.Steps

@@ -8,6 +8,7 @@ import (
 
 	"tandem/llm"
 	"tandem/model"
+	"tandem/sched"
 )
 
 // Stats counts what the scheduler holds: admitted sequences split into prefilling and
@@ -26,23 +27,21 @@ func TestStatsPublish(t *testing.T) {
 		return out
 	}
 	// a: a 40-token prompt, 16 computed (mid chunked prefill).
-	a := &sequence{tokens: toks(40), promptLen: 40, kv: e.pool.NewSeq(0)}
-	if err := a.kv.Reserve(40); err != nil {
+	a := &sequence{Seq: sched.Seq{Tokens: toks(40), PromptLen: 40, KV: e.pool.NewSeq(0)}}
+	if err := a.KV.Reserve(40); err != nil {
 		t.Fatal(err)
 	}
-	a.kv.Commit(a.tokens[:16])
+	a.KV.Commit(a.Tokens[:16])
 	// b: a 10-token prompt and 3 generated tokens, decoding (all but the last computed).
-	b := &sequence{tokens: toks(13), promptLen: 10, kv: e.pool.NewSeq(0), firstToken: time.Now()}
-	if err := b.kv.Reserve(13); err != nil {
+	b := &sequence{Seq: sched.Seq{Tokens: toks(13), PromptLen: 10, KV: e.pool.NewSeq(0)}, firstToken: time.Now()}
+	if err := b.KV.Reserve(13); err != nil {
 		t.Fatal(err)
 	}
-	b.kv.Commit(b.tokens[:12])
+	b.KV.Commit(b.Tokens[:12])
 	// c: queued.
-	c := &sequence{tokens: toks(7), promptLen: 7}
-	e.running = []*sequence{a, b}
-	e.waiting = []*sequence{c}
+	c := &sequence{Seq: sched.Seq{Tokens: toks(7), PromptLen: 7}}
 	e.queued.Store(1)
-	e.publish()
+	e.publishSeqs([]*sequence{a, b}, []*sequence{c})
 	e.stepDone(3*time.Millisecond, 17)
 
 	got := e.Stats()
@@ -52,10 +51,9 @@ func TestStatsPublish(t *testing.T) {
 		t.Errorf("stats\n got %+v\nwant %+v", got, want)
 	}
 	// A later publish keeps the step timings.
-	e.running, e.waiting = nil, nil
 	e.queued.Store(0)
-	a.kv.Release()
-	b.kv.Release()
+	a.KV.Release()
+	b.KV.Release()
 	e.publish()
 	if got := e.Stats(); got != (Stats{KVBlocks: 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1}) {
 		t.Errorf("idle stats %+v", got)
@@ -157,8 +155,8 @@ func TestStatsNoAlloc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.running = []*sequence{{tokens: make([]int32, 8), promptLen: 8, kv: e.pool.NewSeq(0)}}
-	if n := testing.AllocsPerRun(100, func() { e.publish(); e.stepDone(time.Millisecond, 8); _ = e.Stats() }); n != 0 {
+	running := []*sequence{{Seq: sched.Seq{Tokens: make([]int32, 8), PromptLen: 8, KV: e.pool.NewSeq(0)}}}
+	if n := testing.AllocsPerRun(100, func() { e.publishSeqs(running, nil); e.stepDone(time.Millisecond, 8); _ = e.Stats() }); n != 0 {
 		t.Errorf("%v allocations per publish+Stats", n)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"tandem/bench"
 	"tandem/kvcache"
 	"tandem/router"
+	"tandem/sched"
 )
 
 // Config describes a simulated cluster. Zero values take the defaults noted.
@@ -30,6 +31,10 @@ type Config struct {
 	ReportDelay, EventDelay time.Duration
 	Seed                    int64     // seeds the router's RNG (random mode, softmax)
 	Percentiles             []float64 // nil → 90, 99
+	// OnPlan, if set, is called with each step's plan on a worker (its String is what the
+	// sched package's tests print), when the plan runs or preempts or drops a sequence;
+	// the plan is valid during the call only.
+	OnPlan func(worker int, plan fmt.Stringer)
 }
 
 func (c *Config) defaults() error {
@@ -67,6 +72,7 @@ type Request struct {
 	OutputLen int
 	FollowUps []bench.Request
 	Think     time.Duration
+	Priority  int // on its worker, as llm.Request's: lower first; the follow-ups keep it
 }
 
 // FromWorkload takes a workload's sessions, arriving at their At (untimed
@@ -138,45 +144,35 @@ type Result struct {
 	Events                                   int // events processed
 }
 
-// seq states
-const (
-	stWaiting = iota
-	stRunning
-	stDone
-)
-
+// sreq is one request of the replay. Its sched.Seq's ID is its index in sim.reqs plus one,
+// and Tokens (the prompt, then the generated tokens) is nil until it is routed.
 type sreq struct {
-	id        int
-	session   int
-	next      *sreq // the conversation's next turn, sent think after this one ends
-	think     time.Duration
-	at        time.Duration
-	segs      []bench.Segment
-	outLen    int
-	promptLen int
+	sched.Seq
+	session int
+	next    *sreq // the conversation's next turn, sent think after this one ends
+	think   time.Duration
+	at      time.Duration
+	segs    []bench.Segment
+	outLen  int
 
-	tokens   []int32 // prompt, then generated tokens; nil until routed
-	seq      *kvcache.Seq
-	state    int
-	admitted bool // matched at least once
 	inflight router.Inflight
 	worker   int
 
-	first  time.Duration
-	times  []time.Duration // token emission times
-	cached int
-	err    string
+	first time.Duration
+	times []time.Duration // token emission times
+	err   string
 }
+
+func (r *sreq) index() int { return int(r.ID) - 1 }
 
 type worker struct {
 	id        int
 	pool      *kvcache.Pool
 	events    <-chan kvcache.Event
-	waiting   []*sreq
-	running   []*sreq
+	sched     *sched.Scheduler[*sreq]
+	plan      *sched.Plan[*sreq] // the step in flight
 	stepping  bool
 	kicking   bool // an evKick is queued
-	batch     []chunk
 	stats     WorkerStats
 	activeAt  time.Duration // for the time-weighted active count
 	activeNs  float64
@@ -188,11 +184,6 @@ type delayed struct {
 	t      time.Duration
 	ev     kvcache.Event
 	report *router.LoadReport
-}
-
-type chunk struct {
-	r *sreq
-	n int // new tokens; 0 for a decode
 }
 
 type event struct {
@@ -271,6 +262,9 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 	for i := range cfg.Workers {
 		w := &worker{id: i, pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize)}
 		w.events, _ = w.pool.Subscribe(1 << 16)
+		if w.sched, err = sched.New[*sreq](sched.Config{MaxBatchTokens: cfg.TokenBudget, MaxSeqs: cfg.MaxSeqs, Salt: s.salt}, w.pool); err != nil {
+			return nil, err
+		}
 		if err := s.state.AddWorker(router.WorkerID(i), rc.Card); err != nil {
 			return nil, err
 		}
@@ -281,24 +275,25 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 		if i > 0 && r.At < reqs[i-1].At {
 			return nil, fmt.Errorf("sim: request %d arrives before request %d", i, i-1)
 		}
-		q := &sreq{id: i, session: i, at: r.At, segs: r.Segments, outLen: max(r.OutputLen, 1), worker: -1, think: r.Think}
+		q := &sreq{Seq: sched.Seq{ID: uint64(i) + 1, Priority: r.Priority}, session: i, at: r.At, segs: r.Segments,
+			outLen: max(r.OutputLen, 1), worker: -1, think: r.Think}
 		for _, sg := range r.Segments {
-			q.promptLen += sg.Len
+			q.PromptLen += sg.Len
 		}
-		if q.promptLen == 0 {
+		if q.PromptLen == 0 {
 			return nil, fmt.Errorf("sim: request %d has an empty prompt", i)
 		}
 		s.reqs = append(s.reqs, q)
 		s.push(event{t: r.At, kind: evArrival, r: i})
 		prev := q
 		for _, f := range r.FollowUps {
-			n := &sreq{session: i, segs: f.Segments, outLen: max(f.OutputLen, 1), worker: -1, think: r.Think}
+			n := &sreq{Seq: sched.Seq{Priority: r.Priority}, session: i, segs: f.Segments, outLen: max(f.OutputLen, 1), worker: -1, think: r.Think}
 			prev.next, prev = n, n
 			later = append(later, n)
 		}
 	}
 	for _, q := range later {
-		q.id = len(s.reqs)
+		q.ID = uint64(len(s.reqs)) + 1
 		s.reqs = append(s.reqs, q)
 	}
 	s.left = len(s.reqs)
@@ -341,13 +336,13 @@ func (s *sim) push(e event) {
 // route decides r's worker with the router's policy, or holds it in the
 // router queue when every worker is busy.
 func (s *sim) route(r *sreq) {
-	if r.tokens == nil {
-		r.tokens = make([]int32, 0, r.promptLen+r.outLen)
+	if r.Tokens == nil {
+		r.Tokens = make([]int32, 0, r.PromptLen+r.outLen)
 		var buf []uint32
 		for _, sg := range r.segs {
 			buf = sg.Tokens(buf[:0])
 			for _, t := range buf {
-				r.tokens = append(r.tokens, int32(t&0x7fffffff))
+				r.Tokens = append(r.Tokens, int32(t&0x7fffffff))
 			}
 		}
 	}
@@ -361,8 +356,8 @@ func (s *sim) route(r *sreq) {
 // idealMatch counts r's prompt against the unbounded cache of IdealHitRate, then adds it.
 func (s *sim) idealMatch(r *sreq) {
 	bs := s.cfg.BlockSize
-	s.hashes = kvcache.HashBlocks(s.salt, r.tokens, bs, s.hashes[:0])
-	usable := (r.promptLen - 1) / bs // Match leaves at least one token to compute
+	s.hashes = kvcache.HashBlocks(s.salt, r.Tokens, bs, s.hashes[:0])
+	usable := (r.PromptLen - 1) / bs // Match leaves at least one token to compute
 	hit := 0
 	for hit < min(usable, len(s.hashes)) {
 		if _, ok := s.ideal[s.hashes[hit]]; !ok {
@@ -371,7 +366,7 @@ func (s *sim) idealMatch(r *sreq) {
 		hit++
 	}
 	s.idealHit += hit * bs
-	s.idealAll += r.promptLen
+	s.idealAll += r.PromptLen
 	for _, h := range s.hashes {
 		s.ideal[h] = struct{}{}
 	}
@@ -379,8 +374,8 @@ func (s *sim) idealMatch(r *sreq) {
 
 // dispatch asks the router for r's worker; false when all are busy.
 func (s *sim) dispatch(r *sreq) bool {
-	s.hashes = kvcache.HashBlocks(s.salt, r.tokens, s.cfg.BlockSize, s.hashes[:0])
-	d, err := s.state.Decide(router.Request{Hashes: s.hashes, PromptTokens: r.promptLen, Now: epoch.Add(s.now)})
+	s.hashes = kvcache.HashBlocks(s.salt, r.Tokens, s.cfg.BlockSize, s.hashes[:0])
+	d, err := s.state.Decide(router.Request{Hashes: s.hashes, PromptTokens: r.PromptLen, Now: epoch.Add(s.now)})
 	if errors.Is(err, router.ErrAllBusy) {
 		return false
 	}
@@ -392,8 +387,13 @@ func (s *sim) dispatch(r *sreq) bool {
 	w := s.workers[d.Worker]
 	r.worker = w.id
 	w.stats.Requests++
+	if !w.sched.Fits(len(r.Tokens)) { // as the engine refuses it up front
+		s.state.RemoveInflight(r.inflight)
+		s.fail(r, fmt.Sprintf("sim: %d tokens exceed the KV capacity of %d blocks", len(r.Tokens), s.cfg.KVBlocks))
+		return true
+	}
 	s.account(w)
-	w.waiting = append(w.waiting, r)
+	w.sched.Add(r)
 	if !w.stepping && !w.kicking { // start after the other arrivals of this instant
 		w.kicking = true
 		s.push(event{t: s.now, kind: evKick, w: w.id})
@@ -411,11 +411,11 @@ func (s *sim) retryQueue() {
 }
 
 func (s *sim) fail(r *sreq, msg string) {
-	r.err, r.state = msg, stDone
-	r.tokens = nil
+	r.err = msg
+	r.Tokens = nil
 	s.left--
 	for q := r.next; q != nil; q = q.next {
-		q.err, q.state = "sim: an earlier turn of the conversation failed", stDone
+		q.err = "sim: an earlier turn of the conversation failed"
 		s.left--
 	}
 }
@@ -424,24 +424,24 @@ func (s *sim) fail(r *sreq, msg string) {
 // prompt and answer, then its own segments.
 func (s *sim) followUp(r *sreq) {
 	q := r.next
-	q.tokens = make([]int32, len(r.tokens), len(r.tokens)+q.outLen+64)
-	copy(q.tokens, r.tokens)
+	q.Tokens = make([]int32, len(r.Tokens), len(r.Tokens)+q.outLen+64)
+	copy(q.Tokens, r.Tokens)
 	var buf []uint32
 	for _, sg := range q.segs {
 		buf = sg.Tokens(buf[:0])
 		for _, t := range buf {
-			q.tokens = append(q.tokens, int32(t&0x7fffffff))
+			q.Tokens = append(q.Tokens, int32(t&0x7fffffff))
 		}
 	}
-	q.promptLen = len(q.tokens)
+	q.PromptLen = len(q.Tokens)
 	q.at = s.now + r.think
-	s.push(event{t: q.at, kind: evArrival, r: q.id})
+	s.push(event{t: q.at, kind: evArrival, r: q.index()})
 }
 
 // account adds w's requests since the last call to its time-weighted count;
 // call it before a request joins or leaves the worker.
 func (s *sim) account(w *worker) {
-	n := len(w.waiting) + len(w.running)
+	n := len(w.sched.Waiting()) + len(w.sched.Running())
 	w.activeNs += float64(n) * float64(s.now-w.activeAt)
 	w.activeAt = s.now
 }
@@ -462,101 +462,43 @@ func (s *sim) kick(w *worker) {
 	s.push(event{t: s.now + dur, kind: evStepEnd, w: w.id})
 }
 
-// schedule forms w's next batch, vLLM-style: running sequences first (a
-// decode token each, or their next prefill chunk), then waiting ones in
-// arrival order, under the token budget and the sequence cap, with KV blocks
-// reserved for every token the step writes. It returns the step's duration.
+// schedule plans w's next step with the engine's own policy (package sched) and returns
+// its duration in the timing model.
 func (s *sim) schedule(w *worker) (time.Duration, bool) {
-	budget := s.cfg.TokenBudget
-	w.batch = w.batch[:0]
-	var shape StepShape
-	for i := 0; i < len(w.running) && budget > 0; i++ {
-		r := w.running[i]
-		if r.seq.Len() == len(r.tokens)-1 { // decode
-			for r.seq.Reserve(1) != nil {
-				victim := w.running[len(w.running)-1]
-				s.preempt(w, victim)
-				if victim == r {
-					break
-				}
-			}
-			if r.state != stRunning {
-				break
-			}
-			w.batch = append(w.batch, chunk{r: r})
-			shape.Add(1, len(r.tokens))
-			budget--
-			continue
-		}
-		n := min(len(r.tokens)-r.seq.Len(), budget)
-		w.batch = append(w.batch, chunk{r: r, n: n})
-		shape.Add(n, r.seq.Len()+n)
-		budget -= n
+	s.account(w) // Schedule may drop a sequence
+	p := w.sched.Schedule()
+	w.plan = p
+	for _, r := range p.Admitted {
+		w.stats.CachedTokens += r.Cached()
 	}
-	for len(w.waiting) > 0 && budget > 0 && len(w.running) < s.cfg.MaxSeqs {
-		r := w.waiting[0]
-		r.seq = w.pool.NewSeq(s.salt)
-		cached := r.seq.Match(r.tokens, 1)
-		if r.seq.Reserve(len(r.tokens)-cached) != nil {
-			r.seq.Release()
-			r.seq = nil
-			if len(w.running) == 0 {
-				s.account(w)
-				w.waiting = w.waiting[1:]
-				s.state.RemoveInflight(r.inflight)
-				s.fail(r, fmt.Sprintf("sim: %d tokens exceed the KV capacity of %d blocks", len(r.tokens), s.cfg.KVBlocks))
-				continue
-			}
-			break
-		}
-		if !r.admitted {
-			r.admitted, r.cached = true, cached
-			w.stats.CachedTokens += cached
-		}
-		w.waiting = w.waiting[1:]
-		w.running = append(w.running, r)
-		r.state = stRunning
-		n := min(len(r.tokens)-cached, budget)
-		w.batch = append(w.batch, chunk{r: r, n: n})
-		shape.Add(n, cached+n)
-		budget -= n
+	w.stats.Preemptions += len(p.Preempted)
+	for _, r := range p.Dropped {
+		s.state.RemoveInflight(r.inflight)
+		s.fail(r, fmt.Sprintf("sim: %d tokens no longer fit the KV capacity of %d blocks", len(r.Tokens), s.cfg.KVBlocks))
 	}
-	if len(w.batch) == 0 {
+	if s.cfg.OnPlan != nil && (len(p.Chunks) > 0 || len(p.Preempted) > 0 || len(p.Dropped) > 0) {
+		s.cfg.OnPlan(w.id, p)
+	}
+	if len(p.Chunks) == 0 {
 		return 0, false
+	}
+	var shape StepShape
+	for _, c := range p.Chunks {
+		shape.Add(c.N, c.From+c.N)
 	}
 	w.stats.PrefillTokens += shape.PrefillTokens
 	w.stats.DecodeTokens += shape.DecodeSeqs
 	return max(s.cfg.Timing.Step(shape), 1), true
 }
 
-// preempt releases r's blocks and returns it to the head of w's waiting
-// queue; it recomputes its prompt and output so far when admitted again.
-func (s *sim) preempt(w *worker, r *sreq) {
-	r.seq.Release()
-	r.seq = nil
-	r.state = stWaiting
-	w.running = w.running[:len(w.running)-1]
-	w.waiting = append([]*sreq{r}, w.waiting...)
-	w.stats.Preemptions++
-}
-
 // stepEnd commits the step's KV, emits tokens and finishes requests.
 func (s *sim) stepEnd(w *worker) {
 	w.stepping = false
-	for _, c := range w.batch {
-		r := c.r
-		if r.state != stRunning {
-			continue
+	w.sched.Commit()
+	for _, c := range w.plan.Chunks {
+		if c.Samples() {
+			s.emit(w, c.Seq)
 		}
-		if c.n > 0 {
-			r.seq.Commit(r.tokens[:r.seq.Len()+c.n])
-			if r.seq.Len() < len(r.tokens) {
-				continue // more prompt chunks to go
-			}
-		} else {
-			r.seq.Commit(r.tokens)
-		}
-		s.emit(w, r)
 	}
 	s.drain(w)
 	s.kick(w)
@@ -569,24 +511,16 @@ func (s *sim) emit(w *worker, r *sreq) {
 		s.state.PrefillDone(&r.inflight)
 	}
 	r.times = append(r.times, s.now)
-	r.tokens = append(r.tokens, int32(splitmix(uint64(r.id)<<20^uint64(len(r.times)))&0x7fffffff))
+	r.Tokens = append(r.Tokens, int32(splitmix(uint64(r.index())<<20^uint64(len(r.times)))&0x7fffffff))
 	if len(r.times) < r.outLen {
 		return
 	}
 	s.account(w)
-	r.seq.Release()
-	r.seq = nil
-	for i, q := range w.running {
-		if q == r {
-			w.running = append(w.running[:i], w.running[i+1:]...)
-			break
-		}
-	}
-	r.state = stDone
+	w.sched.Finish(r)
 	if r.next != nil {
 		s.followUp(r)
 	}
-	r.tokens = nil
+	r.Tokens = nil
 	s.state.RemoveInflight(r.inflight)
 	s.left--
 }
@@ -649,28 +583,29 @@ func (s *sim) deliver(w *worker) {
 func (s *sim) report() {
 	maxA, sumA := 0, 0
 	for _, w := range s.workers {
-		lr := router.LoadReport{Running: len(w.running), KVBlocks: s.cfg.KVBlocks, Healthy: true}
+		waiting, running := w.sched.Waiting(), w.sched.Running()
+		lr := router.LoadReport{Running: len(running), KVBlocks: s.cfg.KVBlocks, Healthy: true}
 		st := w.pool.Stats()
 		lr.KVUsage, lr.LastEventID = st.Usage(), st.LastEventID
-		for _, r := range w.waiting {
+		for _, r := range waiting {
 			lr.Waiting++
-			lr.PrefillTokens += len(r.tokens)
+			lr.PrefillTokens += len(r.Tokens)
 		}
-		for _, r := range w.running {
+		for _, r := range running {
 			if len(r.times) == 0 {
 				lr.Waiting++
 			}
-			if n := len(r.tokens) - r.seq.Len(); n > 1 {
+			if n := len(r.Tokens) - r.KV.Len(); n > 1 {
 				lr.PrefillTokens += n
 			}
-			lr.DecodeBlocks += len(r.seq.Blocks())
+			lr.DecodeBlocks += len(r.KV.Blocks())
 		}
 		if s.cfg.ReportDelay > 0 {
 			s.send(w, delayed{t: s.now + s.cfg.ReportDelay, report: &lr})
 		} else {
 			s.state.Report(router.WorkerID(w.id), lr, epoch.Add(s.now))
 		}
-		a := len(w.waiting) + len(w.running)
+		a := len(waiting) + len(running)
 		maxA, sumA = max(maxA, a), sumA+a
 	}
 	if sumA > 0 {
@@ -689,7 +624,7 @@ func (s *sim) result() *Result {
 	var end time.Duration
 	reqs := make([]bench.RequestResult, len(s.reqs))
 	for i, r := range s.reqs {
-		q := bench.RequestResult{Session: r.session, Start: r.at - t0, InputLen: r.promptLen, OutputLen: len(r.times), CachedTokens: r.cached, Err: r.err}
+		q := bench.RequestResult{Session: r.session, Start: r.at - t0, InputLen: r.PromptLen, OutputLen: len(r.times), CachedTokens: r.Cached(), Err: r.err}
 		if r.err == "" && len(r.times) > 0 {
 			q.TTFT = r.first - r.at
 			q.E2E = r.times[len(r.times)-1] - r.at
@@ -698,8 +633,8 @@ func (s *sim) result() *Result {
 				q.ITL[j-1] = r.times[j] - r.times[j-1]
 			}
 			end = max(end, r.times[len(r.times)-1])
-			res.PromptTokens += r.promptLen
-			res.CachedTokens += r.cached
+			res.PromptTokens += r.PromptLen
+			res.CachedTokens += r.Cached()
 		} else if r.err == "" {
 			q.Err = "sim: not finished"
 		}

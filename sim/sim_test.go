@@ -93,10 +93,11 @@ func TestTimingReproducesParameters(t *testing.T) {
 }
 
 func TestPreemptionAndCapacity(t *testing.T) {
-	// 8 blocks of 16 tokens: two 60-token prompts fit (4 blocks each) but
-	// cannot both grow; one is preempted and recomputed, and both finish.
-	// A 200-token prompt can never fit and fails.
-	reqs := []Request{oneReq(0, 1, 60, 40), oneReq(0, 2, 60, 40), oneReq(time.Second, 3, 200, 2)}
+	// 8 blocks of 16 tokens: two 40-token prompts fit (3 blocks each, with the
+	// block of headroom the scheduler wants free before it admits one) but
+	// cannot both grow to 80 tokens; one is preempted and recomputed, and both
+	// finish. A 200-token prompt can never fit and fails.
+	reqs := []Request{oneReq(0, 1, 40, 40), oneReq(0, 2, 40, 40), oneReq(time.Second, 3, 200, 2)}
 	res := run(t, Config{Workers: 1, Timing: fixed, KVBlocks: 8}, reqs)
 	q := res.Bench.Requests
 	if !q[0].OK() || !q[1].OK() || q[0].OutputLen != 40 || q[1].OutputLen != 40 {

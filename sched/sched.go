@@ -1,0 +1,332 @@
+package sched
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	"tandem/kvcache"
+)
+
+// Config sizes a step.
+type Config struct {
+	MaxBatchTokens int    // token budget of one step: decode tokens and prefill chunks together
+	MaxSeqs        int    // most sequences running at once
+	Salt           uint64 // block hash salt of the sequences' KV (kvcache.Salt of model, namespace, LoRA)
+}
+
+// where a Seq is.
+type state uint8
+
+const (
+	detached state = iota // not added yet, or finished
+	waiting
+	running
+)
+
+// Seq is the scheduler's record of one sequence. The caller's own record embeds it (see
+// Sequence), sets ID, Priority, Tokens and PromptLen before Add, and appends each sampled
+// token to Tokens; the scheduler owns the rest.
+type Seq struct {
+	ID        uint64  // the caller's name for the sequence, in plans' text
+	Priority  int     // lower runs first; within a priority, first come, first served
+	Tokens    []int32 // the prompt, then the generated tokens
+	PromptLen int     // the first PromptLen of Tokens are the prompt
+	// KV is the sequence's block table: made at its first admission, emptied when it is
+	// preempted or finished. Len is how many of Tokens have their KV written.
+	KV *kvcache.Seq
+
+	cached   int    // prompt tokens the prefix cache held at the first admission
+	admitted bool   // admitted at least once
+	arrival  uint64 // order of the first Add
+	state    state
+}
+
+// Sched returns s; a caller's record that embeds Seq thereby satisfies Sequence.
+func (s *Seq) Sched() *Seq { return s }
+
+// Generated is the number of tokens generated so far.
+func (s *Seq) Generated() int { return len(s.Tokens) - s.PromptLen }
+
+// Cached is the number of prompt tokens found in the prefix cache at the first admission.
+func (s *Seq) Cached() int { return s.cached }
+
+// Admitted reports whether the sequence has been admitted (it may have been preempted since).
+func (s *Seq) Admitted() bool { return s.admitted }
+
+// Waiting reports whether the sequence is queued, new or preempted.
+func (s *Seq) Waiting() bool { return s.state == waiting }
+
+// Running reports whether the sequence is admitted and not preempted.
+func (s *Seq) Running() bool { return s.state == running }
+
+// A Sequence is the caller's record of a sequence: a pointer to a struct that embeds Seq.
+type Sequence interface {
+	comparable
+	Sched() *Seq
+}
+
+// A Chunk is one sequence's share of a step: the KV of positions From … From+N-1 of its
+// Tokens is computed.
+type Chunk[S Sequence] struct {
+	Seq  S
+	From int
+	N    int
+}
+
+// Samples reports whether the chunk reaches the end of its sequence's tokens, so that the
+// step yields the logits of the next token.
+func (c Chunk[S]) Samples() bool { return c.From+c.N == len(c.Seq.Sched().Tokens) }
+
+// Decode reports whether the chunk computes one generated token: a decode, not a prompt
+// chunk or the recompute of a preempted sequence.
+func (c Chunk[S]) Decode() bool {
+	q := c.Seq.Sched()
+	return c.N == 1 && c.From >= q.PromptLen && c.From+1 == len(q.Tokens)
+}
+
+// A Plan is what one step computes and what the scheduler did to make room for it. Its
+// slices are reused by the next Schedule.
+type Plan[S Sequence] struct {
+	// Chunks is the batch in order: running sequences first, fewest tokens left first (so
+	// decode tokens come before prefill chunks), then the sequences started this step.
+	Chunks []Chunk[S]
+	// Admitted are the sequences started for the first time this step (their Cached is
+	// set), Resumed the preempted ones started again; both left the waiting queue.
+	Admitted, Resumed []S
+	// Preempted are the running sequences sent back to the waiting queue to free blocks:
+	// their blocks are released (full ones stay in the prefix cache, so that the recompute
+	// mostly matches them) and they will recompute their prompt and generated tokens.
+	Preempted []S
+	// Dropped are the running sequences that ran out of blocks alone: they no longer fit
+	// the pool and were finished, their blocks released. The caller fails them.
+	Dropped []S
+	// KV is the pool after the step's reservations.
+	KV kvcache.Stats
+}
+
+func (p *Plan[S]) reset() {
+	clear(p.Chunks)
+	clear(p.Admitted)
+	clear(p.Resumed)
+	clear(p.Preempted)
+	clear(p.Dropped)
+	p.Chunks, p.Admitted, p.Resumed, p.Preempted, p.Dropped = p.Chunks[:0], p.Admitted[:0], p.Resumed[:0], p.Preempted[:0], p.Dropped[:0]
+}
+
+// A Scheduler holds the waiting and running sequences of one KV pool. It is not safe for
+// concurrent use; the pool may be shared (a KV transfer reads it meanwhile). The caller
+// drives it one step at a time, as etcd raft's RawNode is driven:
+//
+//	s, _ := sched.New[*mySeq](cfg, pool)
+//	s.Add(q)             // a new request, waiting
+//	plan := s.Schedule() // who computes which tokens this step
+//	// forward pass over plan.Chunks
+//	s.Commit()           // their KV is written
+//	// sample the chunks that end their sequence's tokens, append the tokens
+//	s.Finish(q)          // q is done (or failed, or its caller went away)
+type Scheduler[S Sequence] struct {
+	cfg      Config
+	pool     *kvcache.Pool
+	waiting  []S // by priority, then arrival
+	running  []S
+	arrivals uint64
+	plan     Plan[S]
+	order    []S // Schedule's copy of running
+}
+
+// New returns a scheduler of the sequences on pool.
+func New[S Sequence](cfg Config, pool *kvcache.Pool) (*Scheduler[S], error) {
+	if cfg.MaxBatchTokens < 1 || cfg.MaxSeqs < 1 {
+		return nil, fmt.Errorf("sched: the token budget (%d) and the sequence cap (%d) must be positive", cfg.MaxBatchTokens, cfg.MaxSeqs)
+	}
+	if pool == nil {
+		return nil, fmt.Errorf("sched: no KV pool")
+	}
+	return &Scheduler[S]{cfg: cfg, pool: pool}, nil
+}
+
+// Config returns the scheduler's configuration.
+func (s *Scheduler[S]) Config() Config { return s.cfg }
+
+// Fits reports whether a prompt of n tokens could ever run: its KV and the first generated
+// token's fit the whole pool. One that does not would wait for ever; the caller refuses it.
+// Fits reads only the pool's size, so it may be called from any goroutine.
+func (s *Scheduler[S]) Fits(n int) bool {
+	bs := s.pool.BlockSize()
+	return (n+1+bs-1)/bs <= s.pool.NumBlocks()
+}
+
+// Waiting is the queue, in the order it is admitted. Read only; valid until the next call
+// that changes the scheduler.
+func (s *Scheduler[S]) Waiting() []S { return s.waiting }
+
+// Running is the admitted sequences. Read only; valid until the next call that changes the
+// scheduler.
+func (s *Scheduler[S]) Running() []S { return s.running }
+
+// Idle reports whether no sequence waits or runs.
+func (s *Scheduler[S]) Idle() bool { return len(s.waiting) == 0 && len(s.running) == 0 }
+
+// Add queues q, a new sequence with a non-empty prompt. It panics if q was added already.
+func (s *Scheduler[S]) Add(q S) {
+	seq := q.Sched()
+	if seq.state != detached || seq.arrival != 0 {
+		panic("sched: Add of a sequence added before")
+	}
+	if len(seq.Tokens) == 0 || seq.PromptLen < 1 || seq.PromptLen > len(seq.Tokens) {
+		panic("sched: Add of a sequence without a prompt")
+	}
+	s.arrivals++
+	seq.arrival = s.arrivals
+	s.enqueue(q)
+}
+
+// before orders the waiting queue and, reversed, picks preemption victims: priority, then
+// arrival.
+func before[S Sequence](a, b S) int {
+	x, y := a.Sched(), b.Sched()
+	return cmp.Or(cmp.Compare(x.Priority, y.Priority), cmp.Compare(x.arrival, y.arrival))
+}
+
+func (s *Scheduler[S]) enqueue(q S) {
+	i, _ := slices.BinarySearchFunc(s.waiting, q, before[S])
+	s.waiting = slices.Insert(s.waiting, i, q)
+	q.Sched().state = waiting
+}
+
+// left is how many of a running sequence's tokens have no KV yet: 1 for a decode.
+func left[S Sequence](q S) int {
+	seq := q.Sched()
+	return len(seq.Tokens) - seq.KV.Len()
+}
+
+// Schedule plans the next step. Running sequences come first, fewest tokens left first, so
+// that decode tokens go before prefill chunks and streams keep flowing while long prompts
+// are read; each takes what is left of its tokens, up to the remaining token budget, and
+// reserves KV blocks for them. When the pool has no blocks for one, the running sequence of
+// the lowest priority and latest arrival is preempted (possibly the one asking), and its
+// share of the step, if it had one, goes back to the budget. Then waiting sequences are
+// admitted in order while the budget and the sequence cap allow: each matches its tokens
+// against the prefix cache (the last token is always computed, for its logits) and takes a
+// chunk of the rest. The first waiting sequence that does not fit stops the admissions, so
+// that a long prompt is not overtaken for ever.
+//
+// The plan is valid until the next Schedule. A plan with no chunks means nothing can run
+// now.
+func (s *Scheduler[S]) Schedule() *Plan[S] {
+	p := &s.plan
+	p.reset()
+	budget := s.cfg.MaxBatchTokens
+	slices.SortStableFunc(s.running, func(a, b S) int { return cmp.Compare(left(a), left(b)) })
+	s.order = append(s.order[:0], s.running...)
+	for _, q := range s.order {
+		if budget == 0 {
+			break
+		}
+		seq := q.Sched()
+		if seq.state != running {
+			continue // preempted to make room for an earlier one
+		}
+		n := min(left(q), budget)
+		for n > 0 && seq.KV.Reserve(n) != nil {
+			v := slices.MaxFunc(s.running, before[S])
+			if v == q && len(s.running) == 1 {
+				// Alone and still out of blocks: the sequence has outgrown the pool.
+				s.running = s.running[:0]
+				s.detach(q)
+				p.Dropped = append(p.Dropped, q)
+				n = 0
+				break
+			}
+			if i := slices.IndexFunc(p.Chunks, func(c Chunk[S]) bool { return c.Seq == v }); i >= 0 {
+				budget += p.Chunks[i].N
+				p.Chunks = slices.Delete(p.Chunks, i, i+1)
+			}
+			s.preempt(v)
+			p.Preempted = append(p.Preempted, v)
+			if v == q {
+				n = 0
+			}
+		}
+		if n > 0 {
+			p.Chunks = append(p.Chunks, Chunk[S]{Seq: q, From: seq.KV.Len(), N: n})
+			budget -= n
+		}
+	}
+	bs := s.pool.BlockSize()
+	for budget > 0 && len(s.waiting) > 0 && len(s.running) < s.cfg.MaxSeqs {
+		q := s.waiting[0]
+		seq := q.Sched()
+		// Look before matching, so that a sequence that cannot start yet does not count
+		// prefix-cache queries on every step.
+		if st := s.pool.Stats(); st.Free+st.Cached < (min(len(seq.Tokens), budget)+bs-1)/bs+1 {
+			break
+		}
+		if seq.KV == nil {
+			seq.KV = s.pool.NewSeq(s.cfg.Salt)
+		}
+		matched := seq.KV.Match(seq.Tokens, 1)
+		n := min(len(seq.Tokens)-matched, budget)
+		if err := seq.KV.Reserve(n); err != nil {
+			seq.KV.Release()
+			break
+		}
+		if seq.admitted {
+			p.Resumed = append(p.Resumed, q)
+		} else {
+			seq.admitted, seq.cached = true, matched
+			p.Admitted = append(p.Admitted, q)
+		}
+		s.waiting = slices.Delete(s.waiting, 0, 1)
+		seq.state = running
+		s.running = append(s.running, q)
+		p.Chunks = append(p.Chunks, Chunk[S]{Seq: q, From: matched, N: n})
+		budget -= n
+	}
+	p.KV = s.pool.Stats()
+	return p
+}
+
+// preempt releases a running sequence's blocks and queues it again; it will recompute its
+// tokens, mostly from the prefix cache.
+func (s *Scheduler[S]) preempt(q S) {
+	q.Sched().KV.Release()
+	s.running = slices.DeleteFunc(s.running, func(r S) bool { return r == q })
+	s.enqueue(q)
+}
+
+// detach releases q's blocks and marks it finished; the caller has taken it off its list.
+func (s *Scheduler[S]) detach(q S) {
+	seq := q.Sched()
+	if seq.KV != nil {
+		seq.KV.Release()
+	}
+	seq.state = detached
+}
+
+// Commit records that the last plan's forward pass wrote the KV of its chunks: full blocks
+// enter the prefix cache. Chunks of sequences finished since the plan are skipped.
+func (s *Scheduler[S]) Commit() {
+	for _, c := range s.plan.Chunks {
+		seq := c.Seq.Sched()
+		if seq.state == running {
+			seq.KV.Commit(seq.Tokens[:c.From+c.N])
+		}
+	}
+}
+
+// Finish takes q out of the scheduler, waiting or running, and releases its blocks: it
+// completed, failed, or its caller went away. A caller that keeps q's blocks (a KV transfer
+// pins them) takes KV first. Finishing a sequence that is not in the scheduler does nothing.
+func (s *Scheduler[S]) Finish(q S) {
+	switch q.Sched().state {
+	case waiting:
+		s.waiting = slices.DeleteFunc(s.waiting, func(r S) bool { return r == q })
+	case running:
+		s.running = slices.DeleteFunc(s.running, func(r S) bool { return r == q })
+	default:
+		return
+	}
+	s.detach(q)
+}
