@@ -57,12 +57,13 @@ type Engine struct {
 	pool   *kvcache.Pool
 	log    *slog.Logger
 
-	mu      sync.Mutex
-	inbox   []*sequence
-	stopped bool
-	queued  atomic.Int64 // inbox + waiting, for the queue bound
-	wake    chan struct{}
-	nextID  uint64
+	mu        sync.Mutex
+	inbox     []*sequence
+	stopped   bool
+	queued    atomic.Int64 // inbox + waiting, for the queue bound
+	wake      chan struct{}
+	idleTimer *time.Timer // see Run
+	nextID    uint64
 
 	// Owned by Run.
 	sched  *sched.Scheduler[*sequence]
@@ -136,7 +137,7 @@ func newEngine(m *model.Model, cfg Config) *Engine {
 		m:    m,
 		pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize),
 		log:  cfg.Logger,
-		wake: make(chan struct{}, 1),
+		wake: make(chan struct{}, 1), idleTimer: time.NewTimer(time.Hour),
 
 		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
 	}
@@ -249,11 +250,35 @@ func (e *Engine) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err := e.step(); err != nil {
+		progress, err := e.step()
+		if err != nil {
 			return err
+		}
+		if !progress {
+			// Sequences wait and none can be admitted (their blocks are taken, by held
+			// prefills for example): wait for a change instead of spinning. Most changes
+			// signal (a request, a closed stream, a released hold); the timer bounds the
+			// wait for any that does not.
+			if !e.idleTimer.Stop() {
+				select {
+				case <-e.idleTimer.C:
+				default:
+				}
+			}
+			e.idleTimer.Reset(stalledPoll)
+			select {
+			case <-e.wake:
+			case <-e.idleTimer.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 	}
 }
+
+// stalledPoll bounds how long a stalled scheduler (work waiting, none admissible) waits
+// before it looks again without a signal.
+const stalledPoll = 20 * time.Millisecond
 
 func (e *Engine) shutdown() {
 	e.mu.Lock()
@@ -306,7 +331,9 @@ func (e *Engine) reap() {
 // tokens. A preempted sequence goes back to the waiting queue and will
 // recompute its tokens (mostly from the prefix cache); its output does not
 // change because the kernels are batch-invariant and it keeps its sampler.
-func (e *Engine) step() error {
+// step schedules and runs one step. progress is false when the plan did nothing at all:
+// no tokens, preemptions, drops or admissions.
+func (e *Engine) step() (progress bool, err error) {
 	plan := e.sched.Schedule()
 	e.plan = plan
 	for _, s := range plan.Preempted {
@@ -333,9 +360,9 @@ func (e *Engine) step() error {
 		e.cfg.OnPlan(plan)
 	}
 	if len(plan.Chunks) == 0 {
-		return nil
+		return len(plan.Preempted)+len(plan.Dropped)+len(plan.Admitted)+len(plan.Resumed) > 0, nil
 	}
-	return e.execute(plan)
+	return true, e.execute(plan)
 }
 
 func (e *Engine) execute(plan *sched.Plan[*sequence]) error {

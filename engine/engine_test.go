@@ -283,7 +283,7 @@ func TestPriorityOrder(t *testing.T) {
 	for step := 0; step < 100 && len(order) < len(streams); step++ {
 		e.intake()
 		e.reap()
-		if err := e.step(); err != nil {
+		if _, err := e.step(); err != nil {
 			t.Fatal(err)
 		}
 		for i, s := range streams {

@@ -422,6 +422,7 @@ func (e *Engine) ReleaseHeld(h uint64) bool {
 	t.changed.notify()
 	if seq != nil {
 		seq.Release()
+		e.signal() // freed blocks may let a waiting sequence in
 	}
 	return true
 }
