@@ -57,7 +57,7 @@ func traceReuse(rows []TraceRow) float64 {
 // promptReuse is the same fraction computed from rendered prompts: each
 // prompt is cut into blocks of bs tokens (the last may be short), a block is
 // named by a hash chained over its prefix, and a hit is a name seen before.
-func promptReuse(w Workload, r *renderer, bs int) float64 {
+func promptReuse(w Workload, r *Renderer, bs int) float64 {
 	seen := map[uint64]bool{}
 	hits, total := 0, 0
 	buf := make([]byte, 4)
@@ -97,9 +97,9 @@ func TestMooncakeReplayKeepsBlockReuse(t *testing.T) {
 	if want < 0.05 {
 		t.Fatalf("the trace's first %d rows reuse only %.3f of their blocks; test needs reuse", n, want)
 	}
-	r := &renderer{ids: make([]int32, 3000)}
-	for i := range r.ids {
-		r.ids[i] = int32(100 + i)
+	r := &Renderer{TokenIDs: make([]int32, 3000)}
+	for i := range r.TokenIDs {
+		r.TokenIDs[i] = int32(100 + i)
 	}
 	for _, bs := range []int{MooncakeBlockSize, 32} {
 		w, err := Mooncake(rows, MooncakeOptions{N: n, BlockSize: bs, Seed: 7})

@@ -115,7 +115,7 @@ func TestSharedPrefixShape(t *testing.T) {
 	}
 	// Shared segments render to shared token prefixes.
 	w, _ := SharedPrefix(SharedPrefixOptions{Groups: 1, PromptsPerGroup: 2, SystemLen: 50, QuestionLen: 20, OutputLen: 1})
-	r := &renderer{ids: []int32{5, 6, 7, 8, 9, 10, 11}}
+	r := &Renderer{TokenIDs: []int32{5, 6, 7, 8, 9, 10, 11}}
 	a, b := r.IDs(w.Sessions()[0].Turns[0].Segments), r.IDs(w.Sessions()[1].Turns[0].Segments)
 	if len(a) != 70 || !slices.Equal(a[:50], b[:50]) || slices.Equal(a[50:], b[50:]) {
 		t.Errorf("prompts %v and %v: want a common 50-token prefix and different questions", a, b)
@@ -163,8 +163,8 @@ func TestRandomAndMultiTurnShapes(t *testing.T) {
 			t.Errorf("conversation %+v", s)
 		}
 	}
-	if txt := renderText([]Segment{{Seed: 1, Len: 12}}); len(strings.Fields(txt)) != 12 {
-		t.Errorf("renderText gave %q, want 12 words", txt)
+	if txt := RenderText([]Segment{{Seed: 1, Len: 12}}); len(strings.Fields(txt)) != 12 {
+		t.Errorf("RenderText gave %q, want 12 words", txt)
 	}
 }
 

@@ -15,7 +15,7 @@ type Card struct {
 	BlockSize   int    // tokens per KV block
 	Salt        uint64 // kvcache.Salt(model, namespace, lora)
 	KVBlocks    int    // KV capacity in blocks
-	Role        string // cluster.RoleBoth (or ""), RolePrefill or RoleDecode: the pools it serves in
+	Role        string // RoleBoth (or ""), RolePrefill or RoleDecode: the pools it serves in
 }
 
 // ErrCardMismatch is wrapped by the errors of CheckCard.
@@ -47,3 +47,12 @@ func CheckCard(router, worker Card) error {
 	}
 	return fmt.Errorf("%w: refusing worker of model %q: %s", ErrCardMismatch, worker.Model, strings.Join(bad, "; "))
 }
+
+// A worker's roles, as its model card names them (cluster.RoleBoth, RolePrefill and
+// RoleDecode, which live's tests hold equal to these): repeated here so that the policy
+// core links no wire code.
+const (
+	RoleBoth    = "both"
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)

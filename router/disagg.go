@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"tandem/cluster"
 )
 
 // A Pool restricts a decision to the workers of some roles (the model card's role).
@@ -21,9 +19,9 @@ const (
 func (p Pool) admits(role string) bool {
 	switch p {
 	case PoolDecode:
-		return role != cluster.RolePrefill
+		return role != RolePrefill
 	case PoolPrefill:
-		return role == cluster.RolePrefill
+		return role == RolePrefill
 	}
 	return true
 }

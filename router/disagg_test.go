@@ -3,7 +3,6 @@ package router
 import (
 	"testing"
 
-	"tandem/cluster"
 	"tandem/kvcache"
 )
 
@@ -11,7 +10,7 @@ import (
 func disaggState(t *testing.T) *State {
 	t.Helper()
 	s := newTestState(t, DefaultConfig())
-	for id, role := range map[WorkerID]string{1: cluster.RoleDecode, 2: cluster.RoleDecode, 3: cluster.RolePrefill, 4: cluster.RolePrefill} {
+	for id, role := range map[WorkerID]string{1: RoleDecode, 2: RoleDecode, 3: RolePrefill, 4: RolePrefill} {
 		c := testCard
 		c.Role = role
 		if err := s.AddWorker(id, c); err != nil {
@@ -82,7 +81,7 @@ func TestDecideDisagg(t *testing.T) {
 				t.Errorf("prefill decision %+v, want worker %d", d.Prefill, tc.wantPrefill)
 			}
 			// Decode decisions never land on a prefill worker; in-flight records are kept.
-			if w, _ := s.Worker(d.Decode.Worker); w.Card.Role == cluster.RolePrefill || w.Inflight != 1 {
+			if w, _ := s.Worker(d.Decode.Worker); w.Card.Role == RolePrefill || w.Inflight != 1 {
 				t.Errorf("decode worker %+v", w)
 			}
 		})
@@ -98,7 +97,7 @@ func TestDecideDisaggWithoutPools(t *testing.T) {
 	}
 	s = newTestState(t, DefaultConfig())
 	c := testCard
-	c.Role = cluster.RolePrefill
+	c.Role = RolePrefill
 	if err := s.AddWorker(7, c); err != nil {
 		t.Fatal(err)
 	}

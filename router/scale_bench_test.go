@@ -1,14 +1,10 @@
 package router
 
 import (
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"testing"
 
-	"tandem/cluster"
 	"tandem/kvcache"
-	"tandem/orpc"
 )
 
 // The scale the router issue sets: 1,000 workers, 1M blocks in the index.
@@ -76,79 +72,4 @@ func BenchmarkDecideScale(b *testing.B) {
 			}
 		})
 	}
-}
-
-// BenchmarkEventIngest: the live router's KV event path at scale, from the wire bytes of a
-// Router.Events batch (decode, lock, index update) with 1,000 registered workers and ~1M
-// indexed blocks. Each batch holds 32 events of 16 blocks: stored, then removed again, so
-// the index stays the same size.
-func BenchmarkEventIngest(b *testing.B) {
-	ca, err := orpc.NewCA("bench")
-	if err != nil {
-		b.Fatal(err)
-	}
-	id, err := ca.NewIdentity("tandem-router", []string{"127.0.0.1"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	l, err := NewLive(LiveConfig{Identity: id, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		b.Fatal(err)
-	}
-	st, err := NewState(DefaultConfig(), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	m := &liveModel{name: "m", state: st}
-	l.models["m"] = m
-	scaleState(b, st)
-	for w := range WorkerID(scaleWorkers) {
-		l.workers[w] = &liveWorker{id: w, node: "w", model: m, kick: make(chan struct{})}
-	}
-	const batch, blocks = 32, 16
-	chains := make([][]uint64, 64)
-	for i := range chains {
-		chains[i] = hashes(toks(900_000_000+i*10_000, blocks*testBlock))
-	}
-	next := make([]uint64, scaleWorkers)
-	for w := range next {
-		next[w], _ = st.Index().LastID(WorkerID(w))
-	}
-	// Pre-encode one batch per worker for a round of batches; ids keep increasing, so
-	// the wire bytes are built per iteration into a reused buffer.
-	enc := orpc.NewEncoder(nil)
-	msg := &cluster.KVEvents{Events: make([]kvcache.Event, 0, batch)}
-	var in cluster.KVEvents
-	b.ReportAllocs()
-	b.ResetTimer()
-	i := 0
-	for b.Loop() {
-		b.StopTimer()
-		w := i % scaleWorkers
-		msg.WorkerID = uint64(w)
-		msg.Events = msg.Events[:0]
-		for e := range batch {
-			c := chains[(i+e/2)%len(chains)]
-			next[w]++
-			if e%2 == 0 {
-				msg.Events = append(msg.Events, stored(next[w], kvcache.TierDevice, 0, c...))
-			} else {
-				msg.Events = append(msg.Events, removed(next[w], kvcache.TierDevice, c...))
-			}
-		}
-		enc.Reset()
-		msg.MarshalORPC(enc)
-		wire := enc.Bytes()
-		b.StartTimer()
-		if err := in.UnmarshalORPC(orpc.NewDecoder(wire)); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := l.events(b.Context(), &in); err != nil {
-			b.Fatal(err)
-		}
-		i++
-	}
-	sec := b.Elapsed().Seconds()
-	b.ReportMetric(float64(batch*b.N)/sec, "events/s")
-	b.ReportMetric(float64(batch*blocks*b.N)/sec, "blocks/s")
 }

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"tandem/cluster"
 	"tandem/kvcache"
 	"tandem/llm"
 )
@@ -307,7 +306,7 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 	i, _ := slices.BinarySearchFunc(s.workers, id, func(w *WorkerState, id WorkerID) int { return cmpID(w.ID, id) })
 	s.workers = slices.Insert(s.workers, i, w)
 	s.byID[id] = w
-	if card.Role == cluster.RolePrefill {
+	if card.Role == RolePrefill {
 		s.prefillers++
 	}
 	return nil
@@ -320,7 +319,7 @@ func (s *State) RemoveWorker(id WorkerID) {
 	if s.byID[id] == nil {
 		return
 	}
-	if s.byID[id].Card.Role == cluster.RolePrefill {
+	if s.byID[id].Card.Role == RolePrefill {
 		s.prefillers--
 	}
 	delete(s.byID, id)

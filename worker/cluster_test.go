@@ -28,6 +28,7 @@ import (
 	"tandem/openai"
 	"tandem/orpc"
 	"tandem/router"
+	"tandem/router/live"
 	"tandem/sim"
 	"tandem/worker"
 )
@@ -82,7 +83,7 @@ func (n *node) stop() {
 type testCluster struct {
 	slow   time.Duration // pause before each token a worker streams
 	t      *testing.T
-	router *router.Server
+	router *live.Server
 	logs   *syncBuffer
 	path   string
 }
@@ -93,9 +94,9 @@ func startRouter(t *testing.T, mode router.Mode) *testCluster {
 	logs := &syncBuffer{}
 	pol := router.DefaultConfig()
 	pol.Mode = mode
-	srv, err := router.StartServer(router.ServerConfig{
+	srv, err := live.StartServer(live.ServerConfig{
 		Host: "127.0.0.1", StateDir: t.TempDir(),
-		Live:   router.LiveConfig{Policy: pol, Heartbeat: 50 * time.Millisecond, HeartbeatTimeout: 2 * time.Second},
+		Router: live.Config{Policy: pol, Heartbeat: 50 * time.Millisecond, HeartbeatTimeout: 2 * time.Second},
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {
@@ -251,16 +252,16 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func (c *testCluster) waitWorkers(n int) {
-	waitFor(c.t, "workers to register", func() bool { return len(c.router.Live.Workers()) == n })
+	waitFor(c.t, "workers to register", func() bool { return len(c.router.Router.Workers()) == n })
 }
 
-func (c *testCluster) worker(name string) (router.WorkerInfo, bool) {
-	for _, w := range c.router.Live.Workers() {
+func (c *testCluster) worker(name string) (live.WorkerInfo, bool) {
+	for _, w := range c.router.Router.Workers() {
 		if w.Node == name {
 			return w, true
 		}
 	}
-	return router.WorkerInfo{}, false
+	return live.WorkerInfo{}, false
 }
 
 func client(base string) *sdk.Client {
@@ -427,8 +428,8 @@ func TestClusterRefusals(t *testing.T) {
 		return strings.Contains(odd.logs.String(), "router refused this worker") &&
 			strings.Contains(c.logs.String(), "block size 32, the other workers use 16")
 	})
-	if len(c.router.Live.Workers()) != 1 {
-		t.Errorf("workers %+v, want only w1", c.router.Live.Workers())
+	if len(c.router.Router.Workers()) != 1 {
+		t.Errorf("workers %+v, want only w1", c.router.Router.Workers())
 	}
 }
 
@@ -453,7 +454,7 @@ func TestClusterWorkerLoss(t *testing.T) {
 	n2.stop()
 	c.waitWorkers(1)
 	if w, ok := c.worker("w1"); !ok || !w.Healthy {
-		t.Fatalf("w1 missing or unhealthy: %+v", c.router.Live.Workers())
+		t.Fatalf("w1 missing or unhealthy: %+v", c.router.Router.Workers())
 	}
 	for range 4 {
 		if _, wk := complete(t, rc, longPrompt, 4); wk != "w1" {

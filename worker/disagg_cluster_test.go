@@ -17,6 +17,7 @@ import (
 	"tandem/cluster"
 	"tandem/internal/fixtures"
 	"tandem/router"
+	"tandem/router/live"
 	"tandem/worker"
 )
 
@@ -46,10 +47,10 @@ func scrape(t *testing.T, url, name string, labels ...string) float64 {
 
 // startDisaggRouter starts a router with dis and one worker per role given (p* prefill,
 // d* decode), and waits for them to register.
-func startDisaggRouter(t *testing.T, dis router.DisaggConfig, names ...string) (*router.Server, map[string]*peerNode) {
+func startDisaggRouter(t *testing.T, dis router.DisaggConfig, names ...string) (*live.Server, map[string]*peerNode) {
 	t.Helper()
 	path := fixtures.Model(t, "stories260K-f32.gguf")
-	srv := startRouterLive(t, router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
+	srv := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
 		HeartbeatTimeout: 2 * time.Second, Disagg: dis}).router
 	env := newPeerEnv(t)
 	nodes := map[string]*peerNode{}
@@ -58,7 +59,7 @@ func startDisaggRouter(t *testing.T, dis router.DisaggConfig, names ...string) (
 		nodes[name] = env.start(name, path, worker.Config{Routers: []string{srv.ORPCAddr}, Token: srv.Token.String(),
 			StateDir: t.TempDir(), Card: cluster.ModelCard{Role: role}})
 	}
-	waitFor(t, "workers to register", func() bool { return len(srv.Live.Workers()) == len(names) })
+	waitFor(t, "workers to register", func() bool { return len(srv.Router.Workers()) == len(names) })
 	return srv, nodes
 }
 

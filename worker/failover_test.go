@@ -21,6 +21,7 @@ import (
 	"tandem/openai"
 	"tandem/orpc"
 	"tandem/router"
+	"tandem/router/live"
 	"tandem/worker"
 )
 
@@ -141,7 +142,7 @@ func await[T any](t *testing.T, what string, ch <-chan T) T {
 func TestClusterSilentWorker(t *testing.T) {
 	pol := router.DefaultConfig()
 	pol.Mode = router.ModeRoundRobin
-	c := startRouterLive(t, router.LiveConfig{Policy: pol, Heartbeat: 50 * time.Millisecond, Options: longIdle})
+	c := startRouterLive(t, live.Config{Policy: pol, Heartbeat: 50 * time.Millisecond, Options: longIdle})
 	tok := c.router.Token.String()
 	var stalling atomic.Bool
 	var seen atomic.Int64
@@ -191,7 +192,7 @@ func TestClusterSilentWorker(t *testing.T) {
 		t.Errorf("request sent after w1 vanished, via %s: %q (%v), want %q", r.worker, r.text, r.err, want[promptC].Choices[0].Text)
 	}
 	if _, ok := c.worker("w1"); ok {
-		t.Errorf("w1 is still registered: %+v", c.router.Live.Workers())
+		t.Errorf("w1 is still registered: %+v", c.router.Router.Workers())
 	}
 	for _, m := range []struct {
 		name string
@@ -254,7 +255,7 @@ func (e *hookEngine) ExportBlocks(ctx context.Context, h uint64, want []uint64, 
 // vanish), a decode worker d1, and an aggregated engine of its own for reference answers;
 // QUIC's idle timeout and the KV pull's timeout are out of the tests' reach.
 type failoverCluster struct {
-	srv     *router.Server
+	srv     *live.Server
 	p, d    *peerNode
 	hooks   *hookEngine
 	in, out *udpRelay
@@ -266,7 +267,7 @@ func startFailoverCluster(t *testing.T) *failoverCluster {
 	path := fixtures.Model(t, "stories260K-f32.gguf")
 	dis := router.DefaultDisaggConfig()
 	dis.MinRemoteTokens, dis.TransferTimeout = 32, 2*time.Minute
-	srv := startRouterLive(t, router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
+	srv := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
 		Disagg: dis, Options: longIdle}).router
 	env := newPeerEnv(t)
 	fc := &failoverCluster{srv: srv, in: newRelay(t, nil), out: newRelay(t, udpAddr(t, srv.ORPCAddr))}
@@ -287,7 +288,7 @@ func startFailoverCluster(t *testing.T) *failoverCluster {
 	fc.in.setTarget(fc.p.w.Addr())
 	fc.d = env.start("d1", path, worker.Config{Routers: []string{srv.ORPCAddr}, Token: srv.Token.String(),
 		StateDir: t.TempDir(), Options: longIdle, Card: cluster.ModelCard{Role: cluster.RoleDecode}})
-	waitFor(t, "workers to register", func() bool { return len(srv.Live.Workers()) == 2 })
+	waitFor(t, "workers to register", func() bool { return len(srv.Router.Workers()) == 2 })
 	agg := newPeerEnv(t).start("agg", path, worker.Config{})
 	fc.ref = direct(t, &node{eng: agg.eng, m: agg.m})
 
@@ -308,7 +309,7 @@ func (fc *failoverCluster) vanishP() { fc.in.Cut(); fc.out.Cut() }
 // checkPGone checks that the router declared p1 dead and removed it.
 func (fc *failoverCluster) checkPGone(t *testing.T) {
 	t.Helper()
-	for _, w := range fc.srv.Live.Workers() {
+	for _, w := range fc.srv.Router.Workers() {
 		if w.Node == "p1" {
 			t.Errorf("p1 is still registered: %+v", w)
 		}
@@ -346,7 +347,7 @@ func TestDisaggregatedPrefillWorkerVanishes(t *testing.T) {
 	fc.in.Heal()
 	fc.out.Heal()
 	waitFor(t, "p1 to register again", func() bool {
-		for _, w := range fc.srv.Live.Workers() {
+		for _, w := range fc.srv.Router.Workers() {
 			if w.Node == "p1" && w.Healthy {
 				return true
 			}
@@ -395,7 +396,7 @@ func TestDisaggregatedPrefillWorkerVanishesMidPull(t *testing.T) {
 // With migrations off, a stream whose worker vanishes mid-stream ends with a clear 503
 // error event instead of hanging.
 func TestClusterSilentWorkerNoMigration(t *testing.T) {
-	c := startRouterLive(t, router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
+	c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
 		MaxMigrations: -1, Options: longIdle})
 	var stalling atomic.Bool
 	var seen atomic.Int64

@@ -29,7 +29,7 @@ func TestWorkerRestartsFromIdentity(t *testing.T) {
 		n := c.addWorkerOpts(name, "", workerOpts{stateDir: dir, node: &name})
 		waitFor(t, "the restarted worker to register", func() bool {
 			_, ok := c.worker("w1")
-			return ok && len(c.router.Live.Workers()) == 1
+			return ok && len(c.router.Router.Workers()) == 1
 		})
 		if !strings.Contains(n.logs.String(), "using the identity stored in the state directory") {
 			t.Errorf("--node-name %q: the restarted worker did not say it used its stored identity:\n%s", name, n.logs.String())

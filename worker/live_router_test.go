@@ -17,28 +17,29 @@ import (
 	"tandem/llm"
 	"tandem/openai"
 	"tandem/router"
+	"tandem/router/live"
 )
 
 // startRouterWith is startRouter with a chosen policy and queue timeout.
 func startRouterWith(t *testing.T, pol router.Config, queueTimeout time.Duration) *testCluster {
 	t.Helper()
-	return startRouterLive(t, router.LiveConfig{Policy: pol, Heartbeat: 50 * time.Millisecond, HeartbeatTimeout: 2 * time.Second,
+	return startRouterLive(t, live.Config{Policy: pol, Heartbeat: 50 * time.Millisecond, HeartbeatTimeout: 2 * time.Second,
 		QueueTimeout: queueTimeout})
 }
 
-// startRouterLive starts a router with live's settings.
-func startRouterLive(t *testing.T, live router.LiveConfig) *testCluster {
+// startRouterLive starts a router with cfg's settings.
+func startRouterLive(t *testing.T, cfg live.Config) *testCluster {
 	t.Helper()
-	return startRouterIn(t, t.TempDir(), live)
+	return startRouterIn(t, t.TempDir(), cfg)
 }
 
-// startRouterIn starts a router with live's settings whose state (cluster CA and join token)
+// startRouterIn starts a router with cfg's settings whose state (cluster CA and join token)
 // is in dir: routers started in one dir form one cluster.
-func startRouterIn(t *testing.T, dir string, live router.LiveConfig) *testCluster {
+func startRouterIn(t *testing.T, dir string, cfg live.Config) *testCluster {
 	t.Helper()
 	logs := &syncBuffer{}
-	srv, err := router.StartServer(router.ServerConfig{
-		Host: "127.0.0.1", StateDir: dir, Live: live,
+	srv, err := live.StartServer(live.ServerConfig{
+		Host: "127.0.0.1", StateDir: dir, Router: cfg,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {
@@ -235,10 +236,10 @@ func TestLiveSessionAffinity(t *testing.T) {
 	}
 
 	// With one, every request goes where the first went, by header or by user field.
-	bound := served(body(0, ""), router.SessionHeader, "conv-1")
+	bound := served(body(0, ""), live.SessionHeader, "conv-1")
 	byUser := served(body(0, "alice"))
 	for i := 1; i < 6; i++ {
-		if wk := served(body(i, ""), router.SessionHeader, "conv-1"); wk != bound {
+		if wk := served(body(i, ""), live.SessionHeader, "conv-1"); wk != bound {
 			t.Fatalf("turn %d of conv-1 went to %q, the session is on %q", i, wk, bound)
 		}
 		if wk := served(body(i, "alice")); wk != byUser {
@@ -251,7 +252,7 @@ func TestLiveSessionAffinity(t *testing.T) {
 	nodes[bound].stop()
 	c.waitWorkers(1)
 	for i := range 4 {
-		if wk := served(body(10+i, ""), router.SessionHeader, "conv-1"); wk != other {
+		if wk := served(body(10+i, ""), live.SessionHeader, "conv-1"); wk != other {
 			t.Fatalf("after %s left, turn %d of conv-1 went to %q, want %q", bound, i, wk, other)
 		}
 	}
@@ -259,7 +260,7 @@ func TestLiveSessionAffinity(t *testing.T) {
 	c.addWorker("w3", tok, 0)
 	c.waitWorkers(2)
 	for i := range 4 {
-		if wk := served(body(20+i, ""), router.SessionHeader, "conv-1"); wk != other {
+		if wk := served(body(20+i, ""), live.SessionHeader, "conv-1"); wk != other {
 			t.Fatalf("after w3 joined, turn %d of conv-1 went to %q, want %q", i, wk, other)
 		}
 	}

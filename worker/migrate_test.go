@@ -11,6 +11,7 @@ import (
 
 	"tandem/openai"
 	"tandem/router"
+	"tandem/router/live"
 )
 
 // killMidStream streams prompt through c's router with params and stops the serving worker
@@ -74,7 +75,7 @@ func TestClusterMigrationSampled(t *testing.T) {
 // With migrations turned off (tandem-router --max-migrations 0), a stream whose worker dies
 // ends with an error instead of moving.
 func TestClusterMigrationLimit(t *testing.T) {
-	c := startRouterLive(t, router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
+	c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
 		HeartbeatTimeout: 2 * time.Second, MaxMigrations: -1})
 	c.slow = 5 * time.Millisecond
 	tok := c.router.Token.String()

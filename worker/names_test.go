@@ -10,12 +10,13 @@ import (
 	"tandem/kvcache"
 	"tandem/orpc"
 	"tandem/router"
+	"tandem/router/live"
 	"tandem/worker"
 )
 
 // stable checks, over a few heartbeats, that name stays registered as want (same id, same
 // address).
-func (c *testCluster) stable(name string, want router.WorkerInfo) {
+func (c *testCluster) stable(name string, want live.WorkerInfo) {
 	c.t.Helper()
 	for range 10 {
 		time.Sleep(50 * time.Millisecond)
@@ -104,7 +105,7 @@ func TestClusterSpoofedName(t *testing.T) {
 // the network): the same certificate is the same node.
 func TestClusterRestartTakesOverName(t *testing.T) {
 	// Heartbeats every 2 s: the vanished registration looks live for 8 s.
-	c := startRouterLive(t, router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: 2 * time.Second, HeartbeatTimeout: 30 * time.Second})
+	c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 2 * time.Second, HeartbeatTimeout: 30 * time.Second})
 	dir := t.TempDir()
 	old := c.addWorkerOpts("w1", c.router.Token.String(), workerOpts{stateDir: dir, relays: true})
 	c.waitWorkers(1)

@@ -13,6 +13,7 @@ import (
 
 	"tandem/metrics"
 	"tandem/router"
+	"tandem/router/live"
 	"tandem/sim"
 )
 
@@ -23,7 +24,7 @@ import (
 // default; two minutes here, and the requests would run for 10 s on their own). Counted on
 // the worker's metrics, logged once.
 func TestWorkerCancelsRequestsOfLostRouter(t *testing.T) {
-	c := startRouterLive(t, router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: 100 * time.Millisecond,
+	c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 100 * time.Millisecond,
 		HeartbeatTimeout: time.Second, Options: longIdle})
 	met := metrics.NewWorker(prometheus.NewRegistry())
 	// Modelled decode steps of 100 ms: a 100-token request runs for 10 s.

@@ -17,6 +17,7 @@ import (
 	"tandem/model"
 	"tandem/openai"
 	"tandem/router"
+	"tandem/router/live"
 	"tandem/worker"
 )
 
@@ -27,8 +28,8 @@ import (
 func TestRoutersShareInflightLoad(t *testing.T) {
 	const heartbeat = 20 * time.Second // periodic reports cannot explain what B learns
 	state := t.TempDir()               // one cluster: the routers share the CA and token
-	live := router.LiveConfig{Policy: router.DefaultConfig(), Heartbeat: heartbeat, HeartbeatTimeout: 4 * heartbeat}
-	a, b := startRouterIn(t, state, live).router, startRouterIn(t, state, live).router
+	cfg := live.Config{Policy: router.DefaultConfig(), Heartbeat: heartbeat, HeartbeatTimeout: 4 * heartbeat}
+	a, b := startRouterIn(t, state, cfg).router, startRouterIn(t, state, cfg).router
 	gate := make(chan struct{})
 	var opened sync.Once
 	open := func() { opened.Do(func() { close(gate) }) }
@@ -37,8 +38,8 @@ func TestRoutersShareInflightLoad(t *testing.T) {
 	for _, name := range []string{"w1", "w2"} {
 		startGatedWorker(t, path, name, []string{a.ORPCAddr, b.ORPCAddr}, a.Token.String(), gate)
 	}
-	load := func(s *router.Server, node string) (float64, bool) {
-		for _, w := range s.Live.Workers() {
+	load := func(s *live.Server, node string) (float64, bool) {
+		for _, w := range s.Router.Workers() {
 			if w.Node == node {
 				return w.Load, true
 			}
@@ -46,7 +47,7 @@ func TestRoutersShareInflightLoad(t *testing.T) {
 		return 0, false
 	}
 	waitFor(t, "both routers to see both workers", func() bool {
-		return len(a.Live.Workers()) == 2 && len(b.Live.Workers()) == 2
+		return len(a.Router.Workers()) == 2 && len(b.Router.Workers()) == 2
 	})
 
 	type result struct {
@@ -54,7 +55,7 @@ func TestRoutersShareInflightLoad(t *testing.T) {
 		code   int
 		err    error
 	}
-	send := func(s *router.Server) chan result {
+	send := func(s *live.Server) chan result {
 		ch := make(chan result, 1)
 		go func() {
 			resp, _, _, err := postErr(s.URL(), `{"model":"stories","prompt":"Once upon a time there was a little dog","max_tokens":3,"temperature":0}`)
@@ -71,7 +72,7 @@ func TestRoutersShareInflightLoad(t *testing.T) {
 	first := send(a)
 	var busy string
 	waitFor(t, "router A to dispatch", func() bool {
-		for _, w := range a.Live.Workers() {
+		for _, w := range a.Router.Workers() {
 			if w.Load > 0 {
 				busy = w.Node
 				return true
@@ -93,7 +94,7 @@ func TestRoutersShareInflightLoad(t *testing.T) {
 	// is the load A put there.
 	second := send(b)
 	waitFor(t, "router B to dispatch", func() bool {
-		for _, w := range b.Live.Workers() {
+		for _, w := range b.Router.Workers() {
 			if w.Node != busy && w.Load > 0 {
 				return true
 			}

@@ -18,6 +18,7 @@ import (
 
 	"tandem/httpserve"
 	"tandem/router"
+	"tandem/router/live"
 )
 
 func main() {
@@ -47,7 +48,7 @@ func run(args []string, stderr io.Writer) error {
 	affinity := fs.Duration("session-ttl", def.AffinityTTL, "how long a session (X-Session-Id or user) stays on its worker after its last request (0 disables)")
 	queueTimeout := fs.Duration("queue-timeout", 5*time.Second, "how long a request waits when every worker is busy before 429")
 	maxQueue := fs.Int("max-queue", 1024, "most requests waiting for a worker; past it 429 at once")
-	maxMigrations := fs.Int("max-migrations", router.DefaultMaxMigrations, "most times one request moves to another worker when its worker fails mid-stream (0: never)")
+	maxMigrations := fs.Int("max-migrations", live.DefaultMaxMigrations, "most times one request moves to another worker when its worker fails mid-stream (0: never)")
 	heartbeat := fs.Duration("heartbeat", 250*time.Millisecond, "heartbeat interval asked of workers")
 	hbTimeout := fs.Duration("heartbeat-timeout", 0, "a worker whose load reports stop this long is declared dead: removed, and its requests retried or migrated elsewhere (0: 4 heartbeat intervals, at least 1s)")
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
@@ -90,9 +91,9 @@ func run(args []string, stderr io.Writer) error {
 	pol.Mode, pol.OverlapWeight, pol.Temperature, pol.HostWeight = mode, *overlap, *temp, *hostWeight
 	pol.BusyKVUsage, pol.BusyWaiting, pol.AffinityTTL = *busyKV, *busyWaiting, *affinity
 
-	srv, err := router.StartServer(router.ServerConfig{
+	srv, err := live.StartServer(live.ServerConfig{
 		Host: *host, Port: *port, ORPCPort: *orpcPort, StateDir: *stateDir, JoinToken: *joinToken,
-		Live: router.LiveConfig{
+		Router: live.Config{
 			Policy: pol, Name: *name, Heartbeat: *heartbeat, HeartbeatTimeout: *hbTimeout,
 			QueueTimeout: *queueTimeout, MaxQueue: *maxQueue, APIKey: *apiKey, MaxMigrations: noneIfZero(*maxMigrations),
 			Disagg: dis,

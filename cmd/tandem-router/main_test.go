@@ -2,26 +2,9 @@ package main
 
 import (
 	"bytes"
-	"os/exec"
 	"strings"
 	"testing"
 )
-
-// The router binary stays pure Go and small: no hal, model or engine. (It
-// reads model cards' tokenizers with gguf, a file-format package with no
-// device code.)
-func TestNoEngineDependencies(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", ".").Output()
-	if err != nil {
-		t.Skipf("go list: %v", err)
-	}
-	for _, pkg := range strings.Fields(string(out)) {
-		switch pkg {
-		case "tandem/hal", "tandem/hal/cpu", "tandem/model", "tandem/engine", "tandem/modelgen":
-			t.Errorf("tandem-router depends on %s", pkg)
-		}
-	}
-}
 
 func TestBadFlags(t *testing.T) {
 	var stderr bytes.Buffer

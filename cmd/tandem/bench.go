@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"tandem/bench"
+	"tandem/bench/loadgen"
 )
 
 // benchSLOFlag collects --goodput targets, repeatable and space- or
@@ -98,7 +99,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	cfg := bench.Config{
+	cfg := loadgen.Config{
 		BaseURL: *baseURL, Model: *model, Endpoint: bench.Endpoint(*endpoint), APIKey: *apiKey,
 		Arrival: bench.Arrival(*arrival), Burstiness: *burst, TraceSpeedup: *speedup, MaxConcurrency: *maxConc,
 		IgnoreEOS: *ignoreEOS, Temperature: *temp, Timeout: *timeout, Warmups: *warmups, SLO: slo.slo, Seed: *seed,
@@ -173,7 +174,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	res, err := bench.Run(ctx, cfg)
+	res, err := loadgen.Run(ctx, cfg)
 	if err != nil {
 		return err
 	}

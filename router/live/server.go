@@ -1,4 +1,4 @@
-package router
+package live
 
 import (
 	"context"
@@ -13,9 +13,10 @@ import (
 	"tandem/httpserve"
 	"tandem/metrics"
 	"tandem/orpc"
+	"tandem/router"
 )
 
-// ServerConfig configures a Server: a Live router with its ORPC listener (for workers, with
+// ServerConfig configures a Server: a live router with its ORPC listener (for workers, with
 // token join) and its HTTP server (OpenAI API, /health, /metrics).
 type ServerConfig struct {
 	Host     string // HTTP and ORPC listen host
@@ -24,14 +25,14 @@ type ServerConfig struct {
 	StateDir string // the cluster CA and join token live here (created on first start)
 	// JoinToken is the token workers must prove; "" uses the stored one or generates one.
 	JoinToken string
-	Live      LiveConfig // Identity is made by the server from the CA
+	Router    Config // Identity is made by the server from the CA
 	// DrainTimeout bounds Shutdown's wait for running requests.
 	DrainTimeout time.Duration
 	// BodyReadTimeout and MinBodyRate bound how long a request body may take (see
 	// httpserve.Config); zero means httpserve's defaults.
 	BodyReadTimeout time.Duration
 	MinBodyRate     int64
-	// PublicMetrics serves /metrics without the API key (Live.APIKey); /health never
+	// PublicMetrics serves /metrics without the API key (Router.APIKey); /health never
 	// needs it.
 	PublicMetrics bool
 	Logger        *slog.Logger
@@ -39,7 +40,7 @@ type ServerConfig struct {
 
 // Server is a running tandem-router.
 type Server struct {
-	Live       *Live
+	Router     *Router
 	HTTP       *httpserve.Server
 	ORPC       *orpc.Server
 	ORPCAddr   string
@@ -73,7 +74,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	if ip := net.ParseIP(cfg.Host); cfg.Host != "" && (ip == nil || !ip.IsUnspecified()) {
 		hosts = append(hosts, cfg.Host)
 	}
-	name := cfg.Live.Name
+	name := cfg.Router.Name
 	if name == "" {
 		name = "tandem-router"
 	}
@@ -87,12 +88,12 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	reg := metrics.NewRegistry()
-	lc := cfg.Live
+	lc := cfg.Router
 	if lc.KnownCards == nil {
 		lc.KnownCards = known
 	}
 	if lc.NewModel == nil {
-		lc.NewModel = func(c Card) {
+		lc.NewModel = func(c router.Card) {
 			if err := cards.add(c); err != nil {
 				log.Error("cannot remember the model's card in the state directory", "model", c.Model, "err", err)
 			}
@@ -104,7 +105,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	if lc.Logger == nil {
 		lc.Logger = log
 	}
-	live, err := NewLive(lc)
+	live, err := New(lc)
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +125,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("router: ORPC listen: %w", err)
 	}
 
-	metricsToken := cfg.Live.APIKey
+	metricsToken := cfg.Router.APIKey
 	if cfg.PublicMetrics {
 		metricsToken = ""
 	}
@@ -147,7 +148,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{Live: live, HTTP: hs, ORPC: srv, ORPCAddr: ol.Addr().String(), Token: tok, CACreated: caCreated,
+	s := &Server{Router: live, HTTP: hs, ORPC: srv, ORPCAddr: ol.Addr().String(), Token: tok, CACreated: caCreated,
 		TokCreated: tokCreated, cancel: cancel, done: make(chan struct{})}
 	go live.Run(ctx)
 	go func() {

@@ -1,4 +1,4 @@
-package router
+package live
 
 import (
 	"bufio"
@@ -16,7 +16,7 @@ import (
 	"tandem/orpc"
 )
 
-// startLiveHTTP serves a Live router's API (no workers) on 127.0.0.1:0.
+// startLiveHTTP serves a live router's API (no workers) on 127.0.0.1:0.
 func startLiveHTTP(t *testing.T) string {
 	t.Helper()
 	ca, err := orpc.NewCA("test")
@@ -27,7 +27,7 @@ func startLiveHTTP(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := NewLive(LiveConfig{Identity: id, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	l, err := New(Config{Identity: id, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

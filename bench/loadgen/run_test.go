@@ -1,4 +1,4 @@
-package bench
+package loadgen
 
 import (
 	"bytes"
@@ -13,18 +13,20 @@ import (
 	"time"
 
 	"tandem/bench/benchtest"
+
+	"tandem/bench"
 )
 
-func mustRandom(t *testing.T, n, in, out int) Workload {
+func mustRandom(t *testing.T, n, in, out int) bench.Workload {
 	t.Helper()
-	w, err := Random(RandomOptions{N: n, InputLen: in, OutputLen: out, Seed: 1})
+	w, err := bench.Random(bench.RandomOptions{N: n, InputLen: in, OutputLen: out, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return w
 }
 
-func run(t *testing.T, cfg Config) *Result {
+func run(t *testing.T, cfg Config) *bench.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -46,7 +48,7 @@ func TestRunTimings(t *testing.T) {
 	srv := (&benchtest.Server{First: first, Gap: gap}).Start()
 	defer srv.Close()
 	res := run(t, Config{BaseURL: srv.URL + "/v1/", Workload: mustRandom(t, 6, 20, 5), IgnoreEOS: true, Warmups: 1})
-	if res.Model != "fake" || res.PromptFormat != IDs || res.NumPrompts != 6 {
+	if res.Model != "fake" || res.PromptFormat != bench.IDs || res.NumPrompts != 6 {
 		t.Errorf("model %q format %q prompts %d", res.Model, res.PromptFormat, res.NumPrompts)
 	}
 	s := res.Summary
@@ -108,7 +110,7 @@ func TestRunCountsErrorsAndWritesJSON(t *testing.T) {
 	}}).Start()
 	defer srv.Close()
 	res := run(t, Config{BaseURL: srv.URL, Model: "m", Workload: mustRandom(t, 9, 8, 3), Warmups: 0,
-		SLO: SLO{TTFT: time.Second}, Percentiles: []float64{99, 50, 90}})
+		SLO: bench.SLO{TTFT: time.Second}, Percentiles: []float64{99, 50, 90}})
 	if res.Summary.Completed != 3 || res.Summary.Failed != 6 {
 		t.Fatalf("completed %d failed %d, want 3 and 6", res.Summary.Completed, res.Summary.Failed)
 	}
@@ -171,7 +173,7 @@ func TestRunCountsErrorsAndWritesJSON(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	paths, err := WritePlots(dir, res)
+	paths, err := bench.WritePlots(dir, res)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,12 +195,12 @@ func TestRunChatMultiTurn(t *testing.T) {
 	const first = 40 * time.Millisecond
 	srv := (&benchtest.Server{First: first, Gap: 5 * time.Millisecond}).Start()
 	defer srv.Close()
-	w, err := MultiTurn(MultiTurnOptions{Conversations: 2, Turns: 3, InputLen: 6, OutputLen: 2, Seed: 4})
+	w, err := bench.MultiTurn(bench.MultiTurnOptions{Conversations: 2, Turns: 3, InputLen: 6, OutputLen: 2, Seed: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := run(t, Config{BaseURL: srv.URL, Endpoint: Chat, Workload: w})
-	if res.Summary.Completed != 6 || res.PromptFormat != Text {
+	res := run(t, Config{BaseURL: srv.URL, Endpoint: bench.Chat, Workload: w})
+	if res.Summary.Completed != 6 || res.PromptFormat != bench.Text {
 		t.Fatalf("completed %d, format %s", res.Summary.Completed, res.PromptFormat)
 	}
 	for _, r := range res.Requests {
@@ -233,7 +235,7 @@ func TestRunChatMultiTurn(t *testing.T) {
 	}
 	// Completions: the transcript grows as text.
 	res = run(t, Config{BaseURL: srv.URL, Workload: w, Warmups: 0})
-	if res.Summary.Completed != 6 || res.PromptFormat != Text {
+	if res.Summary.Completed != 6 || res.PromptFormat != bench.Text {
 		t.Fatalf("completions multi-turn: completed %d, format %s", res.Summary.Completed, res.PromptFormat)
 	}
 	last := srv.Bodies()[len(srv.Bodies())-1]["prompt"].(string)
@@ -274,7 +276,7 @@ func TestRunConcurrencyRateAndCancel(t *testing.T) {
 	if p := srv.PeakInFlight(); p > 2 || res.Summary.PeakConcurrency > 2 || res.Summary.Completed != 8 {
 		t.Errorf("server saw %d at once, bench %d; completed %d", p, res.Summary.PeakConcurrency, res.Summary.Completed)
 	}
-	res = run(t, Config{BaseURL: srv.URL, Workload: mustRandom(t, 4, 4, 2), Arrival: Constant, RequestRate: 10})
+	res = run(t, Config{BaseURL: srv.URL, Workload: mustRandom(t, 4, 4, 2), Arrival: bench.Constant, RequestRate: 10})
 	for i, r := range res.Requests {
 		// Never early; late only by scheduling delays (very generous for loaded machines).
 		if want := time.Duration(i) * 100 * time.Millisecond; !within(r.Start, want, time.Second) {
@@ -289,7 +291,7 @@ func TestRunConcurrencyRateAndCancel(t *testing.T) {
 	defer cancel()
 	slow := (&benchtest.Server{First: 50 * time.Millisecond, Gap: 50 * time.Millisecond}).Start()
 	defer slow.Close()
-	got, err := Run(ctx, Config{BaseURL: slow.URL, Workload: mustRandom(t, 20, 4, 3), Arrival: Constant, RequestRate: 20, Warmups: 0})
+	got, err := Run(ctx, Config{BaseURL: slow.URL, Workload: mustRandom(t, 20, 4, 3), Arrival: bench.Constant, RequestRate: 20, Warmups: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +304,7 @@ func TestRunRefusals(t *testing.T) {
 	srv := (&benchtest.Server{Status: func(int64) int { return http.StatusServiceUnavailable }}).Start()
 	defer srv.Close()
 	w := mustRandom(t, 1, 4, 4)
-	mt, _ := MultiTurn(MultiTurnOptions{Conversations: 1, Turns: 2, InputLen: 3, OutputLen: 3})
+	mt, _ := bench.MultiTurn(bench.MultiTurnOptions{Conversations: 1, Turns: 2, InputLen: 3, OutputLen: 3})
 	for _, tc := range []struct {
 		name string
 		cfg  Config
@@ -310,8 +312,8 @@ func TestRunRefusals(t *testing.T) {
 	}{
 		{"warm-up", Config{BaseURL: srv.URL, Workload: w, Warmups: 1}, "warm-up request failed"},
 		{"no workload", Config{BaseURL: srv.URL}, "no workload"},
-		{"ids over chat", Config{BaseURL: srv.URL, Workload: w, Endpoint: Chat, PromptFormat: IDs}, "completions"},
-		{"ids multi-turn", Config{BaseURL: srv.URL, Workload: mt, PromptFormat: IDs}, "multi-turn"},
+		{"ids over chat", Config{BaseURL: srv.URL, Workload: w, Endpoint: bench.Chat, PromptFormat: bench.IDs}, "completions"},
+		{"ids multi-turn", Config{BaseURL: srv.URL, Workload: mt, PromptFormat: bench.IDs}, "multi-turn"},
 		{"endpoint", Config{BaseURL: srv.URL, Workload: w, Endpoint: "embeddings"}, "endpoint"},
 		{"percentile", Config{BaseURL: srv.URL, Workload: w, Percentiles: []float64{100}}, "percentile"},
 	} {

@@ -1,4 +1,4 @@
-package router
+package live
 
 import (
 	"fmt"

@@ -1,10 +1,12 @@
-package router
+package live
 
 import (
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"tandem/router"
 )
 
 func TestCardStore(t *testing.T) {
@@ -13,9 +15,9 @@ func TestCardStore(t *testing.T) {
 	if cards, err := s.load(); err != nil || len(cards) != 0 {
 		t.Fatalf("empty store: %v, %v", cards, err)
 	}
-	a := Card{Model: "a", HashVersion: 1, BlockSize: 16, Salt: 7, KVBlocks: 900}
-	b := Card{Model: "b", HashVersion: 1, BlockSize: 32, Salt: 9}
-	for _, c := range []Card{a, b} {
+	a := router.Card{Model: "a", HashVersion: 1, BlockSize: 16, Salt: 7, KVBlocks: 900}
+	b := router.Card{Model: "b", HashVersion: 1, BlockSize: 32, Salt: 9}
+	for _, c := range []router.Card{a, b} {
 		if err := s.add(c); err != nil {
 			t.Fatal(err)
 		}

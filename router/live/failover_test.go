@@ -1,8 +1,11 @@
-package router
+package live
 
 import (
 	"testing"
 	"time"
+
+	"tandem/cluster"
+	"tandem/router"
 )
 
 func TestDefaultHeartbeatTimeout(t *testing.T) {
@@ -14,6 +17,15 @@ func TestDefaultHeartbeatTimeout(t *testing.T) {
 	} {
 		if got := DefaultHeartbeatTimeout(c.interval); got != c.want {
 			t.Errorf("DefaultHeartbeatTimeout(%v) = %v, want %v", c.interval, got, c.want)
+		}
+	}
+}
+
+// The policy core names the roles itself, to link no wire code: they must be the card's.
+func TestRolesMatchTheCard(t *testing.T) {
+	for core, card := range map[string]string{router.RoleBoth: cluster.RoleBoth, router.RolePrefill: cluster.RolePrefill, router.RoleDecode: cluster.RoleDecode} {
+		if core != card {
+			t.Errorf("router's role %q is the card's %q", core, card)
 		}
 	}
 }

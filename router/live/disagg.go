@@ -1,4 +1,4 @@
-package router
+package live
 
 // Disaggregated prefill and decode in the live router (docs/disaggregation.md). With workers
 // of role prefill serving a model, a request goes through DecideDisagg: a decode worker D,
@@ -21,17 +21,18 @@ import (
 	"tandem/kvcache"
 	"tandem/llm"
 	"tandem/orpc"
+	"tandem/router"
 )
 
 // disaggStream is a liveStream's disaggregation state.
 type disaggStream struct {
-	pool    Pool               // where decode decisions (first, retries, migrations) look
-	pre     *Decision          // decode decision taken with the prefill's; dispatch's first attempt uses it
+	pool    router.Pool        // where decode decisions (first, retries, migrations) look
+	pre     *router.Decision   // decode decision taken with the prefill's; dispatch's first attempt uses it
 	source  *cluster.KVSource  // where D pulls the prompt's KV; nil: D prefills
 	pw      *liveWorker        // P, when the prefill runs there
 	pres    chan prefillResult // P's answer, while awaited
 	pcancel context.CancelFunc // cancels the call to P
-	pinfl   Inflight           // P's in-flight record
+	pinfl   router.Inflight    // P's in-flight record
 	reason  string             // why the prefill went to P
 	pCached int                // prompt tokens P had cached
 	skip    bool               // D's first token is P's, sent already: drop it
@@ -54,20 +55,20 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 	cfg := l.cfg.Disagg
 	l.mu.Lock()
 	c, _ := m.state.Card()
-	prefillers, _ := m.state.PoolSize(PoolPrefill)
+	prefillers, _ := m.state.PoolSize(router.PoolPrefill)
 	if prefillers == 0 {
 		l.mu.Unlock()
 		return &s.orig, nil // no prefill pool: the aggregated path, untouched
 	}
-	deciders, _ := m.state.PoolSize(PoolDecode)
+	deciders, _ := m.state.PoolSize(router.PoolDecode)
 	l.mu.Unlock()
 	if deciders > 0 {
-		s.dis.pool = PoolDecode
+		s.dis.pool = router.PoolDecode
 	}
 	t0 := time.Now()
 	hashes := kvcache.HashBlocks(c.Salt, s.orig.Prompt, c.BlockSize, nil)
 	l.mu.Lock()
-	dd, err := DecideDisagg(m.state, Request{Hashes: hashes, PromptTokens: len(s.orig.Prompt), SessionID: s.session, Now: t0}, cfg)
+	dd, err := router.DecideDisagg(m.state, router.Request{Hashes: hashes, PromptTokens: len(s.orig.Prompt), SessionID: s.session, Now: t0}, cfg)
 	var pw *liveWorker
 	if err == nil && dd.Prefill != nil {
 		pw = l.workers[dd.Prefill.Worker]
@@ -78,14 +79,14 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 	}
 	s.dis.pre = &dd.Decode
 	if dd.Prefill == nil {
-		l.dis.Prefills.WithLabelValues(PrefillLocal, dd.Reason).Inc()
+		l.dis.Prefills.WithLabelValues(router.PrefillLocal, dd.Reason).Inc()
 		return &s.orig, nil
 	}
 	l.met.decision(*dd.Prefill, nil, time.Since(t0))
 	s.dis.pinfl = dd.Prefill.Inflight
 	if pw == nil {
 		s.prefillDone()
-		l.dis.Prefills.WithLabelValues(PrefillLocal, ReasonNoPrefill).Inc()
+		l.dis.Prefills.WithLabelValues(router.PrefillLocal, router.ReasonNoPrefill).Inc()
 		return &s.orig, nil
 	}
 	id := rand.Uint64() | 1
@@ -113,7 +114,7 @@ func (s *liveStream) prefillDone() {
 	s.b.m.state.RemoveInflight(s.dis.pinfl)
 	l.signal()
 	l.mu.Unlock()
-	s.dis.pinfl = Inflight{}
+	s.dis.pinfl = router.Inflight{}
 }
 
 // awaitPrefill waits for P's first token, once D has accepted the request. The token is
@@ -157,7 +158,7 @@ func (s *liveStream) awaitPrefill(ctx context.Context) error {
 		}
 		l.dis.Fallbacks.WithLabelValues("prefill").Inc()
 		l.log.Warn("remote prefill failed; the decode worker prefills", "prefill_worker", pw.node, "err", err)
-		l.dis.Prefills.WithLabelValues(PrefillLocal, ReasonPrefillFailed).Inc()
+		l.dis.Prefills.WithLabelValues(router.PrefillLocal, router.ReasonPrefillFailed).Inc()
 		if r.err != nil {
 			// The call failed (P's answer would be an error event): P may be dead, and D's
 			// pull from it hang until D's connection to P times out (live_failover.go).
@@ -165,7 +166,7 @@ func (s *liveStream) awaitPrefill(ctx context.Context) error {
 		}
 		return nil
 	}
-	l.dis.Prefills.WithLabelValues(PrefillRemote, s.dis.reason).Inc()
+	l.dis.Prefills.WithLabelValues(router.PrefillRemote, s.dis.reason).Inc()
 	ev := r.rep.First.Event
 	s.workers = append([]string{pw.node}, s.workers...)
 	if ev.Finish != "" { // a stop token, or one token asked for: done on P
@@ -243,7 +244,7 @@ func (s *liveStream) abandonRemote() {
 
 // decide is dispatch's decision: the decode decision taken with the prefill's, the first
 // time, else the policy's over the stream's pool. Called with l.mu held.
-func (s *liveStream) decide(req Request) (Decision, error) {
+func (s *liveStream) decide(req router.Request) (router.Decision, error) {
 	if d := s.dis.pre; d != nil {
 		s.dis.pre = nil
 		return *d, nil

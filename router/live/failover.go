@@ -1,4 +1,4 @@
-package router
+package live
 
 // Failing over from a dead worker. A worker process that dies abruptly (kill -9, power
 // loss, a cable pulled) sends no QUIC CONNECTION_CLOSE: its connections would only end at
@@ -38,7 +38,7 @@ func DefaultHeartbeatTimeout(interval time.Duration) time.Duration {
 
 // declareDeadLocked removes w, whose load reports stopped: its registration ends, which
 // closes the router's connection to it and fails over its requests. Called with l.mu held.
-func (l *Live) declareDeadLocked(w *liveWorker, silent time.Duration) {
+func (l *Router) declareDeadLocked(w *liveWorker, silent time.Duration) {
 	select {
 	case <-w.kick:
 		return // on its way out already

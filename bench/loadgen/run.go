@@ -1,4 +1,4 @@
-package bench
+package loadgen
 
 import (
 	"cmp"
@@ -12,21 +12,23 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"tandem/bench"
 )
 
 // Config describes a run. Zero values take the documented defaults.
 type Config struct {
-	BaseURL  string   // server root, e.g. http://127.0.0.1:8080 (a trailing /v1 is dropped)
-	Model    string   // "" → the first model of GET /v1/models
-	Endpoint Endpoint // "" → Completions
-	APIKey   string   // sent as a bearer token when set
+	BaseURL  string         // server root, e.g. http://127.0.0.1:8080 (a trailing /v1 is dropped)
+	Model    string         // "" → the first model of GET /v1/models
+	Endpoint bench.Endpoint // "" → Completions
+	APIKey   string         // sent as a bearer token when set
 
-	Workload Workload
+	Workload bench.Workload
 
 	// PromptFormat for synthetic prompts: "" → IDs for single-turn
 	// completions, Text otherwise (chat, and multi-turn sessions, which must
 	// append the server's answers as text).
-	PromptFormat PromptFormat
+	PromptFormat bench.PromptFormat
 	// TokenIDs are the token ids synthetic prompts are drawn from in the IDs
 	// format. nil → ask the server's /tokenize for the ids of a word list,
 	// falling back to TokenIDRange.
@@ -34,11 +36,11 @@ type Config struct {
 	// TokenIDRange is [lo, hi) of the fallback; zero → [1000, 10000).
 	TokenIDRange [2]int32
 
-	Arrival        Arrival // "" → Trace for timed workloads, else Poisson
-	RequestRate    float64 // requests per second; 0 or +Inf → all at once
-	Burstiness     float64 // gamma shape of Poisson gaps; 0 → 1
-	TraceSpeedup   float64 // 0 → 1
-	MaxConcurrency int     // requests in flight at most; 0 → no limit
+	Arrival        bench.Arrival // "" → Trace for timed workloads, else Poisson
+	RequestRate    float64       // requests per second; 0 or +Inf → all at once
+	Burstiness     float64       // gamma shape of Poisson gaps; 0 → 1
+	TraceSpeedup   float64       // 0 → 1
+	MaxConcurrency int           // requests in flight at most; 0 → no limit
 
 	IgnoreEOS   bool           // send ignore_eos: true
 	Temperature float64        // sent as temperature (vLLM's benchmark sends 0)
@@ -46,7 +48,7 @@ type Config struct {
 	Timeout     time.Duration  // per request; 0 → none
 	Warmups     int            // unmeasured short requests before the run, to check the server
 
-	SLO         SLO
+	SLO         bench.SLO
 	Percentiles []float64 // nil → 90, 99
 	Seed        int64
 
@@ -55,45 +57,23 @@ type Config struct {
 	Log        io.Writer    // notes about choices made (nil: none)
 }
 
-// Result is a finished run.
-type Result struct {
-	Date           time.Time
-	BaseURL        string
-	Model          string
-	Endpoint       Endpoint
-	Workload       string
-	PromptFormat   PromptFormat
-	Arrival        Arrival
-	RequestRate    float64
-	Burstiness     float64
-	TraceSpeedup   float64
-	MaxConcurrency int
-	NumPrompts     int // requests planned
-	SLO            SLO
-	Percentiles    []float64
-
-	Requests    []RequestResult // by session, then turn
-	Summary     Summary
-	Interrupted int // planned requests not measured because the run was cancelled
-}
-
 // Run sends the workload to the server and measures it. Cancelling ctx
 // stops the run; the requests finished by then are reported.
-func Run(ctx context.Context, cfg Config) (*Result, error) {
+func Run(ctx context.Context, cfg Config) (*bench.Result, error) {
 	if cfg.Workload == nil {
 		return nil, errors.New("bench: no workload")
 	}
 	if cfg.BaseURL == "" {
 		return nil, errors.New("bench: no base URL")
 	}
-	cfg.Endpoint = cmp.Or(cfg.Endpoint, Completions)
-	if cfg.Endpoint != Completions && cfg.Endpoint != Chat {
+	cfg.Endpoint = cmp.Or(cfg.Endpoint, bench.Completions)
+	if cfg.Endpoint != bench.Completions && cfg.Endpoint != bench.Chat {
 		return nil, fmt.Errorf("bench: unknown endpoint %q (want completions or chat)", cfg.Endpoint)
 	}
 	if cfg.Arrival == "" {
-		cfg.Arrival = Poisson
+		cfg.Arrival = bench.Poisson
 		if cfg.Workload.Timed() {
-			cfg.Arrival = Trace
+			cfg.Arrival = bench.Trace
 		}
 	}
 	if cfg.RequestRate == 0 {
@@ -125,22 +105,22 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	switch cfg.PromptFormat {
 	case "":
-		cfg.PromptFormat = IDs
-		if cfg.Endpoint == Chat || multiTurn {
-			cfg.PromptFormat = Text
+		cfg.PromptFormat = bench.IDs
+		if cfg.Endpoint == bench.Chat || multiTurn {
+			cfg.PromptFormat = bench.Text
 		}
-	case IDs:
-		if cfg.Endpoint == Chat {
+	case bench.IDs:
+		if cfg.Endpoint == bench.Chat {
 			return nil, errors.New("bench: token-id prompts need the completions endpoint")
 		}
 		if multiTurn {
 			return nil, errors.New("bench: multi-turn sessions send text (the answers are text); use the text prompt format")
 		}
-	case Text:
+	case bench.Text:
 	default:
 		return nil, fmt.Errorf("bench: unknown prompt format %q (want ids or text)", cfg.PromptFormat)
 	}
-	offsets, err := Schedule(cfg.Arrival, sessions, cfg.RequestRate, cfg.Burstiness, cfg.TraceSpeedup, cfg.Seed)
+	offsets, err := bench.Schedule(cfg.Arrival, sessions, cfg.RequestRate, cfg.Burstiness, cfg.TraceSpeedup, cfg.Seed)
 	if err != nil {
 		return nil, err
 	}
@@ -167,9 +147,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		logf("model: %s (from /v1/models)", c.model)
 	}
-	r := &renderer{ids: cfg.TokenIDs}
-	if cfg.PromptFormat == IDs && r.ids == nil {
-		if r.ids, err = c.probeTokenIDs(ctx); err != nil {
+	r := &bench.Renderer{TokenIDs: cfg.TokenIDs}
+	if cfg.PromptFormat == bench.IDs && r.TokenIDs == nil {
+		if r.TokenIDs, err = c.probeTokenIDs(ctx); err != nil {
 			lo, hi := cfg.TokenIDRange[0], cfg.TokenIDRange[1]
 			if lo == 0 && hi == 0 {
 				lo, hi = 1000, 10000
@@ -179,10 +159,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			}
 			logf("no /tokenize (%v): prompts use token ids in [%d, %d)", err, lo, hi)
 			for id := lo; id < hi; id++ {
-				r.ids = append(r.ids, id)
+				r.TokenIDs = append(r.TokenIDs, id)
 			}
 		} else {
-			logf("prompts use %d token ids from the server's /tokenize", len(r.ids))
+			logf("prompts use %d token ids from the server's /tokenize", len(r.TokenIDs))
 		}
 	}
 
@@ -190,13 +170,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for i := range cfg.Warmups {
 		// A short prompt of its own: the first request's would warm the
 		// server's prefix cache for it.
-		s := Session{Turns: []Request{{Segments: []Segment{{Seed: splitmix64(^uint64(i) ^ uint64(cfg.Seed)), Len: 16}}, OutputLen: 4}}}
+		s := bench.Session{Turns: []bench.Request{{Segments: []bench.Segment{{Seed: ^uint64(i) ^ uint64(cfg.Seed), Len: 16}}, OutputLen: 4}}}
 		if res, _ := run.do(ctx, &s, 0, nil, time.Now()); !res.OK() {
 			return nil, fmt.Errorf("bench: warm-up request failed (is the server up at %s?): %s", c.base, res.Err)
 		}
 	}
 
-	res := &Result{
+	res := &bench.Result{
 		Date: time.Now(), BaseURL: c.base, Model: c.model, Endpoint: cfg.Endpoint, Workload: cfg.Workload.Name(),
 		PromptFormat: cfg.PromptFormat, Arrival: cfg.Arrival, RequestRate: cfg.RequestRate, Burstiness: cfg.Burstiness,
 		TraceSpeedup: cfg.TraceSpeedup, MaxConcurrency: cfg.MaxConcurrency, NumPrompts: total, SLO: cfg.SLO,
@@ -209,7 +189,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Progress != nil {
 		prog = startProgress(cfg.Progress, total)
 	}
-	perSession := make([][]RequestResult, len(sessions))
+	perSession := make([][]bench.RequestResult, len(sessions))
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i := range sessions {
@@ -237,14 +217,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if ctx.Err() != nil {
 		duration = max(last, time.Nanosecond)
 	}
-	res.Summary = Summarize(res.Requests, duration, cfg.SLO, cfg.Percentiles)
+	res.Summary = bench.Summarize(res.Requests, duration, cfg.SLO, cfg.Percentiles)
 	return res, nil
 }
 
 type runner struct {
 	cfg *Config
 	c   *client
-	r   *renderer
+	r   *bench.Renderer
 	sem chan struct{}
 }
 
@@ -255,11 +235,11 @@ type turnHistory struct {
 
 // session sends a session's turns in order, starting at its arrival time.
 // Requests cut short by ctx's cancellation are left out.
-func (run *runner) session(ctx context.Context, s *Session, start, at time.Time, prog *progress) []RequestResult {
+func (run *runner) session(ctx context.Context, s *bench.Session, start, at time.Time, prog *progress) []bench.RequestResult {
 	if !sleepUntil(ctx, at) {
 		return nil
 	}
-	var out []RequestResult
+	var out []bench.RequestResult
 	h := &turnHistory{}
 	for t := range s.Turns {
 		if t > 0 && !sleepUntil(ctx, time.Now().Add(s.Think)) {
@@ -291,7 +271,7 @@ func (run *runner) session(ctx context.Context, s *Session, start, at time.Time,
 				}
 			}
 			for range len(s.Turns) - t - 1 {
-				out = append(out, RequestResult{Start: res.End(), Err: "skipped: an earlier turn of the conversation failed"})
+				out = append(out, bench.RequestResult{Start: res.End(), Err: "skipped: an earlier turn of the conversation failed"})
 			}
 			break
 		}
@@ -301,25 +281,25 @@ func (run *runner) session(ctx context.Context, s *Session, start, at time.Time,
 }
 
 // do renders turn t of s (after history h, nil for none) and sends it.
-func (run *runner) do(ctx context.Context, s *Session, t int, h *turnHistory, start time.Time) (RequestResult, string) {
+func (run *runner) do(ctx context.Context, s *bench.Session, t int, h *turnHistory, start time.Time) (bench.RequestResult, string) {
 	req := &s.Turns[t]
 	inputLen := 0
 	var prompt any
 	var msgs []message
 	text := req.Text
 	if len(req.Segments) > 0 {
-		if run.cfg.PromptFormat == IDs {
+		if run.cfg.PromptFormat == bench.IDs {
 			ids := run.r.IDs(req.Segments)
 			prompt, inputLen = ids, len(ids)
 		} else {
-			text = renderText(req.Segments)
+			text = bench.RenderText(req.Segments)
 		}
 	}
 	if prompt == nil {
 		if h == nil {
 			h = &turnHistory{}
 		}
-		if run.c.endpoint == Chat {
+		if run.c.endpoint == bench.Chat {
 			for i := range h.answers {
 				msgs = append(msgs, message{"user", h.prompts[i]}, message{"assistant", h.answers[i]})
 			}

@@ -1,4 +1,4 @@
-package router
+package live
 
 import (
 	"cmp"
@@ -22,14 +22,15 @@ import (
 	"tandem/metrics"
 	"tandem/openai"
 	"tandem/orpc"
+	"tandem/router"
 	"tandem/tokenizer"
 )
 
-// LiveConfig configures a Live router.
-type LiveConfig struct {
+// Config configures a live router.
+type Config struct {
 	// Registry receives the router's metrics; nil means a private registry.
 	Registry prometheus.Registerer
-	Policy   Config         // routing policy (DefaultConfig with flags applied)
+	Policy   router.Config  // routing policy (DefaultConfig with flags applied)
 	Identity *orpc.Identity // the router's cluster identity, to dial workers
 	Name     string         // the router's name, for logs (default "tandem-router")
 	// Heartbeat is the interval workers are asked to report at (default 250 ms).
@@ -52,29 +53,29 @@ type LiveConfig struct {
 	// KnownCards are the cards of models this router served before (its state directory
 	// keeps them): a worker of such a model is held to that card from its first
 	// registration. NewModel is called with the card of a model seen for the first time.
-	KnownCards map[string]Card
-	NewModel   func(Card)
+	KnownCards map[string]router.Card
+	NewModel   func(router.Card)
 	APIKey     string
 	// Disagg configures disaggregated prefill and decode, for models with prefill workers.
-	Disagg  DisaggConfig
+	Disagg  router.DisaggConfig
 	Logger  *slog.Logger
 	Options []orpc.Option // for the connections to workers
 }
 
-// Live is the running router: the registry of workers that dialled in, one policy State per
+// Router is the running router: the registry of workers that dialled in, one policy State per
 // model, the ORPC services workers call, and the OpenAI API over a Backend that routes to
-// workers. The policy (State, Decide) is the functional core; Live adds I/O and locking.
-type Live struct {
-	cfg LiveConfig
+// workers. The policy (State, Decide) is the functional core; Router adds I/O and locking.
+type Router struct {
+	cfg Config
 	log *slog.Logger
 	met *liveMetrics
 	dis *metrics.Disagg
 
 	mu      sync.Mutex
 	models  map[string]*liveModel
-	workers map[WorkerID]*liveWorker
-	byNode  map[string]WorkerID
-	nextID  WorkerID
+	workers map[router.WorkerID]*liveWorker
+	byNode  map[string]router.WorkerID
+	nextID  router.WorkerID
 	changed chan struct{} // closed (and replaced) when load may have dropped
 	queued  int
 
@@ -86,12 +87,12 @@ type liveModel struct {
 	name    string
 	card    cluster.ModelCard // the first worker's card: tokenizer and chat template
 	tok     *tokenizer.Tokenizer
-	state   *State
+	state   *router.State
 	created int64
 }
 
 type liveWorker struct {
-	id       WorkerID
+	id       router.WorkerID
 	node     string
 	addr     string
 	model    *liveModel
@@ -123,15 +124,15 @@ func (w *liveWorker) remove(reason string) {
 	})
 }
 
-// NewLive returns a router with no workers.
-func NewLive(cfg LiveConfig) (*Live, error) {
+// New returns a router with no workers.
+func New(cfg Config) (*Router, error) {
 	if cfg.Identity == nil {
 		return nil, errors.New("router: a live router needs a cluster identity")
 	}
 	if cfg.Policy.Mode == "" {
-		cfg.Policy.Mode = ModeKV
+		cfg.Policy.Mode = router.ModeKV
 	}
-	if _, err := NewState(cfg.Policy, nil); err != nil {
+	if _, err := router.NewState(cfg.Policy, nil); err != nil {
 		return nil, err
 	}
 	if cfg.Name == "" {
@@ -161,18 +162,18 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if d := DefaultDisaggConfig(); cfg.Disagg.Hold <= 0 {
+	if d := router.DefaultDisaggConfig(); cfg.Disagg.Hold <= 0 {
 		cfg.Disagg.Hold = d.Hold
 	}
-	if d := DefaultDisaggConfig(); cfg.Disagg.TransferTimeout <= 0 {
+	if d := router.DefaultDisaggConfig(); cfg.Disagg.TransferTimeout <= 0 {
 		cfg.Disagg.TransferTimeout = d.TransferTimeout
 	}
-	l := &Live{
+	l := &Router{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		models:  map[string]*liveModel{},
-		workers: map[WorkerID]*liveWorker{},
-		byNode:  map[string]WorkerID{},
+		workers: map[router.WorkerID]*liveWorker{},
+		byNode:  map[string]router.WorkerID{},
 		changed: make(chan struct{}),
 	}
 	reg := cfg.Registry
@@ -188,7 +189,7 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 
 // Register adds the router's services (Router.Register, Router.Heartbeat, Router.Events) to
 // srv.
-func (l *Live) Register(srv *orpc.Server) {
+func (l *Router) Register(srv *orpc.Server) {
 	orpc.ServerStream(srv, cluster.MethodRegister, l.register)
 	orpc.Unary(srv, cluster.MethodHeartbeat, l.heartbeat)
 	orpc.Unary(srv, cluster.MethodEvents, l.events)
@@ -197,7 +198,7 @@ func (l *Live) Register(srv *orpc.Server) {
 // Run watches heartbeats until ctx is done: a worker silent for half of HeartbeatTimeout
 // (four intervals at most) is marked unhealthy (no new requests) until its next report, one
 // silent for HeartbeatTimeout is declared dead and removed (live_failover.go).
-func (l *Live) Run(ctx context.Context) {
+func (l *Router) Run(ctx context.Context) {
 	t := time.NewTicker(l.cfg.Heartbeat)
 	defer t.Stop()
 	suspect := l.suspectAfter()
@@ -226,7 +227,7 @@ func (l *Live) Run(ctx context.Context) {
 
 // WorkerInfo describes a registered worker.
 type WorkerInfo struct {
-	ID      WorkerID
+	ID      router.WorkerID
 	Node    string
 	Addr    string
 	Model   string
@@ -236,7 +237,7 @@ type WorkerInfo struct {
 }
 
 // Workers returns the registered workers, by id.
-func (l *Live) Workers() []WorkerInfo {
+func (l *Router) Workers() []WorkerInfo {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []WorkerInfo
@@ -250,7 +251,7 @@ func (l *Live) Workers() []WorkerInfo {
 }
 
 // signal wakes requests waiting for a worker. Called with l.mu held.
-func (l *Live) signal() {
+func (l *Router) signal() {
 	close(l.changed)
 	l.changed = make(chan struct{})
 }
@@ -274,7 +275,7 @@ func workerAddr(card string, peer net.Addr) (string, error) {
 
 // register serves Router.Register: it checks the card, dials the worker back, adds it, and
 // keeps it until the call ends, the worker's connection drops or its heartbeats stop.
-func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(*cluster.RegisterReply) error) error {
+func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send func(*cluster.RegisterReply) error) error {
 	peer, _ := orpc.PeerFromContext(ctx)
 	var from net.Addr = &net.UDPAddr{}
 	if peer != nil {
@@ -339,7 +340,7 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 	closeReason := "registration refused"
 	defer func() { client.CloseWithReason(closeReason) }()
 
-	core := Card{Model: card.Model, HashVersion: card.HashVersion, BlockSize: card.BlockSize, Salt: card.Salt, KVBlocks: card.KVBlocks, Role: card.Role}
+	core := router.Card{Model: card.Model, HashVersion: card.HashVersion, BlockSize: card.BlockSize, Salt: card.Salt, KVBlocks: card.KVBlocks, Role: card.Role}
 	l.mu.Lock()
 	m = l.models[card.Model]
 	newModel := false
@@ -349,7 +350,7 @@ func (l *Live) register(ctx context.Context, card *cluster.ModelCard, send func(
 		if remembered {
 			pol.Card = known
 		}
-		st, err := NewState(pol, nil)
+		st, err := router.NewState(pol, nil)
 		if err != nil {
 			l.mu.Unlock()
 			return orpc.Errorf(orpc.Internal, "router: %v", err)
@@ -453,7 +454,7 @@ const sharedIdentityWindow = 30 * time.Second
 // live one is in turn replaced from the address it displaced. A holder that stopped
 // reporting is replaced: a node restarted after a crash gets its name back at once.
 // Called with l.mu held.
-func (l *Live) nameConflictLocked(node string, cert [sha256.Size]byte, addr string, from net.Addr, now time.Time) error {
+func (l *Router) nameConflictLocked(node string, cert [sha256.Size]byte, addr string, from net.Addr, now time.Time) error {
 	old, ok := l.byNode[node]
 	if !ok {
 		return nil
@@ -491,12 +492,12 @@ func (l *Live) nameConflictLocked(node string, cert [sha256.Size]byte, addr stri
 
 // suspectAfter is how long a worker may go without a load report before it is taken for
 // unhealthy (no new requests) and its name for free.
-func (l *Live) suspectAfter() time.Duration {
+func (l *Router) suspectAfter() time.Duration {
 	return min(4*l.cfg.Heartbeat, l.cfg.HeartbeatTimeout/2)
 }
 
 // dropLocked removes w from the registry and the policy. Called with l.mu held.
-func (l *Live) dropLocked(w *liveWorker) {
+func (l *Router) dropLocked(w *liveWorker) {
 	if l.workers[w.id] != w {
 		return
 	}
@@ -510,7 +511,7 @@ func (l *Live) dropLocked(w *liveWorker) {
 
 // resync replaces w's index entries by a snapshot of its cache, then applies the events that
 // arrived meanwhile. Called with w.resyncing set.
-func (l *Live) resync(w *liveWorker) {
+func (l *Router) resync(w *liveWorker) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var snap cluster.Snapshot
@@ -532,7 +533,7 @@ func (l *Live) resync(w *liveWorker) {
 }
 
 // applyLocked applies events of w to the index, starting a resync on a gap.
-func (l *Live) applyLocked(w *liveWorker, evs []kvcache.Event) {
+func (l *Router) applyLocked(w *liveWorker, evs []kvcache.Event) {
 	for i, ev := range evs {
 		if w.resyncing {
 			w.pending = append(w.pending, evs[i:]...)
@@ -554,16 +555,16 @@ func (l *Live) applyLocked(w *liveWorker, evs []kvcache.Event) {
 	}
 }
 
-func (l *Live) lookup(id uint64) (*liveWorker, error) {
-	w := l.workers[WorkerID(id)]
-	if w == nil || uint64(WorkerID(id)) != id {
+func (l *Router) lookup(id uint64) (*liveWorker, error) {
+	w := l.workers[router.WorkerID(id)]
+	if w == nil || uint64(router.WorkerID(id)) != id {
 		return nil, orpc.Errorf(orpc.NotFound, "router: worker %d is not registered here (register again)", id)
 	}
 	return w, nil
 }
 
 // heartbeat serves Router.Heartbeat.
-func (l *Live) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster.Ack, error) {
+func (l *Router) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster.Ack, error) {
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -573,7 +574,7 @@ func (l *Live) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster.A
 	}
 	w.lastBeat = now
 	st := w.model.state
-	st.Report(w.id, LoadReport{
+	st.Report(w.id, router.LoadReport{
 		Running: r.Running, Waiting: r.Waiting, KVUsage: r.KVUsage, KVBlocks: r.KVBlocks,
 		PrefillTokens: r.PrefillTokens, DecodeBlocks: r.DecodeBlocks, LastEventID: r.LastEventID, Healthy: r.Healthy,
 		Received: r.Received, Tracked: r.Tracked,
@@ -596,7 +597,7 @@ func (l *Live) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster.A
 }
 
 // events serves Router.Events.
-func (l *Live) events(ctx context.Context, b *cluster.KVEvents) (*cluster.Ack, error) {
+func (l *Router) events(ctx context.Context, b *cluster.KVEvents) (*cluster.Ack, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	w, err := l.lookup(b.WorkerID)
@@ -608,7 +609,7 @@ func (l *Live) events(ctx context.Context, b *cluster.KVEvents) (*cluster.Ack, e
 }
 
 // rebuildAPI makes a new OpenAI handler over the models known now.
-func (l *Live) rebuildAPI() {
+func (l *Router) rebuildAPI() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.rebuildAPILocked()
@@ -616,7 +617,7 @@ func (l *Live) rebuildAPI() {
 
 // rebuildAPILocked is rebuildAPI with l.mu held, which also orders the handlers stored by
 // two registrations at once.
-func (l *Live) rebuildAPILocked() {
+func (l *Router) rebuildAPILocked() {
 	var models []*openai.Model
 	for _, m := range l.models {
 		models = append(models, &openai.Model{
@@ -636,7 +637,7 @@ const SessionHeader = openai.SessionHeader
 // its X-Session-Id header, else the "user" field of its body (openai sets llm.Request.Session;
 // the router never reads a body itself, so the API handler's body limit and its closing of
 // the connection after a 413 hold).
-func (l *Live) Handler() http.Handler {
+func (l *Router) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		(*l.api.Load()).ServeHTTP(w, r)
 	})

@@ -1,4 +1,4 @@
-package router
+package live
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"tandem/metrics"
+	"tandem/router"
 )
 
 // liveMetrics records the live router's metrics (defined in package metrics)
@@ -14,21 +15,21 @@ import (
 type liveMetrics struct {
 	*metrics.Router
 	mem *metrics.Membership
-	l   *Live
+	l   *Router
 }
 
-func newLiveMetrics(l *Live, reg prometheus.Registerer) *liveMetrics {
+func newLiveMetrics(l *Router, reg prometheus.Registerer) *liveMetrics {
 	m := &liveMetrics{Router: metrics.NewRouter(reg), mem: metrics.NewMembership(reg), l: l}
 	reg.MustRegister(m)
 	return m
 }
 
-func (m *liveMetrics) decision(d Decision, err error, took time.Duration) {
+func (m *liveMetrics) decision(d router.Decision, err error, took time.Duration) {
 	m.DecisionLatency.Observe(took.Seconds())
 	switch {
-	case errors.Is(err, ErrAllBusy):
+	case errors.Is(err, router.ErrAllBusy):
 		m.Rejected.WithLabelValues("busy").Inc()
-	case errors.Is(err, ErrNoWorkers):
+	case errors.Is(err, router.ErrNoWorkers):
 		m.Rejected.WithLabelValues("no_workers").Inc()
 	case err == nil:
 		m.Decisions.WithLabelValues(d.Reason).Inc()

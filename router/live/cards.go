@@ -1,4 +1,4 @@
-package router
+package live
 
 import (
 	"encoding/json"
@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"tandem/internal/statefile"
+	"tandem/router"
 )
 
 // A restarted router learns its models again from the workers that re-register. Without a
@@ -28,19 +29,19 @@ type cardStore struct {
 }
 
 // load returns the remembered cards by model (none if the file does not exist yet).
-func (s *cardStore) load() (map[string]Card, error) {
+func (s *cardStore) load() (map[string]router.Card, error) {
 	b, err := os.ReadFile(s.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return map[string]Card{}, nil
+		return map[string]router.Card{}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	var list []Card
+	var list []router.Card
 	if err := json.Unmarshal(b, &list); err != nil {
 		return nil, fmt.Errorf("%s: %w (remove it to forget the models' cards)", s.path, err)
 	}
-	cards := make(map[string]Card, len(list))
+	cards := make(map[string]router.Card, len(list))
 	for _, c := range list {
 		if c.Model == "" || c.BlockSize <= 0 {
 			return nil, fmt.Errorf("%s: invalid card %+v (remove it to forget the models' cards)", s.path, c)
@@ -51,7 +52,7 @@ func (s *cardStore) load() (map[string]Card, error) {
 }
 
 // add remembers c (its KV capacity and role, which differ by worker, are not kept).
-func (s *cardStore) add(c Card) error {
+func (s *cardStore) add(c router.Card) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cards, err := s.load()
@@ -60,7 +61,7 @@ func (s *cardStore) add(c Card) error {
 	}
 	c.KVBlocks, c.Role = 0, ""
 	cards[c.Model] = c
-	list := make([]Card, 0, len(cards))
+	list := make([]router.Card, 0, len(cards))
 	for _, c := range cards {
 		list = append(list, c)
 	}

@@ -1,4 +1,4 @@
-package router
+package live
 
 import (
 	"context"
@@ -14,15 +14,16 @@ import (
 	"tandem/kvcache"
 	"tandem/llm"
 	"tandem/orpc"
+	"tandem/router"
 )
 
 // DefaultMaxMigrations bounds how often one request moves to another worker after its
-// worker failed mid-stream, unless LiveConfig.MaxMigrations says otherwise.
+// worker failed mid-stream, unless Config.MaxMigrations says otherwise.
 const DefaultMaxMigrations = 2
 
 // liveBackend is the openai.Backend of one model: it routes each request to a worker.
 type liveBackend struct {
-	l *Live
+	l *Router
 	m *liveModel
 }
 
@@ -67,7 +68,7 @@ type liveStream struct {
 	mu     sync.Mutex // guards cs and in against Close
 	cs     *orpc.ClientStream
 	w      *liveWorker
-	in     Inflight
+	in     router.Inflight
 	closed bool
 	dis    disaggStream // live_disagg.go
 
@@ -104,13 +105,13 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 	for attempt := 0; attempt < l.cfg.MaxAttempts; {
 		t0 := time.Now()
 		l.mu.Lock()
-		d, err := s.decide(Request{Hashes: hashes, PromptTokens: len(req.Prompt), SessionID: s.session, Now: t0})
+		d, err := s.decide(router.Request{Hashes: hashes, PromptTokens: len(req.Prompt), SessionID: s.session, Now: t0})
 		var w *liveWorker
 		if err == nil {
 			w = l.workers[d.Worker]
 		}
 		changed := l.changed
-		if errors.Is(err, ErrAllBusy) && !queued {
+		if errors.Is(err, router.ErrAllBusy) && !queued {
 			if l.cfg.QueueTimeout < 0 || l.queued >= l.cfg.MaxQueue {
 				l.mu.Unlock()
 				return err
@@ -121,7 +122,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 		}
 		l.mu.Unlock()
 		l.met.decision(d, err, time.Since(t0))
-		if errors.Is(err, ErrAllBusy) {
+		if errors.Is(err, router.ErrAllBusy) {
 			wait := time.Until(deadline)
 			if wait <= 0 {
 				return err

@@ -1,0 +1,147 @@
+package deps
+
+import (
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// allowed lists, for every package of the module, the module's packages it may import
+// directly. Dependencies point downward, as in ARCHITECTURE.md's list of rooms; a new
+// package is added here on purpose, with its place in that order.
+var allowed = map[string][]string{
+	// Leaves: the standard library and the third-party modules below.
+	"dtype": {}, "llm": {}, "kvcache": {}, "tokenizer": {}, "httpserve": {}, "metrics": {},
+	"bench": {}, "bench/benchtest": {},
+	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {},
+
+	// File formats and the device contract.
+	"gguf": {"dtype"}, "safetensors": {"dtype"}, "hal": {"dtype"}, "hal/cpu": {"hal"},
+
+	// Pure cores: no I/O of their own.
+	"sched":  {"kvcache"},
+	"router": {"kvcache", "llm"},
+	"sim":    {"bench", "kvcache", "router", "sched"},
+
+	// The wire.
+	"orpc":    {"internal/statefile"},
+	"cluster": {"kvcache", "llm", "orpc"},
+
+	// The engine and its model.
+	"model":          {"gguf", "hal", "safetensors", "tokenizer"},
+	"modelgen":       {"gguf", "hal", "hal/cpu", "model", "tokenizer"},
+	"engine":         {"hal", "kvcache", "llm", "metrics", "model", "sched", "tokenizer"},
+	"engine/simstep": {"engine", "hal", "model", "sim"},
+
+	// Serving.
+	"openai":        {"httpserve", "llm", "metrics", "tokenizer"},
+	"bench/loadgen": {"bench"},
+	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
+	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "kvcache", "llm", "metrics", "openai", "orpc", "router", "tokenizer"},
+
+	// Binaries: flags and wiring.
+	"cmd/tandem-router": {"httpserve", "router", "router/live"},
+	"cmd/tandem":        nil, // nil: may import any package of the module
+}
+
+// thirdParty lists the only packages that may import each third-party module directly
+// (tests may import others: the OpenAI SDK, chromedp).
+var thirdParty = map[string][]string{
+	"github.com/quic-go/quic-go":          {"orpc", "httpserve"},
+	"github.com/prometheus/client_golang": {"metrics", "router/live"},
+	"github.com/ardanlabs/jinja":          {"tokenizer"},
+}
+
+// never lists what a package must not link at all, directly or through others.
+var never = map[string][]string{
+	// The pure cores and the packages the simulator and the router binary share: no
+	// device, no model, no wire, no HTTP, so that each runs the same code live and in
+	// the simulator, and the router binary stays small.
+	"sched":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
+	"router":  {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
+	"sim":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
+	"bench":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"kvcache": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"llm":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	// The router binary: pure Go, no engine.
+	"cmd/tandem-router": {"tandem/hal", "tandem/hal/cpu", "tandem/model", "tandem/engine", "tandem/modelgen", "C"},
+}
+
+type listed struct {
+	ImportPath string
+	Imports    []string
+	Deps       []string
+}
+
+func goList(t *testing.T) []listed {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,Deps", "tandem/...")
+	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("go list: %v\n%s", err, stderr)
+	}
+	var pkgs []listed
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for dec.More() {
+		var p listed
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+func TestDependencyPolicy(t *testing.T) {
+	for _, p := range goList(t) {
+		name := strings.TrimPrefix(p.ImportPath, "tandem/")
+		ok, known := allowed[name]
+		if !known {
+			t.Errorf("%s is not in the dependency policy (internal/deps): add it, with the packages it may import", p.ImportPath)
+			continue
+		}
+		for _, imp := range p.Imports {
+			switch {
+			case strings.HasPrefix(imp, "tandem/"):
+				if ok != nil && !slices.Contains(ok, strings.TrimPrefix(imp, "tandem/")) {
+					t.Errorf("%s imports %s, which the policy does not allow", p.ImportPath, imp)
+				}
+			case strings.Contains(strings.SplitN(imp, "/", 2)[0], "."):
+				if !thirdPartyAllowed(imp, name) {
+					t.Errorf("%s imports %s: only %v may import it", p.ImportPath, imp, thirdPartyOwners(imp))
+				}
+			}
+		}
+		for _, bad := range never[name] {
+			for _, d := range append(p.Deps, p.Imports...) {
+				if d == bad || strings.HasPrefix(d, bad+"/") {
+					t.Errorf("%s links %s (through its imports), which it must never do", p.ImportPath, d)
+					break
+				}
+			}
+		}
+	}
+}
+
+// thirdPartyOwners returns the policy's entry for the module imp belongs to.
+func thirdPartyOwners(imp string) []string {
+	for mod, who := range thirdParty {
+		if imp == mod || strings.HasPrefix(imp, mod+"/") {
+			return who
+		}
+	}
+	return nil
+}
+
+func thirdPartyAllowed(imp, pkg string) bool {
+	owners := thirdPartyOwners(imp)
+	return owners != nil && slices.Contains(owners, pkg)
+}
