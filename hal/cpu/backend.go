@@ -63,7 +63,13 @@ func (b *Backend) Name() string {
 // Threads is the number of workers.
 func (b *Backend) Threads() int { return b.pool.n }
 
-var _ hal.Backend = (*Backend)(nil)
+// A Backend has two of hal's optional ops, which the model finds by type
+// assertion: a change of their signatures must not turn them off unseen.
+var (
+	_ hal.Backend        = (*Backend)(nil)
+	_ hal.MultiMatMuler  = (*Backend)(nil)
+	_ hal.WeightPreparer = (*Backend)(nil)
+)
 
 // SupportsWeight reports whether a kernel exists for weights of type t.
 func (b *Backend) SupportsWeight(t hal.DType) bool { return SupportedWeight(t) }
