@@ -69,48 +69,50 @@ func (r *Runner) matMuls(x hal.Buf, rows int, ps ...hal.MatMulOut) {
 // noise from 32 to 512 rows.)
 const ffnChunkRows = 64
 
-// reserve makes the activation buffers hold n tokens and no output rows,
+// reserve makes the activation buffers hold n tokens and outs output rows,
 // replacing those that are too small.
-func (r *Runner) reserve(n, no int) error {
+func (r *Runner) reserve(n, outs int) error {
 	c := &r.M.Config
-	qDim, kvDim := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	if n > r.tokCap {
-		bufs := []*hal.Buf{&r.x, &r.xn, &r.tmp, &r.q, &r.att, &r.k, &r.v, &r.gate, &r.up}
-		ffn := min(n, ffnChunkRows) * c.FFN
-		sizes := []int{n * c.Embd, n * c.Embd, n * c.Embd, n * qDim, n * qDim, n * kvDim, n * kvDim, ffn, ffn}
-		r.tokCap = 0
-		if err := r.realloc(bufs, sizes); err != nil {
-			return err
+		embd, q, kv, ffn := n*c.Embd, n*c.Heads*c.HeadDim, n*c.KVHeads*c.HeadDim, min(n, ffnChunkRows)*c.FFN
+		r.tokCap = 0 // until every buffer holds n
+		for _, f := range []struct {
+			b *hal.Buf
+			n int
+		}{{&r.x, embd}, {&r.xn, embd}, {&r.tmp, embd}, {&r.q, q}, {&r.att, q}, {&r.k, kv}, {&r.v, kv}, {&r.gate, ffn}, {&r.up, ffn}} {
+			if err := r.fit(f.b, f.n); err != nil {
+				return err
+			}
 		}
 		r.tokCap = n
 	}
-	if no > r.outCap {
+	if outs > r.outCap {
 		r.outCap = 0
-		if err := r.realloc([]*hal.Buf{&r.outX, &r.outN}, []int{no * c.Embd, no * c.Embd}); err != nil {
+		if err := r.fit(&r.outX, outs*c.Embd); err != nil {
 			return err
 		}
-		r.outCap = no
+		if err := r.fit(&r.outN, outs*c.Embd); err != nil {
+			return err
+		}
+		r.outCap = outs
 	}
 	return nil
 }
 
-// realloc frees bufs and allocates them anew with sizes, leaving them all
-// empty if one allocation fails.
-func (r *Runner) realloc(bufs []*hal.Buf, sizes []int) error {
-	for _, b := range bufs {
+// fit makes *b hold n values, replacing it (freed first) if it is smaller.
+func (r *Runner) fit(b *hal.Buf, n int) error {
+	if b.Len() >= n {
+		return nil
+	}
+	if b.Len() > 0 {
 		r.Be.FreeBuf(*b)
-		*b = hal.Buf{}
 	}
-	for i, b := range bufs {
-		var err error
-		if *b, err = r.Be.NewBuf(sizes[i]); err != nil {
-			for _, b := range bufs[:i] {
-				r.Be.FreeBuf(*b)
-				*b = hal.Buf{}
-			}
-			return fmt.Errorf("model: activations for the batch: %w", err)
-		}
+	*b = hal.Buf{}
+	nb, err := r.Be.NewBuf(n)
+	if err != nil {
+		return fmt.Errorf("model: activations for the batch: %w", err)
 	}
+	*b = nb
 	return nil
 }
 
