@@ -22,7 +22,7 @@ func loadStories(t *testing.T) (*model.Model, *cpu.Backend) {
 func loadFixture(tb testing.TB, name string, threads int) (*model.Model, *cpu.Backend) {
 	tb.Helper()
 	be := cpu.New(threads)
-	tb.Cleanup(be.Close)
+	tb.Cleanup(func() { be.Close() })
 	m, err := model.Load(fixtures.Model(tb, name), be)
 	if err != nil {
 		tb.Fatal(err)

@@ -23,7 +23,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"tandem/hal"
 	"tandem/kvcache"
@@ -32,11 +31,11 @@ import (
 
 // KVFormat describes a KV block as a transfer carries it: for each layer in order, the keys
 // then the values of the block, each KVHeads × BlockSize × HeadDim values of DType,
-// little-endian, in the order the backend's store keeps them within a block (Store names
-// it; hal/cpu keeps keys [kv head][dim][slot] and values [kv head][slot][dim]). Two engines
+// little-endian, in the order within a block that Store names (hal.KVStore's Format: hal/cpu's
+// "cpu-kv/1" keeps keys [kv head][dim][slot] and values [kv head][slot][dim]). Two engines
 // can exchange blocks only when their formats are equal.
 type KVFormat struct {
-	Store     string // the KV store's element order within a block: its Go type (e.g. "*cpu.kvStore")
+	Store     string // the KV store's block format, stable and versioned: "cpu-kv/1", SimStore
 	DType     string // "f32": IEEE float32; "f16": IEEE binary16; little-endian
 	BlockSize int    // positions per block
 	Layers    int
@@ -52,7 +51,7 @@ func (f KVFormat) BlockBytes() int {
 
 // SimStore names the KV "store" of an engine whose forward pass is modelled
 // (NewWithForwarder, the sim backend): it keeps no KV data.
-const SimStore = "sim"
+const SimStore = "sim-kv/1"
 
 // Modelled reports whether blocks of this format are modelled rather than stored: a transfer
 // of them carries no payload (WireBytes is 0) and takes the modelled time of BlockBytes.
@@ -106,75 +105,52 @@ func (f KVFormat) Check(other KVFormat) error {
 	return fmt.Errorf("%w: this engine stores %v; the other %v", ErrKVFormat, f, other)
 }
 
-// blockIO reads and writes whole blocks of a host-memory KV store whose per-layer K and V
-// arrays are block-major (hal/cpu's store), of float32 or FP16 elements: a block's bytes are
-// copied as they lie.
+// blockIO reads and writes whole blocks of the engine's KV store through its block I/O
+// (hal.KVStore.ReadBlock, WriteBlock), in format f; with no store (a modelled forward pass)
+// it moves nothing.
 type blockIO struct {
-	st   hal.KVStore // keeps k and v valid (hal/cpu maps them outside the Go heap)
-	k, v [][]byte
-	sz   int // bytes of one block in one layer's K (or V) array
-	f    KVFormat
-}
-
-// kvBytes is what a KV store offers for KV transfer: its per-layer K and V arrays in host
-// memory, as bytes (hal/cpu's store has it). A device store would offer block reads and
-// writes instead.
-type kvBytes interface {
-	KVBytes() (k, v [][]byte)
+	st hal.KVStore
+	f  KVFormat
 }
 
 func newBlockIO(st hal.KVStore) (*blockIO, error) {
 	if st == nil {
-		return nil, errors.New("engine: this engine keeps no KV data (a modelled forward pass); KV transfer needs a host-memory store")
+		return nil, errors.New("engine: this engine keeps no KV data (a modelled forward pass); KV transfer needs a KV store")
 	}
 	l := st.Layout()
 	dt := kvDTypeName(l.DType)
 	if dt == "" {
 		return nil, fmt.Errorf("engine: KV transfer carries f32 or f16 blocks, not the KV store's %v", l.DType)
 	}
-	var k, v [][]byte
-	if a, ok := st.(kvBytes); ok {
-		k, v = a.KVBytes()
+	name := st.Format()
+	if name == "" {
+		return nil, errors.New("engine: the KV store cannot read and write its blocks; KV transfer needs block I/O")
 	}
-	sz := l.BlockSize * l.KVHeads * l.HeadDim * l.ElemBytes()
-	if len(k) != l.Layers || len(v) != l.Layers {
-		return nil, fmt.Errorf("engine: the KV store %T does not expose its blocks; KV transfer needs a host-memory store", st)
+	f := KVFormat{Store: name, DType: dt, BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
+	if f.BlockBytes() != l.BlockBytes() {
+		return nil, fmt.Errorf("engine: the KV store's blocks are %d bytes, the format %v says %d", l.BlockBytes(), f, f.BlockBytes())
 	}
-	for i := range k {
-		if len(k[i]) != l.Blocks*sz || len(v[i]) != l.Blocks*sz {
-			return nil, fmt.Errorf("engine: the KV store %T's arrays do not match its layout %+v", st, l)
-		}
-	}
-	var probe uint16 = 1
-	if *(*byte)(unsafe.Pointer(&probe)) != 1 {
-		return nil, errors.New("engine: KV transfer needs a little-endian host")
-	}
-	f := KVFormat{Store: fmt.Sprintf("%T", st), DType: dt, BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
-	return &blockIO{st: st, k: k, v: v, sz: sz, f: f}, nil
+	return &blockIO{st: st, f: f}, nil
 }
 
-func (b *blockIO) read(block int32, dst []byte) {
-	if b.k == nil { // modelled: no payload
-		return
+func (b *blockIO) read(block int32, dst []byte) error {
+	if b.st == nil { // modelled: no payload
+		return nil
 	}
-	sz := b.sz
-	o := int(block) * sz
-	for l := range b.k {
-		copy(dst[2*l*sz:], b.k[l][o:o+sz])
-		copy(dst[(2*l+1)*sz:], b.v[l][o:o+sz])
+	if err := b.st.ReadBlock(int(block), dst); err != nil {
+		return fmt.Errorf("engine: reading KV block %d: %w", block, err)
 	}
+	return nil
 }
 
-func (b *blockIO) write(block int32, src []byte) {
-	if b.k == nil {
-		return
+func (b *blockIO) write(block int32, src []byte) error {
+	if b.st == nil {
+		return nil
 	}
-	sz := b.sz
-	o := int(block) * sz
-	for l := range b.k {
-		copy(b.k[l][o:o+sz], src[2*l*sz:(2*l+1)*sz])
-		copy(b.v[l][o:o+sz], src[(2*l+1)*sz:(2*l+2)*sz])
+	if err := b.st.WriteBlock(int(block), src); err != nil {
+		return fmt.Errorf("engine: writing KV block %d: %w", block, err)
 	}
+	return nil
 }
 
 // heldTable holds the blocks of finished prefill-only sequences, by handle.
@@ -487,7 +463,10 @@ func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn f
 		n := pin.MatchHashes(x.prompt) / e.cfg.BlockSize
 		for sent < len(want) && idx[want[sent]] < n {
 			i := idx[want[sent]]
-			io.read(pin.Blocks()[i], buf)
+			if err := io.read(pin.Blocks()[i], buf); err != nil {
+				pin.Release()
+				return err
+			}
 			if err := fn(i, want[sent], buf); err != nil {
 				pin.Release()
 				return err
@@ -536,7 +515,9 @@ func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn f
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		io.read(blocks[i], buf)
+		if err := io.read(blocks[i], buf); err != nil {
+			return err
+		}
 		if err := fn(i, hh, buf); err != nil {
 			return err
 		}
@@ -608,7 +589,9 @@ func (im *Import) Write(hash uint64, data []byte) error {
 		return fmt.Errorf("engine: imported block of %d bytes, the format's is %d", len(data), im.io.f.WireBytes())
 	}
 	blk, _ := im.seq.Slot(im.next * im.e.cfg.BlockSize)
-	im.io.write(blk, data)
+	if err := im.io.write(blk, data); err != nil {
+		return err
+	}
 	im.next++
 	return nil
 }

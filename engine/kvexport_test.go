@@ -117,6 +117,9 @@ func TestHeldBlocksExpireAndRefuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	f, _ := p.KVFormat()
+	if f.Store != "cpu-kv/1" {
+		t.Errorf("the store's format is %q, want the CPU store's versioned name cpu-kv/1", f.Store)
+	}
 	if err := im.Write(12345, make([]byte, f.BlockBytes())); err == nil {
 		t.Error("a block with a foreign hash was imported")
 	}
@@ -125,6 +128,11 @@ func TestHeldBlocksExpireAndRefuse(t *testing.T) {
 	other.HeadDim *= 2
 	if err := f.Check(other); !errors.Is(err, ErrKVFormat) {
 		t.Errorf("format check: %v", err)
+	}
+	other = f
+	other.Store = "cpu-kv/2" // a later order of the elements within a block
+	if err := f.Check(other); !errors.Is(err, ErrKVFormat) {
+		t.Errorf("format check against another version: %v", err)
 	}
 	if err := f.Check(f); err != nil {
 		t.Error(err)

@@ -109,7 +109,9 @@ func (o *OfflineBench) store(seqs, n int) (hal.KVStore, [][]int32, error) {
 			o.filledPer, o.filledSeqs = per, 0
 		}
 		for ; o.filledSeqs < seqs; o.filledSeqs++ {
-			o.fillContext(kv, tables[o.filledSeqs])
+			if err := o.fillContext(kv, tables[o.filledSeqs]); err != nil {
+				return nil, nil, err
+			}
 		}
 	}
 	return kv, tables, nil
@@ -118,11 +120,22 @@ func (o *OfflineBench) store(seqs, n int) (hal.KVStore, [][]int32, error) {
 // fillContext writes random keys and values (uniform in [-1, 1)) at positions 0..Depth-1 of
 // the sequence with block table table, in every layer. Untouched KV pages would read as the
 // one shared zero page, from cache, not from memory.
-func (o *OfflineBench) fillContext(kv hal.KVStore, table []int32) {
+func (o *OfflineBench) fillContext(kv hal.KVStore, table []int32) error {
 	const chunk = 256
+	be := o.Runner.Be
 	l := kv.Layout()
 	row := l.KVHeads * l.HeadDim
 	k, v := make([]float32, chunk*row), make([]float32, chunk*row)
+	kb, err := be.NewBuf(chunk * row)
+	if err != nil {
+		return err
+	}
+	defer be.FreeBuf(kb)
+	vb, err := be.NewBuf(chunk * row)
+	if err != nil {
+		return err
+	}
+	defer be.FreeBuf(vb)
 	b := &hal.AttnBatch{Blocks: [][]int32{table}}
 	for from := 0; from < o.Depth; from += chunk {
 		n := min(chunk, o.Depth-from)
@@ -135,9 +148,16 @@ func (o *OfflineBench) fillContext(kv hal.KVStore, table []int32) {
 			for i := range k[:n*row] {
 				k[i], v[i] = 2*o.rng.Float32()-1, 2*o.rng.Float32()-1
 			}
-			o.Runner.Be.StoreKV(kv, layer, k[:n*row], v[:n*row], b)
+			if err := be.WriteBuf(kb, k[:n*row]); err != nil {
+				return err
+			}
+			if err := be.WriteBuf(vb, v[:n*row]); err != nil {
+				return err
+			}
+			be.StoreKV(kv, layer, kb.Slice(0, n*row), vb.Slice(0, n*row), b)
 		}
 	}
+	return be.Err()
 }
 
 func (o *OfflineBench) token() int32 { return int32(o.rng.IntN(o.Runner.M.Config.VocabSize)) }

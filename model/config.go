@@ -1,5 +1,5 @@
-// Package model holds the supported architectures (llama, mistral, qwen2,
-// qwen3) as one forward pass over hal ops, and loads them from GGUF or HF files.
+// Package model holds the supported architectures (llama, mistral, qwen2, qwen3: a registry
+// of them, one file each) as one forward pass over hal ops, and loads them from GGUF or HF files.
 package model
 
 import (
@@ -9,7 +9,7 @@ import (
 
 // Config is the shape and numerics of a decoder-only transformer.
 type Config struct {
-	Arch       string // llama, mistral, qwen2, qwen3
+	Arch       string // a registered architecture (Archs): llama, mistral, qwen2, qwen3
 	Name       string
 	VocabSize  int
 	Embd       int
@@ -26,22 +26,11 @@ type Config struct {
 	RopeNeox    bool
 	RopeScale   float32   // linear position scale (1/factor); 0 means none
 	FreqFactors []float32 // llama3 scaling divisors, one per rotated pair
-
-	QKNorm bool // RMSNorm over each head of q and k before RoPE (qwen3)
-}
-
-// supportedArch lists the architectures and whether each rotates NEOX-style
-// pairs, as llama.cpp lays them out in GGUF files.
-var supportedArch = map[string]bool{
-	"llama":   false,
-	"mistral": false,
-	"qwen2":   true,
-	"qwen3":   true,
 }
 
 func (c *Config) validate() error {
-	if _, ok := supportedArch[c.Arch]; !ok {
-		return fmt.Errorf("model: unsupported architecture %q (supported: llama, mistral, qwen2, qwen3)", c.Arch)
+	if _, ok := LookupArch(c.Arch); !ok {
+		return errUnsupportedArch(c.Arch)
 	}
 	switch {
 	case c.Embd <= 0, c.Layers <= 0, c.Heads <= 0, c.FFN <= 0, c.VocabSize <= 0:

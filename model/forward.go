@@ -16,37 +16,39 @@ type Batch struct {
 	Outputs []int
 }
 
-// Runner runs forward passes of a model on a backend, reusing its scratch
+// Runner runs forward passes of a model on a backend, reusing its activation
 // buffers across steps. A Runner is not safe for concurrent use.
 type Runner struct {
 	M  *Model
 	Be hal.Backend
 
-	rope                     *hal.RoPE
-	x, xn, q, k, v, att, tmp []float32
-	gate, up                 []float32
-	outX, outN               []float32
+	rope *hal.RoPE
+	// The activations, in the backend's memory: x, xn, tmp, q, att, k and v
+	// hold tokCap tokens, gate and up min(tokCap, ffnChunkRows), outX and
+	// outN outCap output rows. They grow with the batch and are kept, so
+	// that steps of one shape use the same buffers (hal.StepShape).
+	x, xn, q, k, v, att, tmp hal.Buf
+	gate, up                 hal.Buf
+	outX, outN               hal.Buf
+	tokCap, outCap           int
 
-	multi multiMatMuler // be, where it has MatMuls
-	prods [3]hal.MatMulOut
-}
-
-// multiMatMuler is a backend that multiplies one input by several weights
-// in one pass (the attention's q, k and v; the FFN's gate and up).
-type multiMatMuler interface {
-	MatMuls(x []float32, rows int, ps []hal.MatMulOut)
+	multi   hal.MultiMatMuler // be, where it has MatMuls
+	capture hal.StepCapturer  // be, where it runs a step as one unit
+	prods   [3]hal.MatMulOut
+	step    hal.Step
 }
 
 // NewRunner prepares m to run on be.
 func NewRunner(m *Model, be hal.Backend) *Runner {
 	r := &Runner{M: m, Be: be, rope: m.RoPE()}
-	r.multi, _ = be.(multiMatMuler)
+	r.multi, _ = be.(hal.MultiMatMuler)
+	r.capture, _ = be.(hal.StepCapturer)
 	return r
 }
 
 // matMuls sets p.Out = x·p.Wᵀ for each p of ps, in one call where the
 // backend can.
-func (r *Runner) matMuls(x []float32, rows int, ps ...hal.MatMulOut) {
+func (r *Runner) matMuls(x hal.Buf, rows int, ps ...hal.MatMulOut) {
 	if r.multi == nil || len(ps) > len(r.prods) {
 		for _, p := range ps {
 			r.Be.MatMul(p.Out, x, rows, p.W)
@@ -67,18 +69,57 @@ func (r *Runner) matMuls(x []float32, rows int, ps ...hal.MatMulOut) {
 // noise from 32 to 512 rows.)
 const ffnChunkRows = 64
 
-func grow(buf []float32, n int) []float32 {
-	if cap(buf) < n {
-		return make([]float32, n)
+// reserve makes the activation buffers hold n tokens and outs output rows,
+// replacing those that are too small.
+func (r *Runner) reserve(n, outs int) error {
+	c := &r.M.Config
+	if n > r.tokCap {
+		embd, q, kv, ffn := n*c.Embd, n*c.Heads*c.HeadDim, n*c.KVHeads*c.HeadDim, min(n, ffnChunkRows)*c.FFN
+		r.tokCap = 0 // until every buffer holds n
+		for _, f := range []struct {
+			b *hal.Buf
+			n int
+		}{{&r.x, embd}, {&r.xn, embd}, {&r.tmp, embd}, {&r.q, q}, {&r.att, q}, {&r.k, kv}, {&r.v, kv}, {&r.gate, ffn}, {&r.up, ffn}} {
+			if err := r.fit(f.b, f.n); err != nil {
+				return err
+			}
+		}
+		r.tokCap = n
 	}
-	return buf[:n]
+	if outs > r.outCap {
+		r.outCap = 0
+		if err := r.fit(&r.outX, outs*c.Embd); err != nil {
+			return err
+		}
+		if err := r.fit(&r.outN, outs*c.Embd); err != nil {
+			return err
+		}
+		r.outCap = outs
+	}
+	return nil
+}
+
+// fit makes *b hold n values, replacing it (freed first) if it is smaller.
+func (r *Runner) fit(b *hal.Buf, n int) error {
+	if b.Len() >= n {
+		return nil
+	}
+	if b.Len() > 0 {
+		r.Be.FreeBuf(*b)
+	}
+	*b = hal.Buf{}
+	nb, err := r.Be.NewBuf(n)
+	if err != nil {
+		return fmt.Errorf("model: activations for the batch: %w", err)
+	}
+	*b = nb
+	return nil
 }
 
 // Forward runs the batch through the model, storing every token's keys and
 // values in kv, and writes len(b.Outputs) rows of logits into logits.
 func (r *Runner) Forward(kv hal.KVStore, b *Batch, logits []float32) error {
-	m, be := r.M, r.Be
-	c := &m.Config
+	c := &r.M.Config
 	n := len(b.Tokens)
 	if n == 0 {
 		return nil
@@ -94,66 +135,83 @@ func (r *Runner) Forward(kv hal.KVStore, b *Batch, logits []float32) error {
 			return fmt.Errorf("model: token id %d outside the vocabulary of %d", id, c.VocabSize)
 		}
 	}
-	qDim, kvDim := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
-	r.x = grow(r.x, n*c.Embd)
-	r.xn = grow(r.xn, n*c.Embd)
-	r.tmp = grow(r.tmp, n*c.Embd)
-	r.q = grow(r.q, n*qDim)
-	r.att = grow(r.att, n*qDim)
-	r.k = grow(r.k, n*kvDim)
-	r.v = grow(r.v, n*kvDim)
-	ffnRows := min(n, ffnChunkRows)
-	r.gate = grow(r.gate, ffnRows*c.FFN)
-	r.up = grow(r.up, ffnRows*c.FFN)
+	if err := r.reserve(n, len(b.Outputs)); err != nil {
+		return err
+	}
+	s := &r.step
+	*s = hal.Step{Tokens: b.Tokens, Attn: &b.Attn, Outputs: b.Outputs, KV: kv, Logits: logits[:len(b.Outputs)*c.VocabSize]}
+	if r.capture == nil {
+		r.ops(s)
+	} else {
+		if !r.capture.BeginStep(s) {
+			r.ops(s)
+		}
+		if err := r.capture.EndStep(); err != nil {
+			return fmt.Errorf("model: forward step: %w", err)
+		}
+	}
+	if err := r.Be.Err(); err != nil {
+		return fmt.Errorf("model: forward step on %s: %w", r.Be.Name(), err)
+	}
+	return nil
+}
 
-	be.Embed(r.x, m.Embedding, b.Tokens)
+// ops issues the ops of step s. What they are depends on s's shape alone;
+// the host slices they read and write are s's (see hal.StepCapturer).
+func (r *Runner) ops(s *hal.Step) {
+	m, be := r.M, r.Be
+	c := &m.Config
+	n := len(s.Tokens)
+	qDim, kvDim := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	x, xn, tmp := r.x.Slice(0, n*c.Embd), r.xn.Slice(0, n*c.Embd), r.tmp.Slice(0, n*c.Embd)
+	q, att := r.q.Slice(0, n*qDim), r.att.Slice(0, n*qDim)
+	k, v := r.k.Slice(0, n*kvDim), r.v.Slice(0, n*kvDim)
+	ffnRows := min(n, ffnChunkRows)
+
+	be.Embed(x, m.Embedding, s.Tokens)
 	scale := attnScale(c.HeadDim)
 	for li := range m.Layers {
 		l := &m.Layers[li]
-		be.RMSNorm(r.xn, r.x, l.AttnNorm, c.NormEps)
-		r.matMuls(r.xn, n, hal.MatMulOut{Out: r.q, W: l.Wq}, hal.MatMulOut{Out: r.k, W: l.Wk}, hal.MatMulOut{Out: r.v, W: l.Wv})
+		be.RMSNorm(xn, x, l.AttnNorm, c.NormEps)
+		r.matMuls(xn, n, hal.MatMulOut{Out: q, W: l.Wq}, hal.MatMulOut{Out: k, W: l.Wk}, hal.MatMulOut{Out: v, W: l.Wv})
 		if l.Bq != nil {
-			be.AddBias(r.q, l.Bq)
+			be.AddBias(q, l.Bq)
 		}
 		if l.Bk != nil {
-			be.AddBias(r.k, l.Bk)
+			be.AddBias(k, l.Bk)
 		}
 		if l.Bv != nil {
-			be.AddBias(r.v, l.Bv)
+			be.AddBias(v, l.Bv)
 		}
 		if l.QNorm != nil {
-			be.RMSNorm(r.q, r.q, l.QNorm, c.NormEps)
+			be.RMSNorm(q, q, l.QNorm, c.NormEps)
 		}
 		if l.KNorm != nil {
-			be.RMSNorm(r.k, r.k, l.KNorm, c.NormEps)
+			be.RMSNorm(k, k, l.KNorm, c.NormEps)
 		}
-		be.RoPE(r.q, c.Heads, c.HeadDim, b.Attn.Pos, r.rope)
-		be.RoPE(r.k, c.KVHeads, c.HeadDim, b.Attn.Pos, r.rope)
-		be.StoreKV(kv, li, r.k, r.v, &b.Attn)
-		be.Attention(r.att, r.q, c.Heads, scale, kv, li, &b.Attn)
-		be.MatMul(r.tmp, r.att, n, l.Wo)
-		be.Add(r.x, r.tmp)
+		be.RoPE(q, c.Heads, c.HeadDim, s.Attn.Pos, r.rope)
+		be.RoPE(k, c.KVHeads, c.HeadDim, s.Attn.Pos, r.rope)
+		be.StoreKV(s.KV, li, k, v, s.Attn)
+		be.Attention(att, q, c.Heads, scale, s.KV, li, s.Attn)
+		be.MatMul(tmp, att, n, l.Wo)
+		be.Add(x, tmp)
 
-		be.RMSNorm(r.xn, r.x, l.FFNNorm, c.NormEps)
+		be.RMSNorm(xn, x, l.FFNNorm, c.NormEps)
 		for lo := 0; lo < n; lo += ffnRows {
 			hi := min(n, lo+ffnRows)
-			gate, up := r.gate[:(hi-lo)*c.FFN], r.up[:(hi-lo)*c.FFN]
-			r.matMuls(r.xn[lo*c.Embd:hi*c.Embd], hi-lo, hal.MatMulOut{Out: gate, W: l.Gate}, hal.MatMulOut{Out: up, W: l.Up})
+			gate, up := r.gate.Slice(0, (hi-lo)*c.FFN), r.up.Slice(0, (hi-lo)*c.FFN)
+			r.matMuls(xn.Slice(lo*c.Embd, hi*c.Embd), hi-lo, hal.MatMulOut{Out: gate, W: l.Gate}, hal.MatMulOut{Out: up, W: l.Up})
 			be.SiLUMul(gate, up)
-			be.MatMul(r.tmp[lo*c.Embd:hi*c.Embd], gate, hi-lo, l.Down)
+			be.MatMul(tmp.Slice(lo*c.Embd, hi*c.Embd), gate, hi-lo, l.Down)
 		}
-		be.Add(r.x, r.tmp)
+		be.Add(x, tmp)
 	}
-	if len(b.Outputs) == 0 {
-		return nil
+	no := len(s.Outputs)
+	if no == 0 {
+		return
 	}
-	no := len(b.Outputs)
-	r.outX = grow(r.outX, no*c.Embd)
-	r.outN = grow(r.outN, no*c.Embd)
-	for i, t := range b.Outputs {
-		copy(r.outX[i*c.Embd:(i+1)*c.Embd], r.x[t*c.Embd:(t+1)*c.Embd])
-	}
-	be.RMSNorm(r.outN, r.outX, m.OutputNorm, c.NormEps)
-	be.MatMul(logits[:no*c.VocabSize], r.outN, no, m.Output)
-	return nil
+	outX, outN := r.outX.Slice(0, no*c.Embd), r.outN.Slice(0, no*c.Embd)
+	be.CopyRows(outX, x, c.Embd, s.Outputs)
+	be.RMSNorm(outN, outX, m.OutputNorm, c.NormEps)
+	be.Logits(s.Logits, outN, no, m.Output)
 }

@@ -62,37 +62,37 @@ func FromGGUF(f *gguf.File, be hal.Backend) (*Model, error) {
 }
 
 func configFromGGUF(f *gguf.File) (Config, error) {
-	arch, ok := f.String("general.architecture")
+	name, ok := f.String("general.architecture")
 	if !ok {
 		return Config{}, fmt.Errorf("model: GGUF has no general.architecture")
 	}
-	neox, ok := supportedArch[arch]
+	arch, ok := LookupArch(name)
 	if !ok {
-		return Config{}, fmt.Errorf("model: unsupported architecture %q (supported: llama, mistral, qwen2, qwen3)", arch)
+		return Config{}, errUnsupportedArch(name)
 	}
+	k := &arch.GGUFKeys
 	geti := func(key string) int {
-		v, _ := f.Uint(arch + "." + key)
+		v, _ := f.Uint(name + "." + key)
 		return int(v)
 	}
 	getf := func(key string) float64 {
-		v, _ := f.Float(arch + "." + key)
+		v, _ := f.Float(name + "." + key)
 		return v
 	}
 	c := Config{
-		Arch:       arch,
-		Embd:       geti("embedding_length"),
-		Layers:     geti("block_count"),
-		Heads:      geti("attention.head_count"),
-		KVHeads:    geti("attention.head_count_kv"),
-		FFN:        geti("feed_forward_length"),
-		ContextLen: geti("context_length"),
-		VocabSize:  geti("vocab_size"),
-		HeadDim:    geti("attention.key_length"),
-		RopeDims:   geti("rope.dimension_count"),
-		NormEps:    float32(getf("attention.layer_norm_rms_epsilon")),
-		RopeBase:   getf("rope.freq_base"),
-		RopeNeox:   neox,
-		QKNorm:     arch == "qwen3",
+		Arch:       name,
+		Embd:       geti(k.Embd),
+		Layers:     geti(k.Layers),
+		Heads:      geti(k.Heads),
+		KVHeads:    geti(k.KVHeads),
+		FFN:        geti(k.FFN),
+		ContextLen: geti(k.ContextLen),
+		VocabSize:  geti(k.VocabSize),
+		HeadDim:    geti(k.HeadDim),
+		RopeDims:   geti(k.RopeDims),
+		NormEps:    float32(getf(k.NormEps)),
+		RopeBase:   getf(k.RopeBase),
+		RopeNeox:   arch.GGUFNeox,
 	}
 	c.Name, _ = f.String("general.name")
 	if c.KVHeads == 0 {
@@ -101,24 +101,27 @@ func configFromGGUF(f *gguf.File) (Config, error) {
 	if c.HeadDim == 0 && c.Heads > 0 {
 		c.HeadDim = c.Embd / c.Heads
 	}
+	if vd := geti(k.ValueDim); vd != 0 && vd != c.HeadDim {
+		return Config{}, fmt.Errorf("model: value heads of %d values and key heads of %d: unsupported (they must be equal)", vd, c.HeadDim)
+	}
 	if c.RopeDims == 0 {
 		c.RopeDims = c.HeadDim
 	}
 	if c.VocabSize == 0 {
-		if ti, ok := f.Tensor("token_embd.weight"); ok && len(ti.Dims) == 2 {
+		if ti, ok := f.Tensor(arch.Tensors.Embedding.GGUF); ok && len(ti.Dims) == 2 {
 			c.VocabSize = int(ti.Dims[1])
 		}
 	}
-	if typ, _ := f.String(arch + ".rope.scaling.type"); typ == "linear" {
-		if factor := getf("rope.scaling.factor"); factor > 0 {
+	if typ, _ := f.String(name + "." + k.RopeScalingType); typ == "linear" {
+		if factor := getf(k.RopeScalingFactor); factor > 0 {
 			c.RopeScale = float32(1 / factor)
 		}
 	} else if typ != "" && typ != "none" && typ != "llama3" {
 		return Config{}, fmt.Errorf("model: unsupported rope scaling %q", typ)
 	}
-	if ti, ok := f.Tensor("rope_freqs.weight"); ok {
+	if ti, ok := f.Tensor(arch.Tensors.RopeFreqs); arch.Tensors.RopeFreqs != "" && ok {
 		if ti.Type != hal.F32 || len(ti.Dims) != 1 {
-			return Config{}, fmt.Errorf("model: rope_freqs.weight must be a 1-D F32 tensor")
+			return Config{}, fmt.Errorf("model: %s must be a 1-D F32 tensor", arch.Tensors.RopeFreqs)
 		}
 		data := f.TensorData(ti)
 		c.FreqFactors = make([]float32, ti.Dims[0])
@@ -127,6 +130,34 @@ func configFromGGUF(f *gguf.File) (Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// WriteGGUFConfig sets the metadata keys of c's architecture on w (after general.*, which
+// are the caller's), in the order llama.cpp's converter writes them: how modelgen writes the
+// config the loader reads back.
+func WriteGGUFConfig(w *gguf.Writer, c *Config) error {
+	arch, ok := LookupArch(c.Arch)
+	if !ok {
+		return errUnsupportedArch(c.Arch)
+	}
+	k, a := &arch.GGUFKeys, c.Arch+"."
+	w.SetKV(a+k.ContextLen, uint32(c.ContextLen))
+	w.SetKV(a+k.Embd, uint32(c.Embd))
+	w.SetKV(a+k.Layers, uint32(c.Layers))
+	w.SetKV(a+k.FFN, uint32(c.FFN))
+	w.SetKV(a+k.Heads, uint32(c.Heads))
+	w.SetKV(a+k.KVHeads, uint32(c.KVHeads))
+	w.SetKV(a+k.HeadDim, uint32(c.HeadDim))
+	w.SetKV(a+k.ValueDim, uint32(c.HeadDim))
+	w.SetKV(a+k.RopeBase, float32(c.RopeBase))
+	w.SetKV(a+k.RopeDims, uint32(c.RopeDims))
+	w.SetKV(a+k.NormEps, c.NormEps)
+	w.SetKV(a+k.VocabSize, uint32(c.VocabSize))
+	if c.RopeScale > 0 {
+		w.SetKV(a+k.RopeScalingType, "linear")
+		w.SetKV(a+k.RopeScalingFactor, float32(1/c.RopeScale))
+	}
+	return nil
 }
 
 type ggufSource struct{ f *gguf.File }

@@ -2,50 +2,25 @@ package model
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
-	"regexp"
-	"slices"
-	"strings"
 
 	"tandem/hal"
 	"tandem/safetensors"
 	"tandem/tokenizer"
 )
 
-// hfConfig is the part of a Hugging Face config.json the supported
-// architectures use.
-type hfConfig struct {
-	Architectures         []string `json:"architectures"`
-	ModelType             string   `json:"model_type"`
-	HiddenSize            int      `json:"hidden_size"`
-	NumHiddenLayers       int      `json:"num_hidden_layers"`
-	NumAttentionHeads     int      `json:"num_attention_heads"`
-	NumKeyValueHeads      int      `json:"num_key_value_heads"`
-	IntermediateSize      int      `json:"intermediate_size"`
-	VocabSize             int      `json:"vocab_size"`
-	MaxPositionEmbeddings *int     `json:"max_position_embeddings"`
-	RMSNormEps            float64  `json:"rms_norm_eps"`
-	RopeTheta             *float64 `json:"rope_theta"`
-	HeadDim               int      `json:"head_dim"`
-	TieWordEmbeddings     bool     `json:"tie_word_embeddings"`
-	RopeScaling           *struct {
-		RopeType                      string  `json:"rope_type"`
-		Type                          string  `json:"type"`
-		Factor                        float64 `json:"factor"`
-		LowFreqFactor                 float64 `json:"low_freq_factor"`
-		HighFreqFactor                float64 `json:"high_freq_factor"`
-		OriginalMaxPositionEmbeddings int     `json:"original_max_position_embeddings"`
-	} `json:"rope_scaling"`
-}
-
-var hfArch = map[string]string{
-	"LlamaForCausalLM":   "llama",
-	"MistralForCausalLM": "mistral",
-	"Qwen2ForCausalLM":   "qwen2",
-	"Qwen3ForCausalLM":   "qwen3",
+// hfRopeScaling is config.json's rope_scaling block.
+type hfRopeScaling struct {
+	RopeType                      string  `json:"rope_type"`
+	Type                          string  `json:"type"`
+	Factor                        float64 `json:"factor"`
+	LowFreqFactor                 float64 `json:"low_freq_factor"`
+	HighFreqFactor                float64 `json:"high_freq_factor"`
+	OriginalMaxPositionEmbeddings int     `json:"original_max_position_embeddings"`
 }
 
 // LoadHF opens a Hugging Face model directory: config.json, safetensors
@@ -78,7 +53,8 @@ func loadHFWeights(dir string, be hal.Backend) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
-	m, err := build(cfg, newHFSource(set), be)
+	arch, _ := LookupArch(cfg.Arch)
+	m, err := build(cfg, newHFSource(set, arch.TensorSpecs(&cfg)), be)
 	if err != nil {
 		set.Close()
 		return nil, fmt.Errorf("%w (in %s)", err, dir)
@@ -92,44 +68,60 @@ func readHFConfig(path string) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("model: %w", err)
 	}
-	var hc hfConfig
-	if err := json.Unmarshal(data, &hc); err != nil {
+	var js map[string]json.RawMessage
+	if err := json.Unmarshal(data, &js); err != nil {
 		return Config{}, fmt.Errorf("model: %s: %w", path, err)
 	}
-	arch := ""
-	for _, a := range hc.Architectures {
-		if arch = hfArch[a]; arch != "" {
-			break
+	var classes []string
+	if raw, ok := js["architectures"]; ok {
+		if err := json.Unmarshal(raw, &classes); err != nil {
+			return Config{}, fmt.Errorf("model: %s: architectures: %w", path, err)
 		}
 	}
-	if arch == "" {
-		return Config{}, fmt.Errorf("model: %s: unsupported architecture %v (supported: %s)", path, hc.Architectures, strings.Join(sortedKeys(hfArch), ", "))
+	arch, ok := archForHF(classes)
+	if !ok {
+		return Config{}, fmt.Errorf("model: %s: unsupported architecture %v (supported: %s)", path, classes, hfClasses())
+	}
+	k := &arch.HFKeys
+	// get decodes the value of key, if there is one, into v.
+	var errs []error
+	get := func(key string, v any) {
+		if raw, ok := js[key]; ok && key != "" && string(raw) != "null" {
+			if err := json.Unmarshal(raw, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", key, err))
+			}
+		}
+	}
+	var c Config
+	var eps, theta float64
+	var rs *hfRopeScaling
+	get(k.VocabSize, &c.VocabSize)
+	get(k.Embd, &c.Embd)
+	get(k.Layers, &c.Layers)
+	get(k.Heads, &c.Heads)
+	get(k.KVHeads, &c.KVHeads)
+	get(k.HeadDim, &c.HeadDim)
+	get(k.FFN, &c.FFN)
+	get(k.ContextLen, &c.ContextLen)
+	get(k.NormEps, &eps)
+	get(k.RopeBase, &theta)
+	get(k.RopeScaling, &rs)
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, fmt.Errorf("model: %s: %w", path, err)
 	}
 	// Present but nonsensical, these loaded before and became a context of 2048 and a
 	// RoPE base of 10000 without a word. (A rope_theta of 0 means the default, as absent.)
-	if p := hc.MaxPositionEmbeddings; p != nil && *p <= 0 {
-		return Config{}, fmt.Errorf("model: %s: max_position_embeddings is %d; want the context length, a positive number of tokens", path, *p)
+	if raw, ok := js[k.ContextLen]; ok && k.ContextLen != "" && string(raw) != "null" && c.ContextLen <= 0 {
+		return Config{}, fmt.Errorf("model: %s: %s is %d; want the context length, a positive number of tokens", path, k.ContextLen, c.ContextLen)
 	}
-	if p := hc.RopeTheta; p != nil && (*p < 0 || math.IsNaN(*p) || math.IsInf(*p, 0)) {
-		return Config{}, fmt.Errorf("model: %s: rope_theta is %v; want a positive RoPE base (or 0 or none for the default, 10000)", path, *p)
+	if theta < 0 || math.IsNaN(theta) || math.IsInf(theta, 0) {
+		return Config{}, fmt.Errorf("model: %s: %s is %v; want a positive RoPE base (or 0 or none for the default, 10000)", path, k.RopeBase, theta)
 	}
-	c := Config{
-		Arch:       arch,
-		Name:       filepath.Base(filepath.Dir(path)),
-		VocabSize:  hc.VocabSize,
-		Embd:       hc.HiddenSize,
-		Layers:     hc.NumHiddenLayers,
-		Heads:      hc.NumAttentionHeads,
-		KVHeads:    hc.NumKeyValueHeads,
-		HeadDim:    hc.HeadDim,
-		FFN:        hc.IntermediateSize,
-		ContextLen: deref(hc.MaxPositionEmbeddings),
-		NormEps:    float32(hc.RMSNormEps),
-		RopeBase:   deref(hc.RopeTheta),
-		// HF checkpoints keep q and k unpermuted and rotate halves.
-		RopeNeox: true,
-		QKNorm:   arch == "qwen3",
-	}
+	c.Arch, c.Name = arch.Name, filepath.Base(filepath.Dir(path))
+	c.NormEps, c.RopeBase = float32(eps), theta
+	// Hugging Face checkpoints keep q and k unpermuted and rotate halves, whatever the
+	// architecture's GGUF files do.
+	c.RopeNeox = true
 	if c.KVHeads == 0 {
 		c.KVHeads = c.Heads
 	}
@@ -140,7 +132,7 @@ func readHFConfig(path string) (Config, error) {
 	if c.RopeBase == 0 {
 		c.RopeBase = 10000
 	}
-	if rs := hc.RopeScaling; rs != nil {
+	if rs != nil {
 		typ := rs.RopeType
 		if typ == "" {
 			typ = rs.Type
@@ -165,47 +157,17 @@ func readHFConfig(path string) (Config, error) {
 	return c, nil
 }
 
-// hfToGGUF maps Hugging Face tensor names to the GGUF names build reads.
-var hfToGGUF = []struct {
-	re   *regexp.Regexp
-	gguf string
-}{
-	{regexp.MustCompile(`^model\.embed_tokens\.weight$`), "token_embd.weight"},
-	{regexp.MustCompile(`^model\.norm\.weight$`), "output_norm.weight"},
-	{regexp.MustCompile(`^lm_head\.weight$`), "output.weight"},
-	{regexp.MustCompile(`^model\.layers\.(\d+)\.input_layernorm\.weight$`), "blk.$1.attn_norm.weight"},
-	{regexp.MustCompile(`^model\.layers\.(\d+)\.self_attn\.q_proj\.(weight|bias)$`), "blk.$1.attn_q.$2"},
-	{regexp.MustCompile(`^model\.layers\.(\d+)\.self_attn\.k_proj\.(weight|bias)$`), "blk.$1.attn_k.$2"},
-	{regexp.MustCompile(`^model\.layers\.(\d+)\.self_attn\.v_proj\.(weight|bias)$`), "blk.$1.attn_v.$2"},
-	{regexp.MustCompile(`^model\.layers\.(\d+)\.self_attn\.o_proj\.weight$`), "blk.$1.attn_output.weight"},
-	{regexp.MustCompile(`^model\.layers\.(\d+)\.self_attn\.q_norm\.weight$`), "blk.$1.attn_q_norm.weight"},
-	{regexp.MustCompile(`^model\.layers\.(\d+)\.self_attn\.k_norm\.weight$`), "blk.$1.attn_k_norm.weight"},
-	{regexp.MustCompile(`^model\.layers\.(\d+)\.post_attention_layernorm\.weight$`), "blk.$1.ffn_norm.weight"},
-	{regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.gate_proj\.weight$`), "blk.$1.ffn_gate.weight"},
-	{regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.up_proj\.weight$`), "blk.$1.ffn_up.weight"},
-	{regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.down_proj\.weight$`), "blk.$1.ffn_down.weight"},
-}
-
-func ggufName(hf string) (string, bool) {
-	for _, m := range hfToGGUF {
-		if m.re.MatchString(hf) {
-			return m.re.ReplaceAllString(hf, m.gguf), true
-		}
-	}
-	return "", false
-}
-
+// hfSource yields a Hugging Face checkpoint's tensors by the GGUF names build asks for,
+// through the architecture's table of both names.
 type hfSource struct {
 	set    *safetensors.Set
 	byGGUF map[string]string
 }
 
-func newHFSource(set *safetensors.Set) hfSource {
-	s := hfSource{set: set, byGGUF: map[string]string{}}
-	for _, name := range set.Names() {
-		if g, ok := ggufName(name); ok {
-			s.byGGUF[g] = name
-		}
+func newHFSource(set *safetensors.Set, specs []TensorSpec) hfSource {
+	s := hfSource{set: set, byGGUF: make(map[string]string, len(specs))}
+	for _, t := range specs {
+		s.byGGUF[t.GGUF] = t.HF
 	}
 	return s
 }
@@ -227,22 +189,4 @@ func (s hfSource) tensor(name string) (hal.DType, []int, []byte, error) {
 		shape[i] = int(d)
 	}
 	return ti.Type, shape, data, nil
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
-// deref is *p, or the zero value for nil.
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }

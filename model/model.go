@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 
 	"tandem/hal"
 	"tandem/tokenizer"
@@ -72,96 +73,38 @@ func build(cfg Config, src tensorSource, be hal.Backend) (*Model, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m := &Model{Config: cfg}
+	arch, _ := LookupArch(cfg.Arch)
+	m := &Model{Config: cfg, Layers: make([]Layer, cfg.Layers)}
 	types := map[hal.DType]bool{}
-	matrix := func(name string, rows, cols int) (*hal.Weight, error) {
-		typ, shape, data, err := src.tensor(name)
-		if err != nil {
-			return nil, fmt.Errorf("model: tensor %s: %w", name, err)
-		}
-		if len(shape) != 2 || shape[0] != rows || shape[1] != cols {
-			return nil, fmt.Errorf("model: tensor %s has shape %v, want [%d %d]", name, shape, rows, cols)
-		}
-		if !be.SupportsWeight(typ) {
-			return nil, fmt.Errorf("model: tensor %s: unsupported tensor type %s", name, typ)
-		}
-		rb, err := typ.RowBytes(cols)
-		if err != nil {
-			return nil, fmt.Errorf("model: tensor %s: %w", name, err)
-		}
-		if len(data) != rb*rows {
-			return nil, fmt.Errorf("model: tensor %s: %d bytes, want %d", name, len(data), rb*rows)
-		}
-		types[typ] = true
-		m.WeightBytes += int64(len(data))
-		return &hal.Weight{Name: name, Type: typ, Rows: rows, Cols: cols, Data: data}, nil
-	}
-	vector := func(name string, n int, optional bool) ([]float32, error) {
-		typ, shape, data, err := src.tensor(name)
-		if errors.Is(err, errMissing) && optional {
-			return nil, nil
+	for _, ts := range arch.TensorSpecs(&m.Config) {
+		typ, shape, data, err := src.tensor(ts.GGUF)
+		if errors.Is(err, errMissing) && ts.Optional {
+			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("model: tensor %s: %w", name, err)
+			return nil, fmt.Errorf("model: tensor %s: %w", ts.GGUF, err)
 		}
-		if len(shape) != 1 || shape[0] != n {
-			return nil, fmt.Errorf("model: tensor %s has shape %v, want [%d]", name, shape, n)
+		if !slices.Equal(shape, ts.Shape) {
+			return nil, fmt.Errorf("model: tensor %s has shape %v, want %v", ts.GGUF, shape, ts.Shape)
 		}
-		switch typ {
-		case hal.F32, hal.F16, hal.BF16:
-		default:
-			return nil, fmt.Errorf("model: tensor %s: unsupported type %s for a vector", name, typ)
-		}
-		if rb, _ := typ.RowBytes(n); len(data) != rb {
-			return nil, fmt.Errorf("model: tensor %s: %d bytes, want %d", name, len(data), rb)
-		}
-		m.WeightBytes += int64(len(data))
-		out := make([]float32, n)
-		be.Dequantize(out, typ, data)
-		return out, nil
-	}
-
-	c := &m.Config
-	var err error
-	if m.Embedding, err = matrix("token_embd.weight", c.VocabSize, c.Embd); err != nil {
-		return nil, err
-	}
-	if m.OutputNorm, err = vector("output_norm.weight", c.Embd, false); err != nil {
-		return nil, err
-	}
-	if _, _, _, err := src.tensor("output.weight"); !errors.Is(err, errMissing) {
-		if m.Output, err = matrix("output.weight", c.VocabSize, c.Embd); err != nil {
-			return nil, err
-		}
-	} else {
-		m.Output = m.Embedding
-	}
-	qDim, kvDim := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
-	m.Layers = make([]Layer, c.Layers)
-	for i := range m.Layers {
-		l := &m.Layers[i]
-		p := fmt.Sprintf("blk.%d.", i)
-		steps := []func() error{
-			func() (err error) { l.AttnNorm, err = vector(p+"attn_norm.weight", c.Embd, false); return },
-			func() (err error) { l.Wq, err = matrix(p+"attn_q.weight", qDim, c.Embd); return },
-			func() (err error) { l.Wk, err = matrix(p+"attn_k.weight", kvDim, c.Embd); return },
-			func() (err error) { l.Wv, err = matrix(p+"attn_v.weight", kvDim, c.Embd); return },
-			func() (err error) { l.Bq, err = vector(p+"attn_q.bias", qDim, true); return },
-			func() (err error) { l.Bk, err = vector(p+"attn_k.bias", kvDim, true); return },
-			func() (err error) { l.Bv, err = vector(p+"attn_v.bias", kvDim, true); return },
-			func() (err error) { l.QNorm, err = vector(p+"attn_q_norm.weight", c.HeadDim, !c.QKNorm); return },
-			func() (err error) { l.KNorm, err = vector(p+"attn_k_norm.weight", c.HeadDim, !c.QKNorm); return },
-			func() (err error) { l.Wo, err = matrix(p+"attn_output.weight", c.Embd, qDim); return },
-			func() (err error) { l.FFNNorm, err = vector(p+"ffn_norm.weight", c.Embd, false); return },
-			func() (err error) { l.Gate, err = matrix(p+"ffn_gate.weight", c.FFN, c.Embd); return },
-			func() (err error) { l.Up, err = matrix(p+"ffn_up.weight", c.FFN, c.Embd); return },
-			func() (err error) { l.Down, err = matrix(p+"ffn_down.weight", c.Embd, c.FFN); return },
-		}
-		for _, step := range steps {
-			if err := step(); err != nil {
+		if ts.Matrix() {
+			w, err := matrix(ts, typ, data, be)
+			if err != nil {
 				return nil, err
 			}
+			types[typ] = true
+			*m.matrixOf(ts) = w
+		} else {
+			v, err := vector(ts, typ, data, be)
+			if err != nil {
+				return nil, err
+			}
+			*m.vectorOf(ts) = v
 		}
+		m.WeightBytes += int64(len(data))
+	}
+	if m.Output == nil {
+		m.Output = m.Embedding // tied
 	}
 	if len(types) == 1 {
 		for t := range types {
@@ -171,6 +114,91 @@ func build(cfg Config, src tensorSource, be hal.Backend) (*Model, error) {
 		m.FileType = "mixed"
 	}
 	return m, nil
+}
+
+// matrix checks a matrix's type and size; its bytes stay where they are.
+func matrix(ts TensorSpec, typ hal.DType, data []byte, be hal.Backend) (*hal.Weight, error) {
+	rows, cols := ts.Shape[0], ts.Shape[1]
+	if !be.SupportsWeight(typ) {
+		return nil, fmt.Errorf("model: tensor %s: unsupported tensor type %s", ts.GGUF, typ)
+	}
+	rb, err := typ.RowBytes(cols)
+	if err != nil {
+		return nil, fmt.Errorf("model: tensor %s: %w", ts.GGUF, err)
+	}
+	if len(data) != rb*rows {
+		return nil, fmt.Errorf("model: tensor %s: %d bytes, want %d", ts.GGUF, len(data), rb*rows)
+	}
+	return &hal.Weight{Name: ts.GGUF, Type: typ, Rows: rows, Cols: cols, Data: data}, nil
+}
+
+// vector converts a vector to float32.
+func vector(ts TensorSpec, typ hal.DType, data []byte, be hal.Backend) ([]float32, error) {
+	n := ts.Shape[0]
+	switch typ {
+	case hal.F32, hal.F16, hal.BF16:
+	default:
+		return nil, fmt.Errorf("model: tensor %s: unsupported type %s for a vector", ts.GGUF, typ)
+	}
+	if rb, _ := typ.RowBytes(n); len(data) != rb {
+		return nil, fmt.Errorf("model: tensor %s: %d bytes, want %d", ts.GGUF, len(data), rb)
+	}
+	out := make([]float32, n)
+	be.Dequantize(out, typ, data)
+	return out, nil
+}
+
+// matrixOf is where the matrix ts is kept.
+func (m *Model) matrixOf(ts TensorSpec) **hal.Weight {
+	switch ts.Role {
+	case RoleEmbedding:
+		return &m.Embedding
+	case RoleOutput:
+		return &m.Output
+	}
+	l := &m.Layers[ts.Layer]
+	switch ts.Role {
+	case RoleQ:
+		return &l.Wq
+	case RoleK:
+		return &l.Wk
+	case RoleV:
+		return &l.Wv
+	case RoleO:
+		return &l.Wo
+	case RoleGate:
+		return &l.Gate
+	case RoleUp:
+		return &l.Up
+	case RoleDown:
+		return &l.Down
+	}
+	panic(fmt.Sprintf("model: tensor role %d is not a matrix", ts.Role))
+}
+
+// vectorOf is where the vector ts is kept.
+func (m *Model) vectorOf(ts TensorSpec) *[]float32 {
+	if ts.Role == RoleOutputNorm {
+		return &m.OutputNorm
+	}
+	l := &m.Layers[ts.Layer]
+	switch ts.Role {
+	case RoleAttnNorm:
+		return &l.AttnNorm
+	case RoleQBias:
+		return &l.Bq
+	case RoleKBias:
+		return &l.Bk
+	case RoleVBias:
+		return &l.Bv
+	case RoleQNorm:
+		return &l.QNorm
+	case RoleKNorm:
+		return &l.KNorm
+	case RoleFFNNorm:
+		return &l.FFNNorm
+	}
+	panic(fmt.Sprintf("model: tensor role %d is not a vector", ts.Role))
 }
 
 // RoPE is the rotary embedding the model's attention uses.

@@ -7,17 +7,8 @@ import (
 	"tandem/hal"
 )
 
-// WeightPreparer is a backend that keeps some weights in a layout of its
-// own (hal/cpu's packed copies). PrepareWeight makes that copy now rather
-// than at the weight's first use, and reports whether there is one: a
-// weight with a copy is not read from its file by the matmuls, and the
-// backend drops its file pages from the resident set as it copies.
-type WeightPreparer interface {
-	PrepareWeight(w *hal.Weight) bool
-}
-
 // Prefault makes the weights ready before the first request instead of
-// during it: when be is a WeightPreparer, each matrix is copied into the
+// during it: when be is a hal.WeightPreparer, each matrix is copied into the
 // backend's layout in turn (one weight's file pages resident at a time, so
 // the peak stays near the final size); a matrix the backend reads in place
 // has every page of its bytes read, so a mapped file is resident. An
@@ -25,7 +16,7 @@ type WeightPreparer interface {
 // rows never used need not be resident. progress, if not nil, is called
 // as it goes.
 func (m *Model) Prefault(be hal.Backend, progress func(done, total int64)) {
-	prep, _ := be.(WeightPreparer)
+	prep, _ := be.(hal.WeightPreparer)
 	weights := m.matrices()
 	var total, done int64
 	for _, w := range weights {

@@ -18,7 +18,7 @@ import (
 
 // Spec is the shape and storage of a model to generate.
 type Spec struct {
-	Arch       string // llama, mistral, qwen2, qwen3
+	Arch       string // a registered architecture (model.Archs): llama, mistral, qwen2, qwen3
 	Name       string
 	Embd       int
 	Layers     int
@@ -31,7 +31,7 @@ type Spec struct {
 	RopeBase   float64
 	NormEps    float32
 	Tied       bool
-	QKVBias    bool
+	QKVBias    bool // q, k and v biases (always, for an architecture that requires them)
 	// TextOnly makes a byte-level model write only printable ASCII, space
 	// and newline, and never end on its own (the demo model; needs an untied
 	// output). Hidden dimension 0 carries a constant through the residual
@@ -78,14 +78,30 @@ func FileTypes() []string {
 	return []string{"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_s", "q4_k_m", "q5_k_m"}
 }
 
-// Build returns a GGUF writer holding the generated model.
+// Build returns a GGUF writer holding the generated model. Its config keys and tensors, their
+// names and shapes, are its architecture's (model.LookupArch), as the loader reads them back.
 func Build(s Spec) (*gguf.Writer, error) {
 	ftype, ok := fileTypes[strings.ToLower(s.Type)]
 	if !ok {
 		return nil, fmt.Errorf("modelgen: unknown type %q (known: %s)", s.Type, strings.Join(FileTypes(), ", "))
 	}
+	arch, ok := model.LookupArch(s.Arch)
+	if !ok {
+		return nil, fmt.Errorf("modelgen: unknown architecture %q (known: %s)", s.Arch, strings.Join(model.Archs(), ", "))
+	}
 	if s.Embd <= 0 || s.Layers <= 0 || s.Heads <= 0 || s.KVHeads <= 0 || s.HeadDim <= 0 || s.FFN <= 0 {
 		return nil, fmt.Errorf("modelgen: incomplete shape %+v", s)
+	}
+	bias := s.QKVBias || arch.QKVBias == model.Required
+	switch {
+	case s.QKVBias && arch.QKVBias == model.Absent:
+		return nil, fmt.Errorf("modelgen: %s has no q, k and v biases", s.Arch)
+	case s.Tied && arch.Output == model.Required:
+		return nil, fmt.Errorf("modelgen: %s does not tie its output to the embedding", s.Arch)
+	case !s.Tied && arch.Output == model.Absent:
+		return nil, fmt.Errorf("modelgen: %s always ties its output to the embedding", s.Arch)
+	case s.Llama3Rope && arch.Tensors.RopeFreqs == "":
+		return nil, fmt.Errorf("modelgen: %s has no rope frequency factors", s.Arch)
 	}
 	w := gguf.NewWriter()
 	w.SetKV("general.architecture", s.Arch)
@@ -101,22 +117,14 @@ func Build(s Spec) (*gguf.Writer, error) {
 	if s.VocabSize < vocab {
 		return nil, fmt.Errorf("modelgen: vocab size %d is smaller than the tokenizer's %d tokens", s.VocabSize, vocab)
 	}
-	a := s.Arch + "."
-	w.SetKV(a+"context_length", uint32(s.ContextLen))
-	w.SetKV(a+"embedding_length", uint32(s.Embd))
-	w.SetKV(a+"block_count", uint32(s.Layers))
-	w.SetKV(a+"feed_forward_length", uint32(s.FFN))
-	w.SetKV(a+"attention.head_count", uint32(s.Heads))
-	w.SetKV(a+"attention.head_count_kv", uint32(s.KVHeads))
-	w.SetKV(a+"attention.key_length", uint32(s.HeadDim))
-	w.SetKV(a+"attention.value_length", uint32(s.HeadDim))
-	w.SetKV(a+"rope.freq_base", float32(s.RopeBase))
-	w.SetKV(a+"rope.dimension_count", uint32(s.HeadDim))
-	w.SetKV(a+"attention.layer_norm_rms_epsilon", s.NormEps)
-	w.SetKV(a+"vocab_size", uint32(s.VocabSize))
+	cfg := model.Config{Arch: s.Arch, Name: s.Name, VocabSize: s.VocabSize, Embd: s.Embd, Layers: s.Layers, Heads: s.Heads,
+		KVHeads: s.KVHeads, HeadDim: s.HeadDim, FFN: s.FFN, ContextLen: s.ContextLen, NormEps: s.NormEps,
+		RopeBase: s.RopeBase, RopeDims: s.HeadDim}
+	if err := model.WriteGGUFConfig(w, &cfg); err != nil {
+		return nil, fmt.Errorf("modelgen: %w", err)
+	}
 
 	g := &gen{w: w, rng: rand.New(rand.NewPCG(s.Seed, s.Seed^0x9e3779b97f4a7c15)), mix: strings.ToLower(s.Type), layers: s.Layers}
-	qDim, kvDim := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
 	var embdFix, residualFix, outputFix func(int, []float32)
 	if s.TextOnly {
 		if s.Tied || s.Vocab != nil {
@@ -137,36 +145,43 @@ func Build(s Spec) (*gguf.Writer, error) {
 			}
 		}
 	}
-	g.matrix("token_embd.weight", s.VocabSize, s.Embd, 0.3, embdRole(s.Tied), 0, embdFix)
-	g.vector("output_norm.weight", s.Embd, 1, 0.1)
-	if !s.Tied {
-		g.matrix("output.weight", s.VocabSize, s.Embd, 1.5/math.Sqrt(float64(s.Embd)), roleOutput, 0, outputFix)
-	}
-	if s.Llama3Rope {
-		f := model.Llama3Scaling{Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalContext: 8192}.FreqFactors(s.RopeBase, s.HeadDim)
-		g.raw("rope_freqs.weight", hal.F32, []uint64{uint64(len(f))}, f32Bytes(f))
-	}
-	for i := 0; i < s.Layers; i++ {
-		p := fmt.Sprintf("blk.%d.", i)
-		std := 1 / math.Sqrt(float64(s.Embd))
-		g.vector(p+"attn_norm.weight", s.Embd, 1, 0.1)
-		g.matrix(p+"attn_q.weight", qDim, s.Embd, std, roleOther, i, nil)
-		g.matrix(p+"attn_k.weight", kvDim, s.Embd, std, roleOther, i, nil)
-		g.matrix(p+"attn_v.weight", kvDim, s.Embd, std, roleAttnV, i, nil)
-		if s.QKVBias {
-			g.vector(p+"attn_q.bias", qDim, 0, 0.2)
-			g.vector(p+"attn_k.bias", kvDim, 0, 0.2)
-			g.vector(p+"attn_v.bias", kvDim, 0, 0.2)
+	for _, ts := range arch.TensorSpecs(&cfg) {
+		if ts.Layer == 0 && ts.Role == model.RoleAttnNorm && s.Llama3Rope {
+			// After the model's own tensors, before the layers, as llama.cpp writes it.
+			f := model.Llama3Scaling{Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalContext: 8192}.FreqFactors(s.RopeBase, s.HeadDim)
+			g.raw(arch.Tensors.RopeFreqs, hal.F32, []uint64{uint64(len(f))}, f32Bytes(f))
 		}
-		if s.Arch == "qwen3" {
-			g.vector(p+"attn_q_norm.weight", s.HeadDim, 1, 0.1)
-			g.vector(p+"attn_k_norm.weight", s.HeadDim, 1, 0.1)
+		layer := max(ts.Layer, 0)
+		var std float64
+		if ts.Matrix() {
+			std = 1 / math.Sqrt(float64(ts.Shape[1]))
 		}
-		g.matrix(p+"attn_output.weight", s.Embd, qDim, 1/math.Sqrt(float64(qDim)), roleOther, i, residualFix)
-		g.vector(p+"ffn_norm.weight", s.Embd, 1, 0.1)
-		g.matrix(p+"ffn_gate.weight", s.FFN, s.Embd, std, roleOther, i, nil)
-		g.matrix(p+"ffn_up.weight", s.FFN, s.Embd, std, roleOther, i, nil)
-		g.matrix(p+"ffn_down.weight", s.Embd, s.FFN, 1/math.Sqrt(float64(s.FFN)), roleFFNDown, i, residualFix)
+		switch ts.Role {
+		case model.RoleEmbedding:
+			g.matrix(ts, 0.3, embdRole(s.Tied), layer, embdFix)
+		case model.RoleOutput:
+			if !s.Tied {
+				g.matrix(ts, 1.5/math.Sqrt(float64(ts.Shape[1])), roleOutput, layer, outputFix)
+			}
+		case model.RoleOutputNorm, model.RoleAttnNorm, model.RoleFFNNorm:
+			g.vector(ts, 1, 0.1)
+		case model.RoleQNorm, model.RoleKNorm:
+			if arch.QKNorm == model.Required {
+				g.vector(ts, 1, 0.1)
+			}
+		case model.RoleQBias, model.RoleKBias, model.RoleVBias:
+			if bias {
+				g.vector(ts, 0, 0.2)
+			}
+		case model.RoleV:
+			g.matrix(ts, std, roleAttnV, layer, nil)
+		case model.RoleO:
+			g.matrix(ts, std, roleOther, layer, residualFix)
+		case model.RoleDown:
+			g.matrix(ts, std, roleFFNDown, layer, residualFix)
+		default: // q, k, gate, up
+			g.matrix(ts, std, roleOther, layer, nil)
+		}
 	}
 	if g.err != nil {
 		return nil, g.err
@@ -314,12 +329,13 @@ func (g *gen) tensorType(r role, layer, cols int) hal.DType {
 	return t
 }
 
-// matrix writes a rows×cols matrix of N(0, std²) values, each row passed
+// matrix writes the matrix ts of N(0, std²) values, each row passed
 // through fix (if not nil) before it is quantized.
-func (g *gen) matrix(name string, rows, cols int, std float64, r role, layer int, fix func(row int, values []float32)) {
+func (g *gen) matrix(ts model.TensorSpec, std float64, r role, layer int, fix func(row int, values []float32)) {
 	if g.err != nil {
 		return
 	}
+	name, rows, cols := ts.GGUF, ts.Shape[0], ts.Shape[1]
 	t := g.tensorType(r, layer, cols)
 	rb, err := t.RowBytes(cols)
 	if err != nil {
@@ -343,12 +359,13 @@ func (g *gen) matrix(name string, rows, cols int, std float64, r role, layer int
 	g.raw(name, t, []uint64{uint64(cols), uint64(rows)}, data)
 }
 
-func (g *gen) vector(name string, n int, mean, std float64) {
-	v := make([]float32, n)
+// vector writes the vector ts of N(mean, std²) values.
+func (g *gen) vector(ts model.TensorSpec, mean, std float64) {
+	v := make([]float32, ts.Shape[0])
 	for i := range v {
 		v[i] = float32(mean + g.rng.NormFloat64()*std)
 	}
-	g.raw(name, hal.F32, []uint64{uint64(n)}, f32Bytes(v))
+	g.raw(ts.GGUF, hal.F32, []uint64{uint64(len(v))}, f32Bytes(v))
 }
 
 func (g *gen) raw(name string, t hal.DType, dims []uint64, data []byte) {

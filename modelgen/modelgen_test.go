@@ -2,10 +2,13 @@ package modelgen
 
 import (
 	"bytes"
+	"path/filepath"
 	"testing"
 
 	"tandem/gguf"
 	"tandem/hal"
+	"tandem/hal/cpu"
+	"tandem/model"
 )
 
 func build(t *testing.T, s Spec) *gguf.File {
@@ -119,13 +122,48 @@ func TestSingleKQuantTypes(t *testing.T) {
 
 func TestBuildErrors(t *testing.T) {
 	for name, s := range map[string]Spec{
-		"unknown type": {Arch: "llama", Embd: 64, Layers: 1, Heads: 2, KVHeads: 2, HeadDim: 32, FFN: 64, Type: "q3_x"},
-		"no shape":     {Arch: "llama", Type: "f32"},
+		"unknown type":         {Arch: "llama", Embd: 64, Layers: 1, Heads: 2, KVHeads: 2, HeadDim: 32, FFN: 64, Type: "q3_x"},
+		"no shape":             {Arch: "llama", Type: "f32"},
+		"unknown architecture": {Arch: "gptneox", Embd: 64, Layers: 1, Heads: 2, KVHeads: 2, HeadDim: 32, FFN: 64, Type: "f32"},
 		"text-only tied": {Arch: "llama", Embd: 64, Layers: 1, Heads: 2, KVHeads: 2, HeadDim: 32, FFN: 64, Type: "f32",
 			Tied: true, TextOnly: true},
 	} {
 		if _, err := Build(s); err == nil {
 			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+// TestEveryArchitectureLoads: a model of each registered architecture, tied
+// and untied, loads with the shape it was made with and the tensors its
+// architecture declares (biases where it requires them, q/k norms).
+func TestEveryArchitectureLoads(t *testing.T) {
+	be := cpu.New(1)
+	defer be.Close()
+	for _, name := range model.Archs() {
+		a, _ := model.LookupArch(name)
+		for _, tied := range []bool{true, false} {
+			s := Spec{Arch: name, Name: "every-arch", Embd: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, FFN: 96,
+				ContextLen: 256, RopeBase: 1e4, NormEps: 1e-5, Tied: tied, Type: "f32", Seed: 7}
+			w, err := Build(s)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			path := filepath.Join(t.TempDir(), name+".gguf")
+			if err := w.WriteFile(path); err != nil {
+				t.Fatal(err)
+			}
+			m, err := model.Load(path, be)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			c, l := m.Config, m.Layers[1]
+			if c.Arch != name || c.Embd != 64 || c.Layers != 2 || c.KVHeads != 2 || c.HeadDim != 16 || c.RopeNeox != a.GGUFNeox ||
+				(m.Output == m.Embedding) != tied || (l.Bq != nil) != (a.QKVBias == model.Required) ||
+				(l.QNorm != nil) != (a.QKNorm == model.Required) {
+				t.Errorf("%s tied=%v: loaded %+v (tied %v, biases %v, q/k norms %v)", name, tied, c, m.Output == m.Embedding, l.Bq != nil, l.QNorm != nil)
+			}
+			m.Close()
 		}
 	}
 }

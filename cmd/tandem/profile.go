@@ -72,7 +72,7 @@ func profileCmd(args []string, stdout, stderr io.Writer) error {
 	defer closeModel()
 	m.KVType = kvType
 	plan := simstep.DefaultPlan(m.Config.ContextLen, *maxBatch, *maxSeqs, *reps)
-	var f simstep.Forwarder
+	var f engine.Forwarder
 	if *backend == "sim" {
 		if f, err = simstep.New(simstep.Config{Timing: base, Vocab: m.Config.VocabSize}); err != nil {
 			return err

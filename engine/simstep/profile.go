@@ -6,15 +6,11 @@ import (
 	"slices"
 	"time"
 
+	"tandem/engine"
 	"tandem/hal"
 	"tandem/model"
 	"tandem/sim"
 )
-
-// Forwarder is a forward step to profile (engine.Forwarder: the model's own, or a Step).
-type Forwarder interface {
-	Forward(b *model.Batch, logits []float32) error
-}
 
 // PrefillShape is a step of Seqs sequences each computing Tokens prompt tokens on top of
 // Context tokens already in the KV cache.
@@ -67,12 +63,15 @@ func (p Plan) Blocks(blockSize int) int {
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
+// A Step is one of the forward steps an engine drives and Profile times.
+var _ engine.Forwarder = (*Step)(nil)
+
 // Profile times f on every step of p and returns one sample per shape: the median of its
 // repetitions, after one warm-up step. Token ids are arbitrary (pseudo-random below vocab):
 // the time of a step does not depend on them, nor on what the KV cache holds, so no
 // context is prefilled first. clock nil is the wall clock; progress, if set, is told how
 // many shapes are done.
-func Profile(ctx context.Context, f Forwarder, vocab, blockSize int, p Plan, clock Clock, progress func(done, total int)) ([]sim.Sample, error) {
+func Profile(ctx context.Context, f engine.Forwarder, vocab, blockSize int, p Plan, clock Clock, progress func(done, total int)) ([]sim.Sample, error) {
 	if clock == nil {
 		clock = realClock{}
 	}

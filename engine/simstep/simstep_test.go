@@ -142,7 +142,7 @@ func demoModel(t *testing.T) *model.Model {
 		t.Fatal(err)
 	}
 	be := cpu.New(1)
-	t.Cleanup(be.Close)
+	t.Cleanup(func() { be.Close() })
 	m, err := model.FromGGUF(f, be)
 	if err != nil {
 		t.Fatal(err)

@@ -63,7 +63,8 @@ func (s *kvStore) offset(block, head, slot int) int {
 
 // StoreKV writes each token's keys and values at its position; an F16 store
 // rounds them to nearest even.
-func (b *Backend) StoreKV(store hal.KVStore, layer int, k, v []float32, batch *hal.AttnBatch) {
+func (b *Backend) StoreKV(store hal.KVStore, layer int, kb, vb hal.Buf, batch *hal.AttnBatch) {
+	k, v := host(kb), host(vb)
 	s := store.(*kvStore)
 	l := s.layout
 	row := l.KVHeads * l.HeadDim
@@ -106,7 +107,8 @@ func (b *Backend) StoreKV(store hal.KVStore, layer int, k, v []float32, batch *h
 // F16 store every key and value is widened to float32 (exactly) and then
 // takes the same operations, so an F16 store gives the bits an F32 store
 // holding the same rounded values would.
-func (b *Backend) Attention(out, q []float32, heads int, scale float32, store hal.KVStore, layer int, batch *hal.AttnBatch) {
+func (b *Backend) Attention(outb, qb hal.Buf, heads int, scale float32, store hal.KVStore, layer int, batch *hal.AttnBatch) {
+	out, q := host(outb), host(qb)
 	s := store.(*kvStore)
 	l := s.layout
 	hd, bs := l.HeadDim, l.BlockSize

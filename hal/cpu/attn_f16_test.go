@@ -124,8 +124,8 @@ func TestAttentionF16Store(t *testing.T) {
 			if st16.Bytes()*2 != st32.Bytes() {
 				t.Errorf("F16 store %d bytes, F32 %d", st16.Bytes(), st32.Bytes())
 			}
-			be.StoreKV(st32, 1, kr, vr, batch)
-			be.StoreKV(st16, 1, k, v, batch)
+			be.StoreKV(st32, 1, hal.HostBuf(kr), hal.HostBuf(vr), batch)
+			be.StoreKV(st16, 1, hal.HostBuf(k), hal.HostBuf(v), batch)
 			s32, s16 := st32.(*kvStore), st16.(*kvStore)
 			for i := range s32.k[1] {
 				if FP32ToFP16(s32.k[1][i]) != s16.k16[1][i] || FP32ToFP16(s32.v[1][i]) != s16.v16[1][i] {
@@ -134,8 +134,8 @@ func TestAttentionF16Store(t *testing.T) {
 			}
 			q := testRandRow(r, tokens*c.heads*c.hd)
 			o32, o16 := make([]float32, len(q)), make([]float32, len(q))
-			be.Attention(o32, q, c.heads, 0.125, st32, 1, batch)
-			be.Attention(o16, q, c.heads, 0.125, st16, 1, batch)
+			be.Attention(hal.HostBuf(o32), hal.HostBuf(q), c.heads, 0.125, st32, 1, batch)
+			be.Attention(hal.HostBuf(o16), hal.HostBuf(q), c.heads, 0.125, st16, 1, batch)
 			for i := range o32 {
 				if math.Float32bits(o32[i]) != math.Float32bits(o16[i]) {
 					t.Fatalf("out %d: F16 store %g, F32 store of the rounded values %g", i, o16[i], o32[i])

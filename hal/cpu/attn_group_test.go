@@ -134,12 +134,12 @@ func TestAttentionGroupedPerHead(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				be.StoreKV(st, 0, k, v, batch)
+				be.StoreKV(st, 0, hal.HostBuf(k), hal.HostBuf(v), batch)
 				q := testRandRow(r, tokens*c.heads*c.hd)
 				og, oh := make([]float32, len(q)), make([]float32, len(q))
-				be.Attention(og, q, c.heads, 0.125, st, 0, batch)
+				be.Attention(hal.HostBuf(og), hal.HostBuf(q), c.heads, 0.125, st, 0, batch)
 				be.perHeadAttn = true
-				be.Attention(oh, q, c.heads, 0.125, st, 0, batch)
+				be.Attention(hal.HostBuf(oh), hal.HostBuf(q), c.heads, 0.125, st, 0, batch)
 				be.perHeadAttn = false
 				for i := range og {
 					if math.Float32bits(og[i]) != math.Float32bits(oh[i]) {

@@ -17,8 +17,7 @@ import (
 // the garbage of requests had grown as large as the whole cache (+180 MiB
 // of resident memory over 150 short requests to Qwen 0.5B with a 9 GiB
 // budget, the next collection due at 12.6 GB). Pages are zero and not
-// resident until first written, as before. The arrays KVBytes hands out
-// are valid while the store is reachable.
+// resident until first written, as before.
 func newHostKVStore(l hal.KVLayout, per int) (*kvStore, error) {
 	es := l.ElemBytes()
 	n := 2 * l.Layers * per
@@ -27,7 +26,7 @@ func newHostKVStore(l hal.KVLayout, per int) (*kvStore, error) {
 	}
 	mem, free, err := mapKV(n * es)
 	if err != nil {
-		return nil, fmt.Errorf("cpu: KV store of %d bytes: %w", n*es, err)
+		return nil, fmt.Errorf("cpu: KV store of %d bytes: %w: %w", n*es, hal.ErrOutOfMemory, err)
 	}
 	s := &kvStore{layout: l, kb: make([][]byte, l.Layers), vb: make([][]byte, l.Layers)}
 	pb := per * es

@@ -40,12 +40,12 @@ func BenchmarkMatMulDecode(b *testing.B) {
 		x := testRandRow(rand.New(rand.NewPCG(1, 2)), k)
 		out := make([]float32, rows)
 		be := New(0)
-		be.MatMul(out, x, 1, w) // packs w where its format is packed
+		be.MatMul(hal.HostBuf(out), hal.HostBuf(x), 1, w) // packs w where its format is packed
 		b.Run(typ.String(), func(b *testing.B) {
 			b.SetBytes(int64(len(w.Data)))
 			b.ReportAllocs()
 			for b.Loop() {
-				be.MatMul(out, x, 1, w)
+				be.MatMul(hal.HostBuf(out), hal.HostBuf(x), 1, w)
 			}
 		})
 		be.Close()
@@ -67,11 +67,11 @@ func BenchmarkMatMulBatch16(b *testing.B) {
 		x := testRandRow(rand.New(rand.NewPCG(1, 2)), 16*k)
 		out := make([]float32, 16*rows)
 		be := New(0)
-		be.MatMul(out, x, 16, w)
+		be.MatMul(hal.HostBuf(out), hal.HostBuf(x), 16, w)
 		b.Run(typ.String(), func(b *testing.B) {
 			b.SetBytes(int64(len(w.Data)))
 			for b.Loop() {
-				be.MatMul(out, x, 16, w)
+				be.MatMul(hal.HostBuf(out), hal.HostBuf(x), 16, w)
 			}
 		})
 		be.Close()
@@ -89,11 +89,11 @@ func BenchmarkMatMulPrompt(b *testing.B) {
 		x := testRandRow(rand.New(rand.NewPCG(1, 2)), m*k)
 		out := make([]float32, m*n)
 		be := New(0)
-		be.MatMul(out, x, m, w)
+		be.MatMul(hal.HostBuf(out), hal.HostBuf(x), m, w)
 		b.Run(typ.String(), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				be.MatMul(out, x, m, w)
+				be.MatMul(hal.HostBuf(out), hal.HostBuf(x), m, w)
 			}
 			b.ReportMetric(float64(2*k*n*m)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})
@@ -192,12 +192,12 @@ func benchMatMulFloat(b *testing.B, typ hal.DType) {
 				v = f
 			}
 			be := New(0)
-			be.MatMul(out, x, m, w)
+			be.MatMul(hal.HostBuf(out), hal.HostBuf(x), m, w)
 			be.packs.m[w].f = v
 			b.Run(c.name+"/"+name, func(b *testing.B) {
 				b.ReportAllocs()
 				for b.Loop() {
-					be.MatMul(out, x, m, w)
+					be.MatMul(hal.HostBuf(out), hal.HostBuf(x), m, w)
 				}
 				b.ReportMetric(float64(2*k*n*m)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 				b.ReportMetric(float64(len(w.Data))*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")

@@ -10,7 +10,16 @@ import (
 // llama.cpp does), then computes every output element as one dot product
 // with a fixed reduction order. Work is split over weight rows, so each
 // weight row is read once for the whole batch.
-func (b *Backend) MatMul(out, x []float32, rows int, w *hal.Weight) {
+func (b *Backend) MatMul(out, x hal.Buf, rows int, w *hal.Weight) {
+	b.matMul(host(out), host(x), rows, w)
+}
+
+// Logits is MatMul into host memory, which on the CPU is where MatMul writes.
+func (b *Backend) Logits(dst []float32, x hal.Buf, rows int, w *hal.Weight) {
+	b.matMul(dst, host(x), rows, w)
+}
+
+func (b *Backend) matMul(out, x []float32, rows int, w *hal.Weight) {
 	if p := b.packs.packed(w, b.pool); p != nil {
 		b.matMulPacked(x, rows, w, packedPart{p: p, out: out, n: w.Rows})
 		return
@@ -26,18 +35,19 @@ func (b *Backend) MatMul(out, x []float32, rows int, w *hal.Weight) {
 // up) share one conversion of x and one job over all their rows: one wait
 // for the workers instead of two per weight, and the small k and v
 // projections no longer make jobs of their own.
-func (b *Backend) MatMuls(x []float32, rows int, ps []hal.MatMulOut) {
+func (b *Backend) MatMuls(xb hal.Buf, rows int, ps []hal.MatMulOut) {
+	x := host(xb)
 	var parts [maxProducts]packedPart
 	shared := len(ps) <= maxProducts
 	for i := 0; shared && i < len(ps); i++ {
 		w := ps[i].W
 		p := b.packs.packed(w, b.pool)
 		shared = p != nil && (i == 0 || p.f == parts[0].p.f && w.Cols == ps[0].W.Cols)
-		parts[i] = packedPart{p: p, out: ps[i].Out, n: w.Rows}
+		parts[i] = packedPart{p: p, out: host(ps[i].Out), n: w.Rows}
 	}
 	if !shared {
 		for _, p := range ps {
-			b.MatMul(p.Out, x, rows, p.W)
+			b.matMul(host(p.Out), x, rows, p.W)
 		}
 		return
 	}
@@ -122,7 +132,8 @@ func (t *matmulTask) runRange(worker, lo, hi int) {
 }
 
 // Embed dequantizes the embedding rows of ids.
-func (b *Backend) Embed(out []float32, w *hal.Weight, ids []int32) {
+func (b *Backend) Embed(outb hal.Buf, w *hal.Weight, ids []int32) {
+	out := host(outb)
 	k := w.Cols
 	rb := w.RowBytes()
 	packed := b.packs.released(w)
@@ -139,7 +150,8 @@ func (b *Backend) Embed(out []float32, w *hal.Weight, ids []int32) {
 
 // RMSNorm follows ggml: the mean square is summed in float64, the scale
 // applied in float32, then the weight multiplied in.
-func (b *Backend) RMSNorm(out, x, weight []float32, eps float32) {
+func (b *Backend) RMSNorm(outb, xb hal.Buf, weight []float32, eps float32) {
+	out, x := host(outb), host(xb)
 	n := len(weight)
 	rows := len(x) / n
 	if rows*n < 4096 {
@@ -182,8 +194,8 @@ func rmsNormRow(out, x, weight []float32, eps float32) {
 // RoPE rotates pairs of each head by position-dependent angles. Angles are
 // built as ggml builds them: θ_i = pos · base^(-2i/dims) by repeated float32
 // multiplication, divided by the frequency factor and scaled.
-func (b *Backend) RoPE(x []float32, heads, headDim int, pos []int32, r *hal.RoPE) {
-	b.rope = ropeTask{b: b, x: x, heads: heads, headDim: headDim, pos: pos, r: r}
+func (b *Backend) RoPE(x hal.Buf, heads, headDim int, pos []int32, r *hal.RoPE) {
+	b.rope = ropeTask{b: b, x: host(x), heads: heads, headDim: headDim, pos: pos, r: r}
 	b.pool.run(len(pos), &b.rope)
 }
 
@@ -247,8 +259,9 @@ func ropeHead(x, cache []float32, r *hal.RoPE) {
 // SiLUMul sets gate[i] = silu(gate[i]) · up[i].
 // The SIMD kernel gives the same bits (see silu_amd64.s); it leaves chunks
 // with extreme inputs to siluMulRef.
-func (b *Backend) SiLUMul(gate, up []float32) {
-	up = up[:len(gate)]
+func (b *Backend) SiLUMul(gateb, upb hal.Buf) {
+	gate := host(gateb)
+	up := host(upb)[:len(gate)]
 	if len(gate) < 2*elementwiseChunk {
 		siluMul(gate, up)
 		return
@@ -288,7 +301,9 @@ func siluMulRef(gate, up []float32) {
 }
 
 // Add sets dst[i] += src[i].
-func (b *Backend) Add(dst, src []float32) {
+func (b *Backend) Add(dst, src hal.Buf) { add(host(dst), host(src)) }
+
+func add(dst, src []float32) {
 	src = src[:len(dst)]
 	i := addSIMD(dst, src)
 	for ; i < len(dst); i++ {
@@ -297,10 +312,19 @@ func (b *Backend) Add(dst, src []float32) {
 }
 
 // AddBias adds bias to every row of x.
-func (b *Backend) AddBias(x, bias []float32) {
+func (b *Backend) AddBias(xb hal.Buf, bias []float32) {
+	x := host(xb)
 	n := len(bias)
 	for r := 0; r+n <= len(x); r += n {
-		b.Add(x[r:r+n], bias)
+		add(x[r:r+n], bias)
+	}
+}
+
+// CopyRows sets row i of dst to row rows[i] of src.
+func (b *Backend) CopyRows(dstb, srcb hal.Buf, width int, rows []int) {
+	dst, src := host(dstb), host(srcb)
+	for i, r := range rows {
+		copy(dst[i*width:(i+1)*width], src[r*width:(r+1)*width])
 	}
 }
 

@@ -102,11 +102,11 @@ func testPackedFloatKernels(t *testing.T, typ hal.DType, f *packFormat, model fu
 		for _, name := range names {
 			for _, threads := range []int{1, 2} {
 				be := New(threads)
-				be.MatMul(make([]float32, n), x[:k], 1, w) // packs w
+				be.MatMul(hal.HostBuf(make([]float32, n)), hal.HostBuf(x[:k]), 1, w) // packs w
 				be.packs.m[w].f = variants[name]
 				for _, rows := range []int{1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 17, 21, 24, 25, 33} {
 					out := make([]float32, rows*n)
-					be.MatMul(out, x[:rows*k], rows, w)
+					be.MatMul(hal.HostBuf(out), hal.HostBuf(x[:rows*k]), rows, w)
 					for i, got := range out {
 						if d := math.Abs(float64(got) - float64(ref[i])); !(d <= bound[i]) {
 							t.Fatalf("%s n=%d k=%d rows=%d threads=%d (m=%d, j=%d): packed %g, reference %g: |Δ| %g over %g", name, n, k, rows, threads, i/n, i%n, got, ref[i], d, bound[i])

@@ -52,7 +52,7 @@ func TestPackedMatMulBitEqual(t *testing.T) {
 				be := New(threads)
 				for rows := 0; rows <= 9; rows++ {
 					out := make([]float32, rows*n)
-					be.MatMul(out, x[:rows*k], rows, w)
+					be.MatMul(hal.HostBuf(out), hal.HostBuf(x[:rows*k]), rows, w)
 					for m := range rows {
 						xq := make([]byte, xrb)
 						QuantizeRow(vt, x[m*k:(m+1)*k], xq)
@@ -130,7 +130,7 @@ func TestPackWeightInWaves(t *testing.T) {
 	for _, threads := range []int{1, 2} {
 		be := New(threads)
 		out := make([]float32, n)
-		be.MatMul(out, x, 1, w)
+		be.MatMul(hal.HostBuf(out), hal.HostBuf(x), 1, w)
 		for j := range n {
 			want := vecDotRef(typ, k, wd[j*len(row):(j+1)*len(row)], xq)
 			if math.Float32bits(out[j]) != math.Float32bits(want) {
@@ -203,14 +203,14 @@ func TestMatMulsMatchesMatMul(t *testing.T) {
 				var ps []hal.MatMulOut
 				var want [][]float32
 				for _, w := range ws {
-					ps = append(ps, hal.MatMulOut{Out: make([]float32, rows*w.Rows), W: w})
+					ps = append(ps, hal.MatMulOut{Out: hal.HostBuf(make([]float32, rows*w.Rows)), W: w})
 					o := make([]float32, rows*w.Rows)
-					be.MatMul(o, x[:rows*w.Cols], rows, w)
+					be.MatMul(hal.HostBuf(o), hal.HostBuf(x[:rows*w.Cols]), rows, w)
 					want = append(want, o)
 				}
-				be.MatMuls(x[:rows*k], rows, ps)
+				be.MatMuls(hal.HostBuf(x[:rows*k]), rows, ps)
 				for i := range ps {
-					for j, got := range ps[i].Out {
+					for j, got := range ps[i].Out.Host() {
 						if math.Float32bits(got) != math.Float32bits(want[i][j]) {
 							t.Fatalf("%s threads=%d rows=%d product %d element %d: %g, MatMul %g", name, threads, rows, i, j, got, want[i][j])
 						}

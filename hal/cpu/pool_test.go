@@ -26,8 +26,9 @@ func TestOpsAllocateNothing(t *testing.T) {
 	kv := testRandRow(r, rows*kvHeads*hd)
 	ao := make([]float32, rows*heads*hd)
 	out2, out3 := make([]float32, rows*(n+16)), make([]float32, rows*n)
-	prods := []hal.MatMulOut{{Out: out, W: weights[hal.Q8_0]}, {Out: out2, W: benchWeight(hal.Q8_0, n+16, k)}, {Out: out3, W: weights[hal.Q5_0]}}
+	prods := []hal.MatMulOut{{Out: hal.HostBuf(out), W: weights[hal.Q8_0]}, {Out: hal.HostBuf(out2), W: benchWeight(hal.Q8_0, n+16, k)}, {Out: hal.HostBuf(out3), W: weights[hal.Q5_0]}}
 	rope := &hal.RoPE{Dims: hd, Base: 10000, Neox: true}
+	rowsOut := []int{4, 1}
 	batch := &hal.AttnBatch{Blocks: [][]int32{{0, 1}}, Pos: []int32{0, 1, 2, 3, 17}, SeqOf: []int32{0, 0, 0, 0, 0}}
 	for _, threads := range []int{1, 2} {
 		be := New(threads)
@@ -41,19 +42,21 @@ func TestOpsAllocateNothing(t *testing.T) {
 		}
 		step := func() {
 			for _, w := range weights {
-				be.MatMul(out, x, rows, w)
-				be.MatMul(out[:n], x[:k], 1, w)
+				be.MatMul(hal.HostBuf(out), hal.HostBuf(x), rows, w)
+				be.MatMul(hal.HostBuf(out[:n]), hal.HostBuf(x[:k]), 1, w)
 			}
-			be.MatMuls(x, rows, prods[:2]) // one job
-			be.MatMuls(x, rows, prods)     // formats differ: one at a time
-			be.RMSNorm(x, x, norm, 1e-6)
-			be.Add(x, x)
-			be.RoPE(q, heads, hd, batch.Pos, rope)
-			be.StoreKV(store, 0, kv, kv, batch)
-			be.Attention(ao, q, heads, 0.125, store, 0, batch)
-			be.StoreKV(store16, 0, kv, kv, batch)
-			be.Attention(ao, q, heads, 0.125, store16, 0, batch)
-			be.SiLUMul(x[:k], x[k:2*k])
+			be.MatMuls(hal.HostBuf(x), rows, prods[:2]) // one job
+			be.MatMuls(hal.HostBuf(x), rows, prods)     // formats differ: one at a time
+			be.RMSNorm(hal.HostBuf(x), hal.HostBuf(x), norm, 1e-6)
+			be.Add(hal.HostBuf(x), hal.HostBuf(x))
+			be.RoPE(hal.HostBuf(q), heads, hd, batch.Pos, rope)
+			be.StoreKV(store, 0, hal.HostBuf(kv), hal.HostBuf(kv), batch)
+			be.Attention(hal.HostBuf(ao), hal.HostBuf(q), heads, 0.125, store, 0, batch)
+			be.StoreKV(store16, 0, hal.HostBuf(kv), hal.HostBuf(kv), batch)
+			be.Attention(hal.HostBuf(ao), hal.HostBuf(q), heads, 0.125, store16, 0, batch)
+			be.SiLUMul(hal.HostBuf(x[:k]), hal.HostBuf(x[k:2*k]))
+			be.CopyRows(hal.HostBuf(x[:2*k]), hal.HostBuf(x), k, rowsOut)
+			be.Logits(out, hal.HostBuf(x), rows, weights[hal.Q8_0])
 		}
 		step()
 		if a := testing.AllocsPerRun(5, step); a != 0 {

@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"tandem/hal"
 )
 
 // TestSiLUMulBitEqual holds Backend.SiLUMul (SIMD where the CPU has it) to
@@ -45,7 +47,7 @@ func testSiLUMul(t *testing.T, be *Backend, in, up []float32) {
 			}
 			got := append([]float32(nil), in[off:off+n]...)
 			want := append([]float32(nil), in[off:off+n]...)
-			be.SiLUMul(got, up[off:off+n])
+			be.SiLUMul(hal.HostBuf(got), hal.HostBuf(up[off:off+n]))
 			siluMulRef(want, up[off:off+n])
 			for i := range want {
 				if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(math.IsNaN(float64(got[i])) && math.IsNaN(float64(want[i]))) {
@@ -76,7 +78,7 @@ func TestAddBitEqual(t *testing.T) {
 			want[i] += src[i]
 		}
 		got := append([]float32(nil), dst...)
-		be.Add(got, src)
+		be.Add(hal.HostBuf(got), hal.HostBuf(src))
 		for i := range want {
 			if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(math.IsNaN(float64(got[i])) && math.IsNaN(float64(want[i]))) {
 				t.Fatalf("Add n=%d: %g + %g = %g, scalar %g", n, dst[i], src[i], got[i], want[i])
@@ -87,7 +89,7 @@ func TestAddBitEqual(t *testing.T) {
 		}
 		bias := src[:17]
 		got = append(got[:0], dst...)
-		be.AddBias(got, bias)
+		be.AddBias(hal.HostBuf(got), bias)
 		for i := range got[:n/17*17] {
 			if w := dst[i] + bias[i%17]; math.Float32bits(got[i]) != math.Float32bits(w) && !math.IsNaN(float64(w)) {
 				t.Fatalf("AddBias n=%d at %d: %g, scalar %g", n, i, got[i], w)

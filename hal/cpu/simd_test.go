@@ -173,10 +173,10 @@ func TestMatMulBatchInvariantSIMD(t *testing.T) {
 			be := New(threads)
 			for rows := 1; rows <= 9; rows++ {
 				out := make([]float32, rows*n)
-				be.MatMul(out, x[:rows*k], rows, w)
+				be.MatMul(hal.HostBuf(out), hal.HostBuf(x[:rows*k]), rows, w)
 				for m := range rows {
 					one := make([]float32, n)
-					be.MatMul(one, x[m*k:(m+1)*k], 1, w)
+					be.MatMul(hal.HostBuf(one), hal.HostBuf(x[m*k:(m+1)*k]), 1, w)
 					if rows == 1 && threads == 1 {
 						copy(ref, one)
 					}
