@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -38,11 +39,75 @@ type Server struct {
 	mu      sync.RWMutex
 	methods map[string]handler
 	join    *joinService
+
+	// Shutdown: new calls and connections are refused while calls (counted in active)
+	// finish; then stop ends every Serve as its context's end does.
+	shutting atomic.Bool
+	active   callCount
+	stopOnce sync.Once
+	stopped  chan struct{} // closed by Shutdown when the calls are done or its deadline passed
+}
+
+// callCount counts running calls; idle's channel is closed when none runs.
+type callCount struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{}
+}
+
+func (c *callCount) add() {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+}
+
+func (c *callCount) done() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n--; c.n == 0 && c.zero != nil {
+		close(c.zero)
+		c.zero = nil
+	}
+}
+
+func (c *callCount) idle() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == 0 {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
+	}
+	if c.zero == nil {
+		c.zero = make(chan struct{})
+	}
+	return c.zero
+}
+
+// ErrServerShutdown is the status of a call made to a Server that is shutting down.
+var ErrServerShutdown = &Status{Code: Unavailable, Message: "orpc: the server is shutting down"}
+
+// Shutdown shuts the server down gracefully, in the manner of net/http.Server.Shutdown: new
+// connections and new calls are refused at once (calls with ErrServerShutdown, which a
+// caller may retry elsewhere), the calls running continue until they return, and then
+// every Serve closes its listener and connections and returns. If ctx ends first, the
+// remaining calls are cancelled (their handlers see their contexts end) and Shutdown
+// returns ctx.Err() once Serve has cut them.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutting.Store(true)
+	var err error
+	select {
+	case <-s.active.idle():
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.stopOnce.Do(func() { close(s.stopped) })
+	return err
 }
 
 // NewServer returns a Server with no methods.
 func NewServer(opts ...Option) *Server {
-	return &Server{o: buildOptions(opts), methods: map[string]handler{}}
+	return &Server{o: buildOptions(opts), methods: map[string]handler{}, stopped: make(chan struct{})}
 }
 
 func (s *Server) register(method string, h handler) {
@@ -169,6 +234,13 @@ func (s *Server) Serve(ctx context.Context, l *quic.Listener) error {
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
+	go func() {
+		select {
+		case <-s.stopped: // Shutdown is done waiting: end as at ctx's end
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	var mine sync.WaitGroup
 	var err error
 	for {
@@ -178,6 +250,10 @@ func (s *Server) Serve(ctx context.Context, l *quic.Listener) error {
 				err = aerr
 			}
 			break
+		}
+		if s.shutting.Load() {
+			conn.CloseWithError(connCodeNoError, "server shutting down")
+			continue
 		}
 		mine.Add(1)
 		go func() {
@@ -397,6 +473,12 @@ func (s *Server) serveStream(conn *quic.Conn, peer *Peer, st *quic.Stream, looku
 	h, ok := lookup(req.method)
 	if !ok {
 		s.refuse(st, &Status{Code: NotFound, Message: fmt.Sprintf("unknown method %q", req.method)})
+		return
+	}
+	s.active.add()
+	defer s.active.done()
+	if s.shutting.Load() { // after add: Shutdown either waits for this call or it sees shutting
+		s.refuse(st, ErrServerShutdown)
 		return
 	}
 	st.SetReadDeadline(time.Time{})
