@@ -118,6 +118,11 @@ func (w *Worker) met() *metrics.KVTransfer { return w.cfg.KVMetrics }
 
 // prefill serves Worker.Prefill.
 func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*cluster.PrefillReply, error) {
+	ctx, admitted, err := w.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
 	ctx, done := w.regs.bind(ctx, req.Generate.DispatchKey)
 	defer done()
 	eng := w.kvEngine()
@@ -427,6 +432,11 @@ func (w *Worker) pullFailed(ctx context.Context, err error) error {
 // lacks, then generation as Worker.Generate does it. A failed pull falls back to computing
 // the prompt here, unless the source is strict.
 func (w *Worker) decode(ctx context.Context, req *cluster.DecodeRequest, send func(*cluster.GenerateEvent) error) error {
+	ctx, admitted, err := w.admit(ctx)
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	ctx, done := w.regs.bind(ctx, req.Generate.DispatchKey)
 	defer done()
 	eng := w.kvEngine()
@@ -446,6 +456,9 @@ func (w *Worker) decode(ctx context.Context, req *cluster.DecodeRequest, send fu
 		}
 	}
 	if err != nil {
+		if ev, cut := w.cutEvent(ctx); cut {
+			return send(ev)
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

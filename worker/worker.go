@@ -106,6 +106,10 @@ type Worker struct {
 
 	regs registrations
 	kvx  kvXfer // clients to other workers, for KV pulls
+
+	drain   drain              // drain.go
+	stopRun context.CancelFunc // ends Run (Shutdown); guarded by mu
+	runDone chan struct{}      // closed when Run returns
 }
 
 // New checks cfg and returns a Worker; Run starts it. Without a join token it loads the
@@ -143,7 +147,9 @@ func New(cfg Config) (*Worker, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	w := &Worker{cfg: cfg, log: log.With("component", "worker"), ready: make(chan struct{}), connected: map[string]uint64{}}
+	w := &Worker{cfg: cfg, log: log.With("component", "worker"), ready: make(chan struct{}), connected: map[string]uint64{},
+		runDone: make(chan struct{})}
+	w.drain.init()
 	if cfg.Identity == nil {
 		if err := w.loadIdentity(); err != nil {
 			return nil, err
@@ -230,6 +236,13 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // registration with every router until ctx is done. It returns ctx's error, or the error
 // that made it impossible to go on (a join token refused, a port taken).
 func (w *Worker) Run(ctx context.Context) error {
+	defer close(w.runDone)
+	outer := ctx
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	w.mu.Lock()
+	w.stopRun = stop
+	w.mu.Unlock()
 	pc, err := net.ListenPacket("udp", w.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("worker: ORPC listen %s: %w", w.cfg.Listen, err)
@@ -286,7 +299,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	<-ctx.Done()
 	l.Close()
 	wg.Wait()
-	return ctx.Err()
+	return outer.Err() // nil after Shutdown
 }
 
 // identity returns the configured identity, or the one in the state directory, or joins a
@@ -555,7 +568,7 @@ func (w *Worker) Load() cluster.LoadReport {
 			KVUsage:       st.KVUsage,
 			KVBlocks:      st.KVBlocks,
 			LastEventID:   w.cfg.Engine.Pool().Stats().LastEventID,
-			Healthy:       true,
+			Healthy:       !w.Draining(),
 			StepMicros:    int(st.LastStep / time.Microsecond),
 			StepTokens:    st.LastStepTokens,
 		}
@@ -569,7 +582,7 @@ func (w *Worker) Load() cluster.LoadReport {
 		KVUsage:       st.Usage(),
 		KVBlocks:      st.Blocks,
 		LastEventID:   st.LastEventID,
-		Healthy:       true,
+		Healthy:       !w.Draining(),
 	}
 }
 
@@ -577,6 +590,11 @@ func (w *Worker) Load() cluster.LoadReport {
 // The call's context is the sequence's: a caller that cancels frees it at once, and so does
 // the loss of the router that sent it (registrations.bind).
 func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, send func(*cluster.GenerateEvent) error) error {
+	ctx, admitted, err := w.admit(ctx)
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	ctx, done := w.regs.bind(ctx, req.DispatchKey)
 	defer done()
 	return w.generateBound(ctx, req, send)
@@ -614,6 +632,9 @@ func (w *Worker) generateBound(ctx context.Context, req *cluster.GenerateRequest
 			return nil
 		}
 		if err != nil {
+			if ev, cut := w.cutEvent(ctx); cut {
+				return send(ev)
+			}
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

@@ -13,18 +13,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"tandem/cluster"
 	"tandem/engine"
-	"tandem/gguf"
 	"tandem/httpserve"
-	"tandem/kvcache"
-	"tandem/metrics"
-	"tandem/modelgen"
-	"tandem/openai"
+	"tandem/node"
 	"tandem/orpc"
 	"tandem/worker"
 )
@@ -109,8 +104,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	timing, err := bk.check(joins, *advertise, *orpcPort)
-	if err != nil {
+	if _, err := bk.check(joins, *advertise, *orpcPort); err != nil {
 		return err
 	}
 	kvType, err := kvt.parse()
@@ -139,168 +133,60 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			name = modelName(*modelPath, m.Config.Name)
 		}
 	}
-	if *maxModelLen > 0 {
-		m.Config.ContextLen = *maxModelLen
-	}
 	m.KVType = kvType
-	perToken := m.KVBytesPerToken()
-	budget, err := kvBudget(*kvMem, perToken, *maxSeqs*m.Config.ContextLen)
-	if err != nil {
-		return err
+	var budget int64
+	if *kvMem != "" {
+		if budget, err = parseBytes(*kvMem); err != nil {
+			return fmt.Errorf("--kv-cache-memory: %w", err)
+		}
 	}
-	blocks := int(budget / (perToken * int64(*blockSize)))
-	if blocks*(*blockSize) < m.Config.ContextLen {
-		log.Warn("KV cache smaller than the context; lowering the context length", "kv_tokens", blocks**blockSize, "context", m.Config.ContextLen)
-		m.Config.ContextLen = blocks * *blockSize
-	}
-	if blocks < 1 || m.Config.ContextLen < 2 {
-		return fmt.Errorf("a KV budget of %d bytes holds no useful context (%d bytes per token)", budget, perToken)
-	}
-	reg := metrics.NewRegistry()
-	engines, err := bk.newEngines(m, be, timing, engine.Config{
-		MaxBatchTokens: *maxBatch,
-		MaxSeqs:        *maxSeqs,
-		MaxQueue:       *maxQueue,
-		BlockSize:      *blockSize,
-		KVBlocks:       blocks,
-		Salt:           kvcache.Salt(name, "", ""),
-		Metrics:        metrics.NewEngine(reg, name),
-		Logger:         log,
+	n, err := node.Start(ctx, node.Config{
+		Model: m, Backend: be, ModelPath: *modelPath, Name: name,
+		KVBudget: budget, MaxModelLen: *maxModelLen, BlockSize: *blockSize,
+		MaxBatchTokens: *maxBatch, MaxSeqs: *maxSeqs, MaxQueue: *maxQueue,
+		Sim: bk.simTiming(), Replicas: *bk.replicas,
+		HTTP: node.HTTP{
+			Addr: net.JoinHostPort(*host, strconv.Itoa(*port)), TLSCert: *tlsCert, TLSKey: *tlsKey,
+			APIKey: *apiKey, PublicMetrics: *publicMetrics, BodyReadTimeout: *bodyTimeout, MinBodyRate: *minBodyRate,
+		},
+		Cluster: node.Cluster{
+			Routers: joins, Token: *joinToken, StateDir: *stateDir, Role: *role, NodeName: *nodeName,
+			Host: *host, ORPCPort: *orpcPort, Advertise: *advertise, KVHold: *kvHold, KVSendRate: float64(sendRate),
+		},
+		Logger: log,
 	})
 	if err != nil {
 		return err
 	}
-	eng := engines[0]
-	metrics.RegisterKVState(reg, name, func() float64 { return float64(eng.Pool().Stats().Used) },
-		func() float64 { h, _ := eng.HeldStats(); return float64(h) },
-		func() float64 { _, x := eng.HeldStats(); return float64(x) })
-	engineCtx, stopEngine := context.WithCancel(context.Background())
-	engineDone := make(chan error, len(engines))
-	for _, e := range engines {
-		go func() { engineDone <- e.Run(engineCtx) }()
-	}
-
-	api := openai.NewHandler([]*openai.Model{{
-		ID:         name,
-		Tokenizer:  m.Tokenizer,
-		ContextLen: m.Config.ContextLen,
-		Created:    time.Now().Unix(),
-		OwnedBy:    "tandem",
-		Backend:    eng,
-	}}, openai.Options{APIKey: *apiKey, Logger: log, Metrics: metrics.NewHTTP(reg, "tandem")})
-	metricsToken := *apiKey
-	if *publicMetrics {
-		metricsToken = ""
-	}
-	var ready atomic.Bool
-	srv, err := httpserve.New(httpserve.Config{
-		Addr:            net.JoinHostPort(*host, strconv.Itoa(*port)),
-		Handler:         api,
-		TLSCert:         *tlsCert,
-		TLSKey:          *tlsKey,
-		Ready:           ready.Load,
-		Metrics:         metrics.Handler(reg),
-		MetricsToken:    metricsToken,
-		DrainTimeout:    *drain,
-		BodyReadTimeout: *bodyTimeout,
-		MinBodyRate:     *minBodyRate,
-		Logger:          log,
-	})
-	if err != nil {
-		stopEngine()
-		return err
-	}
-	if err := srv.Start(); err != nil {
-		stopEngine()
-		return err
-	}
-	ready.Store(true)
-	var workerDone <-chan struct{}
-	var workerFatal <-chan error
-	if len(joins) > 0 {
-		tokFormat, tokFiles, err := tokenizerCard(*modelPath)
-		if err != nil {
-			srv.Shutdown(context.Background())
-			stopEngine()
-			return err
-		}
-		workerCtx, stopWorker := context.WithCancel(ctx)
-		defer stopWorker()
-		workerDone, workerFatal, err = bk.startWorkers(workerCtx, engines, worker.Config{
-			Card: cluster.ModelCard{
-				Model: name, Role: *role, HashVersion: kvcache.HashVersion, BlockSize: *blockSize,
-				Salt: kvcache.Salt(name, "", ""), KVBlocks: blocks, ContextLen: m.Config.ContextLen,
-				TokenizerFormat: tokFormat, TokenizerFiles: tokFiles, ChatTemplate: m.ChatTemplate,
-			},
-			Node:       *nodeName,
-			Routers:    joins,
-			Token:      *joinToken,
-			StateDir:   *stateDir,
-			Advertise:  *advertise,
-			KVMetrics:  metrics.NewKVTransfer(reg, name),
-			Metrics:    metrics.NewWorker(reg),
-			KVHold:     *kvHold,
-			KVSendRate: float64(sendRate),
-			Logger:     log,
-		}, *host, *orpcPort, log)
-		if err != nil {
-			srv.Shutdown(context.Background())
-			stopEngine()
-			return err
-		}
-	}
+	blocks, perToken := n.KVBlocks(), m.KVBytesPerToken()
 	fmt.Fprintf(stderr, "tandem serve: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s\n",
-		srv.URL(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
-		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), kvType, m.Config.ContextLen,
+		n.URL(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
+		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), kvType, n.ContextLen(),
 		loadTime.Round(time.Millisecond), be.Name())
 	if bk.sim() {
-		fmt.Fprintf(stderr, "  sim backend: %d replica(s), modelled compute %+v\n", len(engines), timing)
+		fmt.Fprintf(stderr, "  sim backend: %d replica(s), modelled compute %+v\n", len(n.Engines()), bk.timing)
 	}
 
 	var fatal error
 	select {
 	case <-ctx.Done():
-	case err := <-workerFatal:
+	case err := <-n.Fatal():
 		// A member that cannot join (a wrong token, a refused card) should not
 		// linger outside its cluster looking healthy.
 		fatal = fmt.Errorf("joining the cluster: %w", err)
 	}
-	log.Info("shutting down: finishing running requests", "deadline", *drain)
+	log.Info("shutting down: draining (running requests finish, routers send nothing new)", "deadline", *drain)
 	dctx, cancel := context.WithTimeout(context.Background(), *drain)
 	defer cancel()
-	err = srv.Shutdown(dctx)
-	if workerDone != nil {
-		<-workerDone
-	}
-	stopEngine()
-	for range engines {
-		<-engineDone
-	}
+	err = n.Shutdown(dctx)
 	if fatal != nil {
 		return fatal
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		log.Warn("drain deadline passed; remaining requests were cut")
+		log.Warn("drain deadline passed; the remaining requests were cut (those from routers migrate)")
 		return nil
 	}
 	return err
-}
-
-// tokenizerCard returns the tokenizer of the model at path (the demo model when path is
-// empty) as a cluster model card carries it.
-func tokenizerCard(path string) (string, []cluster.File, error) {
-	if path != "" {
-		return worker.TokenizerFor(path)
-	}
-	data, err := modelgen.DemoGGUF()
-	if err != nil {
-		return "", nil, fmt.Errorf("demo model: %w", err)
-	}
-	f, err := gguf.Parse(data)
-	if err != nil {
-		return "", nil, fmt.Errorf("demo model: %w", err)
-	}
-	return worker.TokenizerGGUF(f)
 }
 
 // stringList is a repeatable string flag.

@@ -1,23 +1,12 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
-	"net"
 	"os"
-	"path/filepath"
-	"strconv"
-	"time"
 
-	"tandem/engine"
-	"tandem/engine/simstep"
-	"tandem/hal"
-	"tandem/model"
 	"tandem/sim"
-	"tandem/worker"
 )
 
 // backendFlags are serve's choice of compute: the model's forward pass on the CPU, or the
@@ -85,13 +74,14 @@ func loadTiming(name string) (sim.Timing, error) {
 	return sim.ReadTiming(f)
 }
 
-// transferTime is the workers' modelled KV transfer time: the timing model's, with the sim
-// backend, whose blocks cross the wire without payload (docs/disaggregation.md).
-func (b *backendFlags) transferTime() func(int64) time.Duration {
+// simTiming is the sim backend's timing model, or nil for the forward pass. The node's
+// workers also time their (payload-free) KV pulls with it.
+func (b *backendFlags) simTiming() *sim.Timing {
 	if !b.sim() {
 		return nil
 	}
-	return b.timing.Transfer
+	t := b.timing
+	return &t
 }
 
 // threads is the CPU threads to start: the sim backend computes nothing.
@@ -100,106 +90,4 @@ func (b *backendFlags) threads(n int) int {
 		return 1
 	}
 	return n
-}
-
-// newEngines builds the engine, or with the sim backend its replicas; only the first
-// keeps cfg.Metrics (the engine metrics are per process, and the HTTP API is replica 0's).
-func (b *backendFlags) newEngines(m *model.Model, be hal.Backend, timing sim.Timing, cfg engine.Config) ([]*engine.Engine, error) {
-	if !b.sim() {
-		e, err := engine.New(m, be, cfg)
-		return []*engine.Engine{e}, err
-	}
-	tok := m.Tokenizer
-	var out []*engine.Engine
-	for i := range *b.replicas {
-		step, err := simstep.New(simstep.Config{Timing: timing, Vocab: m.Config.VocabSize,
-			Skip: func(id int32) bool { return tok.IsEOG(id) || tok.IsControl(id) }})
-		if err != nil {
-			return nil, err
-		}
-		c := cfg
-		if i > 0 {
-			c.Metrics = nil
-			c.Logger = cfg.Logger.With("replica", i)
-		}
-		e, err := engine.NewWithForwarder(m, step, c)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, e)
-	}
-	return out, nil
-}
-
-// startWorkers makes each engine a cluster member, with base's card and routers. A node's
-// name is the one in its certificate, so each replica has its own identity: replica 0's in
-// the state directory, replica i's in its subdirectory replica-i. Replica
-// i listens on orpcPort+i (a free port when orpcPort is 0) and is named node-i (default
-// names already differ by port). fatal receives the first error that ends a member; done is
-// closed when all have returned. With the sim backend, the workers model KV transfer time.
-func (b *backendFlags) startWorkers(ctx context.Context, engines []*engine.Engine, base worker.Config, host string, orpcPort int, log *slog.Logger) (done <-chan struct{}, fatal <-chan error, err error) {
-	n := len(engines)
-	ws := make([]*worker.Worker, n)
-	advHost := ""
-	if base.Advertise != "" && n > 1 {
-		if advHost, _, err = net.SplitHostPort(base.Advertise); err != nil {
-			return nil, nil, fmt.Errorf("--advertise: %w", err)
-		}
-	}
-	for i, e := range engines {
-		c := base
-		c.Engine = e
-		c.KVTransferTime = b.transferTime()
-		port := 0
-		if orpcPort > 0 {
-			port = orpcPort + i
-		}
-		c.Listen = net.JoinHostPort(host, strconv.Itoa(port))
-		c.StateDir = replicaStateDir(base.StateDir, i)
-		if n > 1 {
-			if c.Node != "" {
-				c.Node = fmt.Sprintf("%s-%d", base.Node, i)
-			}
-			if advHost != "" {
-				c.Advertise = net.JoinHostPort(advHost, strconv.Itoa(port))
-			}
-			c.Logger = base.Logger.With("replica", i)
-		}
-		if ws[i], err = worker.New(c); err != nil {
-			if n > 1 {
-				err = fmt.Errorf("replica %d: %w", i, err)
-			}
-			return nil, nil, err
-		}
-	}
-	doneCh := make(chan struct{})
-	fatalCh := make(chan error, n)
-	results := make(chan error, n)
-	run := func(w *worker.Worker) {
-		err := w.Run(ctx)
-		if err != nil && ctx.Err() == nil {
-			log.Error("cluster membership failed", "err", err)
-			fatalCh <- err
-		}
-		results <- err
-	}
-	go func() {
-		defer close(doneCh)
-		for _, w := range ws {
-			go run(w)
-		}
-		for range n {
-			<-results
-		}
-	}()
-	return doneCh, fatalCh, nil
-}
-
-// replicaStateDir is the state directory of sim replica i: dir itself for replica 0 (where
-// a single engine keeps its identity), dir/replica-i for the others.
-func replicaStateDir(dir string, i int) string {
-	if i == 0 || dir == "" {
-		return dir
-	}
-	return filepath.Join(dir, "replica-"+strconv.Itoa(i))
 }

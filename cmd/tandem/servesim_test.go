@@ -29,14 +29,14 @@ func TestServeTransferTime(t *testing.T) {
 		if _, err := bk.check(nil, "", 0); err != nil {
 			t.Fatalf("%v: %v", tc.args, err)
 		}
-		tt := bk.transferTime()
+		tm := bk.simTiming()
 		switch {
-		case tc.want < 0 && tt != nil:
+		case tc.want < 0 && tm != nil:
 			t.Errorf("%v: a modelled transfer time, want none", tc.args)
-		case tc.want >= 0 && tt == nil:
+		case tc.want >= 0 && tm == nil:
 			t.Errorf("%v: no modelled transfer time", tc.args)
-		case tc.want >= 0 && tt(1<<20) != tc.want:
-			t.Errorf("%v: 1 MiB takes %v, want %v", tc.args, tt(1<<20), tc.want)
+		case tc.want >= 0 && tm.Transfer(1<<20) != tc.want:
+			t.Errorf("%v: 1 MiB takes %v, want %v", tc.args, tm.Transfer(1<<20), tc.want)
 		}
 	}
 }

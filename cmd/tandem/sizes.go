@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"os"
@@ -44,40 +43,6 @@ func formatBytes(n int64) string {
 	default:
 		return fmt.Sprintf("%d KiB", n>>10)
 	}
-}
-
-// availableMemory reads MemAvailable from /proc/meminfo (0 if unknown).
-func availableMemory() int64 {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var kb int64
-		if n, _ := fmt.Sscanf(sc.Text(), "MemAvailable: %d kB", &kb); n == 1 {
-			return kb << 10
-		}
-	}
-	return 0
-}
-
-// kvBudget is the KV cache size: the flag's value, else 40% of available
-// memory but no more than maxTokens positions need.
-func kvBudget(flagValue string, perToken int64, maxTokens int) (int64, error) {
-	if flagValue != "" {
-		b, err := parseBytes(flagValue)
-		if err != nil {
-			return 0, fmt.Errorf("--kv-cache-memory: %w", err)
-		}
-		return b, nil
-	}
-	b := availableMemory() * 2 / 5
-	if b == 0 {
-		b = 2 << 30
-	}
-	return min(b, perToken*int64(maxTokens)), nil
 }
 
 func modelName(path, metaName string) string {

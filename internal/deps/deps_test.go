@@ -40,6 +40,7 @@ var allowed = map[string][]string{
 	"openai":        {"httpserve", "llm", "metrics", "tokenizer"},
 	"bench/loadgen": {"bench"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
+	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "kvcache", "metrics", "model", "modelgen", "openai", "sim", "worker"},
 	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "kvcache", "llm", "metrics", "openai", "orpc", "router", "tokenizer"},
 
 	// Binaries: flags and wiring.
@@ -51,7 +52,7 @@ var allowed = map[string][]string{
 // (tests may import others: the OpenAI SDK, chromedp).
 var thirdParty = map[string][]string{
 	"github.com/quic-go/quic-go":          {"orpc", "httpserve"},
-	"github.com/prometheus/client_golang": {"metrics", "router/live"},
+	"github.com/prometheus/client_golang": {"metrics", "router/live", "node"},
 	"github.com/ardanlabs/jinja":          {"tokenizer"},
 }
 

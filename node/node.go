@@ -1,0 +1,424 @@
+// Package node is one engine process as a value: its KV budget, its engine (or the sim
+// backend's replicas), the HTTP API, its cluster membership, and the ordered drain that
+// ends them. cmd/tandem turns flags into a Config; tests start nodes the same way.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"tandem/cluster"
+	"tandem/engine"
+	"tandem/engine/simstep"
+	"tandem/gguf"
+	"tandem/hal"
+	"tandem/httpserve"
+	"tandem/kvcache"
+	"tandem/metrics"
+	"tandem/model"
+	"tandem/modelgen"
+	"tandem/openai"
+	"tandem/sim"
+	"tandem/worker"
+)
+
+// Config describes a node. Zero values take the engine's and httpserve's defaults.
+type Config struct {
+	// Model and Backend are loaded by the caller, which closes them after Shutdown.
+	Model   *model.Model
+	Backend hal.Backend
+	// ModelPath is where Model came from ("": the built-in demo model); a cluster card
+	// carries the tokenizer read from it.
+	ModelPath string
+	// Name is the model's name in the API and the cluster (required).
+	Name string
+
+	// KVBudget is the KV cache size in bytes; 0 takes DefaultKVBudget.
+	KVBudget       int64
+	MaxModelLen    int // 0: the model's
+	BlockSize      int
+	MaxBatchTokens int
+	MaxSeqs        int
+	MaxQueue       int
+
+	// Sim, when set, replaces the forward pass by this timing model (the sim backend),
+	// with Replicas engines in the process (default 1; more need Cluster.Routers).
+	Sim      *sim.Timing
+	Replicas int
+
+	HTTP    HTTP
+	Cluster Cluster // no Routers: a node on its own
+	Logger  *slog.Logger
+}
+
+// HTTP configures the node's API server.
+type HTTP struct {
+	Addr            string // host:port; port 0 picks one
+	TLSCert, TLSKey string
+	APIKey          string
+	PublicMetrics   bool // /metrics without the API key
+	BodyReadTimeout time.Duration
+	MinBodyRate     int64
+}
+
+// Cluster configures the node's membership; see worker.Config.
+type Cluster struct {
+	Routers    []string
+	Token      string
+	StateDir   string
+	Role       string // cluster.RoleBoth (default), RolePrefill or RoleDecode
+	NodeName   string
+	Host       string // the ORPC listen host
+	ORPCPort   int    // replica i listens on ORPCPort+i; 0 picks free ports
+	Advertise  string
+	KVHold     time.Duration
+	KVSendRate float64 // bytes per second a KV pull is served at (0: unlimited)
+}
+
+// Node is a running engine process.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	engines []*engine.Engine
+	workers []*worker.Worker
+	http    *httpserve.Server
+
+	blocks     int
+	contextLen int
+
+	stopEngines context.CancelFunc
+	enginesDone chan error
+	workersDone sync.WaitGroup
+	fatal       chan error
+	shutOnce    sync.Once
+	shutErr     error
+}
+
+// DefaultKVBudget is 40% of the memory available now (2 GiB when unknown), but no more
+// than maxTokens positions of perToken bytes need.
+func DefaultKVBudget(perToken int64, maxTokens int) int64 {
+	b := availableMemory() * 2 / 5
+	if b == 0 {
+		b = 2 << 30
+	}
+	return min(b, perToken*int64(maxTokens))
+}
+
+// Start builds the engines, serves the API and joins the cluster; it returns once the API
+// answers (membership continues in the background: Fatal reports a failure to join). ctx
+// bounds the start alone; the node runs until Shutdown.
+func Start(ctx context.Context, cfg Config) (*Node, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if cfg.Model == nil || cfg.Name == "" {
+		return nil, errors.New("node: a model and its name are needed")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.Replicas > 1 && (cfg.Sim == nil || len(cfg.Cluster.Routers) == 0) {
+		return nil, errors.New("node: replicas need the sim backend and routers to reach them through")
+	}
+	if cfg.BlockSize <= 0 {
+		cfg.BlockSize = engine.DefaultBlockSize
+	}
+	if cfg.MaxSeqs <= 0 {
+		cfg.MaxSeqs = engine.DefaultMaxSeqs
+	}
+	m, log := cfg.Model, cfg.Logger
+	if cfg.MaxModelLen > 0 {
+		m.Config.ContextLen = cfg.MaxModelLen
+	}
+	perToken := m.KVBytesPerToken()
+	budget := cfg.KVBudget
+	if budget <= 0 {
+		budget = DefaultKVBudget(perToken, cfg.MaxSeqs*m.Config.ContextLen)
+	}
+	blocks := int(budget / (perToken * int64(cfg.BlockSize)))
+	if blocks*cfg.BlockSize < m.Config.ContextLen {
+		log.Warn("KV cache smaller than the context; lowering the context length", "kv_tokens", blocks*cfg.BlockSize, "context", m.Config.ContextLen)
+		m.Config.ContextLen = blocks * cfg.BlockSize
+	}
+	if blocks < 1 || m.Config.ContextLen < 2 {
+		return nil, fmt.Errorf("node: a KV budget of %d bytes holds no useful context (%d bytes per token)", budget, perToken)
+	}
+	n := &Node{cfg: cfg, log: log, reg: metrics.NewRegistry(), blocks: blocks, contextLen: m.Config.ContextLen,
+		enginesDone: make(chan error, cfg.Replicas), fatal: make(chan error, cfg.Replicas)}
+	if err := n.newEngines(); err != nil {
+		return nil, err
+	}
+	eng := n.engines[0]
+	metrics.RegisterKVState(n.reg, cfg.Name, func() float64 { return float64(eng.Pool().Stats().Used) },
+		func() float64 { h, _ := eng.HeldStats(); return float64(h) },
+		func() float64 { _, x := eng.HeldStats(); return float64(x) })
+	engineCtx, stop := context.WithCancel(context.Background())
+	n.stopEngines = stop
+	for _, e := range n.engines {
+		go func() { n.enginesDone <- e.Run(engineCtx) }()
+	}
+	if err := n.serveHTTP(); err != nil {
+		n.stop()
+		return nil, err
+	}
+	if len(cfg.Cluster.Routers) > 0 {
+		if err := n.join(); err != nil {
+			n.http.Shutdown(context.Background())
+			n.stop()
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+func (n *Node) newEngines() error {
+	cfg, m := n.cfg, n.cfg.Model
+	ecfg := engine.Config{
+		MaxBatchTokens: cfg.MaxBatchTokens,
+		MaxSeqs:        cfg.MaxSeqs,
+		MaxQueue:       cfg.MaxQueue,
+		BlockSize:      cfg.BlockSize,
+		KVBlocks:       n.blocks,
+		Salt:           kvcache.Salt(cfg.Name, "", ""),
+		Metrics:        metrics.NewEngine(n.reg, cfg.Name),
+		Logger:         n.log,
+	}
+	if cfg.Sim == nil {
+		e, err := engine.New(m, cfg.Backend, ecfg)
+		if err != nil {
+			return err
+		}
+		n.engines = []*engine.Engine{e}
+		return nil
+	}
+	tok := m.Tokenizer
+	for i := range cfg.Replicas {
+		step, err := simstep.New(simstep.Config{Timing: *cfg.Sim, Vocab: m.Config.VocabSize,
+			Skip: func(id int32) bool { return tok.IsEOG(id) || tok.IsControl(id) }})
+		if err != nil {
+			return err
+		}
+		c := ecfg
+		if i > 0 {
+			// The engine metrics are per process, and the HTTP API is replica 0's.
+			c.Metrics = nil
+			c.Logger = n.log.With("replica", i)
+		}
+		e, err := engine.NewWithForwarder(m, step, c)
+		if err != nil {
+			return err
+		}
+		n.engines = append(n.engines, e)
+	}
+	return nil
+}
+
+func (n *Node) serveHTTP() error {
+	cfg := n.cfg
+	api := openai.NewHandler([]*openai.Model{{
+		ID:         cfg.Name,
+		Tokenizer:  cfg.Model.Tokenizer,
+		ContextLen: n.contextLen,
+		Created:    time.Now().Unix(),
+		OwnedBy:    "tandem",
+		Backend:    n.engines[0],
+	}}, openai.Options{APIKey: cfg.HTTP.APIKey, Logger: n.log, Metrics: metrics.NewHTTP(n.reg, "tandem")})
+	metricsToken := cfg.HTTP.APIKey
+	if cfg.HTTP.PublicMetrics {
+		metricsToken = ""
+	}
+	var ready atomic.Bool
+	srv, err := httpserve.New(httpserve.Config{
+		Addr:            cfg.HTTP.Addr,
+		Handler:         api,
+		TLSCert:         cfg.HTTP.TLSCert,
+		TLSKey:          cfg.HTTP.TLSKey,
+		Ready:           ready.Load,
+		Metrics:         metrics.Handler(n.reg),
+		MetricsToken:    metricsToken,
+		BodyReadTimeout: cfg.HTTP.BodyReadTimeout,
+		MinBodyRate:     cfg.HTTP.MinBodyRate,
+		Logger:          n.log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := srv.Start(); err != nil {
+		return err
+	}
+	ready.Store(true)
+	n.http = srv
+	return nil
+}
+
+// join makes every engine a cluster member. A node's name is the one in its certificate,
+// so each replica has its own identity: replica 0's in the state directory, replica i's in
+// its subdirectory replica-i; replica i listens on ORPCPort+i (a free port when 0) and is
+// named NodeName-i.
+func (n *Node) join() error {
+	cfg, m, cc := n.cfg, n.cfg.Model, n.cfg.Cluster
+	tokFormat, tokFiles, err := tokenizerCard(cfg.ModelPath)
+	if err != nil {
+		return err
+	}
+	role := cc.Role
+	if role == "" {
+		role = cluster.RoleBoth
+	}
+	base := worker.Config{
+		Card: cluster.ModelCard{
+			Model: cfg.Name, Role: role, HashVersion: kvcache.HashVersion, BlockSize: cfg.BlockSize,
+			Salt: kvcache.Salt(cfg.Name, "", ""), KVBlocks: n.blocks, ContextLen: n.contextLen,
+			TokenizerFormat: tokFormat, TokenizerFiles: tokFiles, ChatTemplate: m.ChatTemplate,
+		},
+		Node:       cc.NodeName,
+		Routers:    cc.Routers,
+		Token:      cc.Token,
+		StateDir:   cc.StateDir,
+		Advertise:  cc.Advertise,
+		KVMetrics:  metrics.NewKVTransfer(n.reg, cfg.Name),
+		Metrics:    metrics.NewWorker(n.reg),
+		KVHold:     cc.KVHold,
+		KVSendRate: cc.KVSendRate,
+		Logger:     n.log,
+	}
+	if cfg.Sim != nil {
+		// Sim blocks cross the wire without payload, paced to the modelled time.
+		base.KVTransferTime = cfg.Sim.Transfer
+	}
+	count := len(n.engines)
+	advHost := ""
+	if base.Advertise != "" && count > 1 {
+		if advHost, _, err = net.SplitHostPort(base.Advertise); err != nil {
+			return fmt.Errorf("node: advertise address: %w", err)
+		}
+	}
+	for i, e := range n.engines {
+		c := base
+		c.Engine = e
+		port := 0
+		if cc.ORPCPort > 0 {
+			port = cc.ORPCPort + i
+		}
+		c.Listen = net.JoinHostPort(cc.Host, strconv.Itoa(port))
+		c.StateDir = ReplicaStateDir(base.StateDir, i)
+		if count > 1 {
+			if c.Node != "" {
+				c.Node = fmt.Sprintf("%s-%d", base.Node, i)
+			}
+			if advHost != "" {
+				c.Advertise = net.JoinHostPort(advHost, strconv.Itoa(port))
+			}
+			c.Logger = base.Logger.With("replica", i)
+		}
+		w, err := worker.New(c)
+		if err != nil {
+			if count > 1 {
+				err = fmt.Errorf("replica %d: %w", i, err)
+			}
+			return err
+		}
+		n.workers = append(n.workers, w)
+	}
+	for _, w := range n.workers {
+		n.workersDone.Go(func() {
+			if err := w.Run(context.Background()); err != nil {
+				n.log.Error("cluster membership failed", "err", err)
+				n.fatal <- err
+			}
+		})
+	}
+	return nil
+}
+
+// ReplicaStateDir is the state directory of sim replica i: dir itself for replica 0 (where
+// a single engine keeps its identity), dir/replica-i for the others.
+func ReplicaStateDir(dir string, i int) string {
+	if i == 0 || dir == "" {
+		return dir
+	}
+	return dir + "/replica-" + strconv.Itoa(i)
+}
+
+// tokenizerCard returns the tokenizer of the model at path (the demo model when path is
+// empty) as a cluster model card carries it.
+func tokenizerCard(path string) (string, []cluster.File, error) {
+	if path != "" {
+		return worker.TokenizerFor(path)
+	}
+	data, err := modelgen.DemoGGUF()
+	if err != nil {
+		return "", nil, fmt.Errorf("demo model: %w", err)
+	}
+	f, err := gguf.Parse(data)
+	if err != nil {
+		return "", nil, fmt.Errorf("demo model: %w", err)
+	}
+	return worker.TokenizerGGUF(f)
+}
+
+// URL is the API's base URL.
+func (n *Node) URL() string { return n.http.URL() }
+
+// KVBlocks is the KV cache's size in blocks; ContextLen the context length served (lowered
+// to what the cache holds).
+func (n *Node) KVBlocks() int   { return n.blocks }
+func (n *Node) ContextLen() int { return n.contextLen }
+
+// Engines are the node's engines: one, or the sim replicas.
+func (n *Node) Engines() []*engine.Engine { return n.engines }
+
+// Registry is the node's Prometheus registry, served at /metrics.
+func (n *Node) Registry() *prometheus.Registry { return n.reg }
+
+// Fatal receives an error that ended a cluster membership (a refused join token): a
+// member that cannot join should not linger outside its cluster looking healthy.
+func (n *Node) Fatal() <-chan error { return n.fatal }
+
+// Shutdown drains the node in order, bounded by ctx: /health answers 503 at once and new
+// HTTP connections get 503; every router is told the node is draining and sends nothing
+// new (a request that races the news is refused and goes elsewhere); requests from HTTP and
+// from routers run to their end; at ctx's end the remaining ones are cut (HTTP streams with
+// an error event, router streams with an Unavailable error their router migrates); the
+// workers deregister; the engines stop. It returns ctx.Err() if requests were cut.
+func (n *Node) Shutdown(ctx context.Context) error {
+	n.shutOnce.Do(func() {
+		var wg sync.WaitGroup
+		errs := make([]error, 1+len(n.workers))
+		wg.Go(func() { errs[0] = n.http.Shutdown(ctx) })
+		for i, w := range n.workers {
+			wg.Go(func() { errs[i+1] = w.Shutdown(ctx) })
+		}
+		wg.Wait()
+		n.workersDone.Wait()
+		n.stop()
+		for _, err := range errs {
+			if err != nil {
+				n.shutErr = err
+				break
+			}
+		}
+	})
+	return n.shutErr
+}
+
+// stop ends the engines and waits for them.
+func (n *Node) stop() {
+	n.stopEngines()
+	for range n.engines {
+		<-n.enginesDone
+	}
+}
