@@ -357,7 +357,7 @@ func ReplicaStateDir(dir string, i int) string {
 // empty) as a cluster model card carries it.
 func tokenizerCard(path string) (string, []cluster.File, error) {
 	if path != "" {
-		return worker.TokenizerFor(path)
+		return cluster.EncodeTokenizer(path)
 	}
 	data, err := modelgen.DemoGGUF()
 	if err != nil {
@@ -367,7 +367,7 @@ func tokenizerCard(path string) (string, []cluster.File, error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("demo model: %w", err)
 	}
-	return worker.TokenizerGGUF(f)
+	return cluster.EncodeTokenizerGGUF(f)
 }
 
 // URL is the API's base URL.

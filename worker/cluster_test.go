@@ -170,7 +170,7 @@ func (c *testCluster) addWorkerOpts(name, token string, o workerOpts) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	format, files, err := worker.TokenizerFor(c.path)
+	format, files, err := cluster.EncodeTokenizer(c.path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,7 +91,7 @@ func (env *peerEnv) startEngine(name, modelPath string, m *model.Model, eng *eng
 	if cfg.Engine == nil {
 		cfg.Engine = eng
 	}
-	format, files, err := worker.TokenizerFor(modelPath)
+	format, files, err := cluster.EncodeTokenizer(modelPath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 	"tandem/orpc"
 	"tandem/router"
 	"tandem/router/live"
-	"tandem/worker"
 )
 
 // stable checks, over a few heartbeats, that name stays registered as want (same id, same
@@ -77,7 +76,7 @@ func TestClusterSpoofedName(t *testing.T) {
 	}
 	defer cl.Close()
 	// spoofA's very card, but for the name: all the router could check besides the certificate.
-	format, files, err := worker.TokenizerFor(c.path)
+	format, files, err := cluster.EncodeTokenizer(c.path)
 	if err != nil {
 		t.Fatal(err)
 	}

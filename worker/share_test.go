@@ -133,7 +133,7 @@ func startGatedWorker(t *testing.T, path, name string, routers []string, token s
 	if err != nil {
 		t.Fatal(err)
 	}
-	format, files, err := worker.TokenizerFor(path)
+	format, files, err := cluster.EncodeTokenizer(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ var allowed = map[string][]string{
 
 	// The wire.
 	"orpc":    {"internal/statefile"},
-	"cluster": {"kvcache", "llm", "orpc"},
+	"cluster": {"gguf", "kvcache", "llm", "orpc", "tokenizer"},
 
 	// The engine and its model.
 	"model":          {"gguf", "hal", "safetensors", "tokenizer"},

@@ -322,7 +322,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	l.mu.Unlock()
 	var tok *tokenizer.Tokenizer
 	if m == nil {
-		if tok, err = tokenizerFromCard(card); err != nil {
+		if tok, err = card.DecodeTokenizer(); err != nil {
 			log.Error("refusing worker: its tokenizer does not load", "err", err)
 			return orpc.Errorf(orpc.FailedPrecondition, "router: refusing worker %q: tokenizer: %v", card.Node, err)
 		}
