@@ -173,25 +173,10 @@ func (r *RegisterReply) UnmarshalORPC(d *orpc.Decoder) error {
 	return d.Err()
 }
 
-// LoadReport is a worker's heartbeat.
+// LoadReport is a worker's heartbeat: its id at the router and its load.
 type LoadReport struct {
-	WorkerID      uint64
-	Running       int     // sequences decoding
-	Waiting       int     // sequences accepted but without a first token yet
-	PrefillTokens int     // prompt tokens of the waiting sequences, less those the router predicted cached
-	DecodeBlocks  int     // KV blocks held by sequences
-	KVUsage       float64 // fraction of KV blocks in use, 0…1
-	KVBlocks      int     // KV capacity in blocks
-	LastEventID   uint64  // the pool's last KV event id (kvcache.Stats.LastEventID)
-	Healthy       bool    // false while draining
-	StepMicros    int     // duration of the last engine step, µs (0: unknown)
-	StepTokens    int     // tokens in the last engine step (0: unknown)
-	// Received is the highest GenerateRequest.DispatchSeq of this registration
-	// (RegisterReply.DispatchKey) that the worker had taken when it made the report;
-	// Tracked says it is set. The router
-	// keeps predicting the load of its later dispatches, which the report cannot include.
-	Received uint64
-	Tracked  bool
+	WorkerID uint64
+	llm.Load
 }
 
 // MarshalORPC implements orpc.Marshaler.

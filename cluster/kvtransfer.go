@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/crc32"
 
+	"tandem/kvcache"
 	"tandem/orpc"
 )
 
@@ -30,18 +31,9 @@ const (
 	MethodReleaseKV = "Worker.ReleaseKV"
 )
 
-// KVLayout is how an engine stores a KV block, as a transfer carries it: per layer, keys then
-// values, each KVHeads × BlockSize × HeadDim values of DType ("f32" or "f16": little-endian
-// IEEE float32 or binary16) in the element order of the engine's KV store, which Store names. Its fields are
-// engine.KVFormat's, so the worker converts between the two directly.
-type KVLayout struct {
-	Store     string
-	DType     string
-	BlockSize int
-	Layers    int
-	KVHeads   int
-	HeadDim   int
-}
+// KVLayout is a KV block's format on the wire: kvcache.BlockFormat (what the engine's
+// KV store reads and writes, engine.KVFormat), with its codec.
+type KVLayout kvcache.BlockFormat
 
 // MarshalORPC implements orpc.Marshaler.
 func (l *KVLayout) MarshalORPC(e *orpc.Encoder) {

@@ -150,3 +150,25 @@ var (
 	ErrQueueFull     = errors.New("too many waiting requests") // 429
 	ErrUnavailable   = errors.New("backend unavailable")       // 503
 )
+
+// Load is a worker's load as its router weighs it: the one shape that a worker reports
+// (worker.Load), the wire carries (cluster.LoadReport) and the routing policy reads
+// (router.LoadReport).
+type Load struct {
+	Running       int     // sequences decoding
+	Waiting       int     // sequences accepted but without a first token yet
+	PrefillTokens int     // prompt tokens of the waiting sequences not yet computed (less those predicted cached)
+	DecodeBlocks  int     // KV blocks held by sequences
+	KVUsage       float64 // fraction of KV blocks in use, 0…1
+	KVBlocks      int     // KV capacity in blocks (0: the card's)
+	LastEventID   uint64  // the worker's last KV event id
+	Healthy       bool    // false while draining or failing: send nothing new
+	StepMicros    int     // duration of the last engine step, µs (0: unknown)
+	StepTokens    int     // tokens in the last engine step (0: unknown)
+	// Received is the highest dispatch number of the router's registration that the worker
+	// had taken when it made the report; Tracked says it is set. The router keeps predicting
+	// the load of its later dispatches, which the report cannot include; without Tracked,
+	// the report counts every dispatch.
+	Received uint64
+	Tracked  bool
+}

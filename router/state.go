@@ -100,23 +100,8 @@ func (c Config) validate() error {
 	return err
 }
 
-// A LoadReport is a worker's periodic account of its load (the load report
-// contract of the architecture map).
-type LoadReport struct {
-	Running       int     // sequences running
-	Waiting       int     // sequences admitted but not yet scheduled
-	KVUsage       float64 // fraction of KV blocks in use, 0…1
-	KVBlocks      int     // KV capacity in blocks; 0: the card's
-	PrefillTokens int     // prompt tokens admitted and not yet computed
-	DecodeBlocks  int     // KV blocks held by running sequences
-	LastEventID   uint64  // the worker's last KV event id
-	Healthy       bool    // false: draining or failing, send nothing
-	// Received is the highest dispatch number (Inflight.Seq) the worker had received when
-	// it reported, if Tracked. The report counts the dispatches up to it; the predictions
-	// of later ones are kept. Without Tracked, the report counts every dispatch.
-	Received uint64
-	Tracked  bool
-}
+// LoadReport is a worker's load report (llm.Load: one shape from the worker to the policy).
+type LoadReport = llm.Load
 
 // WorkerState is one worker as the policy sees it: its card, its last load
 // report and the router's own predictions since that report.

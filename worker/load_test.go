@@ -46,8 +46,8 @@ func TestLoadFromEngineStats(t *testing.T) {
 		KVUsed: 15, KVBlocks: 100, KVUsage: 0.15, LastStep: 2500 * time.Microsecond, LastStepTokens: 42, Steps: 9,
 	}}
 	got := newWorker(t, f).Load()
-	want := cluster.LoadReport{Running: 3, Waiting: 5, PrefillTokens: 70, DecodeBlocks: 12, KVUsage: 0.15, KVBlocks: 100,
-		Healthy: true, StepMicros: 2500, StepTokens: 42}
+	want := cluster.LoadReport{Load: llm.Load{Running: 3, Waiting: 5, PrefillTokens: 70, DecodeBlocks: 12, KVUsage: 0.15, KVBlocks: 100,
+		Healthy: true, StepMicros: 2500, StepTokens: 42}}
 	if got != want {
 		t.Errorf("load\n got %+v\nwant %+v", got, want)
 	}

@@ -560,7 +560,7 @@ func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64, reg *
 func (w *Worker) Load() cluster.LoadReport {
 	if se, ok := w.cfg.Engine.(StatsEngine); ok {
 		st := se.Stats()
-		return cluster.LoadReport{
+		return cluster.LoadReport{Load: llm.Load{
 			Running:       st.Running - st.Prefilling,
 			Waiting:       st.Waiting + st.Prefilling,
 			PrefillTokens: st.PrefillTokens,
@@ -571,10 +571,10 @@ func (w *Worker) Load() cluster.LoadReport {
 			Healthy:       !w.Draining(),
 			StepMicros:    int(st.LastStep / time.Microsecond),
 			StepTokens:    st.LastStepTokens,
-		}
+		}}
 	}
 	st := w.cfg.Engine.Pool().Stats()
-	return cluster.LoadReport{
+	return cluster.LoadReport{Load: llm.Load{
 		Running:       int(w.running.Load()),
 		Waiting:       int(w.waiting.Load()),
 		PrefillTokens: int(w.prefillT.Load()),
@@ -583,7 +583,7 @@ func (w *Worker) Load() cluster.LoadReport {
 		KVBlocks:      st.Blocks,
 		LastEventID:   st.LastEventID,
 		Healthy:       !w.Draining(),
-	}
+	}}
 }
 
 // generate serves Worker.Generate: an Accepted event (or an Error event), then the tokens.

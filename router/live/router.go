@@ -574,11 +574,7 @@ func (l *Router) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster
 	}
 	w.lastBeat = now
 	st := w.model.state
-	st.Report(w.id, router.LoadReport{
-		Running: r.Running, Waiting: r.Waiting, KVUsage: r.KVUsage, KVBlocks: r.KVBlocks,
-		PrefillTokens: r.PrefillTokens, DecodeBlocks: r.DecodeBlocks, LastEventID: r.LastEventID, Healthy: r.Healthy,
-		Received: r.Received, Tracked: r.Tracked,
-	}, now)
+	st.Report(w.id, r.Load, now)
 	// An event lost at the end of a burst shows only here: the report's last id stays ahead
 	// of the index across two reports (the first may race with events still on their way).
 	if !w.resyncing && st.Index().Behind(w.id, r.LastEventID) {
