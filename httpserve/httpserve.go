@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -33,6 +34,7 @@ const (
 const (
 	HealthPath  = "/health"
 	MetricsPath = "/metrics"
+	VersionPath = "/version" // {"version": Config.Version}, when set
 )
 
 // cutGrace is how long, once the drain deadline has passed, request handlers get to end
@@ -110,6 +112,10 @@ type Config struct {
 	// BodyReadTimeout turns the bound off.
 	BodyReadTimeout time.Duration
 	MinBodyRate     int64 // bytes per second
+
+	// Version, if set, is served at VersionPath as {"version": "..."} (vLLM's shape). Like
+	// HealthPath it needs no token: it names the build, nothing more.
+	Version string
 
 	// MetricsToken, if set, is the bearer token MetricsPath requires
 	// ("Authorization: Bearer TOKEN"). HealthPath never requires one: load balancers
@@ -306,8 +312,11 @@ func (s *Server) listen() error {
 	for range tries {
 		var ln net.Listener
 		ln, err = net.Listen("tcp", s.cfg.Addr)
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("httpserve: %s is in use by another process (choose another port): %w", s.cfg.Addr, syscall.EADDRINUSE)
+		}
 		if err != nil {
-			return fmt.Errorf("httpserve: listen tcp: %w", err)
+			return fmt.Errorf("httpserve: %w", err)
 		}
 		if !s.http3On {
 			s.tcpLn = ln
@@ -326,7 +335,7 @@ func (s *Server) listen() error {
 }
 
 func (s *Server) reportServeErr(what string, err error) {
-	if err == nil || errors.Is(err, http.ErrServerClosed) || errors.Is(err, quic.ErrServerClosed) {
+	if err == nil || errors.Is(err, http.ErrServerClosed) || errors.Is(err, quic.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
 		return
 	}
 	s.log.Error("httpserve: serving stopped", "listener", what, "err", err)
@@ -342,6 +351,13 @@ func (s *Server) routes() http.Handler {
 		switch r.URL.Path {
 		case HealthPath:
 			s.health(w)
+		case VersionPath:
+			if s.cfg.Version == "" {
+				app.ServeHTTP(w, r)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, "{\"version\":%q}\n", s.cfg.Version)
 		case MetricsPath:
 			if metrics == nil {
 				http.NotFound(w, r)

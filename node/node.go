@@ -22,6 +22,7 @@ import (
 	"tandem/gguf"
 	"tandem/hal"
 	"tandem/httpserve"
+	"tandem/internal/version"
 	"tandem/kvcache"
 	"tandem/metrics"
 	"tandem/model"
@@ -249,6 +250,7 @@ func (n *Node) serveHTTP() error {
 		Ready:           ready.Load,
 		Metrics:         metrics.Handler(n.reg),
 		MetricsToken:    metricsToken,
+		Version:         version.String(),
 		BodyReadTimeout: cfg.HTTP.BodyReadTimeout,
 		MinBodyRate:     cfg.HTTP.MinBodyRate,
 		Logger:          n.log,

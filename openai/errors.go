@@ -24,6 +24,8 @@ type apiError struct {
 	param      string
 	code       string
 	retryAfter string
+	// after, if set, runs once the error is written (discarding an unread body).
+	after func()
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -59,6 +61,24 @@ func writeError(w http.ResponseWriter, e *apiError) {
 		w.Header().Set("Retry-After", e.retryAfter)
 	}
 	writeJSON(w, e.status, e.body())
+	if e.after != nil {
+		e.after()
+	}
+}
+
+// drainAfterRefusal bounds how much of a refused body is read and thrown away after the
+// answer, so that a client still sending it gets to read the answer rather than a reset
+// connection; a body larger still is cut.
+const drainAfterRefusal = 8 << 20
+
+// discardRest returns a function that sends the answer written so far, then reads and
+// drops up to drainAfterRefusal bytes of r's body (under the body's deadline): the bytes
+// are consumed as the body, never parsed as requests, and the connection closes after.
+func discardRest(w http.ResponseWriter, r *http.Request) func() {
+	return func() {
+		http.NewResponseController(w).Flush()
+		io.Copy(io.Discard, io.LimitReader(r.Body, drainAfterRefusal))
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -115,7 +135,7 @@ func (h *handler) readJSON(w http.ResponseWriter, r *http.Request, maxBody int64
 		case errors.As(err, &mbe):
 			h.refused("body_too_large")
 			return &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
-				msg: fmt.Sprintf("The request body is larger than %d bytes.", mbe.Limit)}
+				msg: fmt.Sprintf("The request body is larger than %d bytes.", mbe.Limit), after: discardRest(w, r)}
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			h.refused("body_timeout")
 			return &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",

@@ -13,10 +13,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
 	"tandem/httpserve"
+	"tandem/internal/statefile"
+	"tandem/internal/version"
 	"tandem/router"
 	"tandem/router/live"
 )
@@ -34,10 +37,16 @@ func run(args []string, stderr io.Writer) error {
 	def := router.DefaultConfig()
 	fs := flag.NewFlagSet("tandem-router", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tandem-router [--host H] [--port P] [--orpc-port P] [--state-dir DIR] [--routing MODE] [flags]")
+		fmt.Fprintln(stderr, "\nServes the OpenAI API in front of the engines that join it (tandem serve --join HOST:ORPC_PORT --join-token T).")
+		fs.PrintDefaults()
+	}
+	showVersion := fs.Bool("version", false, "print the build's version and exit")
 	host := fs.String("host", "127.0.0.1", "address to listen on (HTTP and ORPC)")
 	port := fs.Int("port", 8000, "HTTP port for the OpenAI API (0 picks a free one)")
 	orpcPort := fs.Int("orpc-port", 7001, "ORPC (QUIC/UDP) port engines connect to (0 picks a free one)")
-	stateDir := fs.String("state-dir", "tandem-router-state", "directory of the cluster CA and join token (created on first start)")
+	stateDir := fs.String("state-dir", "", "directory of the cluster CA and join token, created on first start, one per process (default: $XDG_STATE_HOME/tandem/router-PORT; ~/.local/state without XDG_STATE_HOME)")
 	joinToken := fs.String("join-token", "", "join token engines must present, id.secret (default: the stored one, or a new one)")
 	routing := fs.String("routing", string(router.ModeKV), "routing mode: kv, round-robin, random or least-loaded")
 	overlap := fs.Float64("overlap-weight", def.OverlapWeight, "cost = overlap-weight × prefill blocks + decode blocks")
@@ -69,6 +78,26 @@ func run(args []string, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if *showVersion {
+		fmt.Fprintln(stderr, "tandem-router", version.String())
+		return nil
+	}
+	if *stateDir == "" {
+		if *port == 0 {
+			return errors.New("--port 0 needs --state-dir: the default state directory is named after the port")
+		}
+		dir, err := statefile.DefaultDir("router-" + strconv.Itoa(*port))
+		if err != nil {
+			return err
+		}
+		*stateDir = dir
+	}
+	// One process per state directory (several routers of one cluster each get a copy).
+	release, err := statefile.Lock(*stateDir)
+	if err != nil {
+		return fmt.Errorf("--state-dir: %w", err)
+	}
+	defer release()
 	if *minBodyRate <= 0 {
 		return fmt.Errorf("--min-body-rate %d: want a positive number of bytes per second", *minBodyRate)
 	}
@@ -115,8 +144,8 @@ func run(args []string, stderr io.Writer) error {
 	if srv.TokCreated {
 		tokNote = " (generated; stored in " + *stateDir + ")"
 	}
-	fmt.Fprintf(stderr, "tandem-router: %s\n  ORPC for engines: %s%s\n  routing: %s\n  join token: %s%s\n  engines join with: tandem serve --join %s --join-token %s\n",
-		srv.URL(), srv.ORPCAddr, created, mode, srv.Token, tokNote, srv.ORPCAddr, srv.Token)
+	fmt.Fprintf(stderr, "tandem-router: %s\n  version: %s\n  state: %s\n  ORPC for engines: %s%s\n  routing: %s\n  join token: %s%s\n  engines join with: tandem serve --join %s --join-token %s\n",
+		srv.URL(), version.String(), *stateDir, srv.ORPCAddr, created, mode, srv.Token, tokNote, srv.ORPCAddr, srv.Token)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -19,6 +19,8 @@ import (
 	"tandem/cluster"
 	"tandem/engine"
 	"tandem/httpserve"
+	"tandem/internal/statefile"
+	"tandem/internal/version"
 	"tandem/node"
 	"tandem/orpc"
 	"tandem/worker"
@@ -50,7 +52,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&joins, "join", "a tandem-router's ORPC address HOST:PORT to register with (repeatable)")
 	joinToken := fs.String("join-token", "", "the cluster's join token (printed by tandem-router)")
 	orpcPort := fs.Int("orpc-port", 0, "ORPC (QUIC/UDP) port routers call this engine on, with --join (0 picks a free one)")
-	stateDir := fs.String("state-dir", "tandem-state", "where the cluster identity earned with --join-token is kept")
+	stateDir := fs.String("state-dir", "", "where the cluster identity earned with --join-token is kept, one per process (default: $XDG_STATE_HOME/tandem/serve-NAME, NAME the --node-name, else the --port; ~/.local/state without XDG_STATE_HOME)")
 	role := fs.String("role", cluster.RoleBoth, "cluster role: both, prefill or decode")
 	nodeName := fs.String("node-name", "", "this engine's name in the cluster (default: host name and ORPC port)")
 	kvHold := fs.Duration("kv-hold", worker.DefaultKVHold, "prefill role: the longest prefilled KV blocks wait for the decode worker's pull (the router may ask for less)")
@@ -97,6 +99,29 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		if sendRate, err = parseBytes(*kvSendRate); err != nil {
 			return fmt.Errorf("--kv-send-rate: %w", err)
 		}
+	}
+	if len(joins) > 0 && *stateDir == "" {
+		name := *nodeName
+		if name == "" && *port == 0 {
+			return errors.New("--join with --port 0 and no --node-name needs --state-dir: the default state directory is named after the node or the port")
+		}
+		if name == "" {
+			name = strconv.Itoa(*port)
+		}
+		dir, err := statefile.DefaultDir("serve-" + name)
+		if err != nil {
+			return err
+		}
+		*stateDir = dir
+	}
+	if len(joins) > 0 {
+		// One process per state directory: two engines in one would take each other's
+		// identity and name.
+		release, err := statefile.Lock(*stateDir)
+		if err != nil {
+			return fmt.Errorf("--state-dir: %w", err)
+		}
+		defer release()
 	}
 	if len(joins) > 0 && *joinToken == "" {
 		if _, err := os.Stat(filepath.Join(*stateDir, orpc.NodeCertFile)); err != nil {
@@ -159,8 +184,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	blocks, perToken := n.KVBlocks(), m.KVBytesPerToken()
-	fmt.Fprintf(stderr, "tandem serve: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s\n",
-		n.URL(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
+	fmt.Fprintf(stderr, "tandem serve: %s\n  version: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s\n",
+		n.URL(), version.String(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
 		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), kvType, n.ContextLen(),
 		loadTime.Round(time.Millisecond), be.Name())
 	if bk.sim() {

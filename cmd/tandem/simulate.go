@@ -38,6 +38,10 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	numPrompts := fs.Int("num-prompts", 0, "replay the first N rows of the trace (0: all)")
 	traceBlock := fs.Int("trace-block-size", bench.MooncakeBlockSize, "tokens per trace hash id; less than 512 scales prompts down, keeping their reuse")
 	maxOut := fs.Int("max-output-len", 0, "cap the trace's output lengths (0: none)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tandem simulate [--trace FILE | --workload shared-prefix|multi-turn] [--workers N] [--routing MODE] [flags]")
+		fs.PrintDefaults()
+	}
 	blockSize := fs.Int("block-size", 16, "KV block size of the simulated workers and the router, in tokens")
 	kvBlocks := fs.Int("kv-blocks", 28672, "KV blocks per worker")
 	budget := fs.Int("max-num-batched-tokens", 8192, "token budget of a step")

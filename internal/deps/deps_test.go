@@ -16,7 +16,7 @@ var allowed = map[string][]string{
 	// Leaves: the standard library and the third-party modules below.
 	"dtype": {}, "llm": {}, "kvcache": {}, "tokenizer": {}, "httpserve": {}, "metrics": {},
 	"bench": {}, "bench/benchtest": {},
-	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {},
+	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {}, "internal/version": {},
 
 	// File formats and the device contract.
 	"gguf": {"dtype"}, "safetensors": {"dtype"}, "hal": {"dtype"}, "hal/cpu": {"hal"},
@@ -40,11 +40,11 @@ var allowed = map[string][]string{
 	"openai":        {"httpserve", "llm", "metrics", "tokenizer"},
 	"bench/loadgen": {"bench"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
-	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "kvcache", "metrics", "model", "modelgen", "openai", "sim", "worker"},
-	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "kvcache", "llm", "metrics", "openai", "orpc", "router", "tokenizer"},
+	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/version", "kvcache", "metrics", "model", "modelgen", "openai", "sim", "worker"},
+	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "router", "tokenizer"},
 
 	// Binaries: flags and wiring.
-	"cmd/tandem-router": {"httpserve", "router", "router/live"},
+	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "router", "router/live"},
 	"cmd/tandem":        nil, // nil: may import any package of the module
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"tandem/httpserve"
+	"tandem/internal/version"
 	"tandem/metrics"
 	"tandem/orpc"
 	"tandem/router"
@@ -134,6 +135,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		Handler:         live.Handler(),
 		Metrics:         metrics.Handler(reg),
 		MetricsToken:    metricsToken,
+		Version:         version.String(),
 		DrainTimeout:    cfg.DrainTimeout,
 		BodyReadTimeout: cfg.BodyReadTimeout,
 		MinBodyRate:     cfg.MinBodyRate,
