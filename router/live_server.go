@@ -13,6 +13,8 @@ import (
 	"tandem/httpserve"
 	"tandem/metrics"
 	"tandem/orpc"
+	"tandem/sla"
+	"tandem/web"
 )
 
 // ServerConfig configures a Server: a Live router with its ORPC listener (for workers, with
@@ -34,7 +36,9 @@ type ServerConfig struct {
 	// PublicMetrics serves /metrics without the API key (Live.APIKey); /health never
 	// needs it.
 	PublicMetrics bool
-	Logger        *slog.Logger
+	// SLA are the latency targets the dashboard (/dashboard) draws; zero fields: sla.Default.
+	SLA    sla.Targets
+	Logger *slog.Logger
 }
 
 // Server is a running tandem-router.
@@ -123,13 +127,18 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("router: ORPC listen: %w", err)
 	}
 
+	dash, err := web.New(web.Config{Kind: web.Router, Name: name, Source: reg, Registerer: reg, APIKey: cfg.Live.APIKey, SLA: cfg.SLA, Logger: log})
+	if err != nil {
+		ol.Close()
+		return nil, err
+	}
 	metricsToken := cfg.Live.APIKey
 	if cfg.PublicMetrics {
 		metricsToken = ""
 	}
 	hs, err := httpserve.New(httpserve.Config{
 		Addr:            net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)),
-		Handler:         live.Handler(),
+		Handler:         dash.Wrap(live.Handler()), // the dashboard at /dashboard, the API elsewhere
 		Metrics:         metrics.Handler(reg),
 		MetricsToken:    metricsToken,
 		DrainTimeout:    cfg.DrainTimeout,
@@ -141,6 +150,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		ol.Close()
 		return nil, err
 	}
+	dash.StopWhen(hs.Draining) // open dashboards must not hold the drain
 	if err := hs.Start(); err != nil {
 		ol.Close()
 		return nil, err

@@ -18,6 +18,7 @@ import (
 
 	"tandem/httpserve"
 	"tandem/router"
+	"tandem/sla"
 )
 
 func main() {
@@ -52,6 +53,7 @@ func run(args []string, stderr io.Writer) error {
 	hbTimeout := fs.Duration("heartbeat-timeout", 0, "a worker whose load reports stop this long is declared dead: removed, and its requests retried or migrated elsewhere (0: 4 heartbeat intervals, at least 1s)")
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
 	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
+	slaTargets := sla.AddFlags(fs)
 	bodyTimeout := fs.Duration("body-timeout", httpserve.DefaultBodyReadTimeout, "a request body must arrive within this, plus 1 s per --min-body-rate bytes (negative: no limit)")
 	minBodyRate := fs.Int64("min-body-rate", httpserve.DefaultMinBodyRate, "the slowest a request body may arrive, in bytes per second, after --body-timeout")
 	name := fs.String("name", "tandem-router", "this router's name in the cluster")
@@ -70,6 +72,9 @@ func run(args []string, stderr io.Writer) error {
 	}
 	if *minBodyRate <= 0 {
 		return fmt.Errorf("--min-body-rate %d: want a positive number of bytes per second", *minBodyRate)
+	}
+	if err := slaTargets.Check(); err != nil {
+		return err
 	}
 	if *heartbeat <= 0 {
 		return fmt.Errorf("--heartbeat %v: want a positive interval", *heartbeat)
@@ -101,6 +106,7 @@ func run(args []string, stderr io.Writer) error {
 		BodyReadTimeout: *bodyTimeout,
 		MinBodyRate:     *minBodyRate,
 		PublicMetrics:   *publicMetrics,
+		SLA:             *slaTargets,
 		Logger:          log,
 	})
 	if err != nil {

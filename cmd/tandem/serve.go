@@ -26,6 +26,8 @@ import (
 	"tandem/modelgen"
 	"tandem/openai"
 	"tandem/orpc"
+	"tandem/sla"
+	"tandem/web"
 	"tandem/worker"
 )
 
@@ -45,6 +47,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
 	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
+	slaTargets := sla.AddFlags(fs)
 	bodyTimeout := fs.Duration("body-timeout", httpserve.DefaultBodyReadTimeout, "a request body must arrive within this, plus 1 s per --min-body-rate bytes (negative: no limit)")
 	minBodyRate := fs.Int64("min-body-rate", httpserve.DefaultMinBodyRate, "the slowest a request body may arrive, in bytes per second, after --body-timeout")
 	tlsCert := fs.String("tls-cert", "", "TLS certificate file: serve HTTPS, HTTP/2 and HTTP/3")
@@ -84,6 +87,9 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if *minBodyRate <= 0 {
 		return fmt.Errorf("--min-body-rate %d: want a positive number of bytes per second", *minBodyRate)
+	}
+	if err := slaTargets.Check(); err != nil {
+		return err
 	}
 	if *port < 0 || *port > 65535 {
 		return fmt.Errorf("--port %d out of range", *port)
@@ -188,6 +194,11 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		OwnedBy:    "tandem",
 		Backend:    eng,
 	}}, openai.Options{APIKey: *apiKey, Logger: log, Metrics: metrics.NewHTTP(reg, "tandem")})
+	dash, err := web.New(web.Config{Kind: web.Engine, Name: name, Source: reg, Registerer: reg, APIKey: *apiKey, SLA: *slaTargets, Logger: log})
+	if err != nil {
+		stopEngine()
+		return err
+	}
 	metricsToken := *apiKey
 	if *publicMetrics {
 		metricsToken = ""
@@ -195,7 +206,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	var ready atomic.Bool
 	srv, err := httpserve.New(httpserve.Config{
 		Addr:            net.JoinHostPort(*host, strconv.Itoa(*port)),
-		Handler:         api,
+		Handler:         dash.Wrap(api), // the dashboard at /dashboard, the API elsewhere
 		TLSCert:         *tlsCert,
 		TLSKey:          *tlsKey,
 		Ready:           ready.Load,
@@ -210,6 +221,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		stopEngine()
 		return err
 	}
+	dash.StopWhen(srv.Draining) // open dashboards must not hold the drain
 	if err := srv.Start(); err != nil {
 		stopEngine()
 		return err
