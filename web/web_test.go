@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -296,7 +297,8 @@ func TestTooManyStreams(t *testing.T) {
 // once the server drains, and Shutdown returns well before its deadline.
 func TestDrainEndsStreams(t *testing.T) {
 	d, _ := newDashboard(t, Config{})
-	hs, err := httpserve.New(httpserve.Config{Addr: "127.0.0.1:0", Handler: d.Wrap(http.NotFoundHandler())})
+	hs, err := httpserve.New(httpserve.Config{Addr: "127.0.0.1:0", Handler: d.Wrap(http.NotFoundHandler()),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

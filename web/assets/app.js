@@ -1,10 +1,11 @@
 // The tandem dashboard: reads the process's metric snapshots from events (server-sent
 // events over fetch, so that the API key can travel as a bearer header), keeps the last
-// minutes of them, and draws rates, ratios and percentiles over a chosen window.
+// minutes of them, and draws the panels of panels.json: rates, ratios and percentiles over
+// a chosen window.
 //
-// Every figure on the page comes from an expression in a small language, which is also the
-// figure's data-expr attribute (the browser test evaluates the same expressions on
-// /metrics and compares):
+// Every figure on the page comes from an expression in a small language (web.Expr in Go),
+// which is also the figure's data-expr attribute (the browser test evaluates the same
+// expressions on /metrics and compares):
 //   sum:SEL+SEL…        the sum of the matching series' values in the latest snapshot
 //   max:SEL, avg:SEL    the largest and the mean of the matching series' values
 //   count:SEL           how many series match
@@ -21,8 +22,6 @@
   const HISTORY_MS = 10 * 60 * 1000; // snapshots kept
   const VIEW_MS = 5 * 60 * 1000; // time the charts span
   const KEY_STORE = 'tandem.dashboard.key';
-  const POOLS = ['both', 'prefill', 'decode'];
-  const POOL_COLOR = { both: '#0072B2', prefill: '#E69F00', decode: '#009E73' };
   const COLORS = ['#0072B2', '#E69F00', '#009E73', '#CC79A7', '#D55E00', '#56B4E9', '#000000', '#999933'];
   const SLA_COLOR = '#cf222e';
 
@@ -297,7 +296,7 @@
       const sw = el('span', { class: 'sw' + (s.dash ? ' dash' : '') });
       sw.style.borderTopColor = s.color;
       const val = el('span');
-      this.legend.append(el('span', {}, sw, el('span', { text: s.label + ': ' }), val));
+      this.legend.append(el('span', { 'data-expr': s.expr }, sw, el('span', { text: s.label + ': ' }), val));
       this.series.push({ ...s, ex, vals: hist.frames.map((_, i) => derive(ex, i)), val });
     }
 
@@ -312,7 +311,7 @@
         const v = s.l[li];
         if (this.seen.has(v)) continue;
         this.seen.add(v);
-        this.add({ ...d.make(v), color: COLORS[this.series.length % COLORS.length] });
+        this.add({ ...fill(d.series, v), color: COLORS[this.series.length % COLORS.length] });
       }
     }
 
@@ -468,7 +467,7 @@
       const li = f.labels.indexOf(d.label);
       for (const s of f.series) {
         const v = s.l[li];
-        if (!this.seen.has(v)) { this.seen.add(v); this.addRow(d.row(v)); }
+        if (!this.seen.has(v)) { this.seen.add(v); this.addRow(fill(d.row, v)); }
       }
     }
 
@@ -606,200 +605,26 @@
 
   // ---- panels ----
 
-  const ms = { scale: 1000, unit: 'ms' };
-  const pct = { scale: 100, unit: '%' };
-  const cell = (expr, o) => ({ expr, ...(o || {}) });
-  const latencyRow = (label, hname, sel, countUnit) => ({
-    label,
-    cells: [cell(`quantile:0.5:${hname}${sel}`, ms), cell(`quantile:0.9:${hname}${sel}`, ms), cell(`quantile:0.99:${hname}${sel}`, ms),
-      cell(`sum:${hname}_count${sel}`, { unit: countUnit })],
-  });
-
-  function enginePanels() {
-    const P = 'tandem:';
-    const lat = (id, title, h, sla, what) => ({
-      id, title,
-      chart: { unit: 'ms', scale: 1000, sla, series: [['p50', 0.5, '#56B4E9'], ['p90', 0.9, '#0072B2'], ['p99', 0.99, '#D55E00']].map(([label, q, color]) => ({ label, expr: `quantile:${q}:${P}${h}`, color })) },
-      readings: { cols: ['p50', 'p90', 'p99', what], rows: [latencyRow('all', P + h, '', '')] },
-    });
-    return [
-      lat('ttft', 'Time to first token', 'time_to_first_token_seconds', 'ttft', 'requests'),
-      lat('itl', 'Inter-token latency', 'inter_token_latency_seconds', 'itl', 'gaps'),
-      {
-        id: 'throughput', title: 'Tokens per second',
-        chart: { unit: 'tokens/s', series: [{ label: 'prompt', expr: `rate:${P}prompt_tokens_total`, color: '#E69F00' }, { label: 'generated', expr: `rate:${P}generation_tokens_total`, color: '#009E73' }] },
-        readings: { cols: ['per second', 'total'], rows: [['prompt', 'prompt_tokens_total'], ['generated', 'generation_tokens_total']].map(([label, n]) => ({ label, cells: [cell(`rate:${P}${n}`, { unit: 'tokens/s' }), cell(`sum:${P}${n}`)] })) },
-        note: 'Counted when a request finishes, as vLLM counts them.',
-      },
-      {
-        id: 'requests', title: 'Requests',
-        chart: { unit: 'requests', series: [{ label: 'running', expr: `sum:${P}num_requests_running`, color: '#0072B2' }, { label: 'waiting', expr: `sum:${P}num_requests_waiting`, color: '#D55E00', dash: true }] },
-        readings: {
-          cols: ['now'], rows: [{ label: 'running', cells: [cell(`sum:${P}num_requests_running`)] }, { label: 'waiting', cells: [cell(`sum:${P}num_requests_waiting`)] }],
-          dynamic: { family: `${P}request_success_total`, label: 'finished_reason', row: (v) => ({ label: 'finished: ' + v, cells: [cell(`sum:${P}request_success_total{finished_reason=${quote(v)}}`)] }) },
-        },
-      },
-      {
-        id: 'batch', title: 'Batch composition per step',
-        chart: { unit: 'tokens/step', series: [{ label: 'decode tokens', expr: `ratio:${P}iteration_decode_tokens_sum/${P}iteration_decode_tokens_count`, color: '#009E73' }, { label: 'prefill tokens', expr: `ratio:${P}iteration_prefill_tokens_sum/${P}iteration_prefill_tokens_count`, color: '#E69F00' }] },
-        readings: {
-          cols: ['mean per step', 'p90 per step', 'total'],
-          rows: [['decode', 'iteration_decode_tokens'], ['prefill', 'iteration_prefill_tokens']].map(([label, n]) => ({
-            label, cells: [cell(`ratio:${P}${n}_sum/${P}${n}_count`, { unit: 'tokens' }), cell(`quantile:0.9:${P}${n}`, { unit: 'tokens' }), cell(`sum:${P}${n}_sum`)],
-          })).concat([{ label: 'steps', cells: [cell(`rate:${P}iteration_tokens_total_count`, { unit: 'steps/s' }), cell(`quantile:0.9:${P}iteration_tokens_total`, { unit: 'tokens' }), cell(`sum:${P}iteration_tokens_total_count`)] }]),
-        },
-      },
-      {
-        id: 'prefix', title: 'Prefix-cache hit rate',
-        chart: { unit: '%', scale: 100, series: [{ label: 'hit rate (tokens)', expr: `ratio:${P}prefix_cache_hits_total/${P}prefix_cache_queries_total`, color: '#0072B2' }] },
-        readings: { cols: ['hit rate', 'hit tokens', 'queried tokens'], rows: [{ label: 'prefix cache', cells: [cell(`ratio:${P}prefix_cache_hits_total/${P}prefix_cache_queries_total`, pct), cell(`sum:${P}prefix_cache_hits_total`), cell(`sum:${P}prefix_cache_queries_total`)] }] },
-      },
-      {
-        id: 'kv', title: 'KV pool',
-        chart: { unit: '%', scale: 100, series: [{ label: 'KV use (device)', expr: `sum:${P}kv_cache_usage_perc`, color: '#0072B2' }] },
-        readings: {
-          cols: ['value'], rows: [
-            { label: 'KV use (device)', cells: [cell(`sum:${P}kv_cache_usage_perc`, pct)] },
-            { label: 'blocks in use', cells: [cell(`sum:${P}kv_blocks_in_use`, { unit: 'blocks' })] },
-            { label: 'prefills held for a pull', cells: [cell(`sum:${P}kv_held_prefills`)] },
-            { label: 'held prefills expired', cells: [cell(`sum:${P}kv_held_expired_total`)] },
-            { label: 'preemptions', cells: [cell(`sum:${P}num_preemptions_total`)] },
-            { label: 'preemptions per second', cells: [cell(`rate:${P}num_preemptions_total`, { unit: '/s' })] },
-          ],
-        },
-      },
-      {
-        id: 'transfer', title: 'KV transfer (disaggregation)',
-        chart: { unit: 'MB/s', scale: 1e-6, series: [{ label: 'sent', expr: `rate:${P}kv_transfer_bytes_total{direction="sent"}`, color: '#E69F00' }, { label: 'received', expr: `rate:${P}kv_transfer_bytes_total{direction="received"}`, color: '#009E73' }] },
-        readings: {
-          cols: ['value'], rows: [
-            { label: 'sent', cells: [cell(`sum:${P}kv_transfer_bytes_total{direction="sent"}`, { scale: 1e-6, unit: 'MB' })] },
-            { label: 'received', cells: [cell(`sum:${P}kv_transfer_bytes_total{direction="received"}`, { scale: 1e-6, unit: 'MB' })] },
-            { label: 'prefill-only requests served', cells: [cell(`sum:${P}prefill_only_requests_total`)] },
-          ],
-          dynamic: { family: `${P}kv_transfer_pulls_total`, label: 'result', row: (v) => ({ label: 'pulls: ' + v, cells: [cell(`sum:${P}kv_transfer_pulls_total{result=${quote(v)}}`)] }) },
-        },
-        note: 'Only an engine in a cluster (--join) with a prefill or decode role transfers KV blocks; failed and timed-out pulls are its failures.',
-      },
-      processPanel(),
-    ];
-  }
-
-  function processPanel() {
-    return {
-      id: 'process', title: 'Process',
-      chart: { unit: 'CPU cores', series: [{ label: 'CPU', expr: 'rate:process_cpu_seconds_total', color: '#CC79A7' }] },
-      readings: { cols: ['value'], rows: [{ label: 'CPU', cells: [cell('rate:process_cpu_seconds_total', { unit: 'cores' })] }, { label: 'resident memory', cells: [cell('sum:process_resident_memory_bytes', { scale: 1 / 1048576, unit: 'MiB' })] }] },
-    };
-  }
-
-  function routerPanels() {
-    const P = 'tandem_router:';
-    const TTFT = P + 'time_to_first_token_seconds', ITL = P + 'inter_token_latency_seconds';
-    const poolLat = (id, title, h, sla, what) => ({
-      id, title,
-      chart: {
-        unit: 'ms', scale: 1000, sla,
-        series: POOLS.flatMap((p) => [{ label: p + ' p90', expr: `quantile:0.9:${h}{pool="${p}"}`, color: POOL_COLOR[p] }, { label: p + ' p99', expr: `quantile:0.99:${h}{pool="${p}"}`, color: POOL_COLOR[p], dash: true }]),
-      },
-      readings: { head: 'pool', cols: ['p50', 'p90', 'p99', what], rows: POOLS.map((p) => latencyRow(p, h, `{pool="${p}"}`, '')) },
-    });
-    const gen = (p) => `${TTFT}_count{pool="${p}"}+${ITL}_count{pool="${p}"}`;
-    const load = (q, p) => `sum:${P}worker_load{quantity="${q}",role="${p}"}`;
-    return [
-      poolLat('ttft', 'Time to first token by pool', TTFT, 'ttft', 'requests'),
-      poolLat('itl', 'Inter-token latency by pool', ITL, 'itl', 'gaps'),
-      {
-        id: 'throughput', title: 'Tokens per second by pool',
-        chart: { unit: 'tokens/s', series: POOLS.map((p) => ({ label: p + ' generated', expr: `rate:${gen(p)}`, color: POOL_COLOR[p] })).concat([{ label: 'prompt (reported)', expr: `rate:${P}prompt_tokens_total`, color: '#CC79A7', dash: true }]) },
-        readings: {
-          head: 'pool', cols: ['per second', 'total'],
-          rows: POOLS.map((p) => ({ label: p + ' generated', cells: [cell(`rate:${gen(p)}`, { unit: 'tokens/s' }), cell(`sum:${gen(p)}`)] }))
-            .concat([{ label: 'prompt (reported)', cells: [cell(`rate:${P}prompt_tokens_total`, { unit: 'tokens/s' }), cell(`sum:${P}prompt_tokens_total`)] }]),
-        },
-        note: 'Generated tokens are those the router streamed, by the pool of the worker that produced them (a remote prefill\'s first token counts for the prefill pool).',
-      },
-      {
-        id: 'requests', title: 'Requests by pool',
-        chart: {
-          unit: 'requests',
-          series: POOLS.flatMap((p) => [{ label: p + ' running', expr: load('running', p), color: POOL_COLOR[p] }, { label: p + ' waiting', expr: load('waiting', p), color: POOL_COLOR[p], dash: true }])
-            .concat([{ label: 'router queue', expr: `sum:${P}queue_depth`, color: '#D55E00' }]),
-        },
-        readings: {
-          head: 'pool', cols: ['running', 'waiting', 'in flight'],
-          rows: POOLS.map((p) => ({ label: p, cells: [cell(load('running', p)), cell(load('waiting', p)), cell(load('inflight', p))] }))
-            .concat([{ label: 'all workers', cells: ['running', 'waiting', 'inflight'].map((q) => cell(`sum:${P}worker_load{quantity="${q}"}`)) }]),
-        },
-        extra: { cols: ['now'], rows: [{ label: 'waiting in the router\'s queue', cells: [cell(`sum:${P}queue_depth`)] }] },
-        note: 'Running and waiting as the workers last reported them plus the router\'s dispatches since (its prediction); the router queue holds requests waiting for a worker that is not busy.',
-      },
-      {
-        id: 'prefix', title: 'Prefix-cache hit rate',
-        chart: { unit: '%', scale: 100, series: [{ label: 'predicted (blocks)', expr: `ratio:${P}predicted_hit_blocks_total/${P}prompt_blocks_total`, color: '#0072B2' }, { label: 'reported (tokens)', expr: `ratio:${P}cached_prompt_tokens_total/${P}prompt_tokens_total`, color: '#009E73', dash: true }] },
-        readings: {
-          cols: ['hit rate', 'hits', 'of'], rows: [
-            { label: 'predicted by routing (blocks)', cells: [cell(`ratio:${P}predicted_hit_blocks_total/${P}prompt_blocks_total`, pct), cell(`sum:${P}predicted_hit_blocks_total`), cell(`sum:${P}prompt_blocks_total`)] },
-            { label: 'reported by workers (tokens)', cells: [cell(`ratio:${P}cached_prompt_tokens_total/${P}prompt_tokens_total`, pct), cell(`sum:${P}cached_prompt_tokens_total`), cell(`sum:${P}prompt_tokens_total`)] },
-          ],
-        },
-      },
-      {
-        id: 'disagg', title: 'Disaggregated prefill and KV transfer',
-        chart: { unit: 'requests/s', series: [{ label: 'remote prefills', expr: `rate:${P}prefills_total{where="remote"}`, color: '#E69F00' }, { label: 'local prefills', expr: `rate:${P}prefills_total{where="local"}`, color: '#0072B2' }, { label: 'fallbacks (failures)', expr: `rate:${P}remote_prefill_fallbacks_total`, color: '#D55E00', dash: true }] },
-        readings: {
-          cols: ['total', 'per second'], rows: [
-            { label: 'remote prefills', cells: [cell(`sum:${P}prefills_total{where="remote"}`), cell(`rate:${P}prefills_total{where="remote"}`, { unit: '/s' })] },
-            { label: 'local prefills', cells: [cell(`sum:${P}prefills_total{where="local"}`), cell(`rate:${P}prefills_total{where="local"}`, { unit: '/s' })] },
-          ],
-          dynamic: { family: `${P}remote_prefill_fallbacks_total`, label: 'stage', row: (v) => ({ label: 'fallback at ' + v, cells: [cell(`sum:${P}remote_prefill_fallbacks_total{stage=${quote(v)}}`), cell(`rate:${P}remote_prefill_fallbacks_total{stage=${quote(v)}}`, { unit: '/s' })] }) },
-        },
-        note: 'Only with prefill workers. A fallback is a remote prefill that failed and was done by the decode worker; the bytes moved and the failed pulls are on the decode engines\' dashboards (and the Grafana router dashboard).',
-      },
-      {
-        id: 'routing', title: 'Routing decisions by reason',
-        chart: { unit: 'decisions/s', dynamic: { family: `${P}routing_decisions_total`, label: 'reason', make: (v) => ({ label: v, expr: `rate:${P}routing_decisions_total{reason=${quote(v)}}` }) } },
-        readings: {
-          head: 'reason', cols: ['total', 'per second'],
-          rows: [{ label: 'decision time p99', cells: [cell(`quantile:0.99:${P}routing_decision_seconds`, { scale: 1e6, unit: 'µs' }), cell(`rate:${P}routing_decision_seconds_count`, { unit: '/s' })] }],
-          dynamic: { family: `${P}routing_decisions_total`, label: 'reason', row: (v) => ({ label: v, cells: [cell(`sum:${P}routing_decisions_total{reason=${quote(v)}}`), cell(`rate:${P}routing_decisions_total{reason=${quote(v)}}`, { unit: '/s' })] }) },
-        },
-        extra: {
-          head: 'refused', cols: ['total', 'per second'],
-          dynamic: { family: `${P}routing_rejections_total`, label: 'cause', row: (v) => ({ label: 'no worker: ' + v, cells: [cell(`sum:${P}routing_rejections_total{cause=${quote(v)}}`), cell(`rate:${P}routing_rejections_total{cause=${quote(v)}}`, { unit: '/s' })] }) },
-        },
-      },
-      {
-        id: 'workers', title: 'Workers', wide: true,
-        chart: { unit: '%', scale: 100, series: [{ label: 'KV use, mean', expr: `avg:${P}worker_load{quantity="kv_usage"}`, color: '#0072B2' }, { label: 'KV use, highest', expr: `max:${P}worker_load{quantity="kv_usage"}`, color: '#D55E00', dash: true }] },
-        readings: {
-          cols: ['value'], rows: [
-            { label: 'registered', cells: [cell(`count:${P}worker_info`)] },
-            { label: 'healthy', cells: [cell(`sum:${P}worker_load{quantity="healthy"}`)] },
-            { label: 'predicted load (blocks)', cells: [cell(`sum:${P}worker_load{quantity="prefill_blocks"}+${P}worker_load{quantity="decode_blocks"}`)] },
-          ],
-        },
-        workers: true,
-      },
-      {
-        id: 'events', title: 'Cluster events',
-        chart: { unit: 'events/s', series: [['retries', 'request_retries_total', '#E69F00'], ['migrations', 'migrations_total', '#D55E00'], ['workers lost', 'worker_losses_total', '#CC79A7'], ['KV snapshots', 'kv_snapshots_total', '#56B4E9']].map(([label, n, color]) => ({ label, expr: `rate:${P}${n}`, color })) },
-        readings: {
-          cols: ['total'], rows: [['workers joined', 'worker_joins_total'], ['workers lost', 'worker_losses_total'], ['of those, heartbeats stopped', 'worker_heartbeat_timeouts_total'], ['registrations refused', 'worker_refusals_total'],
-            ['requests retried', 'request_retries_total'], ['requests migrated', 'migrations_total'], ['KV snapshots', 'kv_snapshots_total'], ['KV events', 'kv_events_total']].map(([label, n]) => ({ label, cells: [cell(`sum:${P}${n}`)] })),
-        },
-      },
-      processPanel(),
-    ];
+  // fill puts a label value into a template of panels.json: escaped inside expressions'
+  // quoted strings, as it is in labels.
+  function fill(tpl, v) {
+    const out = {};
+    for (const [k, x] of Object.entries(tpl)) {
+      if (k === 'expr') out[k] = x.split('{value}').join(quote(v).slice(1, -1));
+      else if (k === 'label') out[k] = x.split('{value}').join(v);
+      else if (k === 'cells') out[k] = x.map((c) => fill(c, v));
+      else out[k] = x;
+    }
+    return out;
   }
 
   // ---- the page ----
 
   const state = { charts: [], readings: [], workers: null, snap: null, count: 0, arrived: 0, period: 0.25, drawQueued: false, startTime: null };
 
-  function build(kind) {
+  function build(panels) {
     const main = document.getElementById('panels');
-    for (const p of kind === 'router' ? routerPanels() : enginePanels()) {
+    for (const p of panels) {
       const sec = el('section', { class: 'panel' + (p.wide ? ' wide' : ''), 'data-panel': p.id, 'aria-labelledby': 'h-' + p.id }, el('h2', { id: 'h-' + p.id, text: p.title }));
       main.append(sec);
       if (p.chart) state.charts.push(new Chart(sec, { ...p.chart, title: p.title }));
@@ -944,15 +769,15 @@
     };
     sel.addEventListener('change', setWindow);
     hist.windowMs = sel.value === 'all' ? Infinity : Number(sel.value) * 1000;
-    let cfg;
-    for (let backoff = 1000; !cfg; backoff = Math.min(backoff * 2, 10000)) {
+    let cfg, panels;
+    for (let backoff = 1000; !panels; backoff = Math.min(backoff * 2, 10000)) {
       try {
-        const res = await fetch('config.json', { cache: 'no-store' });
-        if (res.ok) cfg = await res.json();
+        const [c, p] = await Promise.all(['config.json', 'panels.json'].map((u) => fetch(u, { cache: 'no-store' })));
+        if (c.ok && p.ok) [cfg, panels] = [await c.json(), await p.json()];
       } catch (e) { /* retry */ }
-      if (!cfg) { setStatus('down', 'cannot reach the server; retrying'); await sleep(backoff); }
+      if (!panels) { setStatus('down', 'cannot reach the server; retrying'); await sleep(backoff); }
     }
-    build(cfg.kind);
+    build(panels[cfg.kind]);
     window.addEventListener('resize', () => { for (const c of state.charts) c.draw(state.snap); });
     setInterval(() => {
       if (state.count && document.body.dataset.status === 'live' && Date.now() - state.arrived > 3 * state.period * 1000 + 1000) setStatus('stale', 'no data for ' + Math.round((Date.now() - state.arrived) / 1000) + ' s');
