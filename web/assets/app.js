@@ -342,7 +342,10 @@
       const L = 58, R = 10, T = 10, B = 34;
       const fr = hist.frames;
       if (fr.length === 0) return;
-      const now = fr[fr.length - 1].t, from = now - VIEW_MS;
+      // The span grows with the history, from a minute to VIEW_MS, so a new page fills it.
+      const now = fr[fr.length - 1].t;
+      const span = Math.min(VIEW_MS, Math.max(60000, Math.ceil((now - fr[0].t) / 60000) * 60000));
+      const from = now - span;
       let first = 0;
       while (first < fr.length && fr[first].t < from) first++;
       let max = 0, points = 0, rawMax = -Infinity;
@@ -356,7 +359,7 @@
       if (isFinite(sla)) max = Math.max(max, sla * 1.15);
       const step = niceStep(max > 0 ? max : 1);
       const top = Math.max(step, Math.ceil((max > 0 ? max : 1) / step) * step);
-      const x = (t) => L + ((t - from) / VIEW_MS) * (w - L - R);
+      const x = (t) => L + ((t - from) / span) * (w - L - R);
       const y = (v) => T + (1 - v / top) * (h - T - B);
       // Axes, grid and their units.
       g.font = '11px system-ui, sans-serif';
@@ -371,7 +374,8 @@
       }
       g.textAlign = 'center';
       g.textBaseline = 'top';
-      for (let s = 0; s <= VIEW_MS / 1000; s += 60) g.fillText(s === 0 ? 'now' : '−' + s / 60 + ' min', x(now - s * 1000), h - B + 4);
+      const tick = span <= 60000 ? 10 : span <= 180000 ? 30 : 60;
+      for (let s = 0; s <= span / 1000; s += tick) g.fillText(s === 0 ? 'now' : s % 60 ? '−' + s + ' s' : '−' + s / 60 + ' min', x(now - s * 1000), h - B + 4);
       g.fillText('time', L + (w - L - R) / 2, h - 14);
       g.save();
       g.translate(12, T + (h - T - B) / 2);
@@ -548,9 +552,15 @@
           });
         }
       }
+      const mi = WORKER_COLS.findIndex((c) => c.family);
       for (const [name, row] of this.rows) {
         if (present.has(name)) continue;
         if (row.health !== 'gone') { this.setHealth(row, 'gone', snap.t); row.goneAt = snap.t; }
+        // A failed worker's requests migrate as the router removes it: its counter lives on.
+        if (mig.has(name)) {
+          row.cells[mi].dataset.value = String(mig.get(name));
+          row.cells[mi].textContent = fmt(mig.get(name), '');
+        }
         if (snap.t - row.goneAt > HISTORY_MS) { row.tr.remove(); this.rows.delete(name); }
       }
       const count = { healthy: 0, unhealthy: 0, gone: 0 };
