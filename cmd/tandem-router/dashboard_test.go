@@ -152,6 +152,10 @@ func TestDashboardInBrowser(t *testing.T) {
 	for _, p := range []*dashPage{rpage, epage} {
 		p.checkQuiet(key)
 	}
+	for _, p := range []*dashPage{rpage, epage} {
+		cost, _ := chromedp.Run(p.tab, chromedp.Evaluate[string](`document.body.dataset.handleMs + ' ms per snapshot, ' + document.body.dataset.drawMs + ' ms per drawing'`))
+		t.Logf("%s page: %s", p.name, cost)
+	}
 	rpage.screenshot("dashboard-router.png")
 	epage.screenshot("dashboard-engine.png")
 	consoleMu.Lock()

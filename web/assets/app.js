@@ -646,6 +646,7 @@
   }
 
   function onSnapshot(snap) {
+    const t0 = performance.now();
     const start = snap.metrics.process_start_time_seconds;
     const st = start && start.series.length ? start.series[0].v : null;
     if (state.startTime !== null && st !== state.startTime) { // a new process: its counters restarted
@@ -679,9 +680,16 @@
     document.body.dataset.snapshots = String(state.count);
     document.body.dataset.last = String(snap.t);
     setStatus('live', 'live');
+    // What a snapshot costs this page, for whoever wonders whether it keeps up.
+    document.body.dataset.handleMs = (performance.now() - t0).toFixed(1);
     if (!state.drawQueued) {
       state.drawQueued = true;
-      requestAnimationFrame(() => { state.drawQueued = false; for (const c of state.charts) c.draw(state.snap); });
+      requestAnimationFrame(() => {
+        const t1 = performance.now();
+        state.drawQueued = false;
+        for (const c of state.charts) c.draw(state.snap);
+        document.body.dataset.drawMs = (performance.now() - t1).toFixed(1);
+      });
     }
   }
 
