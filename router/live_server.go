@@ -7,14 +7,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"tandem/httpserve"
 	"tandem/metrics"
 	"tandem/orpc"
-	"tandem/sla"
-	"tandem/web"
 )
 
 // ServerConfig configures a Server: a Live router with its ORPC listener (for workers, with
@@ -36,9 +37,10 @@ type ServerConfig struct {
 	// PublicMetrics serves /metrics without the API key (Live.APIKey); /health never
 	// needs it.
 	PublicMetrics bool
-	// SLA are the latency targets the dashboard (/dashboard) draws; zero fields: sla.Default.
-	SLA    sla.Targets
-	Logger *slog.Logger
+	// WrapHandler, if set, wraps the API handler with the binary's own paths (its
+	// dashboard), given the registry of the router's metrics.
+	WrapHandler func(api http.Handler, reg *prometheus.Registry) (http.Handler, error)
+	Logger      *slog.Logger
 }
 
 // Server is a running tandem-router.
@@ -127,10 +129,12 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("router: ORPC listen: %w", err)
 	}
 
-	dash, err := web.New(web.Config{Kind: web.Router, Name: name, Source: reg, Registerer: reg, APIKey: cfg.Live.APIKey, SLA: cfg.SLA, Logger: log})
-	if err != nil {
-		ol.Close()
-		return nil, err
+	handler := live.Handler()
+	if cfg.WrapHandler != nil {
+		if handler, err = cfg.WrapHandler(handler, reg); err != nil {
+			ol.Close()
+			return nil, err
+		}
 	}
 	metricsToken := cfg.Live.APIKey
 	if cfg.PublicMetrics {
@@ -138,7 +142,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	}
 	hs, err := httpserve.New(httpserve.Config{
 		Addr:            net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)),
-		Handler:         dash.Wrap(live.Handler()), // the dashboard at /dashboard, the API elsewhere
+		Handler:         handler,
 		Metrics:         metrics.Handler(reg),
 		MetricsToken:    metricsToken,
 		DrainTimeout:    cfg.DrainTimeout,
@@ -150,7 +154,6 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		ol.Close()
 		return nil, err
 	}
-	dash.StopWhen(hs.Draining) // open dashboards must not hold the drain
 	if err := hs.Start(); err != nil {
 		ol.Close()
 		return nil, err

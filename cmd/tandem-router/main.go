@@ -11,14 +11,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"tandem/httpserve"
 	"tandem/router"
 	"tandem/sla"
+	"tandem/web"
 )
 
 func main() {
@@ -95,6 +99,7 @@ func run(args []string, stderr io.Writer) error {
 	pol.Mode, pol.OverlapWeight, pol.Temperature, pol.HostWeight = mode, *overlap, *temp, *hostWeight
 	pol.BusyKVUsage, pol.BusyWaiting, pol.AffinityTTL = *busyKV, *busyWaiting, *affinity
 
+	var dash *web.Dashboard
 	srv, err := router.StartServer(router.ServerConfig{
 		Host: *host, Port: *port, ORPCPort: *orpcPort, StateDir: *stateDir, JoinToken: *joinToken,
 		Live: router.LiveConfig{
@@ -106,12 +111,20 @@ func run(args []string, stderr io.Writer) error {
 		BodyReadTimeout: *bodyTimeout,
 		MinBodyRate:     *minBodyRate,
 		PublicMetrics:   *publicMetrics,
-		SLA:             *slaTargets,
 		Logger:          log,
+		WrapHandler: func(api http.Handler, reg *prometheus.Registry) (http.Handler, error) {
+			var err error
+			dash, err = web.New(web.Config{Kind: web.Router, Name: *name, Source: reg, Registerer: reg, APIKey: *apiKey, SLA: *slaTargets, Logger: log})
+			if err != nil {
+				return nil, err
+			}
+			return dash.Wrap(api), nil // the dashboard at /dashboard, the API elsewhere
+		},
 	})
 	if err != nil {
 		return err
 	}
+	dash.StopWhen(srv.HTTP.Draining) // open dashboards must not hold the drain
 	created := ""
 	if srv.CACreated {
 		created = " (new cluster CA)"
