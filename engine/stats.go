@@ -75,8 +75,22 @@ func (e *Engine) publishSeqs(running, waiting []*sequence) {
 	e.stats.mu.Unlock()
 }
 
-// stepDone records a forward pass of n tokens that took d. Called by Run's goroutine only.
+// stepDone records a forward pass of n tokens that took d, and its composition: a
+// sequence computing only its newest generated token is a decode, every other token a
+// prompt (prefill) token. Called by Run's goroutine only.
 func (e *Engine) stepDone(d time.Duration, n int) {
+	if met := e.cfg.Metrics; met != nil {
+		decode := 0
+		if e.plan != nil {
+			for _, c := range e.plan.Chunks {
+				if c.Decode() {
+					decode++
+				}
+			}
+		}
+		met.StepPrefillTokens.Observe(float64(n - decode))
+		met.StepDecodeTokens.Observe(float64(decode))
+	}
 	e.stats.mu.Lock()
 	e.stats.s.LastStep, e.stats.s.LastStepTokens = d, n
 	e.stats.s.Steps++

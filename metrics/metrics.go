@@ -30,11 +30,18 @@ type Engine struct {
 	RequestPrompt    prometheus.Observer
 	RequestGenerated prometheus.Observer
 	IterationTokens  prometheus.Observer
+	// StepPrefillTokens and StepDecodeTokens split each step's tokens into prompt tokens
+	// (prefill chunks, recomputation after a preemption) and decode tokens (one per
+	// sequence generating its next token): the batch's composition.
+	StepPrefillTokens prometheus.Observer
+	StepDecodeTokens  prometheus.Observer
 }
 
 var (
 	latencyBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
 	tokenBuckets   = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000}
+	// A step often has no prefill tokens, or no decode tokens: 0 gets a bucket of its own.
+	stepTokenBuckets = append([]float64{0}, tokenBuckets...)
 )
 
 // NewEngine registers an engine's metrics for model on reg.
@@ -53,15 +60,18 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 		RequestSuccess: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tandem:request_success_total", Help: "Count of successfully processed requests.", ConstLabels: labels,
 		}, []string{"finished_reason"})).(*prometheus.CounterVec),
-		TTFT:             f.histogram("tandem:time_to_first_token_seconds", "Histogram of time to first token in seconds.", latencyBuckets),
-		ITL:              f.histogram("tandem:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", latencyBuckets),
-		E2E:              f.histogram("tandem:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", latencyBuckets),
-		QueueTime:        f.histogram("tandem:request_queue_time_seconds", "Histogram of time spent waiting in the queue in seconds.", latencyBuckets),
-		PrefillTime:      f.histogram("tandem:request_prefill_time_seconds", "Histogram of time spent in prefill in seconds.", latencyBuckets),
-		DecodeTime:       f.histogram("tandem:request_decode_time_seconds", "Histogram of time spent in decode in seconds.", latencyBuckets),
-		RequestPrompt:    f.histogram("tandem:request_prompt_tokens", "Number of prefill tokens per request.", tokenBuckets),
-		RequestGenerated: f.histogram("tandem:request_generation_tokens", "Number of generation tokens per request.", tokenBuckets),
-		IterationTokens:  f.histogram("tandem:iteration_tokens_total", "Histogram of number of tokens per engine step.", tokenBuckets),
+		TTFT:              f.histogram("tandem:time_to_first_token_seconds", "Histogram of time to first token in seconds.", latencyBuckets),
+		ITL:               f.histogram("tandem:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", latencyBuckets),
+		E2E:               f.histogram("tandem:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", latencyBuckets),
+		QueueTime:         f.histogram("tandem:request_queue_time_seconds", "Histogram of time spent waiting in the queue in seconds.", latencyBuckets),
+		PrefillTime:       f.histogram("tandem:request_prefill_time_seconds", "Histogram of time spent in prefill in seconds.", latencyBuckets),
+		DecodeTime:        f.histogram("tandem:request_decode_time_seconds", "Histogram of time spent in decode in seconds.", latencyBuckets),
+		RequestPrompt:     f.histogram("tandem:request_prompt_tokens", "Number of prefill tokens per request.", tokenBuckets),
+		RequestGenerated:  f.histogram("tandem:request_generation_tokens", "Number of generation tokens per request.", tokenBuckets),
+		IterationTokens:   f.histogram("tandem:iteration_tokens_total", "Histogram of number of tokens per engine step.", tokenBuckets),
+		StepPrefillTokens: f.histogram("tandem:iteration_prefill_tokens", "Histogram of prompt (prefill) tokens per engine step.", stepTokenBuckets),
+		StepDecodeTokens: f.histogram("tandem:iteration_decode_tokens",
+			"Histogram of decode tokens (one per sequence generating its next token) per engine step.", stepTokenBuckets),
 	}
 }
 

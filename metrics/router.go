@@ -18,8 +18,16 @@ type Router struct {
 	DecisionLatency    prometheus.Observer
 	PromptBlocks       prometheus.Counter
 	PredictedHitBlocks prometheus.Counter
+	// WorkerMigrations counts, by worker, the requests that moved away from it mid-stream
+	// because it failed (their sum is Migrations).
+	WorkerMigrations *prometheus.CounterVec // label worker
+	// PromptTokens and CachedPromptTokens are finished requests' usage as the workers
+	// reported it to the client: the reported prefix-cache hit rate is their ratio.
+	PromptTokens       prometheus.Counter
+	CachedPromptTokens prometheus.Counter
 
 	WorkerLoad  *prometheus.Desc // labels worker, model, quantity
+	WorkerInfo  *prometheus.Desc // labels worker, model, role; always 1
 	QueueDepth  *prometheus.Desc
 	IndexBlocks *prometheus.Desc // label model
 }
@@ -45,6 +53,13 @@ func NewRouter(reg prometheus.Registerer) *Router {
 		DecisionLatency:    f.histogram("tandem_router:routing_decision_seconds", "Time to take a routing decision.", prometheus.ExponentialBuckets(1e-6, 4, 10)),
 		PromptBlocks:       f.counter("tandem_router:prompt_blocks_total", "Prompt blocks routed."),
 		PredictedHitBlocks: f.counter("tandem_router:predicted_hit_blocks_total", "Prompt blocks predicted cached on the chosen worker (hit rate = this / prompt_blocks_total)."),
+		WorkerMigrations: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:worker_migrations_total",
+			Help: "Requests moved mid-stream away from a worker that failed, by that worker."}, []string{"worker"})).(*prometheus.CounterVec),
+		PromptTokens: f.counter("tandem_router:prompt_tokens_total", "Prompt tokens of finished requests, as their workers reported them."),
+		CachedPromptTokens: f.counter("tandem_router:cached_prompt_tokens_total",
+			"Of the prompt tokens of finished requests, those the workers reported cached (reported hit rate = this / prompt_tokens_total)."),
+		WorkerInfo: prometheus.NewDesc("tandem_router:worker_info", "Registered workers (always 1), with their role: join on worker for per-pool sums.",
+			[]string{"worker", "model", "role"}, nil),
 		WorkerLoad: prometheus.NewDesc("tandem_router:worker_load", "Predicted load per worker, by quantity.",
 			[]string{"worker", "model", "quantity"}, nil),
 		QueueDepth:  prometheus.NewDesc("tandem_router:queue_depth", "Requests waiting for a worker that is not busy.", nil, nil),

@@ -29,6 +29,8 @@ import (
 	"tandem/modelgen"
 	"tandem/openai"
 	"tandem/sim"
+	"tandem/sla"
+	"tandem/web"
 	"tandem/worker"
 )
 
@@ -57,7 +59,8 @@ type Config struct {
 	Replicas int
 
 	HTTP    HTTP
-	Cluster Cluster // no Routers: a node on its own
+	Cluster Cluster     // no Routers: a node on its own
+	SLA     sla.Targets // drawn on the dashboard
 	Logger  *slog.Logger
 }
 
@@ -237,6 +240,11 @@ func (n *Node) serveHTTP() error {
 		OwnedBy:    "tandem",
 		Backend:    n.engines[0],
 	}}, openai.Options{APIKey: cfg.HTTP.APIKey, Logger: n.log, Metrics: metrics.NewHTTP(n.reg, "tandem")})
+	dash, err := web.New(web.Config{Kind: web.Engine, Name: cfg.Name, Source: n.reg, Registerer: n.reg,
+		APIKey: cfg.HTTP.APIKey, SLA: cfg.SLA, Logger: n.log})
+	if err != nil {
+		return err
+	}
 	metricsToken := cfg.HTTP.APIKey
 	if cfg.HTTP.PublicMetrics {
 		metricsToken = ""
@@ -244,7 +252,7 @@ func (n *Node) serveHTTP() error {
 	var ready atomic.Bool
 	srv, err := httpserve.New(httpserve.Config{
 		Addr:            cfg.HTTP.Addr,
-		Handler:         api,
+		Handler:         dash.Wrap(api), // the dashboard at /dashboard, the API elsewhere
 		TLSCert:         cfg.HTTP.TLSCert,
 		TLSKey:          cfg.HTTP.TLSKey,
 		Ready:           ready.Load,
@@ -258,6 +266,7 @@ func (n *Node) serveHTTP() error {
 	if err != nil {
 		return err
 	}
+	dash.StopWhen(srv.Draining) // an open dashboard does not hold a drain to its deadline
 	if err := srv.Start(); err != nil {
 		return err
 	}

@@ -11,17 +11,22 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"tandem/httpserve"
 	"tandem/internal/statefile"
 	"tandem/internal/version"
 	"tandem/router"
 	"tandem/router/live"
+	"tandem/sla"
+	"tandem/web"
 )
 
 func main() {
@@ -62,6 +67,7 @@ func run(args []string, stderr io.Writer) error {
 	hbTimeout := fs.Duration("heartbeat-timeout", 0, "a worker whose load reports stop this long is declared dead: removed, and its requests retried or migrated elsewhere (0: 4 heartbeat intervals, at least 1s)")
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
 	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
+	slaTargets := sla.AddFlags(fs)
 	bodyTimeout := fs.Duration("body-timeout", httpserve.DefaultBodyReadTimeout, "a request body must arrive within this, plus 1 s per --min-body-rate bytes (negative: no limit)")
 	minBodyRate := fs.Int64("min-body-rate", httpserve.DefaultMinBodyRate, "the slowest a request body may arrive, in bytes per second, after --body-timeout")
 	name := fs.String("name", "tandem-router", "this router's name in the cluster")
@@ -101,6 +107,9 @@ func run(args []string, stderr io.Writer) error {
 	if *minBodyRate <= 0 {
 		return fmt.Errorf("--min-body-rate %d: want a positive number of bytes per second", *minBodyRate)
 	}
+	if err := slaTargets.Check(); err != nil {
+		return err
+	}
 	if *heartbeat <= 0 {
 		return fmt.Errorf("--heartbeat %v: want a positive interval", *heartbeat)
 	}
@@ -120,6 +129,7 @@ func run(args []string, stderr io.Writer) error {
 	pol.Mode, pol.OverlapWeight, pol.Temperature, pol.HostWeight = mode, *overlap, *temp, *hostWeight
 	pol.BusyKVUsage, pol.BusyWaiting, pol.AffinityTTL = *busyKV, *busyWaiting, *affinity
 
+	var dash *web.Dashboard
 	srv, err := live.StartServer(live.ServerConfig{
 		Host: *host, Port: *port, ORPCPort: *orpcPort, StateDir: *stateDir, JoinToken: *joinToken,
 		Router: live.Config{
@@ -132,10 +142,19 @@ func run(args []string, stderr io.Writer) error {
 		MinBodyRate:     *minBodyRate,
 		PublicMetrics:   *publicMetrics,
 		Logger:          log,
+		WrapHandler: func(api http.Handler, reg *prometheus.Registry) (http.Handler, error) {
+			var err error
+			dash, err = web.New(web.Config{Kind: web.Router, Name: *name, Source: reg, Registerer: reg, APIKey: *apiKey, SLA: *slaTargets, Logger: log})
+			if err != nil {
+				return nil, err
+			}
+			return dash.Wrap(api), nil // the dashboard at /dashboard, the API elsewhere
+		},
 	})
 	if err != nil {
 		return err
 	}
+	dash.StopWhen(srv.HTTP.Draining) // open dashboards must not hold the drain
 	created := ""
 	if srv.CACreated {
 		created = " (new cluster CA)"

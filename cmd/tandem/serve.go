@@ -23,6 +23,7 @@ import (
 	"tandem/internal/version"
 	"tandem/node"
 	"tandem/orpc"
+	"tandem/sla"
 	"tandem/worker"
 )
 
@@ -42,6 +43,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
 	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
+	slaTargets := sla.AddFlags(fs)
 	bodyTimeout := fs.Duration("body-timeout", httpserve.DefaultBodyReadTimeout, "a request body must arrive within this, plus 1 s per --min-body-rate bytes (negative: no limit)")
 	minBodyRate := fs.Int64("min-body-rate", httpserve.DefaultMinBodyRate, "the slowest a request body may arrive, in bytes per second, after --body-timeout")
 	tlsCert := fs.String("tls-cert", "", "TLS certificate file: serve HTTPS, HTTP/2 and HTTP/3")
@@ -81,6 +83,9 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if *minBodyRate <= 0 {
 		return fmt.Errorf("--min-body-rate %d: want a positive number of bytes per second", *minBodyRate)
+	}
+	if err := slaTargets.Check(); err != nil {
+		return err
 	}
 	if *port < 0 || *port > 65535 {
 		return fmt.Errorf("--port %d out of range", *port)
@@ -169,7 +174,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		Model: m, Backend: be, ModelPath: *modelPath, Name: name,
 		KVBudget: budget, MaxModelLen: *maxModelLen, BlockSize: *blockSize,
 		MaxBatchTokens: *maxBatch, MaxSeqs: *maxSeqs, MaxQueue: *maxQueue,
-		Sim: bk.simTiming(), Replicas: *bk.replicas,
+		Sim: bk.simTiming(), Replicas: *bk.replicas, SLA: *slaTargets,
 		HTTP: node.HTTP{
 			Addr: net.JoinHostPort(*host, strconv.Itoa(*port)), TLSCert: *tlsCert, TLSKey: *tlsKey,
 			APIKey: *apiKey, PublicMetrics: *publicMetrics, BodyReadTimeout: *bodyTimeout, MinBodyRate: *minBodyRate,

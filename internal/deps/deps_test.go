@@ -16,7 +16,7 @@ var allowed = map[string][]string{
 	// Leaves: the standard library and the third-party modules below.
 	"dtype": {}, "llm": {}, "kvcache": {}, "tokenizer": {}, "httpserve": {}, "metrics": {},
 	"bench": {}, "bench/benchtest": {},
-	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {}, "internal/version": {},
+	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {}, "internal/version": {}, "sla": {},
 
 	// File formats and the device contract.
 	"gguf": {"dtype"}, "safetensors": {"dtype"}, "hal": {"dtype"}, "hal/cpu": {"hal"},
@@ -39,12 +39,13 @@ var allowed = map[string][]string{
 	// Serving.
 	"openai":        {"httpserve", "llm", "metrics", "tokenizer"},
 	"bench/loadgen": {"bench"},
+	"web":           {"metrics", "sla"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
-	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/version", "kvcache", "metrics", "model", "modelgen", "openai", "sim", "worker"},
+	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/version", "kvcache", "metrics", "model", "modelgen", "openai", "sim", "sla", "web", "worker"},
 	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "router", "tokenizer"},
 
 	// Binaries: flags and wiring.
-	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "router", "router/live"},
+	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "router", "router/live", "sla", "web"},
 	"cmd/tandem":        nil, // nil: may import any package of the module
 }
 
@@ -52,7 +53,8 @@ var allowed = map[string][]string{
 // (tests may import others: the OpenAI SDK, chromedp).
 var thirdParty = map[string][]string{
 	"github.com/quic-go/quic-go":          {"orpc", "httpserve"},
-	"github.com/prometheus/client_golang": {"metrics", "router/live", "node"},
+	"github.com/prometheus/client_golang": {"metrics", "router/live", "node", "web", "cmd/tandem-router"},
+	"github.com/prometheus/client_model":  {"metrics", "web"},
 	"github.com/ardanlabs/jinja":          {"tokenizer"},
 }
 
@@ -67,6 +69,7 @@ var never = map[string][]string{
 	"bench":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"kvcache": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"llm":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"sla":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	// The router binary: pure Go, no engine.
 	"cmd/tandem-router": {"tandem/hal", "tandem/hal/cpu", "tandem/model", "tandem/engine", "tandem/modelgen", "C"},
 }

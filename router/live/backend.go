@@ -268,6 +268,7 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 				s.done = true
 				s.release()
 				s.fixUsage(&ev.Usage)
+				s.b.l.met.usage(ev.Usage)
 			}
 			return ev, nil
 		}
@@ -303,6 +304,7 @@ func (s *liveStream) migrate(cause error) error {
 		}
 	}
 	l.met.Migrations.Inc()
+	l.met.WorkerMigrations.WithLabelValues(s.worker).Inc()
 	l.log.Warn("worker failed mid-stream; migrating the request", "from", s.worker, "generated", len(s.generated), "err", cause)
 	if err := s.dispatch(s.ctx, &req); err != nil {
 		return fmt.Errorf("migrating after %v: %w", cause, err)

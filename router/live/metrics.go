@@ -1,11 +1,14 @@
 package live
 
 import (
+	"cmp"
 	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"tandem/cluster"
+	"tandem/llm"
 	"tandem/metrics"
 	"tandem/router"
 )
@@ -41,6 +44,7 @@ func (m *liveMetrics) decision(d router.Decision, err error, took time.Duration)
 // Describe implements prometheus.Collector for the scrape-time gauges.
 func (m *liveMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.WorkerLoad
+	ch <- m.WorkerInfo
 	ch <- m.QueueDepth
 	ch <- m.IndexBlocks
 }
@@ -70,7 +74,14 @@ func (m *liveMetrics) Collect(ch chan<- prometheus.Metric) {
 		g("inflight", float64(st.Inflight))
 		g("index_blocks", float64(w.model.state.Index().Blocks(w.id)))
 		g("healthy", boolFloat(st.Healthy))
+		ch <- prometheus.MustNewConstMetric(m.WorkerInfo, prometheus.GaugeValue, 1, w.node, w.model.name, cmp.Or(st.Card.Role, cluster.RoleBoth))
 	}
+}
+
+// usage counts a finished request's usage as its worker reported it.
+func (m *liveMetrics) usage(u llm.Usage) {
+	m.PromptTokens.Add(float64(u.PromptTokens))
+	m.CachedPromptTokens.Add(float64(u.CachedTokens))
 }
 
 func boolFloat(b bool) float64 {

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"tandem/httpserve"
 	"tandem/internal/version"
@@ -36,7 +39,10 @@ type ServerConfig struct {
 	// PublicMetrics serves /metrics without the API key (Router.APIKey); /health never
 	// needs it.
 	PublicMetrics bool
-	Logger        *slog.Logger
+	// WrapHandler, if set, wraps the API handler with the binary's own paths (its
+	// dashboard), given the registry of the router's metrics.
+	WrapHandler func(api http.Handler, reg *prometheus.Registry) (http.Handler, error)
+	Logger      *slog.Logger
 }
 
 // Server is a running tandem-router.
@@ -126,13 +132,20 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("router: ORPC listen: %w", err)
 	}
 
+	handler := live.Handler()
+	if cfg.WrapHandler != nil {
+		if handler, err = cfg.WrapHandler(handler, reg); err != nil {
+			ol.Close()
+			return nil, err
+		}
+	}
 	metricsToken := cfg.Router.APIKey
 	if cfg.PublicMetrics {
 		metricsToken = ""
 	}
 	hs, err := httpserve.New(httpserve.Config{
 		Addr:            net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)),
-		Handler:         live.Handler(),
+		Handler:         handler,
 		Metrics:         metrics.Handler(reg),
 		MetricsToken:    metricsToken,
 		Version:         version.String(),
