@@ -194,7 +194,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), kvType, n.ContextLen(),
 		loadTime.Round(time.Millisecond), be.Name())
 	if bk.sim() {
-		fmt.Fprintf(stderr, "  sim backend: %d replica(s), modelled compute %+v\n", len(n.Engines()), bk.timing)
+		fmt.Fprintf(stderr, "  sim backend: %d replica%s, modelled compute %+v\n", len(n.Engines()), plural(len(n.Engines())), bk.timing)
 	}
 
 	var fatal error
