@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"tandem/grammar"
 	"tandem/hal"
 	"tandem/kvcache"
 	"tandem/llm"
@@ -66,7 +67,8 @@ type Engine struct {
 	sched   []scheduled
 	last    kvcache.Stats
 
-	samplers *samplerBufs // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
+	samplers *samplerBufs  // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
+	grammars *grammarCache // constrained requests' compiled grammars (samplerbufs.go)
 
 	stats statsBox  // published by Run for Stats
 	held  heldTable // prefill-only sequences' blocks, pinned for a KV transfer (kvexport.go)
@@ -77,7 +79,8 @@ type sequence struct {
 	req       *llm.Request
 	stream    *stream
 	sampler   *Sampler
-	tokens    []int32 // prompt, then generated tokens
+	grammar   *grammar.Bound // the request's constraint; nil: none
+	tokens    []int32        // prompt, then generated tokens
 	promptLen int
 	stop      stopRules
 	kv        *kvcache.Seq
@@ -143,6 +146,7 @@ func newEngine(m *model.Model, cfg Config) *Engine {
 		wake: make(chan struct{}, 1),
 
 		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
+		grammars: newGrammarCache(m.Tokenizer, m.Config.VocabSize),
 	}
 }
 
@@ -195,8 +199,13 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 	if err := req.Sampling.Validate(c.VocabSize); err != nil {
 		return nil, fmt.Errorf("%w: %v", llm.ErrInvalid, err)
 	}
+	gram, err := e.grammars.bind(req)
+	if err != nil {
+		return nil, err
+	}
 	seq := &sequence{
 		req:       req,
+		grammar:   gram,
 		stream:    newStream(e.signal),
 		tokens:    slices.Clone(req.Prompt),
 		promptLen: len(req.Prompt),
@@ -454,6 +463,11 @@ func (e *Engine) execute() error {
 		}
 		sample := s.sampler.Sample(e.logits[out*vocab : (out+1)*vocab])
 		out++
+		if err := s.sampler.constraintErr(); err != nil {
+			e.abort(s, err)
+			e.log.Warn("constrained generation failed", "seq", s.id, "err", err)
+			continue
+		}
 		e.emit(s, sample, now)
 	}
 	e.running = slices.DeleteFunc(e.running, func(s *sequence) bool { return s.stream.done })
@@ -480,6 +494,9 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 	}
 	s.lastToken = now
 	finish := s.stop.finish(sample.ID, s.generated())
+	if finish == "" && s.sampler.constraintDone() {
+		finish = llm.FinishStop // the grammar's text is complete
+	}
 	if finish == "" {
 		s.stream.push(ev)
 		return
