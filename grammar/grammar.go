@@ -172,7 +172,8 @@ type Builder struct {
 	names  []string
 	rules  []*expr // nil: declared, not yet defined
 	byName map[string]int
-	json   *jsonRules // JSON's shared rules, made on first use (schema.go)
+	json    *jsonRules      // JSON's shared rules, made on first use (schema.go)
+	without map[string]Expr // TextWithout's rules by stop text
 }
 
 // NewBuilder returns an empty Builder. Its first rule will be "root".

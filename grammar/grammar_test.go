@@ -272,3 +272,55 @@ func TestMatcherDone(t *testing.T) {
 		t.Error("a token accepted after the end")
 	}
 }
+
+func TestTextWithoutAndThrough(t *testing.T) {
+	for _, stop := range []string{"</think>", "aab", "<tool_call>", "éé"} {
+		b := NewBuilder()
+		without, err := b.Build(b.TextWithout(stop))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = NewBuilder()
+		through, err := b.Build(b.TextThrough(stop))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cw, err := Compile(without)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ct, err := Compile(through)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(1, uint64(len(stop))))
+		alphabet := []rune(stop + "xy")
+		for range 300 {
+			var sb strings.Builder
+			for range rng.IntN(14) {
+				sb.WriteRune(alphabet[rng.IntN(len(alphabet))])
+			}
+			s := sb.String()
+			if got, want := matches(cw, s), !strings.Contains(s, stop); got != want {
+				t.Errorf("without %q: %q matched %v, want %v", stop, s, got, want)
+			}
+			want := strings.Contains(s, stop) && strings.Index(s, stop)+len(stop) == len(s)
+			if got := matches(ct, s); got != want {
+				t.Errorf("through %q: %q matched %v, want %v", stop, s, got, want)
+			}
+		}
+		// Inclusion keeps the language.
+		b2 := NewBuilder()
+		g2, err := b2.Build(Seq(Lit("["), b2.Include(through), Lit("]")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2, err := Compile(g2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !matches(c2, "[x"+stop+"]") || matches(c2, "[x"+stop+stop+"]") {
+			t.Errorf("%q: the included grammar does not keep the language", stop)
+		}
+	}
+}

@@ -3,7 +3,6 @@ package grammar
 import (
 	"math/bits"
 	"sync"
-	"sync/atomic"
 )
 
 // Bound is a compiled grammar bound to a vocabulary: the matchers of many sequences
@@ -12,8 +11,8 @@ type Bound struct {
 	c *Compiled
 	v *Vocab
 
-	masks []atomic.Pointer[nodeMask] // by node; nil until first needed
-	mu    sync.Mutex                 // guards the walk and filling masks
+	masks sync.Map   // maskKey → *nodeMask, filled on first need
+	mu    sync.Mutex // guards the walk
 	walk  *parser
 	bufs  [][]config // per trie depth
 	pops  []bool     // per trie depth: the node's rule ended there
@@ -22,8 +21,14 @@ type Bound struct {
 
 // Bind binds c to v.
 func Bind(c *Compiled, v *Vocab) *Bound {
-	return &Bound{c: c, v: v, masks: make([]atomic.Pointer[nodeMask], len(c.nodes))}
+	return &Bound{c: c, v: v}
 }
+
+// maskKey is what a cached mask depends on: a node, and where its rule returns (-1: it
+// is the root's, nothing follows). With the return point known, a node in a small rule
+// (one character of a string) is computed in its caller's context (the string's): the
+// tokens that end the string are the only ones left to check at run time.
+type maskKey struct{ node, ret int32 }
 
 // Vocab returns the vocabulary b masks.
 func (b *Bound) Vocab() *Vocab { return b.v }
@@ -50,43 +55,48 @@ func (m *nodeMask) or(mask []uint64) {
 	}
 }
 
-// nodeMask returns node n's mask, computing it the first time.
-func (b *Bound) nodeMask(n int32) *nodeMask {
-	if m := b.masks[n].Load(); m != nil {
-		return m
+// nodeMask returns the mask for key, computing it the first time.
+func (b *Bound) nodeMask(key maskKey) *nodeMask {
+	if m, ok := b.masks.Load(key); ok {
+		return m.(*nodeMask)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if m := b.masks[n].Load(); m != nil {
-		return m
+	if m, ok := b.masks.Load(key); ok {
+		return m.(*nodeMask)
 	}
-	m := b.computeMask(n)
-	b.masks[n].Store(m)
+	m := b.computeMask(key)
+	b.masks.Store(key, m)
 	return m
 }
 
-// Warm computes the masks of the nodes a new matcher starts at, so that a first FillMask
-// does not pay for them.
+// Warm computes the masks of the configurations a new matcher starts at, so that a
+// first FillMask does not pay for them.
 func (b *Bound) Warm() {
 	m := b.NewMatcher()
 	for _, x := range m.cur.cfgs {
-		b.nodeMask(x.node)
+		b.nodeMask(m.keyOf(x))
 	}
 }
 
-// computeMask walks the vocabulary trie from node n with an unknown caller. Along each
+// computeMask walks the vocabulary trie from the key's node, returning to the key's
+// return point, with an unknown caller below. Along each
 // path it keeps the parse state after the path's bytes, and where the node's rule ended
 // (popped to the unknown caller). A token is accepted when the state after all its
 // bytes is alive (the rule may also end exactly there); otherwise, if the rule ended
 // part way, the token's remainders after each such point are context-dependent. Pops
 // before the first byte are left out: a matcher's state already holds the caller's
 // configurations for them.
-func (b *Bound) computeMask(n int32) *nodeMask {
+func (b *Bound) computeMask(key maskKey) *nodeMask {
 	if b.walk == nil {
 		b.walk = newParser(b.c)
 	}
 	p := b.walk
 	p.st.reset()
+	var stack int32
+	if key.ret >= 0 {
+		stack = p.st.push(key.ret, 0)
+	}
 	t := &b.v.trie
 	maxDepth := t.maxDepth
 	for len(b.bufs) <= maxDepth {
@@ -95,7 +105,7 @@ func (b *Bound) computeMask(n int32) *nodeMask {
 		b.npops = append(b.npops, 0)
 	}
 	states := make([]pstate, maxDepth+1)
-	states[0] = pstate{cfgs: append(b.bufs[0][:0], config{n, 0})}
+	states[0] = pstate{cfgs: append(b.bufs[0][:0], config{key.node, stack})}
 	b.bufs[0] = states[0].cfgs
 
 	var accepted []int32

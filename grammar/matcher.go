@@ -18,7 +18,7 @@ type Matcher struct {
 	done   bool        // an end-of-generation token was accepted
 
 	// FillMask's scratch.
-	nodes     []int32
+	keys      []maskKey
 	parents   []parentState
 	sfxBufs   [][]config
 	sfxStates []pstate
@@ -104,40 +104,45 @@ func (m *Matcher) FillMask(mask []uint64) {
 		return
 	}
 	b := m.b
-	m.nodes = m.nodes[:0]
+	m.keys = m.keys[:0]
 	for _, x := range m.cur.cfgs {
+		k := m.keyOf(x)
 		seen := false
-		for _, n := range m.nodes {
-			if n == x.node {
+		for _, y := range m.keys {
+			if y == k {
 				seen = true
 				break
 			}
 		}
 		if !seen {
-			m.nodes = append(m.nodes, x.node)
-			b.nodeMask(x.node).or(mask)
+			m.keys = append(m.keys, k)
+			b.nodeMask(k).or(mask)
 		}
 	}
-	// Context-dependent tokens: the remainder after the node's rule returns, read from
-	// the caller's state. At the bottom (the root) nothing follows the rule's end.
+	// Context-dependent tokens: their remainder once the key's return point's rule has
+	// ended too, read from the state below. At the bottom nothing follows.
 	m.parents = m.parents[:0]
 	mark := m.p.st.mark()
 	for _, x := range m.cur.cfgs {
-		nm := b.nodeMask(x.node)
+		nm := b.nodeMask(m.keyOf(x))
 		if len(nm.sfx.nodes) <= 1 || x.stack == 0 {
+			continue
+		}
+		below := m.p.st.frames[x.stack].parent
+		if below == 0 {
 			continue
 		}
 		var parent pstate
 		found := false
 		for _, ps := range m.parents {
-			if ps.stack == x.stack {
+			if ps.stack == below {
 				parent, found = ps.st, true
 				break
 			}
 		}
 		if !found {
-			parent = m.p.pop(x.stack, nil)
-			m.parents = append(m.parents, parentState{x.stack, parent})
+			parent = m.p.pop(below, nil)
+			m.parents = append(m.parents, parentState{below, parent})
 		}
 		m.walkSuffixes(&nm.sfx, parent, mask)
 	}
@@ -145,6 +150,14 @@ func (m *Matcher) FillMask(mask []uint64) {
 	if m.cur.end {
 		setBits(mask, b.v.eog)
 	}
+}
+
+// keyOf is the mask key of configuration x.
+func (m *Matcher) keyOf(x config) maskKey {
+	if x.stack == 0 {
+		return maskKey{x.node, -1}
+	}
+	return maskKey{x.node, m.p.st.frames[x.stack].ret}
 }
 
 // walkSuffixes sets the bits of the tokens whose remainder in t can be read from state
