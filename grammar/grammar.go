@@ -169,9 +169,9 @@ type Grammar struct {
 // Builder assembles a Grammar from rules. Rule names are made unique and valid for
 // GBNF as they are defined.
 type Builder struct {
-	names  []string
-	rules  []*expr // nil: declared, not yet defined
-	byName map[string]int
+	names   []string
+	rules   []*expr // nil: declared, not yet defined
+	byName  map[string]int
 	json    *jsonRules      // JSON's shared rules, made on first use (schema.go)
 	without map[string]Expr // TextWithout's rules by stop text
 }
