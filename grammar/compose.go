@@ -120,3 +120,9 @@ func Choice(options []string) (*Grammar, error) {
 	}
 	return NewBuilder().Build(Alt(alts...))
 }
+
+// Regex returns an expression for the texts pattern matches as a whole (see Regex).
+func (b *Builder) Regex(pattern string) (Expr, error) { return regexExpr(pattern, rawChars) }
+
+// AnyJSONObject returns an expression for any JSON object.
+func (b *Builder) AnyJSONObject() Expr { return b.jsonCommon().object }

@@ -171,9 +171,15 @@ func TestSDKGuidedDecoding(t *testing.T) {
 		{"structured_outputs.choice", "structured_outputs", map[string]any{"choice": choices}, func(s string) bool { return slices.Contains(choices, s) }},
 		{"structured_outputs.grammar", "structured_outputs", map[string]any{"grammar": grammarSrc}, grammarRE.MatchString},
 		{"structured_outputs.json", "structured_outputs", map[string]any{"json": map[string]any{"type": "object", "properties": map[string]any{"ok": map[string]any{"type": "boolean"}}, "required": []string{"ok"}}},
-			func(s string) bool { var v struct{ Ok *bool }; return json.Unmarshal([]byte(s), &v) == nil && v.Ok != nil }},
+			func(s string) bool {
+				var v struct{ Ok *bool }
+				return json.Unmarshal([]byte(s), &v) == nil && v.Ok != nil
+			}},
 		{"guided_json as text", "guided_json", `{"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 1, "maxItems": 3}`,
-			func(s string) bool { var v []int; return json.Unmarshal([]byte(s), &v) == nil && len(v) >= 1 && len(v) <= 3 }},
+			func(s string) bool {
+				var v []int
+				return json.Unmarshal([]byte(s), &v) == nil && len(v) >= 1 && len(v) <= 3
+			}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
