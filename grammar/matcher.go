@@ -18,10 +18,11 @@ type Matcher struct {
 	done   bool        // an end-of-generation token was accepted
 
 	// FillMask's scratch.
-	keys      []maskKey
-	parents   []parentState
-	sfxBufs   [][]config
-	sfxStates []pstate
+	keys       []maskKey
+	parents    []parentState
+	parentBufs [][]config // the parents' memory, reused
+	sfxBufs    [][]config
+	sfxStates  []pstate
 }
 
 type parentState struct {
@@ -141,7 +142,12 @@ func (m *Matcher) FillMask(mask []uint64) {
 			}
 		}
 		if !found {
-			parent = m.p.pop(below, nil)
+			k := len(m.parents)
+			for len(m.parentBufs) <= k {
+				m.parentBufs = append(m.parentBufs, nil)
+			}
+			parent = m.p.pop(below, m.parentBufs[k])
+			m.parentBufs[k] = parent.cfgs
 			m.parents = append(m.parents, parentState{below, parent})
 		}
 		m.walkSuffixes(&nm.sfx, parent, mask)

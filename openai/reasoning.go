@@ -16,9 +16,10 @@ const (
 	thinkEnd   = "</think>"
 )
 
-// templateThinks reports whether a chat template writes think blocks.
+// templateThinks reports whether a chat template writes think blocks (or strips them
+// from the history, as DeepSeek-R1's does).
 func templateThinks(template string) bool {
-	return strings.Contains(template, thinkStart) && strings.Contains(template, thinkEnd)
+	return strings.Contains(template, thinkStart) || strings.Contains(template, thinkEnd)
 }
 
 // promptOpensThinking reports whether a rendered prompt ends inside a think block (the

@@ -3,8 +3,6 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -356,15 +354,4 @@ func neutral(raw json.RawMessage, values []string) bool {
 		}
 	}
 	return false
-}
-
-// errNoFormat is returned by requests built with no format and no forced tools.
-var errNoFormat = errors.New("no format")
-
-// describe is a short name of a format's field, for logs.
-func (of *outputFormat) String() string {
-	if of == nil {
-		return "none"
-	}
-	return fmt.Sprint(of.param)
 }
