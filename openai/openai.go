@@ -1,5 +1,6 @@
-// Package openai serves the OpenAI-compatible HTTP API (chat, completions, models, tokenize)
-// over a token-level Backend: the engine in process, or the router over RPC.
+// Package openai serves the OpenAI-compatible HTTP API (chat, completions, models, tokenize,
+// with structured outputs, tool calls and reasoning) over a token-level Backend: the engine
+// in process, or the router over RPC.
 package openai
 
 import (
@@ -143,8 +144,13 @@ type handler struct {
 //   - With a seed, choice i of each prompt uses seed+i; choice indexes run
 //     prompt_index*n + i. Without temperature, 1 (OpenAI's default); top_p 0
 //     means greedy.
-//   - Tools, non-text content parts, echo, suffix and best_of other than n
-//     are refused with a 400 naming the field; unknown fields are ignored.
+//   - Structured outputs (response_format, guided_*, structured_outputs) and
+//     forced or strict tool calls constrain the output with a grammar
+//     (llm.Constraint); tool calls and reasoning are parsed out of the text in the
+//     model's format (docs/structured-outputs.md).
+//   - Fields that change the output and are not implemented (non-text content
+//     parts, suffix, best_of other than n, prompt_logprobs, min_tokens, …) are
+//     refused with a 400 naming the field; unknown fields are ignored.
 //
 // It panics if a model is nil, lacks an ID, Tokenizer or Backend, or two
 // models share an ID: those are wiring mistakes.
