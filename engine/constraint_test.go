@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -254,5 +255,22 @@ func BenchmarkSampleConstrained(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// A grammar the vocabulary cannot spell allows no token: the sampler reports it (the
+// engine then ends the sequence with the error and counts it) rather than pick one.
+func TestSamplerMaskDeadEnd(t *testing.T) {
+	toks := []string{"a", "b", ""}
+	v := grammar.NewVocab(len(toks), func(id int32) []byte { return []byte(toks[id]) }, []int32{2})
+	g, _ := grammar.ParseGBNF(`root ::= "a" "c"`)
+	cg, _ := grammar.Compile(g)
+	s := newSampler(llm.SamplingParams{}, len(toks), nil, nil, grammar.Bind(cg, v))
+	if got := s.Sample([]float32{0, 1, 2}); got.ID != 0 || s.constraintErr() != nil {
+		t.Fatalf("first token %d (%v), want a", got.ID, s.constraintErr())
+	}
+	s.Sample([]float32{0, 1, 2})
+	if err := s.constraintErr(); err == nil || !strings.Contains(err.Error(), "allows no token") {
+		t.Errorf("dead end: %v", err)
 	}
 }

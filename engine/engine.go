@@ -464,8 +464,7 @@ func (e *Engine) execute() error {
 		sample := s.sampler.Sample(e.logits[out*vocab : (out+1)*vocab])
 		out++
 		if err := s.sampler.constraintErr(); err != nil {
-			e.abort(s, err)
-			e.log.Warn("constrained generation failed", "seq", s.id, "err", err)
+			e.constraintFailed(s, err)
 			continue
 		}
 		e.emit(s, sample, now)

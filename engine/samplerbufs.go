@@ -81,6 +81,16 @@ func (e *Engine) seqEnded(s *sequence) {
 	}
 }
 
+// constraintFailed ends a sequence whose grammar allowed no token of the vocabulary: the
+// client gets the error, the failure is counted and logged.
+func (e *Engine) constraintFailed(s *sequence, err error) {
+	e.abort(s, err)
+	if e.cfg.Metrics != nil {
+		e.cfg.Metrics.ConstraintFailures.Inc()
+	}
+	e.log.Warn("constrained generation failed", "seq", s.id, "err", err)
+}
+
 // grammarCache compiles the grammars of constrained requests against the engine's
 // vocabulary: the vocabulary trie is built on the first constrained request, and each
 // grammar text is compiled once while it stays among the most recently used, so that

@@ -30,6 +30,9 @@ type Engine struct {
 	RequestPrompt    prometheus.Observer
 	RequestGenerated prometheus.Observer
 	IterationTokens  prometheus.Observer
+	// ConstraintFailures counts constrained sequences ended with an error because their
+	// grammar allowed no token of the vocabulary (a grammar the vocabulary cannot spell).
+	ConstraintFailures prometheus.Counter
 }
 
 var (
@@ -62,6 +65,8 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 		RequestPrompt:    f.histogram("tandem:request_prompt_tokens", "Number of prefill tokens per request.", tokenBuckets),
 		RequestGenerated: f.histogram("tandem:request_generation_tokens", "Number of generation tokens per request.", tokenBuckets),
 		IterationTokens:  f.histogram("tandem:iteration_tokens_total", "Histogram of number of tokens per engine step.", tokenBuckets),
+		ConstraintFailures: f.counter("tandem:constrained_generation_failures_total",
+			"Constrained sequences ended with an error because their grammar allowed no token of the vocabulary."),
 	}
 }
 
