@@ -454,3 +454,27 @@ func TestSDKReasoningThenSchema(t *testing.T) {
 		t.Errorf("the think block leaked into the answer: %q", msg.Content)
 	}
 }
+
+// A backend that cannot follow grammars (a router whose workers predate them) gets no
+// constrained request: they are refused, not served unconstrained.
+func TestNoConstraintsRefused(t *testing.T) {
+	b := &fakeBackend{}
+	m := fakeModel(t, "stories", b)
+	m.NoConstraints = true
+	srv := httptest.NewServer(openai.NewHandler([]*openai.Model{m}, openai.Options{Logger: discardLogger()}))
+	defer srv.Close()
+	for _, body := range []string{
+		`{"prompt":"x","guided_choice":["a","b"]}`,
+		`{"prompt":"x","response_format":{"type":"json_object"}}`,
+	} {
+		r := do(t, "POST", srv.URL+"/v1/completions", body)
+		checkError(t, body, r, 400, "", "", "predate constrained decoding")
+	}
+	if b.opened.Load() != 0 {
+		t.Errorf("%d constrained requests reached the backend", b.opened.Load())
+	}
+	// Unconstrained requests still go through.
+	if r := do(t, "POST", srv.URL+"/v1/completions", `{"prompt":"x","max_tokens":2}`); r.status != 200 {
+		t.Errorf("an unconstrained request: %d %s", r.status, r.body)
+	}
+}
