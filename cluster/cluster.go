@@ -78,7 +78,23 @@ type ModelCard struct {
 	TokenizerFormat string // TokenizerGGUF or TokenizerHF
 	TokenizerFiles  []File
 	ChatTemplate    string // overrides the tokenizer's chat template when set
+
+	// GrammarFormat is the newest constraint format (GenerateRequest) the worker follows:
+	// 0 (a worker from before constraints) none, so the router refuses constrained
+	// requests for the model rather than have them ignored.
+	GrammarFormat int
+	// ToolCallParser and ReasoningParser are the worker's --tool-call-parser and
+	// --reasoning-parser ("" or "auto": chosen from the chat template), so that the
+	// router parses the model's output as the worker's own API would.
+	ToolCallParser  string
+	ReasoningParser string
 }
+
+// Constraint formats (GenerateRequest's constraint, ModelCard.GrammarFormat).
+const (
+	// GrammarGBNF: llm.Constraint.Grammar, package grammar's GBNF dialect.
+	GrammarGBNF = 1
+)
 
 // MarshalORPC implements orpc.Marshaler.
 func (c *ModelCard) MarshalORPC(e *orpc.Encoder) {
@@ -99,6 +115,9 @@ func (c *ModelCard) MarshalORPC(e *orpc.Encoder) {
 		e.BytesField(f.Data)
 	}
 	e.String(c.ChatTemplate)
+	e.Uvarint(uint64(max(c.GrammarFormat, 0)))
+	e.String(c.ToolCallParser)
+	e.String(c.ReasoningParser)
 }
 
 // maxFiles bounds the tokenizer files of a card.
@@ -132,6 +151,11 @@ func (c *ModelCard) UnmarshalORPC(d *orpc.Decoder) error {
 		c.TokenizerFiles = append(c.TokenizerFiles, File{Name: name, Data: data})
 	}
 	c.ChatTemplate = d.String()
+	if d.Len() > 0 {
+		c.GrammarFormat = uvint(d)
+		c.ToolCallParser = d.String()
+		c.ReasoningParser = d.String()
+	}
 	return d.Err()
 }
 
@@ -385,6 +409,12 @@ func (r *GenerateRequest) MarshalORPC(e *orpc.Encoder) {
 	e.Uint64(r.DispatchKey)
 	e.Uvarint(uint64(max(r.Resumed, 0)))
 	e.Uvarint(r.DispatchSeq)
+	if r.Constraint.IsZero() {
+		e.Uvarint(0)
+	} else {
+		e.Uvarint(GrammarGBNF)
+	}
+	e.String(r.Constraint.Grammar)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -435,6 +465,17 @@ func (r *GenerateRequest) UnmarshalORPC(d *orpc.Decoder) error {
 		r.DispatchKey = d.Uint64()
 		r.Resumed = uvint(d)
 		r.DispatchSeq = d.Uvarint()
+	}
+	if d.Len() > 0 {
+		format := d.Uvarint()
+		grammar := d.String()
+		switch format {
+		case 0:
+		case GrammarGBNF:
+			r.Constraint.Grammar = grammar
+		default:
+			d.Fail(fmt.Errorf("cluster: constraint format %d is unknown (this worker follows format %d)", format, GrammarGBNF))
+		}
 	}
 	return d.Err()
 }

@@ -34,7 +34,8 @@ func roundTrip[T any, P interface {
 func TestRoundTrip(t *testing.T) {
 	roundTrip(t, &ModelCard{Version: Version, Model: "m", Node: "n-1", Addr: "127.0.0.1:7", Role: RoleBoth, HashVersion: 1,
 		BlockSize: 16, Salt: 0x7d38246f2d3ef01c, KVBlocks: 512, ContextLen: 4096, TokenizerFormat: TokenizerHF,
-		TokenizerFiles: []File{{Name: "tokenizer.json", Data: []byte("{}")}}, ChatTemplate: "{{x}}"})
+		TokenizerFiles: []File{{Name: "tokenizer.json", Data: []byte("{}")}}, ChatTemplate: "{{x}}",
+		GrammarFormat: GrammarGBNF, ToolCallParser: "hermes", ReasoningParser: "none"})
 	roundTrip(t, &RegisterReply{WorkerID: 3, HeartbeatMs: 250, Router: "r", DispatchKey: 0x1234567890abcdef, HeartbeatTimeoutMs: 1000})
 	roundTrip(t, &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
 		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true}})
@@ -47,7 +48,7 @@ func TestRoundTrip(t *testing.T) {
 		StopTokens: []int32{9}, IgnoreEOS: true, Priority: -1, Arrival: time.Unix(0, 12345),
 		Sampling: llm.SamplingParams{Temperature: 0.5, TopK: 4, TopP: 0.9, MinP: 0.1, RepetitionPenalty: 1.1,
 			PresencePenalty: 0.2, FrequencyPenalty: -0.2, LogitBias: map[int32]float32{3: 1, 7: -2}, Seed: 42,
-			HasSeed: true, TopLogprobs: 2, Logprobs: true}}, PredictedCached: 16})
+			HasSeed: true, TopLogprobs: 2, Logprobs: true}, Constraint: llm.Constraint{Grammar: `root ::= "a"`}}, PredictedCached: 16})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, Logprob: -0.5,
 		Top: []llm.TokenLogprob{{ID: 7, Logprob: -0.5}}, Finish: llm.FinishLength,
 		Usage: llm.Usage{PromptTokens: 3, CachedTokens: 1, CompletionTokens: 5}}})
@@ -62,5 +63,33 @@ func TestErrorEvents(t *testing.T) {
 	}
 	if err := ErrorEvent(errors.New("boom")).Error(); err == nil || errors.Is(err, llm.ErrUnavailable) {
 		t.Errorf("other error: %v", err)
+	}
+}
+
+// The constraint is a trailing field: a request from a router that predates it decodes
+// with none, and a card from a worker that predates it says the worker follows none.
+func TestConstraintWireCompatibility(t *testing.T) {
+	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Resumed: 0}, DispatchSeq: 3}
+	b := orpc.Marshal(req)
+	old := b[:len(b)-2] // uvarint format 0, empty string
+	var got GenerateRequest
+	if err := orpc.Unmarshal(old, &got); err != nil || !got.Constraint.IsZero() || got.DispatchSeq != 3 {
+		t.Errorf("request without the constraint field: %+v, %v", got, err)
+	}
+	req.Constraint.Grammar = "root ::= \"x\""
+	got = GenerateRequest{}
+	if err := orpc.Unmarshal(orpc.Marshal(req), &got); err != nil || got.Constraint != req.Constraint {
+		t.Errorf("constraint did not survive: %+v, %v", got.Constraint, err)
+	}
+	// A format this worker does not know is refused, not ignored.
+	e := orpc.Marshal(&GenerateRequest{Request: llm.Request{ID: "r"}})
+	e = append(e[:len(e)-2], 9, 1, 'x')
+	if err := orpc.Unmarshal(e, new(GenerateRequest)); err == nil {
+		t.Error("an unknown constraint format decoded")
+	}
+	card := orpc.Marshal(&ModelCard{Version: Version, Model: "m"})
+	var c ModelCard
+	if err := orpc.Unmarshal(card[:len(card)-3], &c); err != nil || c.GrammarFormat != 0 {
+		t.Errorf("card without the grammar field: %+v, %v", c, err)
 	}
 }

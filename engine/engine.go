@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"tandem/grammar"
 	"tandem/hal"
 	"tandem/kvcache"
 	"tandem/llm"
@@ -73,7 +74,8 @@ type Engine struct {
 	batch  model.Batch
 	last   kvcache.Stats
 
-	samplers *samplerBufs // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
+	samplers *samplerBufs  // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
+	grammars *grammarCache // constrained requests' compiled grammars (samplerbufs.go)
 
 	stats statsBox  // published by Run for Stats
 	held  heldTable // prefill-only sequences' blocks, pinned for a KV transfer (kvexport.go)
@@ -86,6 +88,7 @@ type sequence struct {
 	req     *llm.Request
 	stream  *stream
 	sampler *Sampler
+	grammar *grammar.Bound // the request's constraint; nil: none
 	stop    stopRules
 	hold    uint64 // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
 
@@ -140,6 +143,7 @@ func newEngine(m *model.Model, cfg Config) *Engine {
 		wake: make(chan struct{}, 1), idleTimer: time.NewTimer(time.Hour),
 
 		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
+		grammars: newGrammarCache(m.Tokenizer, m.Config.VocabSize),
 	}
 	var err error
 	e.sched, err = sched.New[*sequence](sched.Config{MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Salt: cfg.Salt}, e.pool)
@@ -198,10 +202,15 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 	if err := req.Sampling.Validate(c.VocabSize); err != nil {
 		return nil, fmt.Errorf("%w: %v", llm.ErrInvalid, err)
 	}
+	gram, err := e.grammars.bind(req)
+	if err != nil {
+		return nil, err
+	}
 	seq := &sequence{
-		Seq:    sched.Seq{Priority: req.Priority, Tokens: slices.Clone(req.Prompt), PromptLen: len(req.Prompt)},
-		req:    req,
-		stream: newStream(e.signal),
+		Seq:     sched.Seq{Priority: req.Priority, Tokens: slices.Clone(req.Prompt), PromptLen: len(req.Prompt)},
+		req:     req,
+		grammar: gram,
+		stream:  newStream(e.signal),
 		stop: stopRules{tok: e.m.Tokenizer, stopTokens: req.StopTokens, ignoreEOS: req.IgnoreEOS,
 			maxTokens: maxNewTokens(c.ContextLen, len(req.Prompt), req.MaxTokens)},
 		arrival: req.Arrival,
@@ -410,6 +419,10 @@ func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 		s := c.Seq
 		sample := s.sampler.Sample(e.logits[out*vocab : (out+1)*vocab])
 		out++
+		if err := s.sampler.constraintErr(); err != nil {
+			e.constraintFailed(s, err)
+			continue
+		}
 		e.emit(s, sample, now)
 	}
 	return nil
@@ -435,6 +448,9 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 	}
 	s.lastToken = now
 	finish := s.stop.finish(sample.ID, s.Generated())
+	if finish == "" && s.sampler.constraintDone() {
+		finish = llm.FinishStop // the grammar's text is complete
+	}
 	if finish == "" {
 		s.stream.push(ev)
 		return

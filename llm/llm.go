@@ -27,11 +27,29 @@ type Request struct {
 	// them as output for penalties and replays their RNG draws, so a seeded sampled
 	// request continues exactly as it would have on one worker.
 	Resumed int
+	// Constraint limits the output to a grammar's texts (structured outputs, forced tool
+	// calls). The zero value is no constraint.
+	Constraint Constraint
 	// Session groups requests that should run on one worker (a conversation): the
 	// X-Session-Id header, else the body's "user" field. Only the router reads it; it
 	// does not travel to workers.
 	Session string
 }
+
+// Constraint limits a generation to the texts of a grammar: before each token the
+// sampler masks the tokens that would leave the grammar, and generation ends with
+// FinishStop once the grammar's text is complete (or on an end-of-generation token,
+// which is allowed exactly where the text may end). The mask depends on the sequence
+// alone, so batch invariance holds.
+type Constraint struct {
+	// Grammar is the grammar in package grammar's GBNF dialect
+	// (docs/structured-outputs.md); "" means none. It is text so that it crosses the
+	// wire as it is; each engine compiles it against its own vocabulary.
+	Grammar string
+}
+
+// IsZero reports whether c constrains nothing.
+func (c Constraint) IsZero() bool { return c.Grammar == "" }
 
 // TokenLogprob is a token id with its log-probability.
 type TokenLogprob struct {

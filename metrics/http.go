@@ -12,6 +12,13 @@ type HTTP struct {
 	// Cut counts responses the server ended early at its drain deadline (streams get an
 	// error event first).
 	Cut prometheus.Counter
+	// TemplateFallbacks counts chat requests with tools or tool calls that the model's
+	// chat template does not write, which the server wrote into the messages itself, by
+	// what (tools, tool_calls).
+	TemplateFallbacks *prometheus.CounterVec
+	// ToolCallsUnparsed counts tool calls a model began that did not parse; a response
+	// that is not streamed returns their text as content.
+	ToolCallsUnparsed prometheus.Counter
 }
 
 // NewHTTP registers the HTTP metrics on reg under prefix ("tandem" for the engine,
@@ -23,5 +30,9 @@ func NewHTTP(reg prometheus.Registerer, prefix string) *HTTP {
 			Help: "HTTP requests refused before any work, by reason (unauthorized, body_too_large, body_timeout, unsupported_media_type)."},
 			[]string{"reason"})).(*prometheus.CounterVec),
 		Cut: f.counter(prefix+":http_responses_cut_total", "HTTP responses (streams) the server ended early because its drain deadline passed."),
+		TemplateFallbacks: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + ":chat_template_fallbacks_total",
+			Help: "Chat requests whose tools or tool calls the chat template does not write, written into the messages by the server instead, by what (tools, tool_calls)."},
+			[]string{"what"})).(*prometheus.CounterVec),
+		ToolCallsUnparsed: f.counter(prefix+":tool_calls_unparsed_total", "Tool calls a model began that did not parse (returned as content when not streamed)."),
 	}
 }

@@ -35,6 +35,9 @@ type Engine struct {
 	// sequence generating its next token): the batch's composition.
 	StepPrefillTokens prometheus.Observer
 	StepDecodeTokens  prometheus.Observer
+	// ConstraintFailures counts constrained sequences ended with an error because their
+	// grammar allowed no token of the vocabulary (a grammar the vocabulary cannot spell).
+	ConstraintFailures prometheus.Counter
 }
 
 var (
@@ -72,6 +75,8 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 		StepPrefillTokens: f.histogram("tandem:iteration_prefill_tokens", "Histogram of prompt (prefill) tokens per engine step.", stepTokenBuckets),
 		StepDecodeTokens: f.histogram("tandem:iteration_decode_tokens",
 			"Histogram of decode tokens (one per sequence generating its next token) per engine step.", stepTokenBuckets),
+		ConstraintFailures: f.counter("tandem:constrained_generation_failures_total",
+			"Constrained sequences ended with an error because their grammar allowed no token of the vocabulary."),
 	}
 }
 

@@ -61,7 +61,11 @@ type Config struct {
 	HTTP    HTTP
 	Cluster Cluster     // no Routers: a node on its own
 	SLA     sla.Targets // drawn on the dashboard
-	Logger  *slog.Logger
+	// ToolCallParser and ReasoningParser name the formats of the model's tool calls and
+	// reasoning (openai.ToolCallParsers, ReasoningParsers; "auto" or "": from the chat
+	// template); routers take them from the card.
+	ToolCallParser, ReasoningParser string
+	Logger                          *slog.Logger
 }
 
 // HTTP configures the node's API server.
@@ -239,6 +243,9 @@ func (n *Node) serveHTTP() error {
 		Created:    time.Now().Unix(),
 		OwnedBy:    "tandem",
 		Backend:    n.engines[0],
+
+		ToolCallParser:  cfg.ToolCallParser,
+		ReasoningParser: cfg.ReasoningParser,
 	}}, openai.Options{APIKey: cfg.HTTP.APIKey, Logger: n.log, Metrics: metrics.NewHTTP(n.reg, "tandem")})
 	dash, err := web.New(web.Config{Kind: web.Engine, Name: cfg.Name, Source: n.reg, Registerer: n.reg,
 		APIKey: cfg.HTTP.APIKey, SLA: cfg.SLA, Logger: n.log})
@@ -294,6 +301,7 @@ func (n *Node) join() error {
 			Model: cfg.Name, Role: role, HashVersion: kvcache.HashVersion, BlockSize: cfg.BlockSize,
 			Salt: kvcache.Salt(cfg.Name, "", ""), KVBlocks: n.blocks, ContextLen: n.contextLen,
 			TokenizerFormat: tokFormat, TokenizerFiles: tokFiles, ChatTemplate: m.ChatTemplate,
+			GrammarFormat: cluster.GrammarGBNF, ToolCallParser: cfg.ToolCallParser, ReasoningParser: cfg.ReasoningParser,
 		},
 		Node:       cc.NodeName,
 		Routers:    cc.Routers,

@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 
 	"tandem/llm"
@@ -121,6 +122,10 @@ func backendError(err error) *apiError {
 // server stops reading (too large, too slow) leaves the connection in an unknown place
 // in the client's bytes, so those answers close it: nothing after them is parsed as
 // another request.
+// embeddedPrefix matches the Go names of the request types' embedded structs in a
+// decoding error's field path.
+var embeddedPrefix = regexp.MustCompile(`\b[a-z]+Fields\.`)
+
 func (h *handler) readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, v any) *apiError {
 	if aerr := checkContentType(r); aerr != nil {
 		h.refused("unsupported_media_type")
@@ -153,7 +158,7 @@ func (h *handler) readJSON(w http.ResponseWriter, r *http.Request, maxBody int64
 		case errors.As(err, &te) && te.Field == "":
 			return badRequest("", "The request body must be a JSON object, not %s.", te.Value)
 		case errors.As(err, &te):
-			field := strings.ReplaceAll(te.Field, "samplingFields.", "") // an embedded struct, not a JSON key
+			field := embeddedPrefix.ReplaceAllString(te.Field, "") // embedded structs, not JSON keys
 			return badRequest(field, "Invalid type for '%s': expected %s, got %s.", field, jsonTypeName(te.Type.String()), te.Value)
 		case errors.As(err, &se):
 			return badRequest("", "The request body is not valid JSON: %v (at byte %d).", se, se.Offset)

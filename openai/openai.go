@@ -1,5 +1,6 @@
-// Package openai serves the OpenAI-compatible HTTP API (chat, completions, models, tokenize)
-// over a token-level Backend: the engine in process, or the router over RPC.
+// Package openai serves the OpenAI-compatible HTTP API (chat, completions, models, tokenize,
+// with structured outputs, tool calls and reasoning) over a token-level Backend: the engine
+// in process, or the router over RPC.
 package openai
 
 import (
@@ -8,7 +9,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"tandem/llm"
@@ -48,6 +51,39 @@ type Model struct {
 	Backend    Backend
 	// ChatTemplate, if set, replaces the tokenizer's own chat template.
 	ChatTemplate string
+	// ToolCallParser names the format the model writes tool calls in (ToolCallParsers):
+	// "" or "auto" chooses it from the chat template, "none" turns tool calling off.
+	ToolCallParser string
+	// ReasoningParser (ReasoningParsers): "" or "auto" splits a <think> block off the
+	// answer when the chat template writes one, "think" always, "none" never.
+	ReasoningParser string
+	// NoConstraints says the backend cannot follow grammars (a router whose workers
+	// predate constrained decoding): requests that need one are refused.
+	NoConstraints bool
+
+	fallbackLogged atomic.Bool // a template fallback was logged once
+}
+
+// template is the model's chat template ("" when it has none).
+func (m *Model) template() string {
+	if m.ChatTemplate != "" {
+		return m.ChatTemplate
+	}
+	return m.Tokenizer.ChatTemplate()
+}
+
+// toolFormat is the tool-call format of the model's output (nil: none).
+func (m *Model) toolFormat() *toolFormat { return toolFormatFor(m.ToolCallParser, m.template()) }
+
+// thinks reports whether the model's output begins with reasoning to split off.
+func (m *Model) thinks() bool {
+	switch m.ReasoningParser {
+	case "think":
+		return true
+	case "none":
+		return false
+	}
+	return templateThinks(m.template())
 }
 
 // Options configures NewHandler.
@@ -108,8 +144,13 @@ type handler struct {
 //   - With a seed, choice i of each prompt uses seed+i; choice indexes run
 //     prompt_index*n + i. Without temperature, 1 (OpenAI's default); top_p 0
 //     means greedy.
-//   - Tools, non-text content parts, echo, suffix and best_of other than n
-//     are refused with a 400 naming the field; unknown fields are ignored.
+//   - Structured outputs (response_format, guided_*, structured_outputs) and
+//     forced or strict tool calls constrain the output with a grammar
+//     (llm.Constraint); tool calls and reasoning are parsed out of the text in the
+//     model's format (docs/structured-outputs.md).
+//   - Fields that change the output and are not implemented (non-text content
+//     parts, suffix, best_of other than n, prompt_logprobs, min_tokens, …) are
+//     refused with a 400 naming the field; unknown fields are ignored.
 //
 // It panics if a model is nil, lacks an ID, Tokenizer or Backend, or two
 // models share an ID: those are wiring mistakes.
@@ -127,6 +168,10 @@ func NewHandler(models []*Model, opts Options) http.Handler {
 			panic("openai: a model needs an ID, a Tokenizer and a Backend")
 		case h.byID[m.ID] != nil:
 			panic(fmt.Sprintf("openai: model %q listed twice", m.ID))
+		case m.ToolCallParser != "" && !slices.Contains(ToolCallParsers, m.ToolCallParser):
+			panic(fmt.Sprintf("openai: model %q: unknown tool-call parser %q", m.ID, m.ToolCallParser))
+		case m.ReasoningParser != "" && !slices.Contains(ReasoningParsers, m.ReasoningParser):
+			panic(fmt.Sprintf("openai: model %q: unknown reasoning parser %q", m.ID, m.ReasoningParser))
 		}
 		h.byID[m.ID] = m
 		h.models = append(h.models, m)
@@ -225,6 +270,24 @@ func (h *handler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fn(w, r, info)
+}
+
+// templateFallback counts the parts of a chat request (tools, tool_calls) the model's
+// chat template does not write, which the server wrote into the messages itself, and
+// logs the first time a model needs it.
+func (h *handler) templateFallback(m *Model, fell []string) {
+	if len(fell) == 0 {
+		return
+	}
+	if h.met != nil {
+		for _, what := range fell {
+			h.met.TemplateFallbacks.WithLabelValues(what).Inc()
+		}
+	}
+	if m.fallbackLogged.CompareAndSwap(false, true) {
+		h.log.Warn("the chat template does not write tools or tool calls; the server writes them into the messages in the model's tool-call format",
+			"model", m.ID, "missing", strings.Join(fell, ","), "format", m.toolFormat().name)
+	}
 }
 
 // refused counts a request refused before any work.

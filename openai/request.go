@@ -5,14 +5,15 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"tandem/grammar"
 	"tandem/llm"
 	"tandem/tokenizer"
 )
@@ -39,6 +40,8 @@ type samplingFields struct {
 	User              string             `json:"user"`
 	Priority          int64              `json:"priority"`
 	AddSpecialTokens  *bool              `json:"add_special_tokens"`
+	formatFields
+	refusedFields
 }
 
 type streamOptions struct {
@@ -46,24 +49,29 @@ type streamOptions struct {
 }
 
 type chatMessage struct {
-	Role       string          `json:"role"`
-	Content    json.RawMessage `json:"content"`
-	Name       string          `json:"name"`
-	ToolCalls  json.RawMessage `json:"tool_calls"`
-	ToolCallID string          `json:"tool_call_id"`
+	Role             string          `json:"role"`
+	Content          json.RawMessage `json:"content"`
+	Name             string          `json:"name"`
+	ToolCalls        json.RawMessage `json:"tool_calls"`
+	ToolCallID       string          `json:"tool_call_id"`
+	ReasoningContent *string         `json:"reasoning_content"`
+	Reasoning        *string         `json:"reasoning"`
 }
 
 type chatRequest struct {
 	Model    string        `json:"model"`
 	Messages []chatMessage `json:"messages"`
 	samplingFields
-	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
-	Logprobs            *bool           `json:"logprobs"`
-	TopLogprobs         *int64          `json:"top_logprobs"`
-	Tools               json.RawMessage `json:"tools"`
-	ToolChoice          json.RawMessage `json:"tool_choice"`
-	ResponseFormat      json.RawMessage `json:"response_format"`
-	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+	chatRefusedFields
+	MaxCompletionTokens *int64                     `json:"max_completion_tokens"`
+	Logprobs            *bool                      `json:"logprobs"`
+	TopLogprobs         *int64                     `json:"top_logprobs"`
+	Tools               json.RawMessage            `json:"tools"`
+	ToolChoice          json.RawMessage            `json:"tool_choice"`
+	ParallelToolCalls   *bool                      `json:"parallel_tool_calls"`
+	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
+	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
+	ReasoningEffort     json.RawMessage            `json:"reasoning_effort"`
 }
 
 type completionRequest struct {
@@ -94,6 +102,17 @@ type job struct {
 	maxTokens    int // as asked; 0 when absent
 	maxParam     string
 	spacePrefix  bool // the tokenizer adds a space before text (SPM); see step
+	out          outputSpec
+}
+
+// outputSpec is how a chat choice's text is read back: its reasoning split off, its tool
+// calls parsed, and, for constrained or tool output, its spaces kept as the tokens have
+// them (a clean-up would change what the grammar allowed).
+type outputSpec struct {
+	reasoning bool      // split a think block off
+	inside    bool      // the prompt opened the think block
+	tools     *toolPlan // parse tool calls in this format; nil: none
+	raw       bool
 }
 
 // addsSpacePrefix reports whether t encodes text with a leading space added
@@ -136,6 +155,12 @@ func newJob(m *Model, f *samplingFields, chat bool, maxTokens *int64, maxParam s
 		j.id = newID("chatcmpl-")
 	} else {
 		j.id = newID("cmpl-")
+	}
+	if f.StreamOptions != nil && !f.Stream {
+		return nil, badRequest("stream_options", "stream_options is only allowed when stream is true.")
+	}
+	if aerr := refuse(f.refusedFields.list()); aerr != nil {
+		return nil, aerr
 	}
 	j.includeUsage = f.Stream && f.StreamOptions != nil && f.StreamOptions.IncludeUsage
 	j.spacePrefix = addsSpacePrefix(m.Tokenizer)
@@ -282,26 +307,81 @@ func chatMessages(in []chatMessage) ([]tokenizer.Message, *apiError) {
 		param := fmt.Sprintf("messages[%d]", i)
 		role := msg.Role
 		switch role {
-		case "system", "user", "assistant":
+		case "system", "user", "assistant", "tool":
 		case "developer":
 			role = "system"
-		case "tool", "function":
-			return nil, badRequest(param+".role", "%s.role: %q messages are not supported: this server does not support tool calling.", param, role)
+		case "function":
+			return nil, badRequest(param+".role", "%s.role: the legacy \"function\" role is not supported; send tool results as \"tool\" messages.", param)
 		case "":
 			return nil, badRequest(param+".role", "%s.role is required.", param)
 		default:
-			return nil, badRequest(param+".role", "%s.role: unknown role %q (use system, developer, user or assistant).", param, role)
-		}
-		if !isNull(msg.ToolCalls) && strings.TrimSpace(string(msg.ToolCalls)) != "[]" {
-			return nil, badRequest(param+".tool_calls", "%s.tool_calls: tool calling is not supported.", param)
+			return nil, badRequest(param+".role", "%s.role: unknown role %q (use system, developer, user, assistant or tool).", param, role)
 		}
 		text, err := messageContent(msg.Content, param+".content", role == "assistant")
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, tokenizer.Message{Role: role, Content: text})
+		tm := tokenizer.Message{Role: role, Content: text, Name: msg.Name}
+		if !isNull(msg.ToolCalls) && strings.TrimSpace(string(msg.ToolCalls)) != "[]" {
+			if role != "assistant" {
+				return nil, badRequest(param+".tool_calls", "%s.tool_calls: only assistant messages make tool calls.", param)
+			}
+			calls, aerr := messageToolCalls(msg.ToolCalls, param+".tool_calls")
+			if aerr != nil {
+				return nil, aerr
+			}
+			tm.ToolCalls = calls
+		}
+		if role == "tool" {
+			tm.ToolCallID = msg.ToolCallID
+		}
+		if role == "assistant" {
+			switch {
+			case msg.ReasoningContent != nil:
+				tm.Reasoning = *msg.ReasoningContent
+			case msg.Reasoning != nil:
+				tm.Reasoning = *msg.Reasoning
+			}
+		}
+		out = append(out, tm)
 	}
 	return out, nil
+}
+
+// messageToolCalls reads an assistant message's tool_calls.
+func messageToolCalls(raw json.RawMessage, param string) ([]tokenizer.ToolCall, *apiError) {
+	var list []struct {
+		ID       string `json:"id"`
+		Type     string `json:"type"`
+		Function *struct {
+			Name      string          `json:"name"`
+			Arguments json.RawMessage `json:"arguments"`
+		} `json:"function"`
+	}
+	if json.Unmarshal(raw, &list) != nil {
+		return nil, badRequest(param, "%s must be a list of {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}.", param)
+	}
+	calls := make([]tokenizer.ToolCall, 0, len(list))
+	for i, c := range list {
+		pp := fmt.Sprintf("%s[%d]", param, i)
+		if c.Type != "" && c.Type != "function" {
+			return nil, badRequest(pp+".type", "%s.type: only function calls are supported, got %q.", pp, c.Type)
+		}
+		if c.Function == nil || c.Function.Name == "" {
+			return nil, badRequest(pp+".function.name", "%s.function.name is required.", pp)
+		}
+		args := "{}"
+		if a := c.Function.Arguments; !isNull(a) {
+			var s string
+			if json.Unmarshal(a, &s) == nil {
+				args = s // OpenAI's form: the arguments' JSON as a string
+			} else {
+				args = string(a) // an object, as some clients send
+			}
+		}
+		calls = append(calls, tokenizer.ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: args})
+	}
+	return calls, nil
 }
 
 // messageContent accepts a string, a list of text parts (joined with "\n",
@@ -342,42 +422,142 @@ func messageContent(raw json.RawMessage, param string, nullOK bool) (string, *ap
 	return strings.Join(texts, "\n"), nil
 }
 
-// renderChat applies the model's chat template.
-func (m *Model) renderChat(msgs []tokenizer.Message, addGenerationPrompt bool) (string, *apiError) {
-	var text string
-	var err error
-	t := m.Tokenizer
-	if m.ChatTemplate != "" {
-		text, err = tokenizer.RenderChatTemplate(m.ChatTemplate, msgs, addGenerationPrompt, t.TokenText(t.BOS()), t.TokenText(t.EOS()))
-	} else {
-		text, err = t.ApplyChatTemplate(msgs, addGenerationPrompt)
-	}
-	switch {
-	case errors.Is(err, tokenizer.ErrNoChatTemplate):
-		return "", badRequest("messages", "The model `%s` has no chat template, so it cannot serve chat completions; use /v1/completions.", m.ID)
-	case err != nil:
-		return "", badRequest("messages", "The chat template cannot be applied to these messages: %v.", strings.TrimPrefix(err.Error(), "tokenizer: "))
-	}
-	return text, nil
+// chatInput is what a chat prompt is rendered from.
+type chatInput struct {
+	messages            []chatMessage
+	addGenerationPrompt *bool
+	addSpecial          *bool
+	tools               *toolPlan                  // nil: none
+	vars                map[string]json.RawMessage // chat_template_kwargs, reasoning_effort
 }
 
-// chatPrompt renders and encodes a chat request's messages.
-// With limit > 0, messages that encode to more tokens are refused (see encodeText).
-func (m *Model) chatPrompt(in []chatMessage, addGenerationPrompt, addSpecial *bool, limit int) ([]int32, *apiError) {
-	msgs, aerr := chatMessages(in)
+// renderChat applies the model's chat template. It reports what the template could not
+// write that the server wrote itself (tools, tool_calls).
+func (m *Model) renderChat(in chatInput) (string, []string, *apiError) {
+	msgs, aerr := chatMessages(in.messages)
 	if aerr != nil {
-		return nil, aerr
+		return "", nil, aerr
 	}
-	agp := addGenerationPrompt == nil || *addGenerationPrompt
-	text, aerr := m.renderChat(msgs, agp)
+	tmpl := m.template()
+	if tmpl == "" {
+		return "", nil, badRequest("messages", "The model `%s` has no chat template, so it cannot serve chat completions; use /v1/completions.", m.ID)
+	}
+	msgs, fell := in.tools.messagesForTemplate(tmpl, msgs)
+	opts := tokenizer.ChatOptions{AddGenerationPrompt: in.addGenerationPrompt == nil || *in.addGenerationPrompt, Vars: in.vars}
+	if in.tools != nil && !slices.Contains(fell, "tools") {
+		for _, t := range in.tools.tools {
+			opts.Tools = append(opts.Tools, t.raw)
+		}
+	}
+	t := m.Tokenizer
+	text, err := tokenizer.RenderChat(tmpl, msgs, opts, t.BOSText(), t.EOSText())
+	if err != nil {
+		return "", nil, badRequest("messages", "The chat template cannot be applied to these messages: %v.", strings.TrimPrefix(err.Error(), "tokenizer: "))
+	}
+	return text, fell, nil
+}
+
+// chatPrompt renders and encodes a chat request's messages, and returns the rendered text
+// too. With limit > 0, messages that encode to more tokens are refused (see encodeText).
+func (m *Model) chatPrompt(in chatInput, limit int) ([]int32, string, []string, *apiError) {
+	text, fell, aerr := m.renderChat(in)
 	if aerr != nil {
-		return nil, aerr
+		return nil, "", nil, aerr
 	}
-	ids, ok := encodeText(m.Tokenizer, text, addSpecial, true, limit)
+	ids, ok := encodeText(m.Tokenizer, text, in.addSpecial, true, limit)
 	if !ok {
-		return nil, m.tooLong("messages")
+		return nil, "", nil, m.tooLong("messages")
 	}
-	return ids, nil
+	return ids, text, fell, nil
+}
+
+// templateVars are the template variables of a chat request: chat_template_kwargs, and
+// reasoning_effort for templates that read it.
+func (req *chatRequest) templateVars() (map[string]json.RawMessage, *apiError) {
+	vars := map[string]json.RawMessage{}
+	for k, v := range req.ChatTemplateKwargs {
+		switch k {
+		case "messages", "tools", "add_generation_prompt", "bos_token", "eos_token":
+			return nil, badRequest("chat_template_kwargs", "chat_template_kwargs may not set %q.", k)
+		}
+		vars[k] = v
+	}
+	if !isNull(req.ReasoningEffort) {
+		var effort string
+		if json.Unmarshal(req.ReasoningEffort, &effort) != nil {
+			return nil, badRequest("reasoning_effort", "reasoning_effort must be a string.")
+		}
+		if _, set := vars["reasoning_effort"]; !set {
+			vars["reasoning_effort"] = req.ReasoningEffort
+		}
+	}
+	return vars, nil
+}
+
+// toolPlan reads the request's tools, tool_choice and parallel_tool_calls.
+func (m *Model) toolPlan(req *chatRequest) (*toolPlan, *apiError) {
+	tools, aerr := parseTools(req.Tools)
+	if aerr != nil {
+		return nil, aerr
+	}
+	choice, aerr := parseToolChoice(req.ToolChoice, tools)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if len(tools) == 0 {
+		return nil, nil
+	}
+	p := &toolPlan{format: m.toolFormat(), tools: tools, choice: choice, parallel: req.ParallelToolCalls == nil || *req.ParallelToolCalls}
+	if p.format == nil && choice.mode != "none" {
+		return nil, badRequest("tools", "The model `%s` has no tool-call format: its chat template writes none that this server knows (hermes, llama3_json, mistral); start the server with --tool-call-parser.", m.ID)
+	}
+	return p, nil
+}
+
+// constrain builds the choice's grammar: the format asked for, or the tool calls a plan
+// forces or makes strict, after the reasoning block when the model thinks first.
+func (j *job) constrain(format *outputFormat, plan *toolPlan) *apiError {
+	tools := plan != nil && plan.choice.mode != "none" && plan.constrained()
+	if format == nil && !tools {
+		return nil
+	}
+	param := "tools"
+	if format != nil && !(tools && plan.forced()) {
+		param = format.param
+	}
+	if j.m.NoConstraints {
+		return badRequest(param, "%s: the workers serving `%s` cannot follow a grammar (they predate constrained decoding); upgrade them.", param, j.m.ID)
+	}
+	b := grammar.NewBuilder()
+	var content grammar.Expr
+	if format != nil && !(tools && plan.forced()) {
+		x, err := format.build(b)
+		if err != nil {
+			return badRequest(param, "%s: %v.", param, trimPrefixes(err))
+		}
+		content = x
+	}
+	body := content
+	if tools {
+		x, err := plan.grammar(b, content, format != nil && !plan.forced())
+		if err != nil {
+			return badRequest(param, "%s: %v.", param, trimPrefixes(err))
+		}
+		body = x
+	}
+	if j.out.reasoning {
+		body = grammar.Seq(thinkPrefix(b, j.out.inside), body)
+	}
+	g, err := b.Build(body)
+	if err == nil {
+		_, err = grammar.Compile(g)
+	}
+	if err != nil {
+		return badRequest(param, "%s: %v.", param, trimPrefixes(err))
+	}
+	j.req.Constraint = llm.Constraint{Grammar: g.String()}
+	j.out.raw = true
+	return nil
 }
 
 func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo) (*job, *apiError) {
@@ -389,26 +569,24 @@ func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo
 	if aerr != nil {
 		return nil, aerr
 	}
+	if aerr := refuse(req.chatRefusedFields.list()); aerr != nil {
+		return nil, aerr
+	}
 	maxTokens, maxParam := req.MaxTokens, "max_tokens"
 	if req.MaxCompletionTokens != nil {
 		maxTokens, maxParam = req.MaxCompletionTokens, "max_completion_tokens"
 	}
-	if !isNull(req.Tools) && strings.TrimSpace(string(req.Tools)) != "[]" {
-		return nil, badRequest("tools", "Tool calling is not supported by this server.")
+	format, aerr := req.format()
+	if aerr != nil {
+		return nil, aerr
 	}
-	if !isNull(req.ToolChoice) {
-		var s string
-		if json.Unmarshal(req.ToolChoice, &s) != nil || (s != "none" && s != "auto") {
-			return nil, badRequest("tool_choice", "Tool calling is not supported by this server; tool_choice may only be \"none\" or \"auto\".")
-		}
+	plan, aerr := m.toolPlan(&req)
+	if aerr != nil {
+		return nil, aerr
 	}
-	if !isNull(req.ResponseFormat) {
-		var rf struct {
-			Type string `json:"type"`
-		}
-		if json.Unmarshal(req.ResponseFormat, &rf) != nil || rf.Type != "text" {
-			return nil, badRequest("response_format", "Only response_format {\"type\": \"text\"} is supported.")
-		}
+	vars, aerr := req.templateVars()
+	if aerr != nil {
+		return nil, aerr
 	}
 	j, aerr := newJob(m, &req.samplingFields, true, maxTokens, maxParam)
 	if aerr != nil {
@@ -426,11 +604,22 @@ func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo
 	if aerr := j.validateSampling("top_logprobs"); aerr != nil {
 		return nil, aerr
 	}
-	prompt, aerr := m.chatPrompt(req.Messages, req.AddGenerationPrompt, req.AddSpecialTokens, m.ContextLen)
+	prompt, text, fell, aerr := m.chatPrompt(chatInput{messages: req.Messages, addGenerationPrompt: req.AddGenerationPrompt,
+		addSpecial: req.AddSpecialTokens, tools: plan, vars: vars}, m.ContextLen)
 	if aerr != nil {
 		return nil, aerr
 	}
+	h.templateFallback(m, fell)
 	j.prompts = [][]int32{prompt}
+	if m.thinks() && !promptClosesThinking(text) {
+		j.out.reasoning, j.out.inside = true, promptOpensThinking(text)
+	}
+	if plan != nil && plan.choice.mode != "none" {
+		j.out.tools, j.out.raw = plan, true
+	}
+	if aerr := j.constrain(format, plan); aerr != nil {
+		return nil, aerr
+	}
 	return j, j.checkPrompts()
 }
 
@@ -449,8 +638,15 @@ func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *r
 	case req.Suffix != nil && *req.Suffix != "":
 		return nil, badRequest("suffix", "suffix is not supported.")
 	}
+	format, aerr := req.format()
+	if aerr != nil {
+		return nil, aerr
+	}
 	j, aerr := newJob(m, &req.samplingFields, false, req.MaxTokens, "max_tokens")
 	if aerr != nil {
+		return nil, aerr
+	}
+	if aerr := j.constrain(format, nil); aerr != nil {
 		return nil, aerr
 	}
 	j.req.Session = session(r, req.User)

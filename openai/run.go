@@ -51,6 +51,41 @@ type choice struct {
 	done    bool
 	cached  int
 	lps     []tokenLogprob
+
+	// Chat output parsing (outputSpec): the reasoning block, the tool calls.
+	reason    *reasoningSplitter
+	tools     *toolParser
+	reasoning strings.Builder
+	calls     []toolCallOut // started calls; in a stream only their count matters
+}
+
+// parsed is what a choice's parsers make of new text.
+type parsed struct {
+	reasoning string
+	events    []toolEvent
+}
+
+// parse splits new text into reasoning, content and tool calls.
+func (c *choice) parse(text string, final bool) parsed {
+	var p parsed
+	content := text
+	if c.reason != nil {
+		p.reasoning, content = c.reason.feed(text, final)
+	}
+	if c.tools != nil {
+		p.events = c.tools.feed(content, final)
+	} else if content != "" {
+		p.events = []toolEvent{{kind: evText, text: content}}
+	}
+	return p
+}
+
+// finishReason is the choice's finish reason: tool_calls when it called tools.
+func (c *choice) finishReason() string {
+	if len(c.calls) > 0 && c.finish == string(llm.FinishStop) {
+		return "tool_calls"
+	}
+	return c.finish
 }
 
 type tokenLogprob struct {
@@ -102,7 +137,17 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 				writeError(w, backendError(err))
 				return
 			}
-			choices = append(choices, &choice{index: len(choices), prompt: p, st: st, dec: j.m.Tokenizer.NewStreamDecoder()})
+			c := &choice{index: len(choices), prompt: p, st: st, dec: j.m.Tokenizer.NewStreamDecoder()}
+			if j.out.raw {
+				c.dec = j.m.Tokenizer.NewRawStreamDecoder()
+			}
+			if j.out.reasoning {
+				c.reason = newReasoningSplitter(j.out.inside)
+			}
+			if j.out.tools != nil {
+				c.tools = newToolParser(j.out.tools.format, j.out.tools.forced())
+			}
+			choices = append(choices, c)
 		}
 	}
 	var workers []string
@@ -189,36 +234,44 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 		if c.done {
 			remaining--
 		}
+		if !j.chat {
+			if sse == nil {
+				c.text.WriteString(text)
+				if lp != nil {
+					c.lps = append(c.lps, *lp)
+				}
+				continue
+			}
+			var lps []tokenLogprob
+			if lp != nil {
+				lps = []tokenLogprob{*lp}
+			}
+			if text != "" || lp != nil {
+				if sse.send(j.completionChunk(c, text, j.completionLogprobs(lps), nil)) != nil {
+					return
+				}
+			}
+			if c.done {
+				if sse.send(j.completionChunk(c, "", nil, &c.finish)) != nil {
+					return
+				}
+			}
+			continue
+		}
+		out := c.parse(text, c.done)
 		if sse == nil {
-			c.text.WriteString(text)
+			h.collect(c, out)
 			if lp != nil {
 				c.lps = append(c.lps, *lp)
 			}
 			continue
 		}
-		var lps []tokenLogprob
-		if lp != nil {
-			lps = []tokenLogprob{*lp}
-		}
-		if text != "" || lp != nil {
-			var chunk any
-			if j.chat {
-				chunk = j.chatChunk(c, delta{Content: &text}, j.chatLogprobs(lps), nil)
-			} else {
-				chunk = j.completionChunk(c, text, j.completionLogprobs(lps), nil)
-			}
-			if sse.send(chunk) != nil {
-				return
-			}
+		if h.streamChat(sse, j, c, out, lp) != nil {
+			return
 		}
 		if c.done {
-			var chunk any
-			if j.chat {
-				chunk = j.chatChunk(c, delta{}, nil, &c.finish)
-			} else {
-				chunk = j.completionChunk(c, "", nil, &c.finish)
-			}
-			if sse.send(chunk) != nil {
+			finish := c.finishReason()
+			if sse.send(j.chatChunk(c, delta{}, nil, &finish)) != nil {
 				return
 			}
 		}
@@ -237,8 +290,15 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 	if j.chat {
 		resp := chatCompletion{ID: j.id, Object: "chat.completion", Created: j.created, Model: j.m.ID, Usage: u}
 		for _, c := range choices {
-			resp.Choices = append(resp.Choices, chatChoice{Index: c.index, FinishReason: c.finish,
-				Message: chatMessageOut{Role: "assistant", Content: c.text.String()}, Logprobs: j.chatLogprobs(c.lps)})
+			msg := chatMessageOut{Role: "assistant", ToolCalls: c.calls}
+			if content := c.text.String(); content != "" || len(c.calls) == 0 {
+				msg.Content = &content
+			}
+			if r := c.reasoning.String(); r != "" {
+				msg.ReasoningContent, msg.Reasoning = &r, &r
+			}
+			resp.Choices = append(resp.Choices, chatChoice{Index: c.index, FinishReason: c.finishReason(),
+				Message: msg, Logprobs: j.chatLogprobs(c.lps)})
 		}
 		writeJSON(w, http.StatusOK, resp)
 		return
@@ -249,6 +309,88 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 			Logprobs: j.completionLogprobs(c.lps)})
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// collect adds parsed output to a choice that is not streamed. A call that did not parse
+// becomes text again.
+func (h *handler) collect(c *choice, out parsed) {
+	c.reasoning.WriteString(out.reasoning)
+	for _, ev := range out.events {
+		switch ev.kind {
+		case evText:
+			c.text.WriteString(ev.text)
+		case evCallStart:
+			c.calls = append(c.calls, toolCallOut{ID: newID("call_"), Type: "function", Function: toolCallFunction{Name: ev.text}})
+		case evCallArgs:
+			if n := len(c.calls); n > 0 {
+				c.calls[n-1].Function.Arguments += ev.text
+			}
+		case evCallBroken:
+			h.unparsedCall()
+			if n := len(c.calls); n > 0 {
+				c.calls = c.calls[:n-1]
+			}
+			c.text.WriteString(ev.raw)
+		}
+	}
+}
+
+// streamChat sends parsed output of a streamed chat choice: reasoning, content and tool
+// call deltas (the first delta of a call carries its id, type and name, the next ones
+// its arguments), the token's logprobs with the first of them.
+func (h *handler) streamChat(sse *sseWriter, j *job, c *choice, out parsed, lp *tokenLogprob) error {
+	var lps *chatLogprobs
+	if lp != nil {
+		lps = j.chatLogprobs([]tokenLogprob{*lp})
+	}
+	sent := false
+	send := func(d delta) error {
+		var l *chatLogprobs
+		if !sent {
+			l, sent = lps, true
+		}
+		return sse.send(j.chatChunk(c, d, l, nil))
+	}
+	if r := out.reasoning; r != "" {
+		if err := send(delta{ReasoningContent: &r, Reasoning: &r}); err != nil {
+			return err
+		}
+	}
+	for _, ev := range out.events {
+		var d delta
+		switch ev.kind {
+		case evText:
+			if ev.text == "" {
+				continue
+			}
+			t := ev.text
+			d.Content = &t
+		case evCallStart:
+			c.calls = append(c.calls, toolCallOut{})
+			d.ToolCalls = []toolCallDelta{{Index: len(c.calls) - 1, ID: newID("call_"), Type: "function", Function: toolCallDeltaFunction{Name: ev.text}}}
+		case evCallArgs:
+			d.ToolCalls = []toolCallDelta{{Index: max(len(c.calls)-1, 0), Function: toolCallDeltaFunction{Arguments: ev.text}}}
+		case evCallBroken:
+			h.unparsedCall()
+			continue
+		default:
+			continue
+		}
+		if err := send(d); err != nil {
+			return err
+		}
+	}
+	if !sent && lp != nil {
+		empty := ""
+		return send(delta{Content: &empty})
+	}
+	return nil
+}
+
+func (h *handler) unparsedCall() {
+	if h.met != nil {
+		h.met.ToolCallsUnparsed.Inc()
+	}
 }
 
 // endedByServer answers a request whose context ended because the server is ending it
@@ -401,8 +543,35 @@ type chatChoice struct {
 }
 
 type chatMessageOut struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role    string  `json:"role"`
+	Content *string `json:"content"` // null when the message is only tool calls
+	// ReasoningContent and Reasoning carry the same text (servers disagree on the name).
+	ReasoningContent *string       `json:"reasoning_content,omitempty"`
+	Reasoning        *string       `json:"reasoning,omitempty"`
+	ToolCalls        []toolCallOut `json:"tool_calls,omitempty"`
+}
+
+type toolCallOut struct {
+	ID       string           `json:"id"`
+	Type     string           `json:"type"`
+	Function toolCallFunction `json:"function"`
+}
+
+type toolCallFunction struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+type toolCallDelta struct {
+	Index    int                   `json:"index"`
+	ID       string                `json:"id,omitempty"`
+	Type     string                `json:"type,omitempty"`
+	Function toolCallDeltaFunction `json:"function"`
+}
+
+type toolCallDeltaFunction struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
 }
 
 type completion struct {
@@ -438,8 +607,11 @@ type chunkWithNullUsage struct {
 }
 
 type delta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role             string          `json:"role,omitempty"`
+	Content          *string         `json:"content,omitempty"`
+	ReasoningContent *string         `json:"reasoning_content,omitempty"`
+	Reasoning        *string         `json:"reasoning,omitempty"`
+	ToolCalls        []toolCallDelta `json:"tool_calls,omitempty"`
 }
 
 type chatChunkChoice struct {

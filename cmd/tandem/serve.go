@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,6 +23,7 @@ import (
 	"tandem/internal/statefile"
 	"tandem/internal/version"
 	"tandem/node"
+	"tandem/openai"
 	"tandem/orpc"
 	"tandem/sla"
 	"tandem/worker"
@@ -60,6 +62,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	kvHold := fs.Duration("kv-hold", worker.DefaultKVHold, "prefill role: the longest prefilled KV blocks wait for the decode worker's pull (the router may ask for less)")
 	kvSendRate := fs.String("kv-send-rate", "", "cap on the bandwidth KV pulls are served at, per pull, e.g. 1GB (bytes per second; default unlimited)")
 	advertise := fs.String("advertise", "", "ORPC address routers dial (default: --host and the ORPC port; an unspecified host means the address used to reach the router)")
+	toolParser := fs.String("tool-call-parser", "auto", "the format the model writes tool calls in: "+strings.Join(openai.ToolCallParsers, ", ")+" (auto: chosen from the chat template)")
+	reasoningParser := fs.String("reasoning-parser", "auto", "split the reasoning off the answer: "+strings.Join(openai.ReasoningParsers, ", ")+" (auto: when the chat template writes <think>)")
 	bk := addBackendFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem serve [--model PATH] [--host H] [--port P] [flags]")
@@ -97,6 +101,12 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	case cluster.RoleBoth, cluster.RolePrefill, cluster.RoleDecode:
 	default:
 		return fmt.Errorf("--role %q: want both, prefill or decode", *role)
+	}
+	if !slices.Contains(openai.ToolCallParsers, *toolParser) {
+		return fmt.Errorf("--tool-call-parser %q: want one of %s", *toolParser, strings.Join(openai.ToolCallParsers, ", "))
+	}
+	if !slices.Contains(openai.ReasoningParsers, *reasoningParser) {
+		return fmt.Errorf("--reasoning-parser %q: want one of %s", *reasoningParser, strings.Join(openai.ReasoningParsers, ", "))
 	}
 	var sendRate int64
 	if *kvSendRate != "" {
@@ -175,6 +185,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		KVBudget: budget, MaxModelLen: *maxModelLen, BlockSize: *blockSize,
 		MaxBatchTokens: *maxBatch, MaxSeqs: *maxSeqs, MaxQueue: *maxQueue,
 		Sim: bk.simTiming(), Replicas: *bk.replicas, SLA: *slaTargets,
+		ToolCallParser: *toolParser, ReasoningParser: *reasoningParser,
 		HTTP: node.HTTP{
 			Addr: net.JoinHostPort(*host, strconv.Itoa(*port)), TLSCert: *tlsCert, TLSKey: *tlsKey,
 			APIKey: *apiKey, PublicMetrics: *publicMetrics, BodyReadTimeout: *bodyTimeout, MinBodyRate: *minBodyRate,

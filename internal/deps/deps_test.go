@@ -16,7 +16,7 @@ var allowed = map[string][]string{
 	// Leaves: the standard library and the third-party modules below.
 	"dtype": {}, "llm": {}, "kvcache": {}, "tokenizer": {}, "httpserve": {}, "metrics": {},
 	"bench": {}, "bench/benchtest": {},
-	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {}, "internal/version": {}, "sla": {},
+	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {}, "internal/version": {}, "sla": {}, "grammar": {}, "internal/schematest": {},
 
 	// File formats and the device contract.
 	"gguf": {"dtype"}, "safetensors": {"dtype"}, "hal": {"dtype"}, "hal/cpu": {"hal"},
@@ -33,11 +33,11 @@ var allowed = map[string][]string{
 	// The engine and its model.
 	"model":          {"gguf", "hal", "safetensors", "tokenizer"},
 	"modelgen":       {"gguf", "hal", "hal/cpu", "model", "tokenizer"},
-	"engine":         {"hal", "kvcache", "llm", "metrics", "model", "sched", "tokenizer"},
+	"engine":         {"grammar", "hal", "kvcache", "llm", "metrics", "model", "sched", "tokenizer"},
 	"engine/simstep": {"engine", "hal", "model", "sim"},
 
 	// Serving.
-	"openai":        {"httpserve", "llm", "metrics", "tokenizer"},
+	"openai":        {"grammar", "httpserve", "llm", "metrics", "tokenizer"},
 	"bench/loadgen": {"bench"},
 	"web":           {"metrics", "sla"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
@@ -70,6 +70,7 @@ var never = map[string][]string{
 	"kvcache": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"llm":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"sla":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"grammar": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	// The router binary: pure Go, no engine.
 	"cmd/tandem-router": {"tandem/hal", "tandem/hal/cpu", "tandem/model", "tandem/engine", "tandem/modelgen", "C"},
 }

@@ -619,11 +619,25 @@ func (l *Router) rebuildAPILocked() {
 		models = append(models, &openai.Model{
 			ID: m.name, Tokenizer: m.tok, ContextLen: m.card.ContextLen, Created: m.created, OwnedBy: "tandem",
 			Backend: &liveBackend{l: l, m: m}, ChatTemplate: m.card.ChatTemplate,
+			// The worker's output parsers, and whether it follows grammars at all.
+			ToolCallParser:  knownOr(m.card.ToolCallParser, openai.ToolCallParsers, l.log, "tool-call parser", m.name),
+			ReasoningParser: knownOr(m.card.ReasoningParser, openai.ReasoningParsers, l.log, "reasoning parser", m.name),
+			NoConstraints:   m.card.GrammarFormat < cluster.GrammarGBNF,
 		})
 	}
 	slices.SortFunc(models, func(a, b *openai.Model) int { return cmp.Compare(a.ID, b.ID) })
 	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet})
 	l.api.Store(&h)
+}
+
+// knownOr is a parser name from a worker's card when the router knows it, else "" (chosen
+// from the chat template), which it logs.
+func knownOr(name string, known []string, log *slog.Logger, what, model string) string {
+	if name == "" || slices.Contains(known, name) {
+		return name
+	}
+	log.Warn("a worker's "+what+" is unknown to this router; choosing it from the chat template", "model", model, "parser", name)
+	return ""
 }
 
 // SessionHeader carries a session id; requests of one session stay on one worker.
