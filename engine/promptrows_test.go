@@ -17,7 +17,7 @@ import (
 func TestPromptLogprobs(t *testing.T) {
 	for _, budget := range []int{512, 7} {
 		e, m := startEngine(t, Config{MaxBatchTokens: budget})
-		prompt := m.Tokenizer.Encode(prompts[6], true, false) // shares a prefix with others
+		prompt := m.Tokenizer.Encode(prompts[6], true, false)                      // shares a prefix with others
 		collectReq(t, e, &llm.Request{Prompt: slices.Clone(prompt), MaxTokens: 1}) // fill the prefix cache
 		_, ev := firstEvent(t, e, &llm.Request{Prompt: prompt, MaxTokens: 1, PromptLogprobs: true, PromptTopLogprobs: 3})
 		if len(ev.PromptLogprobs) != len(prompt)-1 {
