@@ -60,6 +60,13 @@ type Model struct {
 	// NoConstraints says the backend cannot follow grammars (a router whose workers
 	// predate constrained decoding): requests that need one are refused.
 	NoConstraints bool
+	// NoTokenControls says the backend predates min_tokens, allowed_token_ids, prompt
+	// logprobs and embeddings (a router whose workers do): requests that need them are
+	// refused rather than answered as if they were absent.
+	NoTokenControls bool
+	// Pooling is how /v1/embeddings pools the model's hidden states (llm.Poolings);
+	// "" is last-token pooling.
+	Pooling llm.Pooling
 
 	fallbackLogged atomic.Bool // a template fallback was logged once
 }

@@ -51,6 +51,15 @@ type choice struct {
 	done    bool
 	cached  int
 	lps     []tokenLogprob
+	stopStr string // the stop string that ended the choice
+
+	// vLLM's token-level answers (job.tokenIDs, promptLogprobs, echo).
+	ids          []int32             // the generated token ids
+	unsent       []int32             // a stream's ids not sent yet
+	promptLP     []llm.PromptLogprob // from the first event
+	promptSent   bool                // a stream sent the prompt's ids
+	promptLPSent bool                // a chat stream sent the prompt's logprobs
+	echoed       bool                // a stream sent the echoed text
 
 	// Chat output parsing (outputSpec): the reasoning block, the tool calls.
 	reason    *reasoningSplitter
@@ -97,6 +106,7 @@ type tokenLogprob struct {
 	// content after detokenization and stop strings. The chosen tokens'
 	// texts concatenate to the content exactly; the raw bytes go in "bytes".
 	text string
+	none bool // no logprob (an echoed prompt's first token): null
 }
 
 type item struct {
@@ -138,6 +148,9 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 				return
 			}
 			c := &choice{index: len(choices), prompt: p, st: st, dec: j.m.Tokenizer.NewStreamDecoder()}
+			if j.echo != nil {
+				c.runes = utf8.RuneCountInString(j.echo[p]) // text offsets follow the echoed prompt
+			}
 			if j.out.raw {
 				c.dec = j.m.Tokenizer.NewRawStreamDecoder()
 			}
@@ -190,7 +203,17 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 				if sse.send(j.chatChunk(c, delta{Role: role, Content: &empty}, nil, nil)) != nil {
 					return
 				}
+				if j.echo != nil && j.echo[0] != "" {
+					c.echoed = true
+					if sse.send(j.chatChunk(c, delta{Content: &j.echo[0]}, nil, nil)) != nil {
+						return
+					}
+				}
 			}
+		}
+	} else if j.echo != nil {
+		for _, c := range choices {
+			c.text.WriteString(j.echo[c.prompt])
 		}
 	}
 
@@ -229,12 +252,18 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 			}
 			return
 		}
+		if it.ev.PromptLogprobs != nil {
+			c.promptLP = it.ev.PromptLogprobs
+		}
 		text, lp := j.step(c, it.ev)
 		info.completionTokens++
 		if c.done {
 			remaining--
 		}
 		if !j.chat {
+			if j.echoOnly {
+				text, lp, c.unsent, c.ids = "", nil, nil, nil
+			}
 			if sse == nil {
 				c.text.WriteString(text)
 				if lp != nil {
@@ -243,10 +272,17 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 				continue
 			}
 			var lps []tokenLogprob
-			if lp != nil {
-				lps = []tokenLogprob{*lp}
+			if j.echo != nil && !c.echoed {
+				c.echoed = true
+				text = j.echo[c.prompt] + text
+				if j.logprobs {
+					lps = j.echoLogprobs(c)
+				}
 			}
-			if text != "" || lp != nil {
+			if lp != nil {
+				lps = append(lps, *lp)
+			}
+			if text != "" || lps != nil || len(c.unsent) > 0 {
 				if sse.send(j.completionChunk(c, text, j.completionLogprobs(lps), nil)) != nil {
 					return
 				}
@@ -289,6 +325,12 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 	}
 	if j.chat {
 		resp := chatCompletion{ID: j.id, Object: "chat.completion", Created: j.created, Model: j.m.ID, Usage: u}
+		if j.tokenIDs {
+			resp.PromptTokenIDs = j.prompts[0]
+		}
+		if len(choices) > 0 && j.promptLogprobs >= 0 {
+			resp.PromptLogprobs = j.promptLogprobsOut(j.prompts[0], choices[0].promptLP)
+		}
 		for _, c := range choices {
 			msg := chatMessageOut{Role: "assistant", ToolCalls: c.calls}
 			if content := c.text.String(); content != "" || len(c.calls) == 0 {
@@ -298,15 +340,26 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 				msg.ReasoningContent, msg.Reasoning = &r, &r
 			}
 			resp.Choices = append(resp.Choices, chatChoice{Index: c.index, FinishReason: c.finishReason(),
-				Message: msg, Logprobs: j.chatLogprobs(c.lps)})
+				Message: msg, Logprobs: j.chatLogprobs(c.lps), TokenIDs: c.ids})
 		}
 		writeJSON(w, http.StatusOK, resp)
 		return
 	}
 	resp := completion{ID: j.id, Object: "text_completion", Created: j.created, Model: j.m.ID, Usage: u}
 	for _, c := range choices {
-		resp.Choices = append(resp.Choices, completionChoice{Index: c.index, Text: c.text.String(), FinishReason: c.finish,
-			Logprobs: j.completionLogprobs(c.lps)})
+		lps := c.lps
+		if j.echo != nil && j.logprobs {
+			lps = append(j.echoLogprobs(c), lps...)
+		}
+		ch := completionChoice{Index: c.index, Text: c.text.String(), FinishReason: c.finish,
+			Logprobs: j.completionLogprobs(lps), TokenIDs: c.ids}
+		if j.tokenIDs {
+			ch.PromptTokenIDs = j.prompts[c.prompt]
+		}
+		if j.promptLogprobs >= 0 {
+			ch.PromptLogprobs = j.promptLogprobsOut(j.prompts[c.prompt], c.promptLP)
+		}
+		resp.Choices = append(resp.Choices, ch)
 	}
 	writeJSON(w, http.StatusOK, resp)
 }
@@ -429,6 +482,10 @@ func contains(list []string, s string) bool {
 // returns the text that is now final and the token's logprobs, if asked for.
 func (j *job) step(c *choice, ev llm.Event) (string, *tokenLogprob) {
 	c.tokens++
+	if j.tokenIDs {
+		c.ids = append(c.ids, ev.Token)
+		c.unsent = append(c.unsent, ev.Token)
+	}
 	var lp *tokenLogprob
 	if j.logprobs {
 		lp = &tokenLogprob{id: ev.Token, logprob: ev.Logprob, top: ev.Top, offset: c.runes}
@@ -451,7 +508,11 @@ func (j *job) step(c *choice, ev llm.Event) (string, *tokenLogprob) {
 		text += c.dec.Flush()
 	}
 	c.runes += utf8.RuneCountInString(text)
-	text, hit := c.cut(text, j.stops, j.includeStop, final)
+	stops := j.stops
+	if c.tokens < j.minTokens {
+		stops = nil // as vLLM: stop strings apply once min_tokens are out
+	}
+	text, hit := c.cut(text, stops, j.includeStop, final)
 	if lp != nil {
 		lp.text = text
 	}
@@ -479,6 +540,7 @@ func (c *choice) cut(t string, stops []string, include, final bool) (string, boo
 	for _, s := range stops {
 		if i := strings.Index(buf, s); i >= 0 && (at < 0 || i < at || (i == at && len(s) > n)) {
 			at, n = i, len(s)
+			c.stopStr = s
 		}
 	}
 	switch {
@@ -533,6 +595,9 @@ type chatCompletion struct {
 	Model   string       `json:"model"`
 	Choices []chatChoice `json:"choices"`
 	Usage   usage        `json:"usage"`
+	// vLLM's: with return_token_ids, prompt_logprobs.
+	PromptTokenIDs []int32           `json:"prompt_token_ids,omitempty"`
+	PromptLogprobs []promptLogprobAt `json:"prompt_logprobs,omitempty"`
 }
 
 type chatChoice struct {
@@ -540,6 +605,7 @@ type chatChoice struct {
 	Message      chatMessageOut `json:"message"`
 	Logprobs     *chatLogprobs  `json:"logprobs"`
 	FinishReason string         `json:"finish_reason"`
+	TokenIDs     []int32        `json:"token_ids,omitempty"`
 }
 
 type chatMessageOut struct {
@@ -584,10 +650,13 @@ type completion struct {
 }
 
 type completionChoice struct {
-	Index        int                 `json:"index"`
-	Text         string              `json:"text"`
-	Logprobs     *completionLogprobs `json:"logprobs"`
-	FinishReason string              `json:"finish_reason"`
+	Index          int                 `json:"index"`
+	Text           string              `json:"text"`
+	Logprobs       *completionLogprobs `json:"logprobs"`
+	FinishReason   string              `json:"finish_reason"`
+	PromptTokenIDs []int32             `json:"prompt_token_ids,omitempty"`
+	TokenIDs       []int32             `json:"token_ids,omitempty"`
+	PromptLogprobs []promptLogprobAt   `json:"prompt_logprobs,omitempty"`
 }
 
 // streamChunk is one SSE event. Usage is null on every chunk but the last
@@ -599,6 +668,10 @@ type streamChunk struct {
 	Model   string `json:"model"`
 	Choices []any  `json:"choices"`
 	Usage   *usage `json:"usage,omitempty"`
+	// A chat stream's first chunk carries the prompt's ids (return_token_ids), the
+	// first after the first token its logprobs (prompt_logprobs).
+	PromptTokenIDs []int32           `json:"prompt_token_ids,omitempty"`
+	PromptLogprobs []promptLogprobAt `json:"prompt_logprobs,omitempty"`
 }
 
 type chunkWithNullUsage struct {
@@ -619,13 +692,17 @@ type chatChunkChoice struct {
 	Delta        delta         `json:"delta"`
 	Logprobs     *chatLogprobs `json:"logprobs"`
 	FinishReason *string       `json:"finish_reason"`
+	TokenIDs     []int32       `json:"token_ids,omitempty"`
 }
 
 type completionChunkChoice struct {
-	Index        int                 `json:"index"`
-	Text         string              `json:"text"`
-	Logprobs     *completionLogprobs `json:"logprobs"`
-	FinishReason *string             `json:"finish_reason"`
+	Index          int                 `json:"index"`
+	Text           string              `json:"text"`
+	Logprobs       *completionLogprobs `json:"logprobs"`
+	FinishReason   *string             `json:"finish_reason"`
+	PromptTokenIDs []int32             `json:"prompt_token_ids,omitempty"`
+	TokenIDs       []int32             `json:"token_ids,omitempty"`
+	PromptLogprobs []promptLogprobAt   `json:"prompt_logprobs,omitempty"`
 }
 
 func (j *job) chunkObject() string {
@@ -635,20 +712,47 @@ func (j *job) chunkObject() string {
 	return "text_completion"
 }
 
-func (j *job) chunk(choice any) any {
-	c := streamChunk{ID: j.id, Object: j.chunkObject(), Created: j.created, Model: j.m.ID, Choices: []any{choice}}
+func (j *job) chunk(choice any, top streamChunk) any {
+	c := top
+	c.ID, c.Object, c.Created, c.Model, c.Choices = j.id, j.chunkObject(), j.created, j.m.ID, []any{choice}
 	if j.includeUsage {
 		return chunkWithNullUsage{streamChunk: c}
 	}
 	return c
 }
 
+// takeIDs returns the token ids a stream has not sent yet.
+func (c *choice) takeIDs() []int32 {
+	ids := c.unsent
+	c.unsent = nil
+	return ids
+}
+
 func (j *job) chatChunk(c *choice, d delta, lp *chatLogprobs, finish *string) any {
-	return j.chunk(chatChunkChoice{Index: c.index, Delta: d, Logprobs: lp, FinishReason: finish})
+	var top streamChunk
+	if !c.promptSent && j.tokenIDs {
+		top.PromptTokenIDs = j.prompts[c.prompt]
+		c.promptSent = true
+	}
+	if !c.promptLPSent && c.promptLP != nil {
+		top.PromptLogprobs = j.promptLogprobsOut(j.prompts[c.prompt], c.promptLP)
+		c.promptLPSent = true
+	}
+	return j.chunk(chatChunkChoice{Index: c.index, Delta: d, Logprobs: lp, FinishReason: finish, TokenIDs: c.takeIDs()}, top)
 }
 
 func (j *job) completionChunk(c *choice, text string, lp *completionLogprobs, finish *string) any {
-	return j.chunk(completionChunkChoice{Index: c.index, Text: text, Logprobs: lp, FinishReason: finish})
+	ch := completionChunkChoice{Index: c.index, Text: text, Logprobs: lp, FinishReason: finish, TokenIDs: c.takeIDs()}
+	if !c.promptSent && (j.tokenIDs || j.promptLogprobs >= 0) {
+		c.promptSent = true
+		if j.tokenIDs {
+			ch.PromptTokenIDs = j.prompts[c.prompt]
+		}
+		if j.promptLogprobs >= 0 {
+			ch.PromptLogprobs = j.promptLogprobsOut(j.prompts[c.prompt], c.promptLP)
+		}
+	}
+	return j.chunk(ch, streamChunk{})
 }
 
 // Logprobs.
@@ -684,7 +788,7 @@ type chatTopLogprob struct {
 
 type completionLogprobs struct {
 	Tokens        []string             `json:"tokens"`
-	TokenLogprobs []logprob            `json:"token_logprobs"`
+	TokenLogprobs []optLogprob         `json:"token_logprobs"`
 	TopLogprobs   []map[string]logprob `json:"top_logprobs"`
 	TextOffset    []int                `json:"text_offset"`
 }
@@ -721,8 +825,14 @@ func (j *job) chatLogprobs(lps []tokenLogprob) *chatLogprobs {
 	for _, lp := range lps {
 		_, b := tokenText(t, lp.id)
 		e := chatTokenLogprob{Token: lp.text, Logprob: logprob(lp.logprob), Bytes: b, TopLogprobs: make([]chatTopLogprob, 0, len(lp.top))}
+		if j.idsAsTokens {
+			e.Token = tokenIDText(lp.id)
+		}
 		for _, top := range lp.top {
 			tt, tb := tokenText(t, top.ID)
+			if j.idsAsTokens {
+				tt = tokenIDText(top.ID)
+			}
 			e.TopLogprobs = append(e.TopLogprobs, chatTopLogprob{Token: tt, Logprob: logprob(top.Logprob), Bytes: tb})
 		}
 		out.Content = append(out.Content, e)
@@ -734,15 +844,26 @@ func (j *job) completionLogprobs(lps []tokenLogprob) *completionLogprobs {
 	if !j.logprobs {
 		return nil
 	}
-	out := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []logprob{}, TopLogprobs: []map[string]logprob{}, TextOffset: []int{}}
+	out := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []optLogprob{}, TopLogprobs: []map[string]logprob{}, TextOffset: []int{}}
 	t := j.m.Tokenizer
 	for _, lp := range lps {
 		tok := lp.text
+		if j.idsAsTokens {
+			tok = tokenIDText(lp.id)
+		}
 		out.Tokens = append(out.Tokens, tok)
-		out.TokenLogprobs = append(out.TokenLogprobs, logprob(lp.logprob))
+		out.TokenLogprobs = append(out.TokenLogprobs, optLogprob{v: logprob(lp.logprob), ok: !lp.none})
+		if lp.none {
+			out.TopLogprobs = append(out.TopLogprobs, nil)
+			out.TextOffset = append(out.TextOffset, lp.offset)
+			continue
+		}
 		top := make(map[string]logprob, len(lp.top))
 		for _, x := range lp.top {
 			tt, _ := tokenText(t, x.ID)
+			if j.idsAsTokens {
+				tt = tokenIDText(x.ID)
+			}
 			if _, dup := top[tt]; !dup {
 				top[tt] = logprob(x.Logprob)
 			}
@@ -806,3 +927,83 @@ func (s *sseWriter) raw(data []byte) error {
 }
 
 func (s *sseWriter) done() { s.raw([]byte("[DONE]")) }
+
+// optLogprob is a logprob that may be absent (null): an echoed prompt's first token.
+type optLogprob struct {
+	v  logprob
+	ok bool
+}
+
+func (o optLogprob) MarshalJSON() ([]byte, error) {
+	if !o.ok {
+		return []byte("null"), nil
+	}
+	return o.v.MarshalJSON()
+}
+
+// tokenIDText is a token as return_tokens_as_token_ids writes it.
+func tokenIDText(id int32) string { return "token_id:" + strconv.Itoa(int(id)) }
+
+// promptLogprobAt is one prompt position of vLLM's prompt_logprobs: null for the first,
+// then the token's and the best alternatives' logprobs by token id.
+type promptLogprobAt map[string]promptLogprobEntry
+
+type promptLogprobEntry struct {
+	Logprob      logprob `json:"logprob"`
+	Rank         int     `json:"rank"`
+	DecodedToken string  `json:"decoded_token"`
+}
+
+// promptLogprobsOut is vLLM's prompt_logprobs for prompt (nil when they did not come).
+func (j *job) promptLogprobsOut(prompt []int32, lps []llm.PromptLogprob) []promptLogprobAt {
+	if lps == nil {
+		return nil
+	}
+	t := j.m.Tokenizer
+	name := func(id int32) string {
+		if j.idsAsTokens {
+			return tokenIDText(id)
+		}
+		s, _ := tokenText(t, id)
+		return s
+	}
+	out := make([]promptLogprobAt, 1, len(prompt))
+	for k, lp := range lps {
+		if k+1 >= len(prompt) {
+			break
+		}
+		tok := prompt[k+1]
+		at := promptLogprobAt{strconv.Itoa(int(tok)): {Logprob: logprob(lp.Logprob), Rank: lp.Rank, DecodedToken: name(tok)}}
+		for r, x := range lp.Top {
+			key := strconv.Itoa(int(x.ID))
+			if _, ok := at[key]; !ok {
+				at[key] = promptLogprobEntry{Logprob: logprob(x.Logprob), Rank: r + 1, DecodedToken: name(x.ID)}
+			}
+		}
+		out = append(out, at)
+	}
+	return out
+}
+
+// echoLogprobs are the logprob entries of an echoed prompt: its tokens' texts as a
+// stream decoder gives them, the first without a logprob, the others from the prompt
+// logprobs the first event brought.
+func (j *job) echoLogprobs(c *choice) []tokenLogprob {
+	prompt := j.prompts[c.prompt]
+	dec := j.m.Tokenizer.NewStreamDecoder()
+	out := make([]tokenLogprob, 0, len(prompt))
+	offset := 0
+	for k, id := range prompt {
+		text := dec.Add(id)
+		if k == len(prompt)-1 {
+			text += dec.Flush()
+		}
+		lp := tokenLogprob{id: id, offset: offset, text: text, none: k == 0}
+		if k > 0 && k-1 < len(c.promptLP) {
+			lp.logprob, lp.top = c.promptLP[k-1].Logprob, c.promptLP[k-1].Top
+		}
+		out = append(out, lp)
+		offset += utf8.RuneCountInString(text)
+	}
+	return out
+}
