@@ -115,10 +115,10 @@ type job struct {
 	out          outputSpec
 
 	// vLLM's token-level answers.
-	tokenIDs       bool // return_token_ids: the prompt's and the output's token ids
-	idsAsTokens    bool // return_tokens_as_token_ids: logprob tokens as "token_id:N"
-	promptLogprobs int  // prompt_logprobs: alternatives per prompt token; -1: none
-	minTokens      int  // stop strings apply from this many tokens on
+	tokenIDs       bool     // return_token_ids: the prompt's and the output's token ids
+	idsAsTokens    bool     // return_tokens_as_token_ids: logprob tokens as "token_id:N"
+	promptLogprobs int      // prompt_logprobs: alternatives per prompt token; -1: none
+	minTokens      int      // stop strings apply from this many tokens on
 	echo           []string // per prompt: the text the answer begins with (echo)
 	echoOnly       bool     // echo with max_tokens 0: the prompt alone, no generated token
 }

@@ -270,13 +270,13 @@ type refusedFields struct {
 
 // chatRefusedFields are the chat-only ones.
 type chatRefusedFields struct {
-	Documents            json.RawMessage `json:"documents"`
-	ChatTemplate         json.RawMessage `json:"chat_template"`
-	Functions            json.RawMessage `json:"functions"`
-	FunctionCall         json.RawMessage `json:"function_call"`
-	Audio                json.RawMessage `json:"audio"`
-	Modalities           json.RawMessage `json:"modalities"`
-	WebSearchOptions     json.RawMessage `json:"web_search_options"`
+	Documents        json.RawMessage `json:"documents"`
+	ChatTemplate     json.RawMessage `json:"chat_template"`
+	Functions        json.RawMessage `json:"functions"`
+	FunctionCall     json.RawMessage `json:"function_call"`
+	Audio            json.RawMessage `json:"audio"`
+	Modalities       json.RawMessage `json:"modalities"`
+	WebSearchOptions json.RawMessage `json:"web_search_options"`
 }
 
 type refusal struct {
