@@ -562,3 +562,26 @@ func FuzzChatRequest(f *testing.F) {
 		}
 	})
 }
+
+// A handler with no model yet (a router before its first worker) answers 503 with a
+// message that says so, not a 404 about the model; every response names its request.
+func TestNoModelsYet(t *testing.T) {
+	srv := httptest.NewServer(openai.NewHandler(nil, openai.Options{Logger: discardLogger()}))
+	defer srv.Close()
+	for path, body := range map[string]string{"/v1/chat/completions": `{"model":"m","messages":[{"role":"user","content":"x"}]}`,
+		"/v1/completions": `{"model":"m","prompt":"x"}`, "/v1/embeddings": `{"model":"m","input":"x"}`, "/v1/responses": `{"model":"m","input":"x"}`} {
+		r := do(t, "POST", srv.URL+path, body)
+		checkError(t, path, r, http.StatusServiceUnavailable, "", "no_model", "no worker has joined")
+		if r.header.Get("Retry-After") == "" {
+			t.Errorf("%s: no Retry-After", path)
+		}
+	}
+	r := do(t, "GET", srv.URL+"/v1/models/m", "", "X-Request-Id", "abc-1")
+	checkError(t, "get model", r, http.StatusServiceUnavailable, "", "no_model", "")
+	if r.header.Get("X-Request-Id") != "abc-1" {
+		t.Errorf("request id %q", r.header.Get("X-Request-Id"))
+	}
+	if r := do(t, "GET", srv.URL+"/v1/models", ""); r.status != 200 || !strings.Contains(string(r.body), `"data":[]`) || len(r.header.Get("X-Request-Id")) != 24 {
+		t.Errorf("models: %d %s %v", r.status, r.body, r.header)
+	}
+}
