@@ -473,7 +473,9 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 		if s.firstToken.IsZero() {
 			met.TTFT.Observe(now.Sub(s.arrival).Seconds())
 		} else {
-			met.ITL.Observe(now.Sub(s.lastToken).Seconds())
+			itl := now.Sub(s.lastToken).Seconds()
+			met.ITL.Observe(itl)
+			met.TPOT.Observe(itl)
 		}
 	}
 	if s.firstToken.IsZero() {
@@ -552,6 +554,7 @@ func (e *Engine) finishMetrics(s *sequence, reason llm.FinishReason) {
 			met.PrefillTime.Observe(s.firstToken.Sub(s.firstScheduled).Seconds())
 			met.DecodeTime.Observe(now.Sub(s.firstToken).Seconds())
 		}
+		met.InferenceTime.Observe(now.Sub(s.firstScheduled).Seconds())
 	}
 }
 
@@ -565,6 +568,7 @@ func (e *Engine) observe() {
 	met.Running.Set(float64(len(e.sched.Running())))
 	met.Waiting.Set(float64(len(e.sched.Waiting())))
 	met.KVUsage.Set(st.Usage())
+	met.GPUCacheUsage.Set(st.Usage())
 	met.PrefixQueries.Add(float64(st.Queries - e.last.Queries))
 	met.PrefixHits.Add(float64(st.Hits - e.last.Hits))
 	e.last = st

@@ -506,6 +506,7 @@ func (h *handler) runMessage(w http.ResponseWriter, r *http.Request, info *reqIn
 		writeError(w, aerr)
 		return
 	}
+	h.requestDone(j, []*choice{c})
 	u := j.usage([]*choice{c})
 	reason, seq := b.stopReason(c)
 	if sse != nil {

@@ -819,6 +819,7 @@ func (h *handler) runResponse(w http.ResponseWriter, r *http.Request, info *reqI
 		return
 	}
 
+	h.requestDone(j, []*choice{c})
 	u := j.usage([]*choice{c})
 	status := "completed"
 	if c.finish == string(llm.FinishLength) {

@@ -319,6 +319,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 	}
 
 	u := j.usage(choices)
+	h.requestDone(j, choices)
 	if sse != nil {
 		if j.includeUsage {
 			if sse.send(streamChunk{ID: j.id, Object: j.chunkObject(), Created: j.created, Model: j.m.ID, Choices: []any{}, Usage: &u}) != nil {
@@ -443,6 +444,24 @@ func (h *handler) streamChat(sse *sseWriter, j *job, c *choice, out parsed, lp *
 		return send(delta{Content: &empty})
 	}
 	return nil
+}
+
+// requestDone observes a finished request's parameters and output length.
+func (h *handler) requestDone(j *job, choices []*choice) {
+	if h.met == nil || h.met.ParamsN == nil {
+		return
+	}
+	most := 0
+	for _, c := range choices {
+		most = max(most, c.tokens)
+	}
+	maxTokens := j.maxTokens
+	if maxTokens == 0 && j.m.ContextLen > 0 {
+		maxTokens = j.m.ContextLen - len(j.prompts[0])
+	}
+	h.met.ParamsN.WithLabelValues(j.m.ID).Observe(float64(j.n))
+	h.met.ParamsMaxTokens.WithLabelValues(j.m.ID).Observe(float64(maxTokens))
+	h.met.MaxNumGeneration.WithLabelValues(j.m.ID).Observe(float64(most))
 }
 
 func (h *handler) unparsedCall() {

@@ -46,7 +46,7 @@ var allowed = map[string][]string{
 	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "respstore", "router", "tokenizer"},
 
 	// Binaries: flags and wiring.
-	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "router", "router/live", "sla", "web"},
+	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "metrics", "router", "router/live", "sla", "web"},
 	"cmd/tandem":        nil, // nil: may import any package of the module
 }
 
