@@ -16,6 +16,7 @@ import (
 
 	"tandem/llm"
 	"tandem/openai"
+	"tandem/respstore"
 )
 
 // fakeBackend returns a fixed short stream, or err from Generate.
@@ -584,4 +585,40 @@ func TestNoModelsYet(t *testing.T) {
 	if r := do(t, "GET", srv.URL+"/v1/models", ""); r.status != 200 || !strings.Contains(string(r.body), `"data":[]`) || len(r.header.Get("X-Request-Id")) != 24 {
 		t.Errorf("models: %d %s %v", r.status, r.body, r.header)
 	}
+}
+
+// The Responses, Messages and embeddings parsers: any body gets a 2xx or an error in the
+// endpoint's shape, never a crash, and every stream opened is closed.
+func FuzzAgentAPIs(f *testing.F) {
+	for _, s := range []string{
+		`{"input":"Hi","instructions":"x","max_output_tokens":3}`,
+		`{"input":[{"role":"user","content":[{"type":"input_text","text":"Hi"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"ok"}],"stream":true}`,
+		`{"input":"x","previous_response_id":"resp_x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"f"}}`,
+		`{"max_tokens":3,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"r"}]}],"stream":true}`,
+		`{"max_tokens":3,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":1}},{"type":"thinking","thinking":"hm"}]}]}`,
+		`{"input":["a","b"],"dimensions":4,"encoding_format":"base64"}`,
+		`{"input":[[1,2],[3]]}`, `[]`, `null`, `{"input":null}`, `{"messages":7}`,
+	} {
+		f.Add(s)
+	}
+	m := loadStories(f)
+	b := &fakeBackend{tokens: m.Tokenizer.Encode("Lily went to the park.", false, false)}
+	h := openai.NewHandler([]*openai.Model{{ID: "m", Tokenizer: m.Tokenizer, ContextLen: 128, Backend: b, ChatTemplate: testTemplate}},
+		openai.Options{MaxBodyBytes: 1 << 16, Logger: discardLogger(), Responses: respstore.NewMemory(respstore.Options{})})
+	f.Fuzz(func(t *testing.T, body string) {
+		for _, path := range []string{"/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/embeddings"} {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest("POST", path, strings.NewReader(body)))
+			if rec.Code/100 == 2 {
+				continue
+			}
+			var eb errBody
+			if err := json.Unmarshal(rec.Body.Bytes(), &eb); err != nil || eb.Error == nil || eb.Error.Message == "" || eb.Error.Type == "" {
+				t.Fatalf("%s %q: status %d, body %q", path, body, rec.Code, rec.Body.String())
+			}
+		}
+		if b.opened.Load() != b.closed.Load() {
+			t.Fatalf("streams opened %d, closed %d", b.opened.Load(), b.closed.Load())
+		}
+	})
 }
