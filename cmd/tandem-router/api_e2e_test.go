@@ -16,6 +16,7 @@ import (
 
 	sdk "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/param"
 	"github.com/openai/openai-go/v3/responses"
 
 	"tandem/internal/fixtures"
@@ -181,6 +182,36 @@ func TestEndToEndAPIThroughRouter(t *testing.T) {
 		}
 	}
 
+	// echo scores a prompt alone; continue_final_message and echo in a chat stream;
+	// return_tokens_as_token_ids; a forced function call in the Responses API.
+	scored, err := c.Completions.New(ctx, sdk.CompletionNewParams{Model: "qwen", Prompt: sdk.CompletionNewParamsPromptUnion{OfString: sdk.String("One two three")},
+		MaxTokens: sdk.Int(0), Echo: sdk.Bool(true), Logprobs: sdk.Int(1)}, option.WithJSONSet("return_tokens_as_token_ids", true))
+	if err != nil || scored.Choices[0].Text != "One two three" || len(scored.Choices[0].Logprobs.Tokens) != promptLen ||
+		!strings.HasPrefix(scored.Choices[0].Logprobs.Tokens[0], "token_id:") || !strings.HasPrefix(scored.Choices[0].Logprobs.JSON.TokenLogprobs.Raw(), "[null,") {
+		t.Errorf("echo with max_tokens 0 through the router: %v %+v", err, scored)
+	}
+	cs := c.Chat.Completions.NewStreaming(ctx, sdk.ChatCompletionNewParams{Model: "qwen", MaxCompletionTokens: sdk.Int(3), Temperature: sdk.Float(0),
+		Messages: []sdk.ChatCompletionMessageParamUnion{sdk.UserMessage("Tell a story"), sdk.AssistantMessage("Once upon a time")}},
+		option.WithJSONSet("continue_final_message", true), option.WithJSONSet("echo", true), noThinking)
+	var content string
+	for cs.Next() {
+		for _, ch := range cs.Current().Choices {
+			content += ch.Delta.Content
+		}
+	}
+	if cs.Err() != nil || !strings.HasPrefix(content, "Once upon a time") || len(content) == len("Once upon a time") {
+		t.Errorf("continue_final_message and echo through the router: %q %v", content, cs.Err())
+	}
+	var weather map[string]any
+	json.Unmarshal([]byte(`{"type":"object","properties":{"city":{"type":"string","maxLength":10}},"required":["city"],"additionalProperties":false}`), &weather)
+	called, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "qwen", Input: responses.ResponseNewParamsInputUnion{OfString: sdk.String("Weather in Oslo?")},
+		Tools:           []responses.ToolUnionParam{{OfFunction: &responses.FunctionToolParam{Name: "get_weather", Parameters: weather, Strict: sdk.Bool(true)}}},
+		ToolChoice:      responses.ResponseNewParamsToolChoiceUnion{OfToolChoiceMode: param.NewOpt(responses.ToolChoiceOptionsRequired)},
+		MaxOutputTokens: sdk.Int(80), Temperature: sdk.Float(0)}, noThinking)
+	if err != nil || len(called.Output) == 0 || called.Output[len(called.Output)-1].Type != "function_call" || !json.Valid([]byte(called.Output[len(called.Output)-1].Arguments.OfString)) {
+		t.Errorf("a forced call in the Responses API through the router: %v %+v", err, called)
+	}
+
 	// Anthropic's Messages API through the router, streamed and not.
 	msg := `{"model":"qwen","max_tokens":5,"temperature":0,"thinking":{"type":"disabled"},"messages":[{"role":"user","content":"Hi"}]`
 	code, _, body = httpDo(t, "POST", r.url+"/v1/messages", msg+`}`, "x-api-key", "none", "anthropic-version", "2023-06-01")
@@ -211,8 +242,8 @@ func TestEndToEndAPIThroughRouter(t *testing.T) {
 	}
 
 	code, _, scrape := httpDo(t, "GET", r.url+"/metrics", "")
-	if code != 200 || !strings.Contains(string(scrape), "vllm:request_params_n_bucket") || !strings.Contains(string(scrape), "tandem_router:responses_stored 3") {
-		t.Errorf("router /metrics: the vllm: aliases or the stored responses are missing")
+	if code != 200 || !strings.Contains(string(scrape), "vllm:request_params_n_bucket") || !strings.Contains(string(scrape), "tandem_router:responses_stored 4") {
+		t.Errorf("router /metrics: the vllm: aliases or the stored responses are missing:\n%s", grepStored(string(scrape)))
 	}
 
 	// The router restarts on its state directory: the responses are still there.
@@ -230,4 +261,14 @@ func TestEndToEndAPIThroughRouter(t *testing.T) {
 	if other == "" {
 		t.Error("the continued response names no worker")
 	}
+}
+
+func grepStored(s string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, "responses_") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
