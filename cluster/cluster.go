@@ -88,7 +88,21 @@ type ModelCard struct {
 	// router parses the model's output as the worker's own API would.
 	ToolCallParser  string
 	ReasoningParser string
+	// RequestLevel is the newest set of GenerateRequest fields the worker reads (0: a
+	// worker from before RequestTokens, which would ignore them), so that the router
+	// refuses what the worker would silently drop.
+	RequestLevel int
+	// Pooling is how the worker pools embeddings (llm.Poolings: its --pooling, else the
+	// model's metadata).
+	Pooling string
 }
+
+// Request levels (ModelCard.RequestLevel).
+const (
+	// RequestTokens: min tokens, allowed tokens, prompt logprobs and embeddings
+	// (GenerateRequest), and their answers (GenerateEvent).
+	RequestTokens = 1
+)
 
 // Constraint formats (GenerateRequest's constraint, ModelCard.GrammarFormat).
 const (
@@ -118,6 +132,8 @@ func (c *ModelCard) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(max(c.GrammarFormat, 0)))
 	e.String(c.ToolCallParser)
 	e.String(c.ReasoningParser)
+	e.Uvarint(uint64(max(c.RequestLevel, 0)))
+	e.String(c.Pooling)
 }
 
 // maxFiles bounds the tokenizer files of a card.
@@ -155,6 +171,10 @@ func (c *ModelCard) UnmarshalORPC(d *orpc.Decoder) error {
 		c.GrammarFormat = uvint(d)
 		c.ToolCallParser = d.String()
 		c.ReasoningParser = d.String()
+	}
+	if d.Len() > 0 {
+		c.RequestLevel = uvint(d)
+		c.Pooling = d.String()
 	}
 	return d.Err()
 }
@@ -415,6 +435,12 @@ func (r *GenerateRequest) MarshalORPC(e *orpc.Encoder) {
 		e.Uvarint(GrammarGBNF)
 	}
 	e.String(r.Constraint.Grammar)
+	// RequestTokens.
+	e.Uvarint(uint64(max(p.MinTokens, 0)))
+	e.Int32s(p.AllowedTokens)
+	e.Bool(r.PromptLogprobs)
+	e.Uvarint(uint64(max(r.PromptTopLogprobs, 0)))
+	e.String(string(r.Pooling))
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -476,6 +502,13 @@ func (r *GenerateRequest) UnmarshalORPC(d *orpc.Decoder) error {
 		default:
 			d.Fail(fmt.Errorf("cluster: constraint format %d is unknown (this worker follows format %d)", format, GrammarGBNF))
 		}
+	}
+	if d.Len() > 0 {
+		p.MinTokens = uvint(d)
+		p.AllowedTokens = d.Int32s()
+		r.PromptLogprobs = d.Bool()
+		r.PromptTopLogprobs = uvint(d)
+		r.Pooling = llm.Pooling(d.String())
 	}
 	return d.Err()
 }
@@ -577,6 +610,21 @@ func (g *GenerateEvent) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(ev.Usage.CompletionTokens))
 	e.Uint8(uint8(g.Err))
 	e.String(g.Message)
+	// RequestTokens, written only when there is something (a token's event stays short).
+	if len(ev.PromptLogprobs) == 0 && ev.Embedding == nil {
+		return
+	}
+	e.Uvarint(uint64(len(ev.PromptLogprobs)))
+	for _, p := range ev.PromptLogprobs {
+		e.Float32(p.Logprob)
+		e.Uvarint(uint64(max(p.Rank, 0)))
+		e.Uvarint(uint64(len(p.Top)))
+		for _, t := range p.Top {
+			e.Varint(int64(t.ID))
+			e.Float32(t.Logprob)
+		}
+	}
+	e.Float32s(ev.Embedding)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -603,6 +651,36 @@ func (g *GenerateEvent) UnmarshalORPC(d *orpc.Decoder) error {
 	ev.Usage.CompletionTokens = uvint(d)
 	g.Err = ErrKind(d.Uint8())
 	g.Message = d.String()
+	ev.PromptLogprobs, ev.Embedding = nil, nil
+	if d.Len() > 0 {
+		n := d.Uvarint()
+		if n > uint64(d.Len()) {
+			d.Fail(fmt.Errorf("cluster: %d prompt logprobs", n))
+			return d.Err()
+		}
+		if n > 0 {
+			ev.PromptLogprobs = make([]llm.PromptLogprob, 0, n)
+		}
+		for range n {
+			p := llm.PromptLogprob{Logprob: d.Float32(), Rank: uvint(d)}
+			k := d.Uvarint()
+			if k > maxTop || k > uint64(d.Len()) {
+				d.Fail(fmt.Errorf("cluster: %d top prompt logprobs", k))
+				return d.Err()
+			}
+			if k > 0 {
+				p.Top = make([]llm.TokenLogprob, k)
+				for i := range p.Top {
+					p.Top[i] = llm.TokenLogprob{ID: int32(d.Varint()), Logprob: d.Float32()}
+				}
+			}
+			if d.Err() != nil {
+				return d.Err()
+			}
+			ev.PromptLogprobs = append(ev.PromptLogprobs, p)
+		}
+		ev.Embedding = d.Float32s()
+	}
 	return d.Err()
 }
 

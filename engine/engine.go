@@ -71,6 +71,8 @@ type Engine struct {
 	plan   *sched.Plan[*sequence] // the step being run
 	gone   []*sequence            // reap's list of abandoned sequences
 	logits []float32
+	wide   []float32 // logits of steps with prompt rows (promptrows.go), dropped after them
+	hidden []float32 // hidden states of steps with an embedding
 	batch  model.Batch
 	last   kvcache.Stats
 
@@ -90,7 +92,8 @@ type sequence struct {
 	sampler *Sampler
 	grammar *grammar.Bound // the request's constraint; nil: none
 	stop    stopRules
-	hold    uint64 // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
+	hold    uint64      // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
+	rows    *promptRows // outputs at prompt positions (promptrows.go); nil: none
 
 	arrival, firstScheduled, firstToken, lastToken time.Time
 }
@@ -202,6 +205,14 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 	if err := req.Sampling.Validate(c.VocabSize); err != nil {
 		return nil, fmt.Errorf("%w: %v", llm.ErrInvalid, err)
 	}
+	switch {
+	case req.Pooling != llm.PoolNone && !slices.Contains(llm.Poolings, req.Pooling):
+		return nil, fmt.Errorf("%w: unknown pooling %q", llm.ErrInvalid, req.Pooling)
+	case req.Pooling != llm.PoolNone && (req.PromptLogprobs || req.Resumed > 0 || hold != 0):
+		return nil, fmt.Errorf("%w: an embedding request generates nothing: no prompt logprobs, resumed tokens or KV hold", llm.ErrInvalid)
+	case req.PromptTopLogprobs < 0 || req.PromptTopLogprobs > llm.MaxTopLogprobs:
+		return nil, fmt.Errorf("%w: prompt top logprobs must be in [0, %d], got %d", llm.ErrInvalid, llm.MaxTopLogprobs, req.PromptTopLogprobs)
+	}
 	gram, err := e.grammars.bind(req)
 	if err != nil {
 		return nil, err
@@ -215,7 +226,9 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 			maxTokens: maxNewTokens(c.ContextLen, len(req.Prompt), req.MaxTokens)},
 		arrival: req.Arrival,
 		hold:    hold,
+		rows:    newPromptRows(req),
 	}
+	seq.NoPrefixMatch = req.PromptLogprobs || req.Pooling == llm.PoolMean
 	if seq.arrival.IsZero() {
 		seq.arrival = time.Now()
 	}
@@ -378,24 +391,35 @@ func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 	b := &e.batch
 	b.Tokens, b.Outputs = b.Tokens[:0], b.Outputs[:0]
 	b.Attn.Pos, b.Attn.SeqOf, b.Attn.Blocks = b.Attn.Pos[:0], b.Attn.SeqOf[:0], b.Attn.Blocks[:0]
+	rows, embeds := false, false
 	for i, c := range plan.Chunks {
 		s := c.Seq
 		b.Attn.Blocks = append(b.Attn.Blocks, s.KV.Blocks())
+		at := len(b.Tokens)
 		for p := c.From; p < c.From+c.N; p++ {
 			b.Tokens = append(b.Tokens, s.Tokens[p])
 			b.Attn.Pos = append(b.Attn.Pos, int32(p))
 			b.Attn.SeqOf = append(b.Attn.SeqOf, int32(i))
+		}
+		if s.rows != nil {
+			s.rows.addRows(b, c, at)
+			rows, embeds = true, embeds || s.rows.pool != llm.PoolNone
 		}
 		if c.Samples() {
 			b.Outputs = append(b.Outputs, len(b.Tokens)-1)
 		}
 	}
 	vocab := e.m.Config.VocabSize
-	if need := len(b.Outputs) * vocab; cap(e.logits) < need {
-		e.logits = make([]float32, need)
+	logits := e.stepLogits(len(b.Outputs)*vocab, rows)
+	b.Hidden = nil
+	if embeds {
+		if need := len(b.Outputs) * e.m.Config.Embd; cap(e.hidden) < need {
+			e.hidden = make([]float32, need)
+		}
+		b.Hidden = e.hidden[:len(b.Outputs)*e.m.Config.Embd]
 	}
 	t0 := time.Now()
-	err := e.fwd.Forward(b, e.logits[:len(b.Outputs)*vocab])
+	err := e.fwd.Forward(b, logits)
 	e.stepDone(time.Since(t0), len(b.Tokens))
 	if err != nil {
 		err = fmt.Errorf("engine: forward pass: %w", err)
@@ -413,11 +437,20 @@ func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 	out := 0
 	now := time.Now()
 	for _, c := range plan.Chunks {
+		s := c.Seq
+		if s.rows != nil {
+			out = e.takeRows(c, out, logits, b.Hidden)
+		}
 		if !c.Samples() {
 			continue
 		}
-		s := c.Seq
-		sample := s.sampler.Sample(e.logits[out*vocab : (out+1)*vocab])
+		if s.req.Pooling != llm.PoolNone {
+			embd := e.m.Config.Embd
+			e.embedded(s, b.Hidden[out*embd:(out+1)*embd])
+			out++
+			continue
+		}
+		sample := s.sampler.Sample(logits[out*vocab : (out+1)*vocab])
 		out++
 		if err := s.sampler.constraintErr(); err != nil {
 			e.constraintFailed(s, err)
@@ -440,11 +473,16 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 		if s.firstToken.IsZero() {
 			met.TTFT.Observe(now.Sub(s.arrival).Seconds())
 		} else {
-			met.ITL.Observe(now.Sub(s.lastToken).Seconds())
+			itl := now.Sub(s.lastToken).Seconds()
+			met.ITL.Observe(itl)
+			met.TPOT.Observe(itl)
 		}
 	}
 	if s.firstToken.IsZero() {
 		s.firstToken = now
+		if s.rows != nil && s.rows.logprobs {
+			ev.PromptLogprobs, s.rows.lps = s.rows.lps, nil
+		}
 	}
 	s.lastToken = now
 	finish := s.stop.finish(sample.ID, s.Generated())
@@ -476,6 +514,26 @@ func (e *Engine) usage(s *sequence) llm.Usage {
 	return llm.Usage{PromptTokens: s.PromptLen, CachedTokens: s.Cached(), CompletionTokens: s.Generated()}
 }
 
+// stepLogits is the logits buffer of a step of n values: the engine's kept one, or, for
+// a step with prompt rows (which may want a row per prompt token, hundreds of MB for a
+// large vocabulary), a wider one kept only while such steps follow one another.
+func (e *Engine) stepLogits(n int, rows bool) []float32 {
+	if !rows {
+		e.wide = nil
+		if cap(e.logits) < n {
+			e.logits = make([]float32, n)
+		}
+		return e.logits[:n]
+	}
+	if n <= cap(e.logits) {
+		return e.logits[:n]
+	}
+	if cap(e.wide) < n {
+		e.wide = make([]float32, n)
+	}
+	return e.wide[:n]
+}
+
 func (e *Engine) finishMetrics(s *sequence, reason llm.FinishReason) {
 	met := e.cfg.Metrics
 	if met == nil {
@@ -496,6 +554,7 @@ func (e *Engine) finishMetrics(s *sequence, reason llm.FinishReason) {
 			met.PrefillTime.Observe(s.firstToken.Sub(s.firstScheduled).Seconds())
 			met.DecodeTime.Observe(now.Sub(s.firstToken).Seconds())
 		}
+		met.InferenceTime.Observe(now.Sub(s.firstScheduled).Seconds())
 	}
 }
 
@@ -509,6 +568,7 @@ func (e *Engine) observe() {
 	met.Running.Set(float64(len(e.sched.Running())))
 	met.Waiting.Set(float64(len(e.sched.Waiting())))
 	met.KVUsage.Set(st.Usage())
+	met.GPUCacheUsage.Set(st.Usage())
 	met.PrefixQueries.Add(float64(st.Queries - e.last.Queries))
 	met.PrefixHits.Add(float64(st.Hits - e.last.Hits))
 	e.last = st

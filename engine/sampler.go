@@ -10,8 +10,10 @@ package engine
 //     repetition penalty (HF/vLLM: logit > 0 → logit/p, else logit·p); then,
 //     for ids generated so far (not prompt-only ids), the OpenAI frequency
 //     penalty (logit −= count·f) and presence penalty (logit −= p);
-//  3. grammar (a constrained request, llm.Constraint): the logits of the tokens
-//     the grammar does not allow next become −Inf;
+//  3. token limits: outside AllowedTokens (when set), and, until MinTokens tokens
+//     are generated, the end tokens (end-of-generation and stop tokens), logits
+//     become −Inf; then the grammar (a constrained request, llm.Constraint): the
+//     logits of the tokens the grammar does not allow next become −Inf;
 //  4. sanitising: NaN → −Inf, +Inf → MaxFloat32; the argmax is found here
 //     (ties go to the lowest id). If every logit is −Inf the row is treated
 //     as all zeros (uniform; with a grammar, uniform over the allowed tokens);
@@ -118,6 +120,12 @@ type Sampler struct {
 	rep      float32    // 1: disabled
 	presence float32
 	freq     float32
+
+	// Token limits: the tokens that may be sampled (one bit per id; nil: all), and the
+	// end tokens that may not be sampled while fewer than minTokens are recorded.
+	allowed   []uint64
+	minTokens int
+	ends      []int32
 
 	// The grammar of a constrained request (nil: none), and the first error it met:
 	// a token it refused, or no token of the vocabulary allowed.
@@ -287,6 +295,15 @@ func newSampler(p SamplingParams, vocabSize int, prompt []int32, b *samplerBufs,
 		}
 	}
 
+	if len(p.AllowedTokens) > 0 {
+		s.allowed = make([]uint64, (vocabSize+63)/64)
+		for _, id := range p.AllowedTokens {
+			if id >= 0 && int(id) < vocabSize {
+				s.allowed[id>>6] |= 1 << (id & 63)
+			}
+		}
+	}
+	s.minTokens = max(p.MinTokens, 0)
 	if g != nil {
 		s.gram = g.NewMatcher()
 	}
@@ -362,11 +379,19 @@ func (s *Sampler) Sample(logits []float32) Sample {
 	return out
 }
 
+// withEnds sets the end tokens (end-of-generation and stop tokens) that MinTokens holds
+// back; the sampler keeps ids.
+func (s *Sampler) withEnds(ids []int32) *Sampler {
+	s.ends = ids
+	return s
+}
+
 // resumedSampler is req's sampler, its buffers lent by b, with the Resumed tail of its
-// prompt replayed as output (see llm.Request.Resumed).
-func resumedSampler(req *llm.Request, b *samplerBufs, g *grammar.Bound) *Sampler {
+// prompt replayed as output (see llm.Request.Resumed); ends are the tokens MinTokens
+// holds back.
+func resumedSampler(req *llm.Request, b *samplerBufs, g *grammar.Bound, ends []int32) *Sampler {
 	orig := len(req.Prompt) - req.Resumed
-	s := newSampler(req.Sampling, b.vocab, req.Prompt[:orig], b, g)
+	s := newSampler(req.Sampling, b.vocab, req.Prompt[:orig], b, g).withEnds(ends)
 	for _, id := range req.Prompt[orig:] {
 		s.Accept(id)
 	}
@@ -452,6 +477,26 @@ func (s *Sampler) prepare(l []float32) (int32, float32) {
 			l[id] = x
 		}
 	}
+	negInf := float32(math.Inf(-1))
+	if s.allowed != nil {
+		for w, word := range s.allowed {
+			if word == ^uint64(0) {
+				continue
+			}
+			for i, hi := w*64, min(w*64+64, len(l)); i < hi; i++ {
+				if word&(1<<(i-w*64)) == 0 {
+					l[i] = negInf
+				}
+			}
+		}
+	}
+	if s.n < s.minTokens {
+		for _, id := range s.ends {
+			if id >= 0 && int(id) < len(l) {
+				l[id] = negInf
+			}
+		}
+	}
 	allowed := -1
 	if s.gram != nil {
 		allowed = s.applyMask(l)
@@ -474,11 +519,24 @@ func (s *Sampler) prepare(l []float32) (int32, float32) {
 		}
 	}
 	if best < 0 { // every logit −Inf (or NaN): no information, uniform
-		if allowed < 0 {
-			clear(l)
-			return 0, 0
+		switch {
+		case allowed >= 0:
+			return s.uniformAllowed(l, allowed)
+		case s.allowed != nil: // uniform over the allowed tokens
+			for i := range l {
+				if s.allowed[i>>6]&(1<<(i&63)) != 0 {
+					l[i] = 0
+					if best < 0 {
+						best = int32(i)
+					}
+				} else {
+					l[i] = negInf
+				}
+			}
+			return best, 0
 		}
-		return s.uniformAllowed(l, allowed)
+		clear(l)
+		return 0, 0
 	}
 	return best, lmax
 }

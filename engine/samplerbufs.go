@@ -61,7 +61,7 @@ func (b *samplerBufs) put(s *Sampler) {
 // counts carry on), and given back by dropSampler when the sequence ends.
 func (e *Engine) newSeqSampler(s *sequence) {
 	if s.sampler == nil {
-		s.sampler = resumedSampler(s.req, e.samplers, s.grammar)
+		s.sampler = resumedSampler(s.req, e.samplers, s.grammar, e.endTokens(s.req))
 	}
 }
 

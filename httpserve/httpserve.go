@@ -122,6 +122,15 @@ type Config struct {
 	// and probes must reach it, and it tells only "ok", "not ready" or "draining".
 	MetricsToken string
 
+	// AllowedOrigins turns CORS on for these origins ("*": any): their requests get
+	// Access-Control-Allow-Origin, and their preflights (OPTIONS) are answered here. Empty:
+	// CORS is off, and browsers refuse cross-origin calls.
+	AllowedOrigins []string
+
+	// OnRefused, if set, counts a request the server refused itself, by reason
+	// ("cors_origin": a preflight from an origin not allowed).
+	OnRefused func(reason string)
+
 	// Logger receives start, shutdown and server error lines. Nil means
 	// slog.Default().
 	Logger *slog.Logger
@@ -348,6 +357,10 @@ func (s *Server) routes() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.handlers.Add(1)
 		defer s.handlers.Done()
+		w.Header().Set(RequestIDHeader, RequestID(r))
+		if s.cors(w, r) {
+			return
+		}
 		switch r.URL.Path {
 		case HealthPath:
 			s.health(w)

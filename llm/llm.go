@@ -34,6 +34,36 @@ type Request struct {
 	// X-Session-Id header, else the body's "user" field. Only the router reads it; it
 	// does not travel to workers.
 	Session string
+	// PromptLogprobs asks for the log-probability of every prompt token after the first
+	// under the model's raw distribution (no bias, penalties or grammar), with
+	// PromptTopLogprobs alternatives each (0..MaxTopLogprobs); they come on the first event.
+	// Every prompt position is then computed: none is taken from the prefix cache.
+	PromptLogprobs    bool
+	PromptTopLogprobs int
+	// Pooling, when set, makes the request an embedding: the prompt's final normalised
+	// hidden states are pooled (PoolLast, PoolMean) and returned on one event
+	// (Event.Embedding, unnormalised), and nothing is generated.
+	Pooling Pooling
+}
+
+// Pooling is how an embedding is made from a prompt's hidden states.
+type Pooling string
+
+// Poolings.
+const (
+	PoolNone Pooling = ""     // not an embedding: generate
+	PoolLast Pooling = "last" // the last prompt token's hidden state
+	PoolMean Pooling = "mean" // the mean over the prompt's positions
+)
+
+// Poolings are the poolings an embedding request may name.
+var Poolings = []Pooling{PoolLast, PoolMean}
+
+// PromptLogprob is one prompt token's log-probability given the tokens before it.
+type PromptLogprob struct {
+	Logprob float32
+	Rank    int            // 1 + the number of tokens more likely
+	Top     []TokenLogprob // the most likely tokens, best first
 }
 
 // Constraint limits a generation to the texts of a grammar: before each token the
@@ -79,6 +109,11 @@ type SamplingParams struct {
 	HasSeed           bool // without a seed, one is drawn from crypto/rand (see Sampler.Seed)
 	TopLogprobs       int  // number of alternatives to report (0..20)
 	Logprobs          bool // report the chosen token's logprob
+	// MinTokens: until this many tokens are generated, end-of-generation and stop tokens
+	// are not sampled (their logits are −Inf).
+	MinTokens int
+	// AllowedTokens, when not empty, are the only tokens that may be sampled.
+	AllowedTokens []int32
 }
 
 // Validate reports the first invalid field, naming it as the OpenAI/vLLM API
@@ -105,6 +140,13 @@ func (p SamplingParams) Validate(vocabSize int) error {
 		return fmt.Errorf("sampling: frequency_penalty must be in [-2, 2], got %v", p.FrequencyPenalty)
 	case p.TopLogprobs < 0 || p.TopLogprobs > MaxTopLogprobs:
 		return fmt.Errorf("sampling: top_logprobs must be in [0, %d], got %d", MaxTopLogprobs, p.TopLogprobs)
+	case p.MinTokens < 0:
+		return fmt.Errorf("sampling: min_tokens must be at least 0, got %d", p.MinTokens)
+	}
+	for _, id := range p.AllowedTokens {
+		if id < 0 || int(id) >= vocabSize {
+			return fmt.Errorf("sampling: allowed_token_ids: token id %d out of range [0, %d)", id, vocabSize)
+		}
 	}
 	// Report the lowest offending id so the message does not depend on map order.
 	found, badID, badVal := false, int32(0), float32(0)
@@ -149,6 +191,12 @@ type Event struct {
 	Top     []TokenLogprob // the receiver owns it
 	Finish  FinishReason   // "" until the last event
 	Usage   Usage          // set on the last event
+	// PromptLogprobs, on the first event of a request that asked for them, are the
+	// prompt's tokens 1… (the first has none); the receiver owns them.
+	PromptLogprobs []PromptLogprob
+	// Embedding is an embedding request's pooled hidden state, unnormalised, on its one
+	// event (Token is then -1 and nothing was generated); the receiver owns it.
+	Embedding []float32
 }
 
 // Stream delivers a generation's events in order.

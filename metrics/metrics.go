@@ -38,6 +38,12 @@ type Engine struct {
 	// ConstraintFailures counts constrained sequences ended with an error because their
 	// grammar allowed no token of the vocabulary (a grammar the vocabulary cannot spell).
 	ConstraintFailures prometheus.Counter
+	// vLLM's older names, which its stock Grafana dashboard reads (see vllm.go):
+	// TPOT is observed with ITL, GPUCacheUsage set with KVUsage; InferenceTime is the
+	// time from a sequence's first step to its end (prefill and decode).
+	TPOT          prometheus.Observer
+	GPUCacheUsage prometheus.Gauge
+	InferenceTime prometheus.Observer
 }
 
 var (
@@ -77,6 +83,9 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 			"Histogram of decode tokens (one per sequence generating its next token) per engine step.", stepTokenBuckets),
 		ConstraintFailures: f.counter("tandem:constrained_generation_failures_total",
 			"Constrained sequences ended with an error because their grammar allowed no token of the vocabulary."),
+		TPOT:          f.histogram("tandem:time_per_output_token_seconds", "Histogram of time per output token in seconds (the inter-token latency).", latencyBuckets),
+		GPUCacheUsage: f.gauge("tandem:gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of kv_cache_usage_perc). 1 means 100 percent usage."),
+		InferenceTime: f.histogram("tandem:request_inference_time_seconds", "Histogram of time spent in prefill and decode in seconds.", latencyBuckets),
 	}
 }
 

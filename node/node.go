@@ -24,10 +24,12 @@ import (
 	"tandem/httpserve"
 	"tandem/internal/version"
 	"tandem/kvcache"
+	"tandem/llm"
 	"tandem/metrics"
 	"tandem/model"
 	"tandem/modelgen"
 	"tandem/openai"
+	"tandem/respstore"
 	"tandem/sim"
 	"tandem/sla"
 	"tandem/web"
@@ -65,7 +67,17 @@ type Config struct {
 	// reasoning (openai.ToolCallParsers, ReasoningParsers; "auto" or "": from the chat
 	// template); routers take them from the card.
 	ToolCallParser, ReasoningParser string
-	Logger                          *slog.Logger
+	// Pooling is how embeddings pool the hidden states (llm.Poolings; "": last token).
+	Pooling llm.Pooling
+	// Responses configures the Responses API's store.
+	Responses Responses
+	Logger    *slog.Logger
+}
+
+// Responses configures the store of the Responses API's stored responses.
+type Responses struct {
+	Path string        // the database file ("": in memory, lost at exit)
+	TTL  time.Duration // how long a response is kept (0: until deleted)
 }
 
 // HTTP configures the node's API server.
@@ -76,6 +88,8 @@ type HTTP struct {
 	PublicMetrics   bool // /metrics without the API key
 	BodyReadTimeout time.Duration
 	MinBodyRate     int64
+	AllowedOrigins  []string // CORS (httpserve.Config.AllowedOrigins)
+	MetricsPrefix   string   // an alias prefix for /metrics (metrics.Aliased), e.g. "vllm"
 }
 
 // Cluster configures the node's membership; see worker.Config.
@@ -94,12 +108,14 @@ type Cluster struct {
 
 // Node is a running engine process.
 type Node struct {
-	cfg     Config
-	log     *slog.Logger
-	reg     *prometheus.Registry
-	engines []*engine.Engine
-	workers []*worker.Worker
-	http    *httpserve.Server
+	cfg       Config
+	log       *slog.Logger
+	reg       *prometheus.Registry
+	engines   []*engine.Engine
+	workers   []*worker.Worker
+	http      *httpserve.Server
+	store     *respstore.Store
+	stopSweep context.CancelFunc
 
 	blocks     int
 	contextLen int
@@ -179,12 +195,14 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		go func() { n.enginesDone <- e.Run(engineCtx) }()
 	}
 	if err := n.serveHTTP(); err != nil {
+		n.closeStore()
 		n.stop()
 		return nil, err
 	}
 	if len(cfg.Cluster.Routers) > 0 {
 		if err := n.join(); err != nil {
 			n.http.Shutdown(context.Background())
+			n.closeStore()
 			n.stop()
 			return nil, err
 		}
@@ -236,6 +254,13 @@ func (n *Node) newEngines() error {
 
 func (n *Node) serveHTTP() error {
 	cfg := n.cfg
+	store, err := n.openStore()
+	if err != nil {
+		return err
+	}
+	httpMet := metrics.NewHTTP(n.reg, "tandem")
+	metrics.RegisterCacheConfig(n.reg, cfg.Name, map[string]string{"block_size": strconv.Itoa(cfg.BlockSize),
+		"num_gpu_blocks": strconv.Itoa(n.blocks), "cache_dtype": cfg.Model.KVType.String(), "max_model_len": strconv.Itoa(n.contextLen)})
 	api := openai.NewHandler([]*openai.Model{{
 		ID:         cfg.Name,
 		Tokenizer:  cfg.Model.Tokenizer,
@@ -246,7 +271,8 @@ func (n *Node) serveHTTP() error {
 
 		ToolCallParser:  cfg.ToolCallParser,
 		ReasoningParser: cfg.ReasoningParser,
-	}}, openai.Options{APIKey: cfg.HTTP.APIKey, Logger: n.log, Metrics: metrics.NewHTTP(n.reg, "tandem")})
+		Pooling:         cfg.Pooling,
+	}}, openai.Options{APIKey: cfg.HTTP.APIKey, Logger: n.log, Metrics: httpMet, Responses: store})
 	dash, err := web.New(web.Config{Kind: web.Engine, Name: cfg.Name, Source: n.reg, Registerer: n.reg,
 		APIKey: cfg.HTTP.APIKey, SLA: cfg.SLA, Logger: n.log})
 	if err != nil {
@@ -263,11 +289,13 @@ func (n *Node) serveHTTP() error {
 		TLSCert:         cfg.HTTP.TLSCert,
 		TLSKey:          cfg.HTTP.TLSKey,
 		Ready:           ready.Load,
-		Metrics:         metrics.Handler(n.reg),
+		Metrics:         metrics.HandlerFor(metrics.Aliased(n.reg, "tandem", cfg.HTTP.MetricsPrefix)),
 		MetricsToken:    metricsToken,
 		Version:         version.String(),
 		BodyReadTimeout: cfg.HTTP.BodyReadTimeout,
 		MinBodyRate:     cfg.HTTP.MinBodyRate,
+		AllowedOrigins:  cfg.HTTP.AllowedOrigins,
+		OnRefused:       func(reason string) { httpMet.Refused.WithLabelValues(reason).Inc() },
 		Logger:          n.log,
 	})
 	if err != nil {
@@ -280,6 +308,35 @@ func (n *Node) serveHTTP() error {
 	ready.Store(true)
 	n.http = srv
 	return nil
+}
+
+// closeStore stops the sweep and closes the response store.
+func (n *Node) closeStore() {
+	if n.store == nil {
+		return
+	}
+	n.stopSweep()
+	if err := n.store.Close(); err != nil {
+		n.log.Error("closing the response store", "err", err)
+	}
+	n.store = nil
+}
+
+// openStore opens the Responses API's store and starts its TTL sweep.
+func (n *Node) openStore() (*respstore.Store, error) {
+	rc := n.cfg.Responses
+	opts := respstore.Options{TTL: rc.TTL, Metrics: metrics.NewResponses(n.reg, "tandem"), Logger: n.log}
+	store := respstore.NewMemory(opts)
+	if rc.Path != "" {
+		var err error
+		if store, err = respstore.Open(rc.Path, opts); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go store.Run(ctx)
+	n.store, n.stopSweep = store, cancel
+	return store, nil
 }
 
 // join makes every engine a cluster member. A node's name is the one in its certificate,
@@ -302,6 +359,7 @@ func (n *Node) join() error {
 			Salt: kvcache.Salt(cfg.Name, "", ""), KVBlocks: n.blocks, ContextLen: n.contextLen,
 			TokenizerFormat: tokFormat, TokenizerFiles: tokFiles, ChatTemplate: m.ChatTemplate,
 			GrammarFormat: cluster.GrammarGBNF, ToolCallParser: cfg.ToolCallParser, ReasoningParser: cfg.ReasoningParser,
+			RequestLevel: cluster.RequestTokens, Pooling: string(cfg.Pooling),
 		},
 		Node:       cc.NodeName,
 		Routers:    cc.Routers,
@@ -424,6 +482,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		wg.Wait()
 		n.workersDone.Wait()
 		n.stop()
+		n.closeStore()
 		for _, err := range errs {
 			if err != nil {
 				n.shutErr = err

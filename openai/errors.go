@@ -61,7 +61,11 @@ func writeError(w http.ResponseWriter, e *apiError) {
 	if e.retryAfter != "" {
 		w.Header().Set("Retry-After", e.retryAfter)
 	}
-	writeJSON(w, e.status, e.body())
+	if sw, ok := w.(*statusWriter); ok && sw.anthropic {
+		writeJSON(w, e.status, e.anthropicBody())
+	} else {
+		writeJSON(w, e.status, e.body())
+	}
 	if e.after != nil {
 		e.after()
 	}

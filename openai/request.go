@@ -40,6 +40,12 @@ type samplingFields struct {
 	User              string             `json:"user"`
 	Priority          int64              `json:"priority"`
 	AddSpecialTokens  *bool              `json:"add_special_tokens"`
+	// vLLM's token-level fields.
+	MinTokens              *int64          `json:"min_tokens"`
+	AllowedTokenIDs        []int64         `json:"allowed_token_ids"`
+	PromptLogprobs         json.RawMessage `json:"prompt_logprobs"`
+	ReturnTokenIDs         *bool           `json:"return_token_ids"`
+	ReturnTokensAsTokenIDs *bool           `json:"return_tokens_as_token_ids"`
 	formatFields
 	refusedFields
 }
@@ -72,6 +78,10 @@ type chatRequest struct {
 	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
 	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
 	ReasoningEffort     json.RawMessage            `json:"reasoning_effort"`
+	// Echo prepends the final message's content to the answer when it is the assistant's
+	// (vLLM); ContinueFinalMessage leaves the final message open for the model to go on.
+	Echo                 bool `json:"echo"`
+	ContinueFinalMessage bool `json:"continue_final_message"`
 }
 
 type completionRequest struct {
@@ -103,6 +113,14 @@ type job struct {
 	maxParam     string
 	spacePrefix  bool // the tokenizer adds a space before text (SPM); see step
 	out          outputSpec
+
+	// vLLM's token-level answers.
+	tokenIDs       bool     // return_token_ids: the prompt's and the output's token ids
+	idsAsTokens    bool     // return_tokens_as_token_ids: logprob tokens as "token_id:N"
+	promptLogprobs int      // prompt_logprobs: alternatives per prompt token; -1: none
+	minTokens      int      // stop strings apply from this many tokens on
+	echo           []string // per prompt: the text the answer begins with (echo)
+	echoOnly       bool     // echo with max_tokens 0: the prompt alone, no generated token
 }
 
 // outputSpec is how a chat choice's text is read back: its reasoning split off, its tool
@@ -163,6 +181,17 @@ func newJob(m *Model, f *samplingFields, chat bool, maxTokens *int64, maxParam s
 		return nil, aerr
 	}
 	j.includeUsage = f.Stream && f.StreamOptions != nil && f.StreamOptions.IncludeUsage
+	j.tokenIDs = f.ReturnTokenIDs != nil && *f.ReturnTokenIDs
+	j.idsAsTokens = f.ReturnTokensAsTokenIDs != nil && *f.ReturnTokensAsTokenIDs
+	j.promptLogprobs = -1
+	if !isNull(f.PromptLogprobs) {
+		var n int64
+		if json.Unmarshal(f.PromptLogprobs, &n) != nil || n < 0 || n > llm.MaxTopLogprobs {
+			return nil, badRequest("prompt_logprobs", "prompt_logprobs must be an integer between 0 and %d (alternatives per prompt token), got %s.", llm.MaxTopLogprobs, f.PromptLogprobs)
+		}
+		j.promptLogprobs = int(n)
+		j.req.PromptLogprobs, j.req.PromptTopLogprobs = true, int(n)
+	}
 	j.spacePrefix = addsSpacePrefix(m.Tokenizer)
 	vocab := m.Tokenizer.VocabSize()
 
@@ -243,6 +272,37 @@ func newJob(m *Model, f *samplingFields, chat bool, maxTokens *int64, maxParam s
 			}
 			sp.LogitBias[int32(id)] = float32(v)
 		}
+	}
+	if f.MinTokens != nil {
+		switch {
+		case *f.MinTokens < 0:
+			return nil, badRequest("min_tokens", "min_tokens must be at least 0, got %d.", *f.MinTokens)
+		case j.maxTokens > 0 && *f.MinTokens > int64(j.maxTokens):
+			return nil, badRequest("min_tokens", "min_tokens (%d) must not exceed %s (%d).", *f.MinTokens, maxParam, j.maxTokens)
+		}
+		sp.MinTokens = int(min(*f.MinTokens, math.MaxInt32))
+		j.minTokens = sp.MinTokens
+	}
+	if f.AllowedTokenIDs != nil {
+		if len(f.AllowedTokenIDs) == 0 {
+			return nil, badRequest("allowed_token_ids", "allowed_token_ids must not be empty.")
+		}
+		for _, id := range f.AllowedTokenIDs {
+			if id < 0 || id >= int64(vocab) {
+				return nil, badRequest("allowed_token_ids", "allowed_token_ids: token id %d is outside the vocabulary [0, %d).", id, vocab)
+			}
+			sp.AllowedTokens = append(sp.AllowedTokens, int32(id))
+		}
+	}
+	if (sp.MinTokens > 0 || sp.AllowedTokens != nil || j.req.PromptLogprobs) && m.NoTokenControls {
+		param := "min_tokens"
+		switch {
+		case sp.AllowedTokens != nil:
+			param = "allowed_token_ids"
+		case j.req.PromptLogprobs:
+			param = "prompt_logprobs"
+		}
+		return nil, badRequest(param, "%s: the workers serving `%s` predate it and would ignore it; upgrade them.", param, m.ID)
 	}
 	j.req.Sampling = sp
 	j.req.IgnoreEOS = f.IgnoreEOS
@@ -426,6 +486,7 @@ func messageContent(raw json.RawMessage, param string, nullOK bool) (string, *ap
 type chatInput struct {
 	messages            []chatMessage
 	addGenerationPrompt *bool
+	continueFinal       bool // the final message is left open: the model goes on with it
 	addSpecial          *bool
 	tools               *toolPlan                  // nil: none
 	vars                map[string]json.RawMessage // chat_template_kwargs, reasoning_effort
@@ -443,7 +504,7 @@ func (m *Model) renderChat(in chatInput) (string, []string, *apiError) {
 		return "", nil, badRequest("messages", "The model `%s` has no chat template, so it cannot serve chat completions; use /v1/completions.", m.ID)
 	}
 	msgs, fell := in.tools.messagesForTemplate(tmpl, msgs)
-	opts := tokenizer.ChatOptions{AddGenerationPrompt: in.addGenerationPrompt == nil || *in.addGenerationPrompt, Vars: in.vars}
+	opts := tokenizer.ChatOptions{AddGenerationPrompt: !in.continueFinal && (in.addGenerationPrompt == nil || *in.addGenerationPrompt), Vars: in.vars}
 	if in.tools != nil && !slices.Contains(fell, "tools") {
 		for _, t := range in.tools.tools {
 			opts.Tools = append(opts.Tools, t.raw)
@@ -453,6 +514,16 @@ func (m *Model) renderChat(in chatInput) (string, []string, *apiError) {
 	text, err := tokenizer.RenderChat(tmpl, msgs, opts, t.BOSText(), t.EOSText())
 	if err != nil {
 		return "", nil, badRequest("messages", "The chat template cannot be applied to these messages: %v.", strings.TrimPrefix(err.Error(), "tokenizer: "))
+	}
+	if in.continueFinal {
+		// The rendered text is cut right after the final message's content, so that what
+		// the template writes to close it (an end-of-turn token) is left out (vLLM's rule).
+		last := msgs[len(msgs)-1].Content
+		i := strings.LastIndex(text, last)
+		if last == "" || i < 0 {
+			return "", nil, badRequest("continue_final_message", "continue_final_message: the final message must have content that the chat template writes as it is.")
+		}
+		text = text[:i+len(last)]
 	}
 	return text, fell, nil
 }
@@ -565,6 +636,12 @@ func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo
 	if aerr := h.readJSON(w, r, h.maxBody, &req); aerr != nil {
 		return nil, aerr
 	}
+	return h.chatJob(r, &req, info)
+}
+
+// chatJob validates a chat request (from /v1/chat/completions, or made from a Responses
+// or Messages request) into a job.
+func (h *handler) chatJob(r *http.Request, req *chatRequest, info *reqInfo) (*job, *apiError) {
 	m, aerr := h.resolve(req.Model, info)
 	if aerr != nil {
 		return nil, aerr
@@ -580,7 +657,7 @@ func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo
 	if aerr != nil {
 		return nil, aerr
 	}
-	plan, aerr := m.toolPlan(&req)
+	plan, aerr := m.toolPlan(req)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -604,10 +681,18 @@ func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo
 	if aerr := j.validateSampling("top_logprobs"); aerr != nil {
 		return nil, aerr
 	}
-	prompt, text, fell, aerr := m.chatPrompt(chatInput{messages: req.Messages, addGenerationPrompt: req.AddGenerationPrompt,
-		addSpecial: req.AddSpecialTokens, tools: plan, vars: vars}, m.ContextLen)
+	in := chatInput{messages: req.Messages, addGenerationPrompt: req.AddGenerationPrompt,
+		addSpecial: req.AddSpecialTokens, tools: plan, vars: vars, continueFinal: req.ContinueFinalMessage}
+	if req.ContinueFinalMessage && req.AddGenerationPrompt != nil && *req.AddGenerationPrompt {
+		return nil, badRequest("continue_final_message", "continue_final_message and add_generation_prompt cannot both be true.")
+	}
+	prompt, text, fell, aerr := m.chatPrompt(in, m.ContextLen)
 	if aerr != nil {
 		return nil, aerr
+	}
+	if n := len(req.Messages); req.Echo && n > 0 && req.Messages[n-1].Role == "assistant" {
+		last, _ := messageContent(req.Messages[n-1].Content, "", true)
+		j.echo = []string{last}
 	}
 	h.templateFallback(m, fell)
 	j.prompts = [][]int32{prompt}
@@ -632,20 +717,25 @@ func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *r
 	if aerr != nil {
 		return nil, aerr
 	}
-	switch {
-	case req.Echo:
-		return nil, badRequest("echo", "echo is not supported.")
-	case req.Suffix != nil && *req.Suffix != "":
+	if req.Suffix != nil && *req.Suffix != "" {
 		return nil, badRequest("suffix", "suffix is not supported.")
 	}
 	format, aerr := req.format()
 	if aerr != nil {
 		return nil, aerr
 	}
-	j, aerr := newJob(m, &req.samplingFields, false, req.MaxTokens, "max_tokens")
+	maxTokens, echoOnly := req.MaxTokens, false
+	if req.Echo && maxTokens != nil && *maxTokens == 0 {
+		// The prompt alone, scored (lm-eval's loglikelihood requests): one token is
+		// generated for the prompt's logprobs to come, and left out (as vLLM does).
+		one := int64(1)
+		maxTokens, echoOnly = &one, true
+	}
+	j, aerr := newJob(m, &req.samplingFields, false, maxTokens, "max_tokens")
 	if aerr != nil {
 		return nil, aerr
 	}
+	j.echoOnly = echoOnly
 	if aerr := j.constrain(format, nil); aerr != nil {
 		return nil, aerr
 	}
@@ -660,22 +750,55 @@ func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *r
 		j.logprobs = true
 		j.req.Sampling.Logprobs = true
 		j.req.Sampling.TopLogprobs = int(*req.Logprobs)
+		if req.Echo && !j.req.PromptLogprobs {
+			// The echoed prompt's tokens get their logprobs too (as vLLM gives them).
+			if m.NoTokenControls {
+				return nil, badRequest("echo", "echo with logprobs: the workers serving `%s` predate prompt logprobs; upgrade them.", m.ID)
+			}
+			j.req.PromptLogprobs, j.req.PromptTopLogprobs = true, int(*req.Logprobs)
+		}
 	}
 	if aerr := j.validateSampling("logprobs"); aerr != nil {
 		return nil, aerr
 	}
-	prompts, aerr := m.completionPrompts(req.Prompt, req.AddSpecialTokens)
+	prompts, texts, aerr := m.completionPrompts(req.Prompt, req.AddSpecialTokens)
 	if aerr != nil {
 		return nil, aerr
 	}
 	j.prompts = prompts
+	if req.Echo {
+		j.echo = texts
+	}
 	return j, j.checkPrompts()
 }
 
 // completionPrompts accepts a string, a list of strings, a list of token ids,
-// or a list of lists of token ids.
-// Texts that encode to more tokens than the context holds are refused (see encodeText).
-func (m *Model) completionPrompts(raw json.RawMessage, addSpecial *bool) ([][]int32, *apiError) {
+// or a list of lists of token ids, and returns each prompt's tokens and text (token ids
+// decoded). Texts that encode to more tokens than the context holds are refused (see
+// encodeText).
+func (m *Model) completionPrompts(raw json.RawMessage, addSpecial *bool) ([][]int32, []string, *apiError) {
+	ids, aerr := m.promptIDs(raw, addSpecial)
+	if aerr != nil {
+		return nil, nil, aerr
+	}
+	texts := make([]string, len(ids))
+	var one string
+	var list []string
+	switch {
+	case json.Unmarshal(raw, &one) == nil:
+		texts[0] = one
+	case json.Unmarshal(raw, &list) == nil && len(list) == len(ids):
+		copy(texts, list)
+	default:
+		for i, p := range ids {
+			texts[i] = m.Tokenizer.Decode(p)
+		}
+	}
+	return ids, texts, nil
+}
+
+// promptIDs is completionPrompts' token ids.
+func (m *Model) promptIDs(raw json.RawMessage, addSpecial *bool) ([][]int32, *apiError) {
 	if isNull(raw) {
 		return nil, badRequest("prompt", "prompt is required.")
 	}

@@ -258,11 +258,6 @@ func trimPrefixes(err error) string {
 // this server does not implement: a request that sets one to anything but its neutral
 // value gets a 400 naming it, rather than an answer as if it were absent.
 type refusedFields struct {
-	PromptLogprobs             json.RawMessage `json:"prompt_logprobs"`
-	ReturnTokenIDs             json.RawMessage `json:"return_token_ids"`
-	ReturnTokensAsTokenIDs     json.RawMessage `json:"return_tokens_as_token_ids"`
-	MinTokens                  json.RawMessage `json:"min_tokens"`
-	AllowedTokenIDs            json.RawMessage `json:"allowed_token_ids"`
 	BadWords                   json.RawMessage `json:"bad_words"`
 	UseBeamSearch              json.RawMessage `json:"use_beam_search"`
 	LengthPenalty              json.RawMessage `json:"length_penalty"`
@@ -275,15 +270,13 @@ type refusedFields struct {
 
 // chatRefusedFields are the chat-only ones.
 type chatRefusedFields struct {
-	Echo                 json.RawMessage `json:"echo"`
-	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
-	Documents            json.RawMessage `json:"documents"`
-	ChatTemplate         json.RawMessage `json:"chat_template"`
-	Functions            json.RawMessage `json:"functions"`
-	FunctionCall         json.RawMessage `json:"function_call"`
-	Audio                json.RawMessage `json:"audio"`
-	Modalities           json.RawMessage `json:"modalities"`
-	WebSearchOptions     json.RawMessage `json:"web_search_options"`
+	Documents        json.RawMessage `json:"documents"`
+	ChatTemplate     json.RawMessage `json:"chat_template"`
+	Functions        json.RawMessage `json:"functions"`
+	FunctionCall     json.RawMessage `json:"function_call"`
+	Audio            json.RawMessage `json:"audio"`
+	Modalities       json.RawMessage `json:"modalities"`
+	WebSearchOptions json.RawMessage `json:"web_search_options"`
 }
 
 type refusal struct {
@@ -295,11 +288,6 @@ type refusal struct {
 
 func (r *refusedFields) list() []refusal {
 	return []refusal{
-		{"prompt_logprobs", r.PromptLogprobs, nil, "prompt log-probabilities are not returned yet"},
-		{"return_token_ids", r.ReturnTokenIDs, []string{"false"}, "token ids are not returned yet"},
-		{"return_tokens_as_token_ids", r.ReturnTokensAsTokenIDs, []string{"false"}, "tokens are not returned as ids yet"},
-		{"min_tokens", r.MinTokens, []string{"0"}, "a minimum of generated tokens is not enforced yet"},
-		{"allowed_token_ids", r.AllowedTokenIDs, nil, "a list of allowed tokens is not enforced yet (guided_choice or guided_regex may serve)"},
 		{"bad_words", r.BadWords, []string{"[]"}, "bad words are not banned yet"},
 		{"use_beam_search", r.UseBeamSearch, []string{"false"}, "beam search is not implemented"},
 		{"length_penalty", r.LengthPenalty, []string{"1"}, "length_penalty applies to beam search, which is not implemented"},
@@ -313,8 +301,6 @@ func (r *refusedFields) list() []refusal {
 
 func (r *chatRefusedFields) list() []refusal {
 	return []refusal{
-		{"echo", r.Echo, []string{"false"}, "echoing the last message is not implemented yet"},
-		{"continue_final_message", r.ContinueFinalMessage, []string{"false"}, "continuing the final message is not implemented yet"},
 		{"documents", r.Documents, nil, "documents are not passed to chat templates"},
 		{"chat_template", r.ChatTemplate, nil, "a request may not bring its own chat template"},
 		{"functions", r.Functions, nil, "the legacy functions field is not supported; use tools"},

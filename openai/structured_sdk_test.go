@@ -41,6 +41,13 @@ type fixtureEnv struct {
 
 func newFixtureEnv(t *testing.T, file string, setup func(*openai.Model)) *fixtureEnv {
 	t.Helper()
+	return newFixtureEnvWith(t, file, setup, openai.Options{})
+}
+
+// newFixtureEnvWith is newFixtureEnv with the handler's options (its logger and metrics
+// are the test's).
+func newFixtureEnvWith(t *testing.T, file string, setup func(*openai.Model), opts openai.Options) *fixtureEnv {
+	t.Helper()
 	be := cpu.New(0)
 	t.Cleanup(func() { be.Close() })
 	m, err := model.Load(fixtures.Model(t, file), be)
@@ -61,7 +68,8 @@ func newFixtureEnv(t *testing.T, file string, setup func(*openai.Model)) *fixtur
 		setup(om)
 	}
 	reg := metrics.NewRegistry()
-	srv := httptest.NewServer(openai.NewHandler([]*openai.Model{om}, openai.Options{Logger: discardLogger(), Metrics: metrics.NewHTTP(reg, "tandem")}))
+	opts.Logger, opts.Metrics = discardLogger(), metrics.NewHTTP(reg, "tandem")
+	srv := httptest.NewServer(openai.NewHandler([]*openai.Model{om}, opts))
 	t.Cleanup(srv.Close)
 	return &fixtureEnv{m: m, srv: srv, reg: reg, om: om}
 }

@@ -35,6 +35,10 @@ type Seq struct {
 	// KV is the sequence's block table: made at its first admission, emptied when it is
 	// preempted or finished. Len is how many of Tokens have their KV written.
 	KV *kvcache.Seq
+	// NoPrefixMatch makes an admission compute every token, none matched in the prefix
+	// cache: the caller wants an output at each prompt position (prompt log-probabilities,
+	// a mean-pooled embedding). The caller may clear it once it has them.
+	NoPrefixMatch bool
 
 	cached   int    // prompt tokens the prefix cache held at the first admission
 	admitted bool   // admitted at least once
@@ -266,7 +270,11 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 		if seq.KV == nil {
 			seq.KV = s.pool.NewSeq(s.cfg.Salt)
 		}
-		matched := seq.KV.Match(seq.Tokens, 1)
+		keep := 1 // the last token is computed, for its logits
+		if seq.NoPrefixMatch {
+			keep = len(seq.Tokens)
+		}
+		matched := seq.KV.Match(seq.Tokens, keep)
 		n := min(len(seq.Tokens)-matched, budget)
 		if err := seq.KV.Reserve(n); err != nil {
 			seq.KV.Release()

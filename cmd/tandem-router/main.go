@@ -14,7 +14,9 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -23,6 +25,7 @@ import (
 	"tandem/httpserve"
 	"tandem/internal/statefile"
 	"tandem/internal/version"
+	"tandem/metrics"
 	"tandem/router"
 	"tandem/router/live"
 	"tandem/sla"
@@ -73,6 +76,9 @@ func run(args []string, stderr io.Writer) error {
 	name := fs.String("name", "tandem-router", "this router's name in the cluster")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long running requests may take to finish")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	responseTTL := fs.Duration("response-ttl", 24*time.Hour, "how long the Responses API keeps a stored response, in --state-dir (0: until deleted)")
+	allowedOrigins := fs.String("allowed-origins", "", "comma-separated origins allowed to call the API from a browser (CORS; \"*\": any; default none)")
+	metricsPrefix := fs.String("metrics-prefix", "tandem", "also serve every tandem_router: metric under this prefix: "+strings.Join(metrics.MetricsPrefixes, ", "))
 	dis := router.DefaultDisaggConfig()
 	fs.IntVar(&dis.MinRemoteTokens, "disagg-min-tokens", dis.MinRemoteTokens, "with prefill workers: prefill on one only when the decode worker lacks at least this many prompt tokens")
 	fs.BoolVar(&dis.Strict, "disagg-strict", dis.Strict, "fail a request whose remote prefill or KV transfer fails, instead of prefilling on the decode worker")
@@ -130,6 +136,18 @@ func run(args []string, stderr io.Writer) error {
 	pol.BusyKVUsage, pol.BusyWaiting, pol.AffinityTTL = *busyKV, *busyWaiting, *affinity
 
 	var dash *web.Dashboard
+	if !slices.Contains(metrics.MetricsPrefixes, *metricsPrefix) {
+		return fmt.Errorf("--metrics-prefix %q: want one of %s", *metricsPrefix, strings.Join(metrics.MetricsPrefixes, ", "))
+	}
+	if *responseTTL < 0 {
+		return fmt.Errorf("--response-ttl %v: want a duration of 0 or more", *responseTTL)
+	}
+	var origins []string
+	for _, o := range strings.Split(*allowedOrigins, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			origins = append(origins, o)
+		}
+	}
 	srv, err := live.StartServer(live.ServerConfig{
 		Host: *host, Port: *port, ORPCPort: *orpcPort, StateDir: *stateDir, JoinToken: *joinToken,
 		Router: live.Config{
@@ -141,6 +159,9 @@ func run(args []string, stderr io.Writer) error {
 		BodyReadTimeout: *bodyTimeout,
 		MinBodyRate:     *minBodyRate,
 		PublicMetrics:   *publicMetrics,
+		ResponseTTL:     *responseTTL,
+		AllowedOrigins:  origins,
+		MetricsPrefix:   *metricsPrefix,
 		Logger:          log,
 		WrapHandler: func(api http.Handler, reg *prometheus.Registry) (http.Handler, error) {
 			var err error

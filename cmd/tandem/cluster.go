@@ -38,6 +38,7 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 	stateDir := fs.String("state-dir", "", "the cluster's state (router CA, token, engine identities, logs) (default: $XDG_STATE_HOME/tandem/cluster-PORT)")
 	routing := fs.String("routing", string(router.ModeKV), "routing mode: kv, round-robin, random or least-loaded")
 	drain := fs.Duration("drain-timeout", 10*time.Second, "on Ctrl-C, how long running requests may take to finish")
+	responseTTL := fs.Duration("response-ttl", 24*time.Hour, "how long the router keeps a stored response (the Responses API; 0: until deleted)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem cluster [--engines N | --prefill P --decode D] [--model PATH] [--port P] [flags] [-- serve flags for every engine]")
 		fmt.Fprintln(stderr, "\nStarts a router and its engines on this machine, prints the URL, restarts an engine that dies, and stops all on Ctrl-C.")
@@ -78,12 +79,16 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer routerLog.Close()
+	if *responseTTL < 0 {
+		return fmt.Errorf("--response-ttl %v: want a duration of 0 or more", *responseTTL)
+	}
 	pol := router.DefaultConfig()
 	pol.Mode = mode
 	srv, err := live.StartServer(live.ServerConfig{
 		Host: *host, Port: *port, ORPCPort: 0, StateDir: filepath.Join(*stateDir, "router"),
-		Router: live.Config{Policy: pol, Name: "tandem-cluster"},
-		Logger: slog.New(slog.NewTextHandler(routerLog, nil)),
+		Router:      live.Config{Policy: pol, Name: "tandem-cluster"},
+		ResponseTTL: *responseTTL,
+		Logger:      slog.New(slog.NewTextHandler(routerLog, nil)),
 	})
 	if err != nil {
 		return err

@@ -22,9 +22,12 @@ import (
 	"tandem/httpserve"
 	"tandem/internal/statefile"
 	"tandem/internal/version"
+	"tandem/llm"
+	"tandem/metrics"
 	"tandem/node"
 	"tandem/openai"
 	"tandem/orpc"
+	"tandem/respstore"
 	"tandem/sla"
 	"tandem/worker"
 )
@@ -34,7 +37,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	modelPath := fs.String("model", "", "GGUF file or Hugging Face model directory (default: the built-in demo model)")
 	host := fs.String("host", "127.0.0.1", "address to listen on")
 	port := fs.Int("port", 8080, "port to listen on (0 picks a free one)")
-	servedName := fs.String("served-model-name", "", "model name in the API (default: the model's name)")
+	servedName := fs.String("served-model-name", "", "model id in the API (default: the model file's or directory's name, without .gguf)")
 	kvMem := fs.String("kv-cache-memory", "", "KV cache budget, e.g. 4GiB (default: 40% of available memory, at most what --max-seqs full contexts need)")
 	maxModelLen := fs.Int("max-model-len", 0, "context length (default: the model's)")
 	maxBatch := fs.Int("max-batch-tokens", engine.DefaultMaxBatchTokens, "token budget of one engine step")
@@ -56,7 +59,11 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&joins, "join", "a tandem-router's ORPC address HOST:PORT to register with (repeatable)")
 	joinToken := fs.String("join-token", "", "the cluster's join token (printed by tandem-router)")
 	orpcPort := fs.Int("orpc-port", 0, "ORPC (QUIC/UDP) port routers call this engine on, with --join (0 picks a free one)")
-	stateDir := fs.String("state-dir", "", "where the cluster identity earned with --join-token is kept, one per process (default: $XDG_STATE_HOME/tandem/serve-NAME, NAME the --node-name, else the --port; ~/.local/state without XDG_STATE_HOME)")
+	stateDir := fs.String("state-dir", "", "where the stored responses and the cluster identity earned with --join-token are kept, one per process (default: $XDG_STATE_HOME/tandem/serve-NAME, NAME the --node-name, else the --port; ~/.local/state without XDG_STATE_HOME; with --port 0 and neither, responses are kept in memory)")
+	responseTTL := fs.Duration("response-ttl", 24*time.Hour, "how long the Responses API keeps a stored response (0: until deleted)")
+	pooling := fs.String("pooling", "auto", "how /v1/embeddings pools the hidden states: auto (the model's metadata, else last), last or mean")
+	allowedOrigins := fs.String("allowed-origins", "", "comma-separated origins allowed to call the API from a browser (CORS; \"*\": any; default none)")
+	metricsPrefix := fs.String("metrics-prefix", "tandem", "also serve every tandem: metric under this prefix, for dashboards made for it: "+strings.Join(metrics.MetricsPrefixes, ", "))
 	role := fs.String("role", cluster.RoleBoth, "cluster role: both, prefill or decode")
 	nodeName := fs.String("node-name", "", "this engine's name in the cluster (default: host name and ORPC port)")
 	kvHold := fs.Duration("kv-hold", worker.DefaultKVHold, "prefill role: the longest prefilled KV blocks wait for the decode worker's pull (the router may ask for less)")
@@ -108,6 +115,15 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if !slices.Contains(openai.ReasoningParsers, *reasoningParser) {
 		return fmt.Errorf("--reasoning-parser %q: want one of %s", *reasoningParser, strings.Join(openai.ReasoningParsers, ", "))
 	}
+	if *pooling != "auto" && !slices.Contains(llm.Poolings, llm.Pooling(*pooling)) {
+		return fmt.Errorf("--pooling %q: want auto, last or mean", *pooling)
+	}
+	if !slices.Contains(metrics.MetricsPrefixes, *metricsPrefix) {
+		return fmt.Errorf("--metrics-prefix %q: want one of %s", *metricsPrefix, strings.Join(metrics.MetricsPrefixes, ", "))
+	}
+	if *responseTTL < 0 {
+		return fmt.Errorf("--response-ttl %v: want a duration of 0 or more", *responseTTL)
+	}
 	var sendRate int64
 	if *kvSendRate != "" {
 		var err error
@@ -115,11 +131,11 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--kv-send-rate: %w", err)
 		}
 	}
-	if len(joins) > 0 && *stateDir == "" {
+	if len(joins) > 0 && *stateDir == "" && *nodeName == "" && *port == 0 {
+		return errors.New("--join with --port 0 and no --node-name needs --state-dir: the default state directory is named after the node or the port")
+	}
+	if *stateDir == "" && (*nodeName != "" || *port != 0) {
 		name := *nodeName
-		if name == "" && *port == 0 {
-			return errors.New("--join with --port 0 and no --node-name needs --state-dir: the default state directory is named after the node or the port")
-		}
 		if name == "" {
 			name = strconv.Itoa(*port)
 		}
@@ -129,7 +145,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		*stateDir = dir
 	}
-	if len(joins) > 0 {
+	if *stateDir != "" {
 		// One process per state directory: two engines in one would take each other's
 		// identity and name.
 		release, err := statefile.Lock(*stateDir)
@@ -168,9 +184,33 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 
 	name := *servedName
 	if name == "" {
-		name = m.Config.Name
-		if *modelPath == "" || name == "" {
-			name = modelName(*modelPath, m.Config.Name)
+		// As vLLM names a model by its path: the file's or directory's name, not the
+		// GGUF's general.name (which many files share: "llama").
+		name = modelName(*modelPath, "")
+	}
+	pool := llm.Pooling(*pooling)
+	if pool == "auto" {
+		switch p := m.Config.Pooling; p {
+		case "last", "mean":
+			pool = llm.Pooling(p)
+		case "", "none":
+			pool = llm.PoolLast
+		default:
+			log.Warn("the model's metadata asks for a pooling this server lacks; embeddings pool the last token (set --pooling)", "pooling", p)
+			pool = llm.PoolLast
+		}
+	}
+	responses := node.Responses{TTL: *responseTTL}
+	if *stateDir != "" {
+		if err := os.MkdirAll(*stateDir, 0o700); err != nil {
+			return fmt.Errorf("--state-dir: %w", err)
+		}
+		responses.Path = filepath.Join(*stateDir, respstore.FileName)
+	}
+	var origins []string
+	for _, o := range strings.Split(*allowedOrigins, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			origins = append(origins, o)
 		}
 	}
 	m.KVType = kvType
@@ -185,10 +225,11 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		KVBudget: budget, MaxModelLen: *maxModelLen, BlockSize: *blockSize,
 		MaxBatchTokens: *maxBatch, MaxSeqs: *maxSeqs, MaxQueue: *maxQueue,
 		Sim: bk.simTiming(), Replicas: *bk.replicas, SLA: *slaTargets,
-		ToolCallParser: *toolParser, ReasoningParser: *reasoningParser,
+		ToolCallParser: *toolParser, ReasoningParser: *reasoningParser, Pooling: pool, Responses: responses,
 		HTTP: node.HTTP{
 			Addr: net.JoinHostPort(*host, strconv.Itoa(*port)), TLSCert: *tlsCert, TLSKey: *tlsKey,
 			APIKey: *apiKey, PublicMetrics: *publicMetrics, BodyReadTimeout: *bodyTimeout, MinBodyRate: *minBodyRate,
+			AllowedOrigins: origins, MetricsPrefix: *metricsPrefix,
 		},
 		Cluster: node.Cluster{
 			Routers: joins, Token: *joinToken, StateDir: *stateDir, Role: *role, NodeName: *nodeName,
@@ -204,6 +245,11 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		n.URL(), version.String(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
 		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), kvType, n.ContextLen(),
 		loadTime.Round(time.Millisecond), be.Name())
+	if responses.Path != "" {
+		fmt.Fprintf(stderr, "  responses: stored in %s (TTL %v)\n", responses.Path, *responseTTL)
+	} else {
+		fmt.Fprintf(stderr, "  responses: kept in memory only (--port 0 without --state-dir or --node-name)\n")
+	}
 	if bk.sim() {
 		fmt.Fprintf(stderr, "  sim backend: %d replica%s, modelled compute %+v\n", len(n.Engines()), plural(len(n.Engines())), bk.timing)
 	}

@@ -297,6 +297,9 @@ func (s *liveStream) migrate(cause error) error {
 	req := s.orig
 	req.Prompt = append(append([]int32(nil), s.orig.Prompt...), s.generated...)
 	req.Resumed = s.orig.Resumed + len(s.generated)
+	if len(s.generated) > 0 {
+		req.PromptLogprobs = false // they came with the first token
+	}
 	if s.orig.MaxTokens > 0 {
 		req.MaxTokens = s.orig.MaxTokens - len(s.generated)
 		if req.MaxTokens <= 0 {

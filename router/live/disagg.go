@@ -52,6 +52,10 @@ type prefillResult struct {
 // waits for P's first token (awaitPrefill).
 func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 	l, m := s.b.l, s.b.m
+	if s.orig.Pooling != llm.PoolNone || s.orig.PromptLogprobs {
+		// Outputs at prompt positions come from the worker that computes them: one worker.
+		return &s.orig, nil
+	}
 	cfg := l.cfg.Disagg
 	l.mu.Lock()
 	c, _ := m.state.Card()

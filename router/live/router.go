@@ -19,6 +19,7 @@ import (
 
 	"tandem/cluster"
 	"tandem/kvcache"
+	"tandem/llm"
 	"tandem/metrics"
 	"tandem/openai"
 	"tandem/orpc"
@@ -56,6 +57,9 @@ type Config struct {
 	KnownCards map[string]router.Card
 	NewModel   func(router.Card)
 	APIKey     string
+	// Responses keeps the Responses API's stored responses, for every model and worker:
+	// the router's API stores them itself, so a response is found whatever worker served it.
+	Responses openai.ResponseStore
 	// Disagg configures disaggregated prefill and decode, for models with prefill workers.
 	Disagg  router.DisaggConfig
 	Logger  *slog.Logger
@@ -623,10 +627,12 @@ func (l *Router) rebuildAPILocked() {
 			ToolCallParser:  knownOr(m.card.ToolCallParser, openai.ToolCallParsers, l.log, "tool-call parser", m.name),
 			ReasoningParser: knownOr(m.card.ReasoningParser, openai.ReasoningParsers, l.log, "reasoning parser", m.name),
 			NoConstraints:   m.card.GrammarFormat < cluster.GrammarGBNF,
+			NoTokenControls: m.card.RequestLevel < cluster.RequestTokens,
+			Pooling:         llm.Pooling(m.card.Pooling),
 		})
 	}
 	slices.SortFunc(models, func(a, b *openai.Model) int { return cmp.Compare(a.ID, b.ID) })
-	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet})
+	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet, Responses: l.cfg.Responses})
 	l.api.Store(&h)
 }
 
