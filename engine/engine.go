@@ -61,6 +61,7 @@ type Engine struct {
 	inbox     []*sequence
 	stopped   bool
 	queued    atomic.Int64 // inbox + waiting, for the queue bound
+	inboxTok  atomic.Int64 // prompt tokens of the inbox's requests, for Stats
 	wake      chan struct{}
 	idleTimer *time.Timer // see Run
 	nextID    uint64
@@ -72,6 +73,9 @@ type Engine struct {
 	logits []float32
 	batch  model.Batch
 	last   kvcache.Stats
+	// intaken is the tokens of the requests intake moved into the scheduler since the
+	// last publish, which then counts them in the census instead of inboxTok.
+	intaken int
 
 	samplers *samplerBufs // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
 
@@ -224,6 +228,7 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 	seq.ID = e.nextID
 	e.inbox = append(e.inbox, seq)
 	e.queued.Add(1)
+	e.inboxTok.Add(int64(len(seq.Tokens)))
 	e.mu.Unlock()
 	context.AfterFunc(ctx, func() { seq.stream.Close() })
 	e.signal()
@@ -285,6 +290,7 @@ func (e *Engine) shutdown() {
 	e.stopped = true
 	inbox := e.inbox
 	e.inbox = nil
+	e.inboxTok.Store(0)
 	e.mu.Unlock()
 	err := fmt.Errorf("%w: the engine stopped", llm.ErrUnavailable)
 	for _, s := range slices.Concat(inbox, e.sched.Waiting(), e.sched.Running()) {
@@ -303,6 +309,7 @@ func (e *Engine) intake() {
 	e.mu.Unlock()
 	for _, s := range inbox {
 		e.sched.Add(s)
+		e.intaken += len(s.Tokens) // publish takes them off inboxTok
 	}
 }
 

@@ -550,28 +550,22 @@ func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64, reg *
 	return nil
 }
 
-// Load returns the worker's load report now. With a StatsEngine it is the engine's state:
-// running = decoding sequences, waiting = sequences without a first token (queued, or
-// admitted and prefilling), prefill = the uncomputed prompt tokens of the admitted ones
-// (queued prompts are left out: their prefix cache hits are not known before admission,
-// and the router predicts them itself), decode blocks = the blocks
-// the admitted sequences hold, and the last step's timing. Otherwise running and waiting
-// count the requests served over ORPC. KV usage is the whole pool's either way.
+// Load returns the worker's load report now. With a StatsEngine it is the engine's
+// scheduler census (sched.Census.Load, the function the simulator's workers report
+// through too): running = decoding sequences, waiting = sequences without a first token
+// (queued, in the inbox, or admitted and prefilling), prefill = the uncomputed prompt
+// tokens of all of them (a queued prompt's less the prefix-cache hits its admission is
+// expected to find), decode blocks = the blocks the admitted sequences hold, the pool's
+// KV figures, and the last step's timing. Otherwise running and waiting count the requests
+// served over ORPC. KV usage is the whole pool's either way.
 func (w *Worker) Load() cluster.LoadReport {
 	if se, ok := w.cfg.Engine.(StatsEngine); ok {
 		st := se.Stats()
-		return cluster.LoadReport{Load: llm.Load{
-			Running:       st.Running - st.Prefilling,
-			Waiting:       st.Waiting + st.Prefilling,
-			PrefillTokens: st.PrefillTokens,
-			DecodeBlocks:  st.DecodeBlocks,
-			KVUsage:       st.KVUsage,
-			KVBlocks:      st.KVBlocks,
-			LastEventID:   w.cfg.Engine.Pool().Stats().LastEventID,
-			Healthy:       !w.Draining(),
-			StepMicros:    int(st.LastStep / time.Microsecond),
-			StepTokens:    st.LastStepTokens,
-		}}
+		l := st.Census.Load(w.cfg.Engine.Pool().Stats())
+		l.Healthy = !w.Draining()
+		l.StepMicros = int(st.LastStep / time.Microsecond)
+		l.StepTokens = st.LastStepTokens
+		return cluster.LoadReport{Load: l}
 	}
 	st := w.cfg.Engine.Pool().Stats()
 	return cluster.LoadReport{Load: llm.Load{
@@ -582,6 +576,7 @@ func (w *Worker) Load() cluster.LoadReport {
 		KVUsage:       st.Usage(),
 		KVBlocks:      st.Blocks,
 		LastEventID:   st.LastEventID,
+		CachedBlocks:  st.Indexed,
 		Healthy:       !w.Draining(),
 	}}
 }
