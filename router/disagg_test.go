@@ -6,7 +6,8 @@ import (
 	"tandem/kvcache"
 )
 
-// disaggState has decode workers 1 and 2 and prefill workers 3 and 4.
+// disaggState has decode workers 1 and 2 and prefill workers 3 and 4, idle but for a
+// decode block on 2 and on 4.
 func disaggState(t *testing.T) *State {
 	t.Helper()
 	s := newTestState(t, DefaultConfig())
@@ -17,6 +18,9 @@ func disaggState(t *testing.T) *State {
 			t.Fatal(err)
 		}
 	}
+	// One decode block on 2 and 4: 1 and 3 win when nothing else differs.
+	setLoad(t, s, 2, load{decode: 1})
+	setLoad(t, s, 4, load{decode: 1})
 	return s
 }
 

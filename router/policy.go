@@ -21,6 +21,9 @@ type Request struct {
 	// Pool restricts the decision to the workers of some roles (disagg.go); PoolAny, the
 	// zero value, considers every worker.
 	Pool Pool
+	// Key names the request for breaking ties between equally good workers (see
+	// State.Decide); 0 derives one from Hashes and PromptTokens.
+	Key uint64
 }
 
 // Cost is the breakdown of cost(w) = OverlapWeight·Prefill + Decode, in
@@ -118,9 +121,9 @@ func (s *State) Decide(req Request) (Decision, error) {
 		case s.cfg.Mode == ModeRandom:
 			pick, reason = cands[s.rng.IntN(len(cands))], ReasonRandom
 		case s.cfg.Mode == ModeLeastLoaded:
-			pick, reason = leastLoaded(cands), ReasonLeastLoaded
+			pick, reason = s.leastLoaded(cands, s.tieKey(req)), ReasonLeastLoaded
 		default:
-			pick, reason = s.kv(cands, blocksF), ReasonKV
+			pick, reason = s.kv(cands, blocksF, s.tieKey(req)), ReasonKV
 		}
 		if s.cfg.Mode == ModeRoundRobin {
 			s.rrLast, s.rrValid = pick.ID, true
@@ -165,20 +168,15 @@ func (s *State) cost(w *WorkerState, blocks float64) Cost {
 	return Cost{Prefill: prefill, Decode: decode, Total: s.cfg.OverlapWeight*prefill + decode}
 }
 
-// kv picks by the cost function: the cheapest worker (ties to the lower load,
-// then the lower id) at temperature 0, else a softmax draw over the costs
-// normalised to [0, 1].
-func (s *State) kv(cands []*WorkerState, blocks float64) *WorkerState {
+// kv picks by the cost function: the cheapest worker at temperature 0 (ties broken by
+// s.tieBreak), else a softmax draw over the costs normalised to [0, 1].
+func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerState {
 	if s.cfg.Temperature == 0 {
-		var best *WorkerState
-		var bestCost, bestLoad float64
-		for _, w := range cands { // in id order: a later worker wins only if strictly better
-			c, l := s.cost(w, blocks).Total, w.Load()
-			if best == nil || c < bestCost || (c == bestCost && l < bestLoad) {
-				best, bestCost, bestLoad = w, c, l
-			}
+		var t tie
+		for _, w := range cands {
+			t.offer(s, w, s.cost(w, blocks).Total, key)
 		}
-		return best
+		return t.best
 	}
 	ws := s.weights[:0]
 	lo, hi := math.Inf(1), math.Inf(-1)
@@ -220,15 +218,77 @@ func (s *State) roundRobin(cands []*WorkerState) *WorkerState {
 	return cands[0]
 }
 
-// leastLoaded picks the candidate with the least predicted load, ties to the
-// lower id.
-func leastLoaded(cands []*WorkerState) *WorkerState {
-	best := cands[0]
-	bestLoad := best.Load()
-	for _, w := range cands[1:] {
-		if l := w.Load(); l < bestLoad {
-			best, bestLoad = w, l
-		}
+// leastLoaded picks the candidate with the least predicted load, ties broken as kv's.
+func (s *State) leastLoaded(cands []*WorkerState, key uint64) *WorkerState {
+	var t tie
+	for _, w := range cands {
+		t.offer(s, w, w.Load(), key)
 	}
-	return best
+	return t.best
+}
+
+// A tie is the best worker so far of an argmin over a score. Among workers of equal score
+// the one with the lower predicted load wins, then the one whose cache the index finds
+// emptier (a new prefix there evicts the least), then the lower tie hash of (request key,
+// worker, the State's seed): a different worker for each request, so that idle workers
+// share the requests and their caches fill evenly, and, with each router's own seed, a
+// different one in each router, so that routers do not converge on the same workers.
+type tie struct {
+	best   *WorkerState
+	score  float64
+	load   float64
+	cached int // -1: not looked up yet
+	hash   uint64
+}
+
+func (t *tie) offer(s *State, w *WorkerState, score float64, key uint64) {
+	if t.best == nil || score < t.score {
+		*t = tie{best: w, score: score, load: w.Load(), cached: -1}
+		return
+	}
+	if score > t.score {
+		return
+	}
+	l := w.Load()
+	switch {
+	case l > t.load:
+		return
+	case l == t.load:
+		if t.cached < 0 {
+			t.cached, t.hash = s.index.Blocks(t.best.ID), s.tieHash(key, t.best.ID)
+		}
+		c := s.index.Blocks(w.ID)
+		if c > t.cached {
+			return
+		}
+		h := s.tieHash(key, w.ID)
+		if c == t.cached && h >= t.hash {
+			return
+		}
+		*t = tie{best: w, score: score, load: l, cached: c, hash: h}
+		return
+	}
+	*t = tie{best: w, score: score, load: l, cached: -1}
+}
+
+// tieKey is req's key for tie-breaking: its own, else one from its prompt.
+func (s *State) tieKey(req Request) uint64 {
+	if req.Key != 0 {
+		return req.Key
+	}
+	k := uint64(req.PromptTokens)
+	if n := len(req.Hashes); n > 0 {
+		k ^= req.Hashes[n-1] // the chain's last hash names the whole prefix
+	} else {
+		k ^= s.seq << 32 // no full block: this decision
+	}
+	return k
+}
+
+// tieHash mixes a request key, a worker and the State's seed (splitmix64's finaliser).
+func (s *State) tieHash(key uint64, w WorkerID) uint64 {
+	x := key ^ s.tieSeed ^ uint64(w)*0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
 }

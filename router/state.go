@@ -221,6 +221,7 @@ type State struct {
 	cfg      Config
 	card     Card
 	rng      *rand.Rand
+	tieSeed  uint64 // drawn from rng: each router breaks ties its own way
 	index    *Index
 	workers  []*WorkerState // sorted by ID
 	byID     map[WorkerID]*WorkerState
@@ -240,7 +241,8 @@ type State struct {
 }
 
 // NewState returns an empty State with configuration cfg. rng drives the
-// random mode and softmax sampling; nil means a fixed seed, so runs repeat.
+// random mode, softmax sampling and the seed of tie-breaking; nil means a fixed seed,
+// so runs repeat. Routers that share workers should each have their own seed.
 func NewState(cfg Config, rng *rand.Rand) (*State, error) {
 	if cfg.Mode == "" {
 		cfg.Mode = ModeKV
@@ -255,6 +257,7 @@ func NewState(cfg Config, rng *rand.Rand) (*State, error) {
 		cfg:      cfg,
 		card:     cfg.Card,
 		rng:      rng,
+		tieSeed:  rng.Uint64(),
 		index:    NewIndex(),
 		byID:     make(map[WorkerID]*WorkerState),
 		sessions: make(map[string]session),

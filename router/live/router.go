@@ -350,7 +350,8 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 		if remembered {
 			pol.Card = known
 		}
-		st, err := router.NewState(pol, nil)
+		// A seed of its own: two routers over the same workers break ties differently.
+		st, err := router.NewState(pol, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 		if err != nil {
 			l.mu.Unlock()
 			return orpc.Errorf(orpc.Internal, "router: %v", err)
