@@ -70,14 +70,17 @@ func Decide(s *State, req Request) (Decision, error) { return s.Decide(req) }
 func (s *State) Decide(req Request) (Decision, error) {
 	s.seq++
 	cands := s.cands[:0]
-	healthy := 0
+	healthy, stale := 0, 0
 	for _, w := range s.workers {
-		if !w.Healthy || !req.Pool.admits(w.Card.Role) {
+		if !w.Healthy || !req.Pool.admits(w.Card.Role) || w.Stale && s.cfg.RequireKVEvents {
 			continue
 		}
 		healthy++
 		if !w.busy(&s.cfg) {
 			cands = append(cands, w)
+			if w.Stale {
+				stale++
+			}
 		}
 	}
 	s.cands = cands
@@ -94,11 +97,14 @@ func (s *State) Decide(req Request) (Decision, error) {
 		tokens = len(req.Hashes) * bs
 	}
 	promptBlocks := (tokens + bs - 1) / bs
-	s.matches = s.index.OverlapInto(req.Hashes, s.matches)
+	s.matches = s.index.OverlapWith(&s.walk, req.Hashes, s.matches)
 	for _, m := range s.matches {
-		if w := s.byID[m.Worker]; w != nil {
+		if w := s.lookup(m.Worker); w != nil {
 			w.stamp, w.ovDev, w.ovHost = s.seq, m.Device, m.Host
 		}
+	}
+	if stale > 0 {
+		s.unknownOverlap(cands)
 	}
 	blocksF := float64(tokens) / float64(bs)
 
@@ -107,7 +113,7 @@ func (s *State) Decide(req Request) (Decision, error) {
 	sticky := req.SessionID != "" && s.cfg.AffinityTTL > 0
 	if sticky {
 		if b, ok := s.sessions[req.SessionID]; ok && req.Now.Before(b.expires) {
-			if w := s.byID[b.worker]; w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) && req.Pool.admits(w.Card.Role) {
+			if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) && req.Pool.admits(w.Card.Role) {
 				pick, reason = w, ReasonAffinity
 			}
 		}
@@ -148,6 +154,29 @@ func (s *State) Decide(req Request) (Decision, error) {
 	}
 	d.Inflight = s.AddInflight(pick.ID, promptBlocks, host)
 	return d, nil
+}
+
+// unknownOverlap gives the stale candidates, whose index entries cannot be trusted, the
+// mean overlap of the others: unknown, neither a cache hit to chase nor a miss to avoid.
+func (s *State) unknownOverlap(cands []*WorkerState) {
+	n, dev, host := 0, 0, 0
+	for _, w := range cands {
+		if w.Stale {
+			continue
+		}
+		n++
+		if w.stamp == s.seq {
+			dev, host = dev+w.ovDev, host+w.ovHost
+		}
+	}
+	if n > 0 {
+		dev, host = dev/n, host/n
+	}
+	for _, w := range cands {
+		if w.Stale {
+			w.stamp, w.ovDev, w.ovHost = s.seq, dev, host
+		}
+	}
 }
 
 // overlap returns w's device and device-or-host overlap with the prompt of the
@@ -255,9 +284,9 @@ func (t *tie) offer(s *State, w *WorkerState, score float64, key uint64) {
 		return
 	case l == t.load:
 		if t.cached < 0 {
-			t.cached, t.hash = s.index.Blocks(t.best.ID), s.tieHash(key, t.best.ID)
+			t.cached, t.hash = int(t.best.ix.blocks.Load()), s.tieHash(key, t.best.ID)
 		}
-		c := s.index.Blocks(w.ID)
+		c := int(w.ix.blocks.Load())
 		if c > t.cached {
 			return
 		}

@@ -687,3 +687,46 @@ func TestWorkersAndIndexLifecycle(t *testing.T) {
 		t.Fatal("removed worker still there")
 	}
 }
+
+// A stale worker's overlap is unknown: it counts as the other candidates' mean, neither a
+// hit (its index may hold blocks it evicted long ago) nor a miss. With RequireKVEvents it
+// gets no requests at all.
+func TestStaleWorker(t *testing.T) {
+	prompt := toks(0, 10*testBlock)
+	h := hashes(prompt)
+	t.Run("overlap unknown", func(t *testing.T) {
+		s := newTestState(t, DefaultConfig(), 1, 2, 3)
+		cache(t, s, 1, kvcache.TierDevice, h[:10]) // all of it, but 1 is stale
+		cache(t, s, 2, kvcache.TierDevice, h[:4])
+		if err := s.SetStale(1, true); err != nil {
+			t.Fatal(err)
+		}
+		// Mean of 2 and 3: (4+0)/2 = 2 blocks for 1; 2 has 4: 2 wins.
+		d := decide(t, s, req(prompt))
+		if d.Worker != 2 {
+			t.Fatalf("picked %d (cost %+v), want 2", d.Worker, d.Cost)
+		}
+		s.RemoveInflight(d.Inflight)
+		if err := s.SetStale(1, false); err != nil {
+			t.Fatal(err)
+		}
+		if d := decide(t, s, req(prompt)); d.Worker != 1 {
+			t.Fatalf("picked %d when 1 is in step again, want 1", d.Worker)
+		}
+	})
+	t.Run("require KV events", func(t *testing.T) {
+		cfg := DefaultConfig()
+		cfg.RequireKVEvents = true
+		s := newTestState(t, cfg, 1, 2)
+		s.SetStale(1, true)
+		for range 4 {
+			if d := decide(t, s, req(prompt)); d.Worker != 2 {
+				t.Fatalf("picked stale worker %d", d.Worker)
+			}
+		}
+		s.SetStale(2, true)
+		if _, err := s.Decide(req(prompt)); !errors.Is(err, ErrNoWorkers) {
+			t.Fatalf("every worker stale: %v, want ErrNoWorkers", err)
+		}
+	})
+}

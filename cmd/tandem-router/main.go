@@ -46,7 +46,7 @@ func run(args []string, stderr io.Writer) error {
 	busyKV := fs.Float64("busy-kv-usage", def.BusyKVUsage, "a worker at or above this predicted KV usage is busy (0 disables)")
 	busyWaiting := fs.Int("busy-waiting", def.BusyWaiting, "a worker with this many predicted waiting requests is busy (0 disables)")
 	affinity := fs.Duration("session-ttl", def.AffinityTTL, "how long a session (X-Session-Id or user) stays on its worker after its last request (0 disables)")
-	queueTimeout := fs.Duration("queue-timeout", 5*time.Second, "how long a request waits when every worker is busy before 429")
+	queueTimeout := fs.Duration("queue-timeout", 5*time.Second, "how long a request waits when every worker is busy (then 429) or none is healthy (then 503)")
 	maxQueue := fs.Int("max-queue", 1024, "most requests waiting for a worker; past it 429 at once")
 	maxMigrations := fs.Int("max-migrations", live.DefaultMaxMigrations, "most times one request moves to another worker when its worker fails mid-stream (0: never)")
 	heartbeat := fs.Duration("heartbeat", 250*time.Millisecond, "heartbeat interval asked of workers")
@@ -58,6 +58,7 @@ func run(args []string, stderr io.Writer) error {
 	name := fs.String("name", "tandem-router", "this router's name in the cluster")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long running requests may take to finish")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	requireKV := fs.Bool("require-kv-events", false, "kv routing: send no requests to a worker whose KV events are missing (load but no events for a while, or a failed snapshot) instead of counting its cache as unknown")
 	dis := router.DefaultDisaggConfig()
 	fs.IntVar(&dis.MinRemoteTokens, "disagg-min-tokens", dis.MinRemoteTokens, "with prefill workers: prefill on one only when the decode worker lacks at least this many prompt tokens")
 	fs.BoolVar(&dis.Strict, "disagg-strict", dis.Strict, "fail a request whose remote prefill or KV transfer fails, instead of prefilling on the decode worker")
@@ -90,6 +91,7 @@ func run(args []string, stderr io.Writer) error {
 	pol := def
 	pol.Mode, pol.OverlapWeight, pol.Temperature, pol.HostWeight = mode, *overlap, *temp, *hostWeight
 	pol.BusyKVUsage, pol.BusyWaiting, pol.AffinityTTL = *busyKV, *busyWaiting, *affinity
+	pol.RequireKVEvents = *requireKV
 
 	srv, err := live.StartServer(live.ServerConfig{
 		Host: *host, Port: *port, ORPCPort: *orpcPort, StateDir: *stateDir, JoinToken: *joinToken,

@@ -68,6 +68,7 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 	t0 := time.Now()
 	hashes := kvcache.HashBlocks(c.Salt, s.orig.Prompt, c.BlockSize, nil)
 	l.mu.Lock()
+	l.drainLocked()
 	dd, err := router.DecideDisagg(m.state, router.Request{Hashes: hashes, PromptTokens: len(s.orig.Prompt), SessionID: s.session, Now: t0}, cfg)
 	var pw *liveWorker
 	if err == nil && dd.Prefill != nil {

@@ -132,6 +132,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	hs, err := httpserve.New(httpserve.Config{
 		Addr:            net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)),
 		Handler:         live.Handler(),
+		Degraded:        live.Degraded,
 		Metrics:         metrics.Handler(reg),
 		MetricsToken:    metricsToken,
 		DrainTimeout:    cfg.DrainTimeout,
