@@ -92,6 +92,9 @@ type sequence struct {
 	sampler *Sampler
 	stop    stopRules
 	hold    uint64 // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
+	// inboxHits is the prompt tokens expected from the prefix cache when it was submitted
+	// (sched.ExpectedHits), which the load report takes off while it is in the inbox.
+	inboxHits int
 
 	arrival, firstScheduled, firstToken, lastToken time.Time
 }
@@ -215,6 +218,9 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 		seq.arrival = time.Now()
 	}
 	seq.stream.cancelled = ctx.Done()
+	// The load report counts the request from now, less the cache hits it is expected to
+	// find (a router's report nudged at its arrival must not count a cached prompt whole).
+	seq.inboxHits, _ = sched.ExpectedHits(e.pool, e.cfg.Salt, seq.Tokens, nil)
 	e.mu.Lock()
 	if e.stopped {
 		e.mu.Unlock()
@@ -228,7 +234,7 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 	seq.ID = e.nextID
 	e.inbox = append(e.inbox, seq)
 	e.queued.Add(1)
-	e.inboxTok.Add(int64(len(seq.Tokens)))
+	e.inboxTok.Add(int64(len(seq.Tokens) - seq.inboxHits))
 	e.mu.Unlock()
 	context.AfterFunc(ctx, func() { seq.stream.Close() })
 	e.signal()
@@ -309,7 +315,7 @@ func (e *Engine) intake() {
 	e.mu.Unlock()
 	for _, s := range inbox {
 		e.sched.Add(s)
-		e.intaken += len(s.Tokens) // publish takes them off inboxTok
+		e.intaken += len(s.Tokens) - s.inboxHits // publish takes them off inboxTok
 	}
 }
 

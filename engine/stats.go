@@ -9,8 +9,8 @@ import (
 
 // Stats is the scheduler's state as of its last step: what a worker's load report carries.
 // The Census is the scheduler's (sched.Census), with the requests still in the engine's
-// inbox counted as queued: Waiting and WaitingTokens include them (their tokens in full:
-// they have not been looked up in the prefix cache yet).
+// inbox counted as queued: Waiting and WaitingTokens include them (their tokens less the
+// hits sched.ExpectedHits found for them on arrival).
 type Stats struct {
 	sched.Census
 	KVUsed   int     // KV blocks referenced by any sequence (the pool's Used)

@@ -10,7 +10,7 @@ import (
 // decode block on 2 and on 4.
 func disaggState(t *testing.T) *State {
 	t.Helper()
-	s := newTestState(t, DefaultConfig())
+	s := newTestState(t, testConfig())
 	for id, role := range map[WorkerID]string{1: RoleDecode, 2: RoleDecode, 3: RolePrefill, 4: RolePrefill} {
 		c := testCard
 		c.Role = role
@@ -94,12 +94,12 @@ func TestDecideDisagg(t *testing.T) {
 
 // Without a prefill pool, DecideDisagg is Decide; with only prefill workers, they decode.
 func TestDecideDisaggWithoutPools(t *testing.T) {
-	s := newTestState(t, DefaultConfig(), 1, 2)
+	s := newTestState(t, testConfig(), 1, 2)
 	d, err := DecideDisagg(s, req(toks(0, 40*testBlock)), DisaggConfig{MinRemoteTokens: 1})
 	if err != nil || d.Where != PrefillLocal || d.Reason != ReasonAggregated || d.Prefill != nil {
 		t.Errorf("aggregated cluster: %+v, %v", d, err)
 	}
-	s = newTestState(t, DefaultConfig())
+	s = newTestState(t, testConfig())
 	c := testCard
 	c.Role = RolePrefill
 	if err := s.AddWorker(7, c); err != nil {

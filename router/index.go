@@ -55,6 +55,27 @@ func holderMask(v uint32) uint8 { return uint8(v) }
 type holderSet struct {
 	list []uint32
 	bits *setBits
+	fp   uint64 // XOR of holderFP over the holders: equal sets, equal fingerprints
+}
+
+// holderFP is a holder's share of a set's fingerprint: its slot and its device and host
+// bits (the only tiers a lookup reads), 0 for a holder in neither.
+func holderFP(h uint32) uint64 {
+	if h&uint32(usedBits) == 0 {
+		return 0
+	}
+	x := uint64(h&^0xff|h&uint32(usedBits)) + 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// fpOf is the fingerprint of the holders v of a block of sh.
+func fpOf(sh *shard, v uint32) uint64 {
+	if v&multiBit == 0 {
+		return holderFP(v)
+	}
+	return sh.sets[v&^multiBit].fp
 }
 
 type setBits struct {
@@ -292,12 +313,12 @@ func (x *Index) change(sh *shard, v uint32, slot uint32, set, clear uint8) (uint
 		if slot < s {
 			a, b = b, a
 		}
-		return sh.newSet(holderSet{list: []uint32{a, b}}), entered
+		return sh.newSet(holderSet{list: []uint32{a, b}, fp: holderFP(a) ^ holderFP(b)}), entered
 	}
 	hs := &sh.sets[v&^multiBit]
 	var tr int
 	if hs.bits != nil {
-		tr = x.changeBits(hs.bits, slot, set, clear)
+		tr = x.changeBits(hs, slot, set, clear)
 	} else {
 		tr = x.changeList(hs, slot, set, clear)
 	}
@@ -319,7 +340,15 @@ func (x *Index) change(sh *shard, v uint32, slot uint32, set, clear uint8) (uint
 
 func (x *Index) changeList(hs *holderSet, slot uint32, set, clear uint8) int {
 	// Drop retired holders while the list is being rewritten anyway.
-	hs.list = slices.DeleteFunc(hs.list, func(h uint32) bool { return holderSlot(h) != slot && !x.isLive(holderSlot(h)) })
+	if x.dead.Load() > 0 {
+		hs.list = slices.DeleteFunc(hs.list, func(h uint32) bool {
+			if holderSlot(h) != slot && !x.isLive(holderSlot(h)) {
+				hs.fp ^= holderFP(h)
+				return true
+			}
+			return false
+		})
+	}
 	i, found := slices.BinarySearchFunc(hs.list, slot, func(h uint32, s uint32) int {
 		switch hs := holderSlot(h); {
 		case hs < s:
@@ -336,14 +365,17 @@ func (x *Index) changeList(hs *holderSet, slot uint32, set, clear uint8) int {
 	nm := (m | set) &^ clear
 	switch {
 	case found && nm == 0:
+		hs.fp ^= holderFP(hs.list[i])
 		hs.list = slices.Delete(hs.list, i, i+1)
 		return left
 	case found:
+		hs.fp ^= holderFP(hs.list[i]) ^ holderFP(holder(slot, nm))
 		hs.list[i] = holder(slot, nm)
 		return noChange
 	case nm == 0:
 		return noChange
 	}
+	hs.fp ^= holderFP(holder(slot, nm))
 	hs.list = slices.Insert(hs.list, i, holder(slot, nm))
 	if len(hs.list) > listMax {
 		b := &setBits{}
@@ -399,22 +431,15 @@ func (b *setBits) mask(slot uint32) uint8 {
 // changeBits is changeList for a bitmap set. A bitmap keeps only the device and host
 // bits, so a block held in a bitmap set in another tier (disk, remote) is not counted
 // for the worker: such tiers emit no events yet.
-func (x *Index) changeBits(b *setBits, slot uint32, set, clear uint8) int {
-	// Purge retired slots: cheap here, one AND per word.
-	n := 0
-	for w := range b.dev {
-		lv := uint64(0)
-		if w < len(x.live) {
-			lv = x.live[w]
-		}
-		b.dev[w] &= lv
-		b.host[w] &= lv
-		n += bits.OnesCount64(b.dev[w] | b.host[w])
+func (x *Index) changeBits(hs *holderSet, slot uint32, set, clear uint8) int {
+	b := hs.bits
+	if x.dead.Load() > 0 {
+		x.purgeBits(hs)
 	}
-	b.n = n
 	m := b.mask(slot)
 	nm := (m | set) &^ clear
 	b.put(slot, nm)
+	hs.fp ^= holderFP(holder(slot, m)) ^ holderFP(holder(slot, nm&usedBits))
 	switch {
 	case m == 0 && nm&usedBits != 0:
 		return entered
@@ -422,6 +447,24 @@ func (x *Index) changeBits(b *setBits, slot uint32, set, clear uint8) int {
 		return left
 	}
 	return noChange
+}
+
+// purgeBits drops retired slots from a bitmap set: one AND per word.
+func (x *Index) purgeBits(hs *holderSet) {
+	b := hs.bits
+	for w := range b.dev {
+		lv := uint64(0)
+		if w < len(x.live) {
+			lv = x.live[w]
+		}
+		for gone := (b.dev[w] | b.host[w]) &^ lv; gone != 0; gone &= gone - 1 {
+			slot := uint32(w*64 + bits.TrailingZeros64(gone))
+			hs.fp ^= holderFP(holder(slot, b.mask(slot)))
+			b.n--
+		}
+		b.dev[w] &= lv
+		b.host[w] &= lv
+	}
 }
 
 // isLive reports whether slot is in use. Called with wmu held.
@@ -806,10 +849,20 @@ func (x *Index) purge(sh *shard, v uint32) uint32 {
 	}
 	hs := &sh.sets[v&^multiBit]
 	if hs.bits != nil {
-		nv, _ := x.change(sh, v, 0, 0, 0) // changeBits purges; slot 0 with no change
-		return nv
+		x.purgeBits(hs)
+		if hs.bits.n == 0 {
+			sh.freeSet(v)
+			return 0
+		}
+		return v
 	}
-	hs.list = slices.DeleteFunc(hs.list, func(h uint32) bool { return !x.isLive(holderSlot(h)) })
+	hs.list = slices.DeleteFunc(hs.list, func(h uint32) bool {
+		if !x.isLive(holderSlot(h)) {
+			hs.fp ^= holderFP(h)
+			return true
+		}
+		return false
+	})
 	switch len(hs.list) {
 	case 0:
 		sh.freeSet(v)
@@ -1016,9 +1069,19 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 		}
 	}
 	lo, hi = trim(al, lo, hi)
+	prev := fpOf(x.shardOf(hashes[0]), v)
 	for i := 1; i < len(hashes) && lo < hi; i++ {
 		sh := x.shardOf(hashes[i])
 		v := sh.get(hashes[i])
+		// The same holders as the block before (a chain held by the same workers, the
+		// common case): every run still alive goes on, nothing to intersect. The
+		// fingerprint is 64 bits; a collision would only lengthen the matching runs by a
+		// block.
+		if fp := fpOf(sh, v); fp == prev && fp != 0 {
+			continue
+		} else {
+			prev = fp
+		}
 		var dev, host []uint64 // the block's holders, indexed by word
 		switch {
 		case v == 0 || v&multiBit == 0 && holderMask(v)&usedBits == 0:
@@ -1054,8 +1117,18 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 			} else {
 				clear(hu[lo:hi])
 				clear(hd[lo:hi])
-				for _, h := range hs.list {
-					x.setHolder(h, hd, hu, lo, hi, 0, 0) // hd: device bits, hu: host bits
+				for _, h := range hs.list { // hd: device bits, hu: host bits
+					s := holderSlot(h)
+					j, bit := int(s/64), uint64(1)<<(s%64)
+					if j < lo || j >= hi {
+						continue
+					}
+					if h&uint32(devBit) != 0 {
+						hd[j] |= bit
+					}
+					if h&uint32(hostBit) != 0 {
+						hu[j] |= bit
+					}
 				}
 				dev, host = hd, hu
 			}

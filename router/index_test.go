@@ -2,6 +2,7 @@ package router
 
 import (
 	"maps"
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -442,6 +443,7 @@ func TestIndexManyWorkersMatchesNaive(t *testing.T) {
 		}
 		if step%7 == 0 {
 			check(step)
+			checkFingerprints(t, x)
 		}
 	}
 	check(-1)
@@ -531,5 +533,33 @@ func TestIndexConcurrent(t *testing.T) {
 	}
 	if x.Len() != blocks {
 		t.Fatalf("%d hashes, want %d", x.Len(), blocks)
+	}
+}
+
+// checkFingerprints recomputes every holder set's fingerprint.
+func checkFingerprints(t *testing.T, x *Index) {
+	t.Helper()
+	for si := range x.shards {
+		sh := &x.shards[si]
+		for i, hs := range sh.sets {
+			if hs.list == nil && hs.bits == nil {
+				continue // free
+			}
+			var fp uint64
+			for _, h := range hs.list {
+				fp ^= holderFP(h)
+			}
+			if b := hs.bits; b != nil {
+				for w := range b.dev {
+					for rest := b.dev[w] | b.host[w]; rest != 0; rest &= rest - 1 {
+						slot := uint32(w*64 + bits.TrailingZeros64(rest))
+						fp ^= holderFP(holder(slot, b.mask(slot)))
+					}
+				}
+			}
+			if fp != hs.fp {
+				t.Fatalf("shard %d set %d: fingerprint %#x, recomputed %#x", si, i, hs.fp, fp)
+			}
+		}
 	}
 }

@@ -188,6 +188,18 @@ func (s *State) overlap(w *WorkerState) (dev, host int) {
 	return w.ovDev, w.ovHost
 }
 
+// fastCost is cost(w, blocks).Total and w.Load(), with inv = 1/block size: the decision
+// loop's form, which reads the worker once.
+func (s *State) fastCost(w *WorkerState, blocks, inv float64) (total, load float64) {
+	var cached float64
+	if w.stamp == s.seq {
+		cached = float64(w.ovDev) + s.cfg.HostWeight*float64(w.ovHost-w.ovDev)
+	}
+	pre := max(0, float64(w.Report.PrefillTokens)*inv+float64(w.dPrefill))
+	dec := float64(max(0, w.Report.DecodeBlocks+w.dDecode))
+	return s.cfg.OverlapWeight*(max(0, blocks-cached)+pre) + dec, pre + dec
+}
+
 // cost is w's cost for a prompt of blocks blocks.
 func (s *State) cost(w *WorkerState, blocks float64) Cost {
 	dev, host := s.overlap(w)
@@ -200,17 +212,19 @@ func (s *State) cost(w *WorkerState, blocks float64) Cost {
 // kv picks by the cost function: the cheapest worker at temperature 0 (ties broken by
 // s.tieBreak), else a softmax draw over the costs normalised to [0, 1].
 func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerState {
+	inv := 1 / float64(s.card.BlockSize)
 	if s.cfg.Temperature == 0 {
 		var t tie
 		for _, w := range cands {
-			t.offer(s, w, s.cost(w, blocks).Total, key)
+			c, l := s.fastCost(w, blocks, inv)
+			t.offerLoad(s, w, c, l, key)
 		}
 		return t.best
 	}
 	ws := s.weights[:0]
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, w := range cands {
-		c := s.cost(w, blocks).Total
+		c, _ := s.fastCost(w, blocks, inv)
 		ws = append(ws, c)
 		lo, hi = min(lo, c), max(hi, c)
 	}
@@ -221,17 +235,26 @@ func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerStat
 		if hi > lo {
 			x = (c - lo) / (hi - lo)
 		}
+		if x > 50*s.cfg.Temperature {
+			ws[i] = 0 // e⁻⁵⁰: nothing next to the cheapest's 1, and no exp to compute
+			continue
+		}
 		ws[i] = math.Exp(-x / s.cfg.Temperature)
 		sum += ws[i]
 	}
 	r := s.rng.Float64() * sum
+	last := 0
 	for i, wt := range ws {
+		if wt == 0 {
+			continue
+		}
 		if r < wt {
 			return cands[i]
 		}
 		r -= wt
+		last = i
 	}
-	return cands[len(cands)-1]
+	return cands[last] // rounding: the last one with a weight
 }
 
 // roundRobin picks the first candidate after the last pick in id order,
@@ -271,14 +294,18 @@ type tie struct {
 }
 
 func (t *tie) offer(s *State, w *WorkerState, score float64, key uint64) {
+	t.offerLoad(s, w, score, w.Load(), key)
+}
+
+// offerLoad is offer with w's load computed by the caller.
+func (t *tie) offerLoad(s *State, w *WorkerState, score, l float64, key uint64) {
 	if t.best == nil || score < t.score {
-		*t = tie{best: w, score: score, load: w.Load(), cached: -1}
+		*t = tie{best: w, score: score, load: l, cached: -1}
 		return
 	}
 	if score > t.score {
 		return
 	}
-	l := w.Load()
 	switch {
 	case l > t.load:
 		return

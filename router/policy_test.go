@@ -93,7 +93,7 @@ func TestCostMath(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := DefaultConfig()
+			cfg := testConfig()
 			cfg.OverlapWeight, cfg.HostWeight = tt.weight, tt.hostW
 			s := newTestState(t, cfg, 1)
 			setLoad(t, s, 1, tt.l)
@@ -137,7 +137,7 @@ func TestKVDecisions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := DefaultConfig()
+			cfg := testConfig()
 			cfg.OverlapWeight = tt.weight
 			s := newTestState(t, cfg)
 			for _, w := range tt.workers {
@@ -161,7 +161,7 @@ func TestKVDecisions(t *testing.T) {
 func TestTieBreak(t *testing.T) {
 	prompt := toks(0, 10*testBlock)
 	t.Run("emptier cache wins", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 2, 3, 5)
+		s := newTestState(t, testConfig(), 2, 3, 5)
 		cache(t, s, 2, kvcache.TierDevice, hashes(toks(5000, 3*testBlock)))
 		cache(t, s, 3, kvcache.TierDevice, hashes(toks(6000, 1*testBlock)))
 		cache(t, s, 5, kvcache.TierDevice, hashes(toks(7000, 2*testBlock)))
@@ -171,7 +171,7 @@ func TestTieBreak(t *testing.T) {
 	})
 	for _, mode := range []Mode{ModeKV, ModeLeastLoaded} {
 		t.Run("different requests spread over idle workers/"+string(mode), func(t *testing.T) {
-			cfg := DefaultConfig()
+			cfg := testConfig()
 			cfg.Mode = mode
 			s := newTestState(t, cfg, 1, 2, 3, 4, 5, 6, 7, 8)
 			used := map[WorkerID]int{}
@@ -186,8 +186,8 @@ func TestTieBreak(t *testing.T) {
 		})
 	}
 	t.Run("two routers break the same tie differently", func(t *testing.T) {
-		a, b := newTestState(t, DefaultConfig(), 1, 2, 3, 4, 5, 6, 7, 8), newTestState(t, DefaultConfig(), 1, 2, 3, 4, 5, 6, 7, 8)
-		b2, err := NewState(DefaultConfig(), rand.New(rand.NewPCG(7, 7)))
+		a, b := newTestState(t, testConfig(), 1, 2, 3, 4, 5, 6, 7, 8), newTestState(t, testConfig(), 1, 2, 3, 4, 5, 6, 7, 8)
+		b2, err := NewState(testConfig(), rand.New(rand.NewPCG(7, 7)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,7 +220,7 @@ func TestTieBreak(t *testing.T) {
 func TestInflightShiftsDecision(t *testing.T) {
 	prompt := toks(0, 10*testBlock)
 	t.Run("identical requests spread", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1, 2, 3)
+		s := newTestState(t, testConfig(), 1, 2, 3)
 		var got []WorkerID
 		var ins []Inflight
 		for range 4 {
@@ -250,7 +250,7 @@ func TestInflightShiftsDecision(t *testing.T) {
 		}
 	})
 	t.Run("prefix holder gets the second copy only while it pays", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1, 2)
+		s := newTestState(t, testConfig(), 1, 2)
 		cache(t, s, 2, kvcache.TierDevice, hashes(prompt)[:9])
 		// 1st: worker 2, cost 1. 2nd: worker 2 costs 1+1+10 = 12 > 10 on worker 1.
 		if d := decide(t, s, req(prompt)); d.Worker != 2 || d.Cost.Total != 1 {
@@ -261,7 +261,7 @@ func TestInflightShiftsDecision(t *testing.T) {
 		}
 	})
 	t.Run("a load report restarts the predictions", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1, 2)
+		s := newTestState(t, testConfig(), 1, 2)
 		d1 := decide(t, s, req(prompt))
 		setLoad(t, s, 1, load{decode: 10}) // the report includes the dispatch
 		if w, _ := s.Worker(1); w.DecodeBlocks() != 10 || w.PrefillBlocks() != 0 || w.Inflight != 1 {
@@ -273,7 +273,7 @@ func TestInflightShiftsDecision(t *testing.T) {
 		}
 	})
 	t.Run("a tracked report keeps the dispatches it has not seen", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1)
+		s := newTestState(t, testConfig(), 1)
 		d1 := decide(t, s, req(prompt)) // dispatch 1: 10 prefill, 10 decode blocks
 		d2 := decide(t, s, req(prompt)) // dispatch 2
 		d3 := decide(t, s, req(prompt)) // dispatch 3
@@ -307,7 +307,7 @@ func TestInflightShiftsDecision(t *testing.T) {
 		}
 	})
 	t.Run("records of a re-registered worker are ignored", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1)
+		s := newTestState(t, testConfig(), 1)
 		d := decide(t, s, req(prompt))
 		if err := s.AddWorker(1, testCard); err != nil {
 			t.Fatal(err)
@@ -335,7 +335,7 @@ func equalIDs(a, b []WorkerID) bool {
 func TestSoftmaxSelection(t *testing.T) {
 	prompt := toks(0, 10*testBlock)
 	run := func(temp float64, seed uint64, n int) ([]int, []WorkerID) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.Temperature = temp
 		s, err := NewState(cfg, rand.New(rand.NewPCG(seed, 1)))
 		if err != nil {
@@ -389,7 +389,7 @@ func TestSoftmaxSelection(t *testing.T) {
 func TestModes(t *testing.T) {
 	prompt := toks(0, 4*testBlock)
 	t.Run("round-robin cycles over healthy workers", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.Mode = ModeRoundRobin
 		s := newTestState(t, cfg, 4, 1, 7)
 		cache(t, s, 7, kvcache.TierDevice, hashes(prompt)) // ignored by the mode
@@ -412,7 +412,7 @@ func TestModes(t *testing.T) {
 		}
 	})
 	t.Run("least-loaded picks the least load", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.Mode = ModeLeastLoaded
 		s := newTestState(t, cfg, 1, 2, 3)
 		setLoad(t, s, 1, load{decode: 10})
@@ -433,7 +433,7 @@ func TestModes(t *testing.T) {
 		}
 	})
 	t.Run("random covers every worker reproducibly", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.Mode = ModeRandom
 		pick := func() []WorkerID {
 			s := newTestState(t, cfg, 1, 2, 3, 4)
@@ -459,7 +459,7 @@ func TestModes(t *testing.T) {
 		}
 	})
 	t.Run("a single available worker", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1, 2)
+		s := newTestState(t, testConfig(), 1, 2)
 		setLoad(t, s, 1, load{waiting: 100})
 		if d := decide(t, s, req(prompt)); d.Worker != 2 || d.Reason != ReasonOnlyWorker || d.Candidates != 1 {
 			t.Fatalf("%+v", d)
@@ -487,7 +487,7 @@ func TestParseModeAndConfig(t *testing.T) {
 		func(c *Config) { c.Card.BlockSize = -16 },
 	}
 	for i, f := range bad {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		f(&cfg)
 		if _, err := NewState(cfg, nil); err == nil {
 			t.Errorf("bad config %d accepted", i)
@@ -508,7 +508,7 @@ func TestAffinity(t *testing.T) {
 	other := toks(5000, 6*testBlock)
 
 	t.Run("sticks against the cost", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1, 2)
+		s := newTestState(t, testConfig(), 1, 2)
 		d := decide(t, s, sessReq(turn1, "s", 0))
 		if d.Worker != 1 || d.Reason != ReasonKV {
 			t.Fatalf("%+v", d)
@@ -540,7 +540,7 @@ func TestAffinity(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newTestState(t, DefaultConfig(), 1, 2)
+			s := newTestState(t, testConfig(), 1, 2)
 			setLoad(t, s, 1, load{decode: 5})
 			if d := decide(t, s, sessReq(turn1, "s", 0)); d.Worker != 2 {
 				t.Fatalf("bound to %d", d.Worker)
@@ -562,7 +562,7 @@ func TestAffinity(t *testing.T) {
 		})
 	}
 	t.Run("disabled with TTL 0", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.AffinityTTL = 0
 		s := newTestState(t, cfg, 1, 2)
 		a := decide(t, s, sessReq(turn1, "s", 0))
@@ -572,7 +572,7 @@ func TestAffinity(t *testing.T) {
 		}
 	})
 	t.Run("expired sessions are swept", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1)
+		s := newTestState(t, testConfig(), 1)
 		for i := range 3000 {
 			d := decide(t, s, sessReq(turn1, "s"+string(rune('a'+i%26))+strings.Repeat("x", i/26), time.Duration(i)*time.Second))
 			s.RemoveInflight(d.Inflight)
@@ -623,7 +623,7 @@ func TestBackpressure(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newTestState(t, DefaultConfig())
+			s := newTestState(t, testConfig())
 			tt.setup(s)
 			_, err := Decide(s, req(prompt))
 			if !errors.Is(err, tt.want) {
@@ -635,7 +635,7 @@ func TestBackpressure(t *testing.T) {
 		t.Fatal("errors do not map to 429/503")
 	}
 	t.Run("thresholds 0 disable", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.BusyKVUsage, cfg.BusyWaiting = 0, 0
 		s := newTestState(t, cfg, 1)
 		setLoad(t, s, 1, load{usage: 1, waiting: 1000})
@@ -645,7 +645,7 @@ func TestBackpressure(t *testing.T) {
 		decide(t, s, req(prompt))
 	})
 	t.Run("unknown workers", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1)
+		s := newTestState(t, testConfig(), 1)
 		if err := s.Report(9, LoadReport{}, t0); !errors.Is(err, ErrUnknownWorker) {
 			t.Fatal(err)
 		}
@@ -666,7 +666,7 @@ func TestBackpressure(t *testing.T) {
 }
 
 func TestWorkersAndIndexLifecycle(t *testing.T) {
-	s := newTestState(t, DefaultConfig(), 3, 1, 2)
+	s := newTestState(t, testConfig(), 3, 1, 2)
 	if got := s.Workers(); !equalIDs(got, []WorkerID{1, 2, 3}) {
 		t.Fatalf("workers %v", got)
 	}
@@ -695,7 +695,7 @@ func TestStaleWorker(t *testing.T) {
 	prompt := toks(0, 10*testBlock)
 	h := hashes(prompt)
 	t.Run("overlap unknown", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1, 2, 3)
+		s := newTestState(t, testConfig(), 1, 2, 3)
 		cache(t, s, 1, kvcache.TierDevice, h[:10]) // all of it, but 1 is stale
 		cache(t, s, 2, kvcache.TierDevice, h[:4])
 		if err := s.SetStale(1, true); err != nil {
@@ -715,7 +715,7 @@ func TestStaleWorker(t *testing.T) {
 		}
 	})
 	t.Run("require KV events", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.RequireKVEvents = true
 		s := newTestState(t, cfg, 1, 2)
 		s.SetStale(1, true)
@@ -729,4 +729,12 @@ func TestStaleWorker(t *testing.T) {
 			t.Fatalf("every worker stale: %v, want ErrNoWorkers", err)
 		}
 	})
+}
+
+// testConfig is DefaultConfig with the cost function's weight 1 and deterministic choices
+// (temperature 0), which the tests' expected picks and costs are written for.
+func testConfig() Config {
+	c := DefaultConfig()
+	c.OverlapWeight, c.Temperature = 1, 0
+	return c
 }

@@ -276,12 +276,12 @@ func BenchmarkReplay(b *testing.B) {
 				}
 			}
 			appliers := max(1, runtime.GOMAXPROCS(0))
-			var lat []time.Duration
+			var lat, cpu []time.Duration
 			var elapsed time.Duration
 			var last *State
 			for b.Loop() {
 				s := replayState(b, workers)
-				lat = lat[:0]
+				lat, cpu = lat[:0], cpu[:0]
 				t0 := time.Now()
 				var wg sync.WaitGroup
 				for g := range appliers {
@@ -301,30 +301,28 @@ func BenchmarkReplay(b *testing.B) {
 						}
 					}()
 				}
+				runtime.LockOSThread()
 				for _, st := range steps {
-					t := time.Now()
+					t, c := time.Now(), threadCPU()
 					d, err := s.Decide(st.req)
+					cpu = append(cpu, threadCPU()-c)
 					lat = append(lat, time.Since(t))
 					if err != nil {
 						b.Fatal(err)
 					}
 					s.RemoveInflight(d.Inflight)
 				}
+				runtime.UnlockOSThread()
 				wg.Wait()
 				elapsed += time.Since(t0)
 				last = s
 			}
 			sec := elapsed.Seconds() / float64(b.N)
-			slices.Sort(lat)
-			pct := func(p float64) float64 {
-				return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Nanoseconds()) / 1e3
-			}
 			x := last.Index()
 			b.ReportMetric(float64(events+len(steps))/sec, "ops/s")
 			b.ReportMetric(float64(blocks+looked)/sec, "block-ops/s")
-			b.ReportMetric(pct(0.5), "p50-µs")
-			b.ReportMetric(pct(0.99), "p99-µs")
-			b.ReportMetric(pct(0.999), "p99.9-µs")
+			reportLatencies(b, "", lat)
+			reportLatencies(b, "cpu-", cpu)
 			b.ReportMetric(float64(x.Entries()), "entries")
 			b.ReportMetric(float64(x.Bytes())/float64(max(1, x.Entries())), "B/entry")
 		})

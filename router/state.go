@@ -73,8 +73,8 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Mode:          ModeKV,
-		OverlapWeight: 1,
-		Temperature:   0,
+		OverlapWeight: 16,
+		Temperature:   0.02,
 		HostWeight:    0.5,
 		BusyKVUsage:   0.95,
 		BusyWaiting:   16,

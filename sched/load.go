@@ -6,9 +6,9 @@ import (
 )
 
 // A Census counts a scheduler's sequences for its worker's load report. The engine
-// publishes one after every step and the simulator takes one at every report, and both
-// turn it into the report with Load: a simulated worker reports exactly what a live one
-// reports.
+// publishes one after every step (adding the requests in its inbox, their hits estimated
+// by ExpectedHits too) and the simulator takes one at every report, and both turn it into
+// the report with Load: a simulated worker reports exactly what a live one reports.
 type Census struct {
 	Running    int // sequences admitted to the batch (decoding or prefilling)
 	Prefilling int // of those, the ones without a first token yet
@@ -55,21 +55,29 @@ func (s *Scheduler[S]) CensusOf(running, waiting []S) Census {
 }
 
 // expected returns the prompt tokens the prefix cache would give seq if it were admitted
-// now, as Schedule's Match computes them (full blocks, the last token left to compute),
-// looked up once per length of seq's tokens.
+// now (ExpectedHits), looked up once per length of seq's tokens.
 func (s *Scheduler[S]) expected(seq *Seq) int {
 	if seq.expectFor == len(seq.Tokens) {
 		return seq.expect
 	}
-	bs := s.pool.BlockSize()
-	usable := (len(seq.Tokens) - 1) / bs
-	n := 0
-	if usable > 0 {
-		s.hashes = kvcache.HashBlocks(s.cfg.Salt, seq.Tokens[:usable*bs], bs, s.hashes[:0])
-		n = s.pool.CachedRun(s.hashes) * bs
-	}
+	var n int
+	n, s.hashes = ExpectedHits(s.pool, s.cfg.Salt, seq.Tokens, s.hashes)
 	seq.expect, seq.expectFor = n, len(seq.Tokens)
 	return n
+}
+
+// ExpectedHits returns how many tokens of a prompt the pool's prefix cache would give a
+// sequence admitted now, by Schedule's rule (full blocks, the last token left to compute):
+// the estimate a load report counts a queued prompt's hits with. It hashes the prompt into
+// scratch (returned, for reuse) and takes the pool's lock once; any goroutine may call it.
+func ExpectedHits(pool *kvcache.Pool, salt uint64, tokens []int32, scratch []uint64) (int, []uint64) {
+	bs := pool.BlockSize()
+	usable := (len(tokens) - 1) / bs
+	if usable <= 0 {
+		return 0, scratch
+	}
+	scratch = kvcache.HashBlocks(salt, tokens[:usable*bs], bs, scratch[:0])
+	return pool.CachedRun(scratch) * bs, scratch
 }
 
 // Load is the load report of a worker whose scheduler counted c and whose pool's stats are

@@ -281,7 +281,9 @@ func TestMultiTurn(t *testing.T) {
 		t.Fatalf("completed %d and %d of 64", kv.Bench.Summary.Completed, rr.Bench.Summary.Completed)
 	}
 	t.Logf("multi-turn hit rate: kv %.3f, round-robin %.3f, bound %.3f", kv.HitRate, rr.HitRate, kv.IdealHitRate)
-	if kv.HitRate <= rr.HitRate || kv.HitRate > kv.IdealHitRate {
+	// (Not held to IdealHitRate: that cache takes the prompts only, while a worker's also
+	// holds the answers, which the next turn's prompt repeats; kv can beat it here.)
+	if kv.HitRate <= rr.HitRate {
 		t.Errorf("kv hit rate %.3f, round-robin %.3f, bound %.3f", kv.HitRate, rr.HitRate, kv.IdealHitRate)
 	}
 }

@@ -155,6 +155,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 		attempt++
 		if w == nil { // removed between Decide and here
 			l.mu.Lock()
+			l.drainLocked() // reports received before this change first
 			m.state.RemoveInflight(d.Inflight)
 			l.mu.Unlock()
 			lastErr = fmt.Errorf("worker %d left", d.Worker)
@@ -189,6 +190,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 			return nil
 		}
 		l.mu.Lock()
+		l.drainLocked() // reports received before this change first
 		m.state.RemoveInflight(d.Inflight)
 		l.signal()
 		if ctx.Err() == nil && workerFailed(err) {
@@ -231,6 +233,7 @@ func (s *liveStream) release() {
 	}
 	l := s.b.l
 	l.mu.Lock()
+	l.drainLocked() // reports received before this change first
 	w.model.state.RemoveInflight(in)
 	l.signal()
 	l.mu.Unlock()
@@ -270,6 +273,7 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 				l.mu.Lock()
 				s.mu.Lock()
 				if s.w != nil {
+					l.drainLocked() // reports received before this change first
 					s.w.model.state.PrefillDone(&s.in)
 				}
 				s.mu.Unlock()

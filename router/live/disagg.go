@@ -112,6 +112,7 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 func (s *liveStream) prefillDone() {
 	l := s.b.l
 	l.mu.Lock()
+	l.drainLocked() // reports received before this change first
 	s.b.m.state.RemoveInflight(s.dis.pinfl)
 	l.signal()
 	l.mu.Unlock()
@@ -151,6 +152,7 @@ func (s *liveStream) awaitPrefill(ctx context.Context) error {
 		}
 		if workerFailed(err) {
 			l.mu.Lock()
+			l.drainLocked()                  // reports received before this change first
 			m.state.SetHealthy(pw.id, false) // until its next report, if any
 			l.mu.Unlock()
 		}
@@ -189,6 +191,7 @@ func (s *liveStream) awaitPrefill(ctx context.Context) error {
 	l.mu.Lock()
 	s.mu.Lock()
 	if s.w != nil {
+		l.drainLocked()            // reports received before this change first
 		m.state.PrefillDone(&s.in) // D's prefill is done elsewhere
 	}
 	s.mu.Unlock()
@@ -216,6 +219,7 @@ func (s *liveStream) dropPre() {
 	}
 	l := s.b.l
 	l.mu.Lock()
+	l.drainLocked() // reports received before this change first
 	s.b.m.state.RemoveInflight(s.dis.pre.Inflight)
 	l.signal()
 	l.mu.Unlock()

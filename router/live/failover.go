@@ -44,6 +44,7 @@ func (l *Router) declareDeadLocked(w *liveWorker, silent time.Duration) {
 		return // on its way out already
 	default:
 	}
+	l.drainLocked() // reports received before this change first
 	w.model.state.SetHealthy(w.id, false)
 	l.met.DeadWorkers.Inc()
 	l.log.Warn("worker declared dead: its load reports stopped; failing its requests over", "worker", w.node,
@@ -66,6 +67,7 @@ func (s *liveStream) failover(failed *liveWorker, err error) error {
 		return err
 	case failed != nil:
 		l.mu.Lock()
+		l.drainLocked() // reports received before this change first
 		failed.model.state.SetHealthy(failed.id, false)
 		l.mu.Unlock()
 	}

@@ -342,7 +342,9 @@ func (l *Router) post(w *liveWorker) {
 }
 
 // drainLocked applies the load reports and stale flags posted since the last decision to
-// the policy. Called with l.mu held.
+// the policy: before every decision, and before every change to a worker's in-flight
+// records (a first token, an end), so that a report received before the change is applied
+// before it, as it would have been under one lock. Called with l.mu held.
 func (l *Router) drainLocked() {
 	l.mailMu.Lock()
 	mail := l.mail
