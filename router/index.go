@@ -96,17 +96,24 @@ type workerRec struct {
 	scratch []uint64 // updateAll's
 }
 
+// An entry is a hash and its value, 12 bytes, so that a probe reads one cache line (the
+// hash split in halves keeps the entry 4-byte aligned, with no padding).
+type entry struct{ lo, hi, v uint32 }
+
+func (e *entry) key() uint64 { return uint64(e.lo) | uint64(e.hi)<<32 }
+
+func (e *entry) setKey(k uint64) { e.lo, e.hi = uint32(k), uint32(k>>32) }
+
 type shard struct {
 	mu   sync.RWMutex
-	keys []uint64 // 0: empty (hash 0 lives in zero)
-	vals []uint32 // a holder, or multiBit | set index
+	tab  []entry // the table; a zero key is empty (hash 0 lives in zero)
 	n    int
 	zero uint32 // the value of hash 0; 0: none
 	sets []holderSet
 	free []uint32 // unused set indices
 
-	cursor int           // Sweep's position in keys
-	passes atomic.Uint64 // Sweep's completed passes over keys
+	cursor int           // Sweep's position in tab
+	passes atomic.Uint64 // Sweep's completed passes over tab
 
 	_ [64]byte // keep shards' locks on separate cache lines
 }
@@ -153,8 +160,7 @@ func NewIndex() *Index {
 }
 
 func (sh *shard) init(capacity int) {
-	sh.keys = make([]uint64, capacity)
-	sh.vals = make([]uint32, capacity)
+	sh.tab = make([]entry, capacity)
 	sh.n = 0
 }
 
@@ -166,10 +172,10 @@ func (x *Index) shardOf(h uint64) *shard { return &x.shards[mix(h)>>(64-shardBit
 
 // find returns the position of h in sh's table, or -1. h != 0.
 func (sh *shard) find(h uint64) int {
-	m := len(sh.keys) - 1
+	m := len(sh.tab) - 1
 	i := int(mix(h)>>24) & m
 	for {
-		k := sh.keys[i]
+		k := sh.tab[i].key()
 		if k == h {
 			return i
 		}
@@ -186,25 +192,25 @@ func (sh *shard) get(h uint64) uint32 {
 		return sh.zero
 	}
 	if i := sh.find(h); i >= 0 {
-		return sh.vals[i]
+		return sh.tab[i].v
 	}
 	return 0
 }
 
 // slotFor returns the position of h, inserting it (value 0) if absent. h != 0.
 func (sh *shard) slotFor(h uint64) int {
-	if (sh.n+1)*5 > len(sh.keys)*4 {
-		sh.grow(2 * len(sh.keys))
+	if (sh.n+1)*5 > len(sh.tab)*4 {
+		sh.grow(2 * len(sh.tab))
 	}
-	m := len(sh.keys) - 1
+	m := len(sh.tab) - 1
 	i := int(mix(h)>>24) & m
 	for {
-		k := sh.keys[i]
+		k := sh.tab[i].key()
 		if k == h {
 			return i
 		}
 		if k == 0 {
-			sh.keys[i] = h
+			sh.tab[i].setKey(h)
 			sh.n++
 			return i
 		}
@@ -213,40 +219,40 @@ func (sh *shard) slotFor(h uint64) int {
 }
 
 func (sh *shard) grow(capacity int) {
-	keys, vals := sh.keys, sh.vals
-	sh.keys = make([]uint64, capacity)
-	sh.vals = make([]uint32, capacity)
+	old := sh.tab
+	sh.tab = make([]entry, capacity)
 	m := capacity - 1
-	for j, k := range keys {
+	for _, e := range old {
+		k := e.key()
 		if k == 0 {
 			continue
 		}
 		i := int(mix(k)>>24) & m
-		for sh.keys[i] != 0 {
+		for sh.tab[i].key() != 0 {
 			i = (i + 1) & m
 		}
-		sh.keys[i], sh.vals[i] = k, vals[j]
+		sh.tab[i] = e
 	}
 	sh.cursor = 0
 }
 
 // del empties position i, shifting later entries of its probe run back (no tombstones).
 func (sh *shard) del(i int) {
-	m := len(sh.keys) - 1
+	m := len(sh.tab) - 1
 	sh.n--
 	for {
-		sh.keys[i], sh.vals[i] = 0, 0
+		sh.tab[i] = entry{}
 		j := i
 		for {
 			j = (j + 1) & m
-			k := sh.keys[j]
+			k := sh.tab[j].key()
 			if k == 0 {
 				return
 			}
 			home := int(mix(k)>>24) & m
 			// k may move to i if its home is not in (i, j] (cyclically).
 			if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
-				sh.keys[i], sh.vals[i] = k, sh.vals[j]
+				sh.tab[i] = sh.tab[j]
 				i = j
 				break
 			}
@@ -489,9 +495,9 @@ func (x *Index) updateLocked(sh *shard, rec *workerRec, h uint64, set, clear uin
 		v = sh.zero
 	} else if set != 0 {
 		i = sh.slotFor(h)
-		v = sh.vals[i]
+		v = sh.tab[i].v
 	} else if i = sh.find(h); i >= 0 {
-		v = sh.vals[i]
+		v = sh.tab[i].v
 	} else {
 		return
 	}
@@ -502,7 +508,7 @@ func (x *Index) updateLocked(sh *shard, rec *workerRec, h uint64, set, clear uin
 	case nv == 0:
 		sh.del(i)
 	default:
-		sh.vals[i] = nv
+		sh.tab[i].v = nv
 	}
 	switch tr {
 	case entered:
@@ -627,15 +633,15 @@ func (x *Index) clearTier(rec *workerRec, bit uint8) {
 		if sh.zero != 0 {
 			x.updateLocked(sh, rec, 0, 0, bit)
 		}
-		for i := 0; i < len(sh.keys); {
-			k := sh.keys[i]
-			if k == 0 || !x.holds(sh, sh.vals[i], rec.slot) {
+		for i := 0; i < len(sh.tab); {
+			k := sh.tab[i].key()
+			if k == 0 || !x.holds(sh, sh.tab[i].v, rec.slot) {
 				i++
 				continue
 			}
 			n := sh.n
 			x.updateLocked(sh, rec, k, 0, bit)
-			if sh.n == n || sh.keys[i] == k {
+			if sh.n == n || sh.tab[i].key() == k {
 				i++ // not deleted (else a later entry may have shifted into i)
 			}
 		}
@@ -764,11 +770,11 @@ func (x *Index) Reserve(n int) {
 		sh := &x.shards[i]
 		sh.mu.Lock()
 		want := sh.n + per
-		c := len(sh.keys)
+		c := len(sh.tab)
 		for want*5 > c*4 {
 			c *= 2
 		}
-		if c > len(sh.keys) {
+		if c > len(sh.tab) {
 			sh.grow(c)
 		}
 		sh.mu.Unlock()
@@ -817,20 +823,20 @@ func (x *Index) sweepShard(sh *shard, budget int) int {
 	}
 	n := 0
 	for n < budget {
-		if sh.cursor >= len(sh.keys) {
+		if sh.cursor >= len(sh.tab) {
 			sh.cursor = 0
 			sh.passes.Add(1)
 			break
 		}
 		i := sh.cursor
 		n++
-		v := sh.vals[i]
-		if sh.keys[i] == 0 {
+		v := sh.tab[i].v
+		if sh.tab[i].key() == 0 {
 			sh.cursor++
 			continue
 		}
 		if nv := x.purge(sh, v); nv != 0 {
-			sh.vals[i] = nv
+			sh.tab[i].v = nv
 			sh.cursor++
 			continue
 		}
@@ -962,7 +968,7 @@ func (x *Index) Bytes() int {
 	for i := range x.shards {
 		sh := &x.shards[i]
 		sh.mu.RLock()
-		n += cap(sh.keys)*8 + cap(sh.vals)*4 + cap(sh.sets)*int(unsafe.Sizeof(holderSet{})) + cap(sh.free)*4
+		n += cap(sh.tab)*int(unsafe.Sizeof(entry{})) + cap(sh.sets)*int(unsafe.Sizeof(holderSet{})) + cap(sh.free)*4
 		for _, s := range sh.sets {
 			n += cap(s.list) * 4
 			if s.bits != nil {
@@ -1071,17 +1077,14 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 	lo, hi = trim(al, lo, hi)
 	prev := fpOf(x.shardOf(hashes[0]), v)
 	for i := 1; i < len(hashes) && lo < hi; i++ {
-		sh := x.shardOf(hashes[i])
-		v := sh.get(hashes[i])
-		// The same holders as the block before (a chain held by the same workers, the
-		// common case): every run still alive goes on, nothing to intersect. The
-		// fingerprint is 64 bits; a collision would only lengthen the matching runs by a
-		// block.
-		if fp := fpOf(sh, v); fp == prev && fp != 0 {
-			continue
-		} else {
-			prev = fp
+		// Jump over the blocks held by the same workers as the block before (a chain on
+		// the same workers, the common case): their runs all go on.
+		var sh *shard
+		var v uint32
+		if i, sh, v = x.nextChange(hashes, i, prev); i == len(hashes) {
+			break
 		}
+		prev = fpOf(sh, v)
 		var dev, host []uint64 // the block's holders, indexed by word
 		switch {
 		case v == 0 || v&multiBit == 0 && holderMask(v)&usedBits == 0:
@@ -1164,6 +1167,56 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 		al[j], dv[j] = 0, 0
 	}
 	return dst
+}
+
+// nextChange returns the first block from i on whose holders' fingerprint is not fp (the
+// holders of block i-1), or len(hashes). What a worker caches of a chain is a prefix of it
+// (a pool evicts leaves first, a sequence holds its whole prefix, and the index applies a
+// worker's events in order), so along a prompt the holders only shrink: once they differ
+// from fp they stay different, and a galloping search finds the change in 2·log₂ of the
+// distance lookups instead of one per block. A worker whose cache had a hole would be
+// credited the blocks past it; the fingerprint is 64 bits, and a collision would lengthen
+// the runs in the same way.
+func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint32) {
+	n := len(hashes)
+	var csh *shard // the shard and value of the last block found different
+	var cv uint32
+	same := func(k int) bool {
+		sh := x.shardOf(hashes[k])
+		v := sh.get(hashes[k])
+		if fp != 0 && fpOf(sh, v) == fp {
+			return true
+		}
+		csh, cv = sh, v
+		return false
+	}
+	if !same(i) {
+		return i, csh, cv
+	}
+	good, step := i, 1 // blocks i … good hold the same
+	for {
+		j := good + step
+		if j >= n {
+			if same(n - 1) {
+				return n, nil, 0
+			}
+			j = n - 1
+		} else if same(j) {
+			good, step = j, 2*step
+			continue
+		}
+		// good is the same, j is not: the change is in (good, j].
+		jsh, jv := csh, cv
+		for j-good > 1 {
+			m := good + (j-good)/2
+			if same(m) {
+				good = m
+			} else {
+				j, jsh, jv = m, csh, cv
+			}
+		}
+		return j, jsh, jv
+	}
 }
 
 // drop appends the Matches of the slots of word j in gone, whose runs end at end; d is

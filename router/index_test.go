@@ -214,36 +214,16 @@ func TestIndexMatchesNaive(t *testing.T) {
 	for i := range naive {
 		naive[i] = map[uint64]uint8{}
 	}
+	children := childrenOf(chains)
 	for range 3000 {
 		w := rng.IntN(workers)
-		tier := kvcache.Tier(rng.IntN(2))
-		bit := uint8(1) << tier
-		c := chains[rng.IntN(seqs)]
-		lo := rng.IntN(len(c))
-		hi := lo + 1 + rng.IntN(len(c)-lo)
+		tier := kvcache.Tier(w % 2) // one tier per worker: what it holds stays prefix-closed
 		ids[w]++
-		ev := kvcache.Event{ID: ids[w], Tier: tier, Hashes: c[lo:hi]}
-		switch r := rng.IntN(20); {
-		case r < 11:
-			ev.Kind = kvcache.EventStored
-			for _, h := range ev.Hashes {
-				naive[w][h] |= bit
-			}
-		case r < 19:
-			ev.Kind = kvcache.EventRemoved
-			for _, h := range ev.Hashes {
-				naive[w][h] &^= bit
-			}
-		default:
-			ev.Kind, ev.Hashes = kvcache.EventCleared, nil
-			for h := range naive[w] {
-				naive[w][h] &^= bit
-			}
-		}
+		ev := poolEvent(rng, ids[w], tier, chains[rng.IntN(seqs)], naive[w], children)
 		if x.Apply(WorkerID(w), ev) {
 			t.Fatal("unexpected gap")
 		}
-		c = chains[rng.IntN(seqs)]
+		c := chains[rng.IntN(seqs)]
 		got := map[WorkerID]Match{}
 		for _, m := range x.OverlapInto(c, nil) {
 			got[m.Worker] = m
@@ -393,20 +373,20 @@ func TestIndexManyWorkersMatchesNaive(t *testing.T) {
 			}
 		}
 	}
+	children := childrenOf(chains)
 	for step := range 6000 {
 		w := rng.IntN(workers)
-		tier := kvcache.Tier(rng.IntN(2))
-		bit := uint8(1) << tier
+		tier := kvcache.Tier(w % 2)
 		c := chains[rng.IntN(seqs)]
 		switch r := rng.IntN(100); {
-		case r < 1: // a snapshot of part of one chain, on the device
+		case r < 1: // a snapshot of part of one chain, in the worker's tier
 			n := rng.IntN(len(c))
 			ids[w] += 3
-			snap := kvcache.Snapshot{LastID: ids[w], Tier: kvcache.TierDevice}
+			snap := kvcache.Snapshot{LastID: ids[w], Tier: tier}
 			clear(naive[w])
 			for _, h := range c[:n] {
 				snap.Blocks = append(snap.Blocks, kvcache.CachedBlock{Hash: h})
-				naive[w][h] = devBit
+				naive[w][h] = uint8(1) << tier
 			}
 			x.Reset(WorkerID(w), snap)
 		case r < 2:
@@ -416,27 +396,8 @@ func TestIndexManyWorkersMatchesNaive(t *testing.T) {
 		case r < 4:
 			x.Sweep(1 + rng.IntN(3000))
 		default:
-			lo := rng.IntN(len(c))
-			hi := lo + 1 + rng.IntN(len(c)-lo)
 			ids[w]++
-			ev := kvcache.Event{ID: ids[w], Tier: tier, Hashes: c[lo:hi]}
-			switch r := rng.IntN(20); {
-			case r < 12:
-				ev.Kind = kvcache.EventStored
-				for _, h := range ev.Hashes {
-					naive[w][h] |= bit
-				}
-			case r < 19:
-				ev.Kind = kvcache.EventRemoved
-				for _, h := range ev.Hashes {
-					naive[w][h] &^= bit
-				}
-			default:
-				ev.Kind, ev.Hashes = kvcache.EventCleared, nil
-				for h := range naive[w] {
-					naive[w][h] &^= bit
-				}
-			}
+			ev := poolEvent(rng, ids[w], tier, c, naive[w], children)
 			if x.Apply(WorkerID(w), ev) {
 				t.Fatalf("step %d: unexpected gap", step)
 			}
@@ -561,5 +522,81 @@ func checkFingerprints(t *testing.T, x *Index) {
 				t.Fatalf("shard %d set %d: fingerprint %#x, recomputed %#x", si, i, hs.fp, fp)
 			}
 		}
+	}
+}
+
+// childrenOf maps each block of the chains to the blocks that follow it in some chain.
+func childrenOf(chains [][]uint64) map[uint64][]uint64 {
+	ch := map[uint64][]uint64{}
+	for _, c := range chains {
+		for i := 1; i < len(c); i++ {
+			if !slices.Contains(ch[c[i-1]], c[i]) {
+				ch[c[i-1]] = append(ch[c[i-1]], c[i])
+			}
+		}
+	}
+	return ch
+}
+
+// poolEvent is a random event id of a worker holding held (hash → tier mask, one tier),
+// which it applies to held, made as a pool makes them: what the worker holds of a chain
+// stays a prefix (the index's lookups rely on it, see nextChange). Stored adds a prefix of
+// c; Removed evicts leaves from the end of c's held prefix (blocks no held block follows);
+// Cleared empties the tier.
+func poolEvent(rng *rand.Rand, id uint64, tier kvcache.Tier, c []uint64, held map[uint64]uint8, children map[uint64][]uint64) kvcache.Event {
+	bit := uint8(1) << tier
+	ev := kvcache.Event{ID: id, Tier: tier}
+	switch r := rng.IntN(20); {
+	case r < 11:
+		ev.Kind = kvcache.EventStored
+		n := 1 + rng.IntN(len(c))
+		from := rng.IntN(n) // the event names only the new part, as a pool's does
+		for from > 0 && held[c[from-1]]&bit == 0 {
+			from--
+		}
+		ev.Hashes = c[from:n]
+		for _, h := range ev.Hashes {
+			held[h] |= bit
+		}
+	case r < 19:
+		ev.Kind = kvcache.EventRemoved
+		end := 0
+		for end < len(c) && held[c[end]]&bit != 0 {
+			end++
+		}
+		for k := 1 + rng.IntN(len(c)); k > 0 && end > 0; k-- {
+			h := c[end-1]
+			if slices.ContainsFunc(children[h], func(ch uint64) bool { return held[ch]&bit != 0 }) {
+				break // not a leaf
+			}
+			held[h] &^= bit
+			ev.Hashes = append(ev.Hashes, h)
+			end--
+		}
+	default:
+		ev.Kind = kvcache.EventCleared
+		for h := range held {
+			held[h] &^= bit
+		}
+	}
+	return ev
+}
+
+// Lookups assume that what a worker holds of a chain is a prefix of it, as a pool's cache
+// always is (nextChange): a hole at the start of a stretch of blocks with the same holders
+// ends the run, one deep inside such a stretch is jumped over. This test pins both, so that
+// a change of the trade-off is a decision.
+func TestIndexRunsAssumePrefixes(t *testing.T) {
+	h := hashes(toks(0, 64*testBlock))
+	x := NewIndex()
+	x.Apply(1, stored(1, kvcache.TierDevice, 0, h...))
+	x.Apply(1, removed(2, kvcache.TierDevice, h[1]))
+	if got := x.Overlap(h)[1]; got != 1 {
+		t.Errorf("hole at block 1: overlap %d, want 1", got)
+	}
+	x.Apply(1, stored(3, kvcache.TierDevice, h[0], h[1]))
+	x.Apply(1, removed(4, kvcache.TierDevice, h[37]))
+	if got := x.Overlap(h)[1]; got != 64 {
+		t.Errorf("hole at block 37 of 64 held by the same worker: overlap %d, want 64 (jumped over)", got)
 	}
 }

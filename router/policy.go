@@ -235,8 +235,10 @@ func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerStat
 		if hi > lo {
 			x = (c - lo) / (hi - lo)
 		}
-		if x > 50*s.cfg.Temperature {
-			ws[i] = 0 // e⁻⁵⁰: nothing next to the cheapest's 1, and no exp to compute
+		if x > 20*s.cfg.Temperature {
+			// Weight under e⁻²⁰ = 2·10⁻⁹ of the cheapest's: dropped, and no exponential to
+			// compute (a thousand such candidates are 2·10⁻⁶ of the draw).
+			ws[i] = 0
 			continue
 		}
 		ws[i] = math.Exp(-x / s.cfg.Temperature)

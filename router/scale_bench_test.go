@@ -65,10 +65,15 @@ func BenchmarkDecideScale(b *testing.B) {
 		name      string
 		mode      Mode
 		perWorker int
-	}{{"kv", ModeKV, scaleBlocksPerW}, {"least-loaded", ModeLeastLoaded, scaleBlocksPerW}, {"kv-28k", ModeKV, 28000}} {
+		argmin    bool // temperature 0 and weight 1: the defaults before 2026-12
+	}{{"kv", ModeKV, scaleBlocksPerW, false}, {"kv-argmin", ModeKV, scaleBlocksPerW, true},
+		{"least-loaded", ModeLeastLoaded, scaleBlocksPerW, false}, {"kv-28k", ModeKV, 28000, false}} {
 		b.Run(bc.name, func(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.Mode = bc.mode
+			if bc.argmin {
+				cfg.Temperature, cfg.OverlapWeight = 0, 1
+			}
 			cfg.BusyWaiting = 0
 			s := newTestState(b, cfg)
 			r := scaleStateN(b, s, bc.perWorker)
