@@ -448,8 +448,8 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	// router fails a lost worker's requests over to another, while a worker that gives up
 	// on its router cancels them, so a router that is only slow for a moment (its CPU taken
 	// by a burst of long prompts' JSON, a pause) must not make the fleet drop its work: in a
-	// 100-replica Mooncake run a 1 s stall of the router made 99 replicas give up their
-	// registrations at once with the router's own 1 s.
+	// 100-replica Mooncake run on a loaded machine, with the router's own 1 s, 99 replicas
+	// gave up their registrations at once.
 	lossTimeout := 3 * time.Duration(reply.HeartbeatTimeoutMs) * time.Millisecond
 	if lossTimeout <= 0 {
 		lossTimeout = 3 * max(4*interval, time.Second)
