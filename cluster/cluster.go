@@ -238,6 +238,9 @@ func (r *LoadReport) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(r.StepTokens))
 	e.Uvarint(r.Received)
 	e.Bool(r.Tracked)
+	e.Uvarint(uint64(r.Queued))
+	e.Uvarint(uint64(r.QueuedTokens))
+	e.Uvarint(uint64(r.CachedBlocks))
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -256,6 +259,11 @@ func (r *LoadReport) UnmarshalORPC(d *orpc.Decoder) error {
 	if d.Len() > 0 {
 		r.Received = d.Uvarint()
 		r.Tracked = d.Bool()
+	}
+	if d.Len() > 0 { // since the queued prompts and the cache size were reported
+		r.Queued = uvint(d)
+		r.QueuedTokens = uvint(d)
+		r.CachedBlocks = uvint(d)
 	}
 	return d.Err()
 }

@@ -62,6 +62,7 @@ type Engine struct {
 	inbox     []*sequence
 	stopped   bool
 	queued    atomic.Int64 // inbox + waiting, for the queue bound
+	inboxTok  atomic.Int64 // prompt tokens of the inbox's requests, for Stats
 	wake      chan struct{}
 	idleTimer *time.Timer // see Run
 	nextID    uint64
@@ -75,6 +76,9 @@ type Engine struct {
 	hidden []float32 // hidden states of steps with an embedding
 	batch  model.Batch
 	last   kvcache.Stats
+	// intaken is the tokens of the requests intake moved into the scheduler since the
+	// last publish, which then counts them in the census instead of inboxTok.
+	intaken int
 
 	samplers *samplerBufs  // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
 	grammars *grammarCache // constrained requests' compiled grammars (samplerbufs.go)
@@ -94,6 +98,9 @@ type sequence struct {
 	stop    stopRules
 	hold    uint64      // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
 	rows    *promptRows // outputs at prompt positions (promptrows.go); nil: none
+	// inboxHits is the prompt tokens expected from the prefix cache when it was submitted
+	// (sched.ExpectedHits), which the load report takes off while it is in the inbox.
+	inboxHits int
 
 	arrival, firstScheduled, firstToken, lastToken time.Time
 }
@@ -233,6 +240,9 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 		seq.arrival = time.Now()
 	}
 	seq.stream.cancelled = ctx.Done()
+	// The load report counts the request from now, less the cache hits it is expected to
+	// find (a router's report nudged at its arrival must not count a cached prompt whole).
+	seq.inboxHits, _ = sched.ExpectedHits(e.pool, e.cfg.Salt, seq.Tokens, nil)
 	e.mu.Lock()
 	if e.stopped {
 		e.mu.Unlock()
@@ -246,6 +256,7 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 	seq.ID = e.nextID
 	e.inbox = append(e.inbox, seq)
 	e.queued.Add(1)
+	e.inboxTok.Add(int64(len(seq.Tokens) - seq.inboxHits))
 	e.mu.Unlock()
 	context.AfterFunc(ctx, func() { seq.stream.Close() })
 	e.signal()
@@ -307,6 +318,7 @@ func (e *Engine) shutdown() {
 	e.stopped = true
 	inbox := e.inbox
 	e.inbox = nil
+	e.inboxTok.Store(0)
 	e.mu.Unlock()
 	err := fmt.Errorf("%w: the engine stopped", llm.ErrUnavailable)
 	for _, s := range slices.Concat(inbox, e.sched.Waiting(), e.sched.Running()) {
@@ -325,6 +337,7 @@ func (e *Engine) intake() {
 	e.mu.Unlock()
 	for _, s := range inbox {
 		e.sched.Add(s)
+		e.intaken += len(s.Tokens) - s.inboxHits // publish takes them off inboxTok
 	}
 }
 

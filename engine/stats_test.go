@@ -49,7 +49,7 @@ func TestStatsPublish(t *testing.T) {
 	e.stepDone(3*time.Millisecond, 17)
 
 	got := e.Stats()
-	want := Stats{Running: 2, Prefilling: 1, Waiting: 1, PrefillTokens: 24, WaitingTokens: 7, DecodeBlocks: 3 + 1,
+	want := Stats{Census: sched.Census{Running: 2, Prefilling: 1, Waiting: 1, PrefillTokens: 24, WaitingTokens: 7, DecodeBlocks: 3 + 1},
 		KVUsed: 4, KVBlocks: 64, KVUsage: 4.0 / 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1}
 	if got != want {
 		t.Errorf("stats\n got %+v\nwant %+v", got, want)

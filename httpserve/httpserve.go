@@ -84,6 +84,11 @@ type Config struct {
 	// server is not draining, else 503. Nil means always ready.
 	Ready func() bool
 
+	// Degraded, if set, says why the application serves in a degraded mode ("" when it
+	// does not): HealthPath then answers 200 "degraded: REASON", so that load balancers
+	// keep the server while probes and people that read the body learn why.
+	Degraded func() string
+
 	// Metrics is served at MetricsPath (e.g. promhttp.HandlerFor(reg, …)).
 	// Nil answers 404 there.
 	Metrics http.Handler
@@ -421,6 +426,12 @@ func (s *Server) health(w http.ResponseWriter) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintln(w, "not ready")
 	default:
+		if s.cfg.Degraded != nil {
+			if why := s.cfg.Degraded(); why != "" {
+				fmt.Fprintln(w, "degraded: "+why)
+				return
+			}
+		}
 		fmt.Fprintln(w, "ok")
 	}
 }

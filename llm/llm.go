@@ -221,13 +221,20 @@ var (
 // (worker.Load), the wire carries (cluster.LoadReport) and the routing policy reads
 // (router.LoadReport).
 type Load struct {
-	Running       int     // sequences decoding
-	Waiting       int     // sequences accepted but without a first token yet
-	PrefillTokens int     // prompt tokens of the waiting sequences not yet computed (less those predicted cached)
+	Running int // sequences decoding
+	Waiting int // sequences accepted but without a first token yet: queued or prefilling
+	// PrefillTokens is the prompt tokens of the waiting sequences not yet computed: the
+	// admitted ones' less their prefix cache hits, the queued ones' less the hits their
+	// admission is expected to find. Queued and QueuedTokens are the queued ones' share of
+	// Waiting and PrefillTokens (not admitted yet: behind a long prompt or a full batch).
+	PrefillTokens int
+	Queued        int
+	QueuedTokens  int
 	DecodeBlocks  int     // KV blocks held by sequences
 	KVUsage       float64 // fraction of KV blocks in use, 0…1
 	KVBlocks      int     // KV capacity in blocks (0: the card's)
 	LastEventID   uint64  // the worker's last KV event id
+	CachedBlocks  int     // blocks in the worker's prefix cache: what the router's index should hold for it
 	Healthy       bool    // false while draining or failing: send nothing new
 	StepMicros    int     // duration of the last engine step, µs (0: unknown)
 	StepTokens    int     // tokens in the last engine step (0: unknown)

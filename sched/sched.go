@@ -44,6 +44,10 @@ type Seq struct {
 	admitted bool   // admitted at least once
 	arrival  uint64 // order of the first Add
 	state    state
+
+	// While queued: the prompt tokens the prefix cache held when the census last looked
+	// the sequence up, at expectFor tokens (load.go).
+	expect, expectFor int
 }
 
 // Sched returns s; a caller's record that embeds Seq thereby satisfies Sequence.
@@ -137,6 +141,8 @@ type Scheduler[S Sequence] struct {
 	arrivals uint64
 	plan     Plan[S]
 	order    []S // Schedule's copy of running
+
+	hashes []uint64 // the census's scratch (load.go)
 }
 
 // New returns a scheduler of the sequences on pool.

@@ -63,11 +63,11 @@ func run(args []string, stderr io.Writer) error {
 	busyKV := fs.Float64("busy-kv-usage", def.BusyKVUsage, "a worker at or above this predicted KV usage is busy (0 disables)")
 	busyWaiting := fs.Int("busy-waiting", def.BusyWaiting, "a worker with this many predicted waiting requests is busy (0 disables)")
 	affinity := fs.Duration("session-ttl", def.AffinityTTL, "how long a session (X-Session-Id or user) stays on its worker after its last request (0 disables)")
-	queueTimeout := fs.Duration("queue-timeout", 5*time.Second, "how long a request waits when every worker is busy before 429")
+	queueTimeout := fs.Duration("queue-timeout", 5*time.Second, "how long a request waits when every worker is busy (then 429) or none is healthy (then 503)")
 	maxQueue := fs.Int("max-queue", 1024, "most requests waiting for a worker; past it 429 at once")
 	maxMigrations := fs.Int("max-migrations", live.DefaultMaxMigrations, "most times one request moves to another worker when its worker fails mid-stream (0: never)")
 	heartbeat := fs.Duration("heartbeat", 250*time.Millisecond, "heartbeat interval asked of workers")
-	hbTimeout := fs.Duration("heartbeat-timeout", 0, "a worker whose load reports stop this long is declared dead: removed, and its requests retried or migrated elsewhere (0: 4 heartbeat intervals, at least 1s)")
+	hbTimeout := fs.Duration("heartbeat-timeout", 0, "a worker whose load reports stop this long is declared dead: removed, and its requests retried or migrated elsewhere (0: 8 heartbeat intervals, at least 2s)")
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
 	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
 	slaTargets := sla.AddFlags(fs)
@@ -79,6 +79,7 @@ func run(args []string, stderr io.Writer) error {
 	responseTTL := fs.Duration("response-ttl", 24*time.Hour, "how long the Responses API keeps a stored response, in --state-dir (0: until deleted)")
 	allowedOrigins := fs.String("allowed-origins", "", "comma-separated origins allowed to call the API from a browser (CORS; \"*\": any; default none)")
 	metricsPrefix := fs.String("metrics-prefix", "tandem", "also serve every tandem_router: metric under this prefix: "+strings.Join(metrics.MetricsPrefixes, ", "))
+	requireKV := fs.Bool("require-kv-events", false, "kv routing: send no requests to a worker whose KV events are missing (load but no events for a while, or a failed snapshot) instead of counting its cache as unknown")
 	dis := router.DefaultDisaggConfig()
 	fs.IntVar(&dis.MinRemoteTokens, "disagg-min-tokens", dis.MinRemoteTokens, "with prefill workers: prefill on one only when the decode worker lacks at least this many prompt tokens")
 	fs.BoolVar(&dis.Strict, "disagg-strict", dis.Strict, "fail a request whose remote prefill or KV transfer fails, instead of prefilling on the decode worker")
@@ -134,6 +135,7 @@ func run(args []string, stderr io.Writer) error {
 	pol := def
 	pol.Mode, pol.OverlapWeight, pol.Temperature, pol.HostWeight = mode, *overlap, *temp, *hostWeight
 	pol.BusyKVUsage, pol.BusyWaiting, pol.AffinityTTL = *busyKV, *busyWaiting, *affinity
+	pol.RequireKVEvents = *requireKV
 
 	var dash *web.Dashboard
 	if !slices.Contains(metrics.MetricsPrefixes, *metricsPrefix) {

@@ -50,7 +50,7 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	reportDelay := fs.Duration("report-delay", 0, "how long a load report takes to reach the router")
 	eventDelay := fs.Duration("event-delay", 0, "how long a KV event takes to reach the router")
 	overlapW := fs.Float64("overlap-weight", router.DefaultConfig().OverlapWeight, "kv: weight of prefill blocks against decode blocks")
-	temp := fs.Float64("router-temperature", 0, "kv: softmax temperature (0: cheapest worker)")
+	temp := fs.Float64("router-temperature", router.DefaultConfig().Temperature, "kv: softmax temperature over normalised costs (0: cheapest worker)")
 	busyWaiting := fs.Int("busy-waiting", router.DefaultConfig().BusyWaiting, "a worker with this many requests before their first token takes no more (0: no limit)")
 	seed := fs.Int64("seed", 0, "seed of the router's RNG (random mode, softmax) and of the trace's tokens")
 	pcts := fs.String("metric-percentiles", "90,99", "percentiles to report, comma-separated")

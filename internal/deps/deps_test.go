@@ -22,7 +22,7 @@ var allowed = map[string][]string{
 	"gguf": {"dtype"}, "safetensors": {"dtype"}, "hal": {"dtype"}, "hal/cpu": {"hal"},
 
 	// Pure cores: no I/O of their own.
-	"sched":  {"kvcache"},
+	"sched":  {"kvcache", "llm"},
 	"router": {"kvcache", "llm"},
 	"sim":    {"bench", "kvcache", "router", "sched"},
 

@@ -47,6 +47,10 @@ func (m *liveMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.WorkerInfo
 	ch <- m.QueueDepth
 	ch <- m.IndexBlocks
+	ch <- m.IndexEntries
+	ch <- m.IndexBytes
+	ch <- m.StaleWorkers
+	ch <- m.KVIndexGapWorkers
 }
 
 // Collect implements prometheus.Collector.
@@ -54,9 +58,29 @@ func (m *liveMetrics) Collect(ch chan<- prometheus.Metric) {
 	l := m.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.drainLocked()
 	ch <- prometheus.MustNewConstMetric(m.QueueDepth, prometheus.GaugeValue, float64(l.queued))
 	for _, md := range l.models {
-		ch <- prometheus.MustNewConstMetric(m.IndexBlocks, prometheus.GaugeValue, float64(md.state.Index().Len()), md.name)
+		x := md.state.Index()
+		ch <- prometheus.MustNewConstMetric(m.IndexBlocks, prometheus.GaugeValue, float64(x.Len()), md.name)
+		ch <- prometheus.MustNewConstMetric(m.IndexEntries, prometheus.GaugeValue, float64(x.Entries()), md.name)
+		ch <- prometheus.MustNewConstMetric(m.IndexBytes, prometheus.GaugeValue, float64(x.Bytes()), md.name)
+		stale, resyncing := 0, 0
+		for _, w := range l.workers {
+			if w.model != md {
+				continue
+			}
+			if w.staleFlag.Load() {
+				stale++
+			}
+			w.kv.Lock()
+			if w.kvs.resyncing {
+				resyncing++
+			}
+			w.kv.Unlock()
+		}
+		ch <- prometheus.MustNewConstMetric(m.StaleWorkers, prometheus.GaugeValue, float64(stale), md.name)
+		ch <- prometheus.MustNewConstMetric(m.KVIndexGapWorkers, prometheus.GaugeValue, float64(resyncing), md.name)
 	}
 	for _, w := range l.workers {
 		st, ok := w.model.state.Worker(w.id)
@@ -73,8 +97,10 @@ func (m *liveMetrics) Collect(ch chan<- prometheus.Metric) {
 		g("kv_usage", st.KVUsage())
 		g("inflight", float64(st.Inflight))
 		g("index_blocks", float64(w.model.state.Index().Blocks(w.id)))
+		g("queued", float64(st.Report.Queued))
 		g("healthy", boolFloat(st.Healthy))
 		ch <- prometheus.MustNewConstMetric(m.WorkerInfo, prometheus.GaugeValue, 1, w.node, w.model.name, cmp.Or(st.Card.Role, cluster.RoleBoth))
+		g("kv_stale", boolFloat(st.Stale))
 	}
 }
 

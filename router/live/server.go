@@ -173,6 +173,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	hs, err := httpserve.New(httpserve.Config{
 		Addr:            net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)),
 		Handler:         handler,
+		Degraded:        live.Degraded,
 		Metrics:         metrics.HandlerFor(metrics.Aliased(reg, "tandem_router", cfg.MetricsPrefix)),
 		AllowedOrigins:  cfg.AllowedOrigins,
 		OnRefused:       func(reason string) { live.httpMet.Refused.WithLabelValues(reason).Inc() },
