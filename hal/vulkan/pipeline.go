@@ -129,8 +129,8 @@ func (b *Backend) createPipeline(mod vkHandle, spec []uint32) (vkHandle, error) 
 		*si = specializationInfo{entryCount: uint32(len(spec)), entries: &entries[0], dataSize: uintptr(4 * len(spec)), data: unsafe.Pointer(&data[0])}
 	}
 	ci := &computePipelineCreateInfo{
-		sType: stComputePipelineCreateInfo,
-		stage: pipelineShaderStageCreateInfo{sType: stPipelineShaderStageCreate, stage: shaderStageCompute, module: mod, name: cstr("main"), spec: si},
+		sType:  stComputePipelineCreateInfo,
+		stage:  pipelineShaderStageCreateInfo{sType: stPipelineShaderStageCreate, stage: shaderStageCompute, module: mod, name: cstr("main"), spec: si},
 		layout: b.layout, baseIndex: -1,
 	}
 	var h vkHandle
