@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
 	"unsafe"
 
 	"tandem/hal"
@@ -96,7 +97,7 @@ func (b *Backend) upload(w *hal.Weight) (*devWeight, error) {
 // noteConversion counts a converted matrix and warns once per type.
 func (b *Backend) noteConversion(t hal.DType) {
 	b.convMu.Lock()
-	b.converted[fmt.Sprintf("%v→f32", t)]++
+	b.converted[strings.ToLower(t.String())+"→f32"]++
 	first := !b.warned[t]
 	b.warned[t] = true
 	b.convMu.Unlock()
