@@ -183,6 +183,8 @@ func vecDotConv(enc int) int {
 	switch enc {
 	case encF16:
 		return convF16
+	case encBF16:
+		return convBF16
 	case encQ8_0:
 		return convQ8_0
 	case encQ4_K, encQ6_K:
@@ -194,7 +196,7 @@ func vecDotConv(enc int) int {
 // convStride is the words per row of k activations converted by conv.
 func convStride(conv, k int) int {
 	switch conv {
-	case convF16:
+	case convF16, convBF16:
 		return (k + 1) / 2
 	case convQ8_0:
 		return k / 32 * 9
@@ -233,7 +235,7 @@ func (b *Backend) convert(x hal.Buf, rows, k, enc int) (addr uint64, stride int,
 	b.xqUsed = true
 	per := k / 32
 	switch conv {
-	case convF16:
+	case convF16, convBF16:
 		per = (k + 1) / 2
 	case convQ8_K:
 		per = k / 256
@@ -241,7 +243,7 @@ func (b *Backend) convert(x hal.Buf, rows, k, enc int) (addr uint64, stride int,
 	b.pc.reset().addr(b.addr(x)).addr(b.xq.addr).u32(uint32(rows), uint32(k), uint32(words), 0)
 	b.dispatch(b.pipes.quantize[conv], ceilDiv(per, 64), uint32(rows), 1)
 	stride = words
-	if conv == convF16 {
+	if conv == convF16 || conv == convBF16 {
 		stride = 2 * words // halves
 	}
 	return b.xq.addr, stride, true

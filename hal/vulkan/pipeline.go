@@ -16,6 +16,7 @@ const (
 	encQ8_0
 	encQ4_K
 	encQ6_K
+	encBF16
 	numEnc
 )
 
@@ -24,6 +25,7 @@ const (
 	convQ8_0 = iota
 	convQ8_K
 	convF16
+	convBF16
 	numConv
 )
 

@@ -27,6 +27,8 @@ func encodingOf(t hal.DType) (enc int, converted bool) {
 		return encF32, false
 	case hal.F16:
 		return encF16, false
+	case hal.BF16:
+		return encBF16, false
 	case hal.Q8_0:
 		return encQ8_0, false
 	case hal.Q4_K:

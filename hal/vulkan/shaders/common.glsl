@@ -14,6 +14,7 @@ const uint W_F16 = 1u;  // FP16 rows, two to a word, as in the file
 const uint W_Q8_0 = 2u; // per 32 elements: the scale as float32 bits, then 8 words of int8
 const uint W_Q4_K = 3u; // ggml's 144-byte super-blocks, as in the file
 const uint W_Q6_K = 4u; // ggml's 210-byte super-blocks, padded to 212 bytes
+const uint W_BF16 = 5u; // bfloat16 rows, two to a word, as in the file
 
 // foldedGroup is the flat index of a workgroup in a grid whose x extent was folded
 // into z to stay under the 65535 limit on one dimension.
@@ -49,6 +50,20 @@ uint toHalf(float f) {
 	uint halfway = 1u << (shift - 1u);
 	if (rest > halfway || (rest == halfway && (h & 1u) != 0u)) h++;
 	return sign | h;
+}
+
+// bf16 reads element e of a packed bfloat16 array (exactly).
+float bf16(Words b, uint e) {
+	uint w = b.v[e >> 1];
+	return uintBitsToFloat((e & 1u) != 0u ? w & 0xffff0000u : w << 16);
+}
+
+// toBF16 narrows f to bfloat16 bits, rounding to nearest even (NaN stays a
+// quiet NaN), as hal/cpu's FP32ToBF16.
+uint toBF16(float f) {
+	uint bits = floatBitsToUint(f);
+	if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x40u;
+	return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
 }
 
 float roundHalf(float f) { return unpackHalf2x16(toHalf(f)).x; }

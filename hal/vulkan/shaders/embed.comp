@@ -17,6 +17,7 @@ layout(push_constant) uniform Push {
 float dequant(uint n, uint c) {
 	if (WTYPE == W_F32) return uintBitsToFloat(p.w.v[n * p.K + c]);
 	if (WTYPE == W_F16) return half16(p.w, n * p.K + c);
+	if (WTYPE == W_BF16) return bf16(p.w, n * p.K + c);
 	if (WTYPE == W_Q8_0) {
 		uint b = (n * (p.K / 32u) + c / 32u) * 9u;
 		uint e = c % 32u;

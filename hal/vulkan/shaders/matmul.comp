@@ -6,7 +6,7 @@
 // weight rows per workgroup of 32 lanes.
 //
 // The reduction order of one output is fixed by K alone: K is cut into
-// units (one element for F32 and F16, 32 elements for the quantized types),
+// units (one element for F32, F16 and BF16, 32 elements for the quantized types),
 // lane l sums units l, l+32, l+64, … in order, and the 32 lane sums are
 // added in a fixed tree. TM and TN (the matrix-vector form, TM = 1, and the
 // tiled form) only change how many outputs a workgroup computes at once, so
@@ -38,6 +38,11 @@ float term(uint n, uint m, uint u) {
 	if (WTYPE == W_F16) {
 		// x was rounded to FP16: the product of two halves is exact in float32.
 		precise float r = half16(p.w, n * p.K + u) * half16(p.x, m * p.xStride + u);
+		return r;
+	}
+	if (WTYPE == W_BF16) {
+		// x was rounded to bfloat16: the product is exact in float32.
+		precise float r = bf16(p.w, n * p.K + u) * bf16(p.x, m * p.xStride + u);
 		return r;
 	}
 	if (WTYPE == W_Q8_0) {
@@ -114,7 +119,7 @@ float term(uint n, uint m, uint u) {
 }
 
 uint units() {
-	if (WTYPE == W_F32 || WTYPE == W_F16) return p.K;
+	if (WTYPE == W_F32 || WTYPE == W_F16 || WTYPE == W_BF16) return p.K;
 	return p.K / 32u;
 }
 

@@ -5,10 +5,10 @@
 // Converts activation rows to a weight type's vec-dot encoding, as hal/cpu's
 // QuantizeRow does: Q8_0 (x86 rounding: id = 127/amax, ties to even, the
 // scale rounded to FP16), Q8_K (ggml's reference: the signed value of
-// largest magnitude, iscale = -127/max, d = 1/iscale) or FP16 (to nearest
-// even). One invocation per block of a row (per pair of elements for FP16).
+// largest magnitude, iscale = -127/max, d = 1/iscale), FP16 or bfloat16 (to
+// nearest even). One invocation per block of a row (per pair of elements for FP16).
 layout(local_size_x = 64) in;
-layout(constant_id = 0) const uint QTYPE = 0u; // 0 Q8_0, 1 Q8_K, 2 F16
+layout(constant_id = 0) const uint QTYPE = 0u; // 0 Q8_0, 1 Q8_K, 2 F16, 3 BF16
 
 layout(push_constant) uniform Push {
 	Floats x;
@@ -23,11 +23,12 @@ void main() {
 	if (m >= p.M) return;
 	uint xb = m * p.K;
 	uint ob = m * p.outStride;
-	if (QTYPE == 2u) {
+	if (QTYPE == 2u || QTYPE == 3u) {
 		uint e = 2u * i;
 		if (e >= p.K) return;
-		uint lo = toHalf(p.x.v[xb + e]);
-		uint hi = e + 1u < p.K ? toHalf(p.x.v[xb + e + 1u]) : 0u;
+		float x0 = p.x.v[xb + e], x1 = e + 1u < p.K ? p.x.v[xb + e + 1u] : 0.0;
+		uint lo = QTYPE == 2u ? toHalf(x0) : toBF16(x0);
+		uint hi = QTYPE == 2u ? toHalf(x1) : toBF16(x1);
 		p.out_.v[ob + i] = lo | (hi << 16);
 		return;
 	}
