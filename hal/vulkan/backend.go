@@ -53,6 +53,7 @@ type Backend struct {
 	queueMu  sync.Mutex // the queue is shared with KV block I/O
 
 	maxGroups uint32
+	form      int // the matmul form to use, if ≥ 0 (tests); else matmulForm chooses
 
 	// Reused by the recording calls, so that they allocate nothing.
 	pc        push
@@ -123,7 +124,7 @@ func New(opts Options) (*Backend, error) {
 		in.close()
 		return nil, err
 	}
-	b := &Backend{opts: opts, log: opts.Logger, in: in, phys: p,
+	b := &Backend{opts: opts, log: opts.Logger, in: in, phys: p, form: -1,
 		bufs: map[uint64]*buffer{}, weights: map[*hal.Weight]*devWeight{}, params: map[*float32]*paramBuf{},
 		ropes: map[*hal.RoPE]*ropeTable{}, caps: map[captureKey]*capture{},
 		converted: map[string]int{}, warned: map[hal.DType]bool{}}

@@ -251,10 +251,7 @@ func (b *Backend) convert(x hal.Buf, rows, k, enc int) (addr uint64, stride int,
 
 // matmul records out = x·Wᵀ with x already converted (xa, xStride).
 func (b *Backend) matmul(out uint64, outStride int, xa uint64, xStride, rows int, dw *devWeight) {
-	form := formTile
-	if rows <= 2 {
-		form = formVec
-	}
+	form := b.matmulForm(rows, dw.rows)
 	tilesN := ceilDiv(dw.rows, int(tileCols[form]))
 	x, z := b.fold(tilesN)
 	b.pc.reset().addr(dw.buf.addr).addr(xa).addr(out).

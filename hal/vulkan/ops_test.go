@@ -145,14 +145,18 @@ func TestMatMul(t *testing.T) {
 								t.Fatalf("out[%d][%d] = %g, reference %g (tolerance %.3g)", mi, ni, got[i], want[i], tol(w, x, mi, ni))
 							}
 						}
-						// Batch invariance: each row alone (the matrix-vector
-						// form) gives the bits it has in the batch.
+						// Batch invariance: each row alone, in every form,
+						// gives the bits it has in the batch.
 						logits := make([]float32, c.rows)
+						defer func() { b.form = -1 }()
 						for mi := range m {
-							b.Logits(logits, xb.Slice(mi*c.cols, (mi+1)*c.cols), 1, w)
-							for ni, v := range logits {
-								if math.Float32bits(v) != math.Float32bits(got[mi*c.rows+ni]) {
-									t.Fatalf("row %d alone: out[%d] = %g, in a batch of %d %g", mi, ni, v, m, got[mi*c.rows+ni])
+							for form := range numForms {
+								b.form = form
+								b.Logits(logits, xb.Slice(mi*c.cols, (mi+1)*c.cols), 1, w)
+								for ni, v := range logits {
+									if math.Float32bits(v) != math.Float32bits(got[mi*c.rows+ni]) {
+										t.Fatalf("row %d alone, form %d: out[%d] = %g, in a batch of %d %g", mi, form, ni, v, m, got[mi*c.rows+ni])
+									}
 								}
 							}
 						}

@@ -37,17 +37,39 @@ const (
 	numElementwise
 )
 
-// The matmul forms: a matrix-vector product for one or two rows and a tile
-// for more. They differ in the outputs a workgroup computes, never in how
-// one output is reduced (matmul.comp).
+// The matmul forms: matrix-vector products for one or two rows, computing
+// 2, 8 or 32 outputs a workgroup, and a tile of 8 rows × 4 outputs for
+// more rows. They differ in the outputs a workgroup computes, never in how
+// one output is reduced (matmul.comp), so the choice is free: by the
+// device and the matrix, not by anything that would change a row's bits.
 const (
-	formVec = iota
+	formVec2 = iota
+	formVec8
+	formVec32
 	formTile
 	numForms
 )
 
 // tileRows and tileCols are each form's TM and TN.
-var tileRows, tileCols = [numForms]uint32{1, 8}, [numForms]uint32{2, 4}
+var tileRows, tileCols = [numForms]uint32{1, 1, 1, 8}, [numForms]uint32{2, 8, 32, 4}
+
+// matmulForm picks the form for rows × n outputs: the tile for more than
+// two rows; else as many outputs a workgroup as leave 2048 workgroups or
+// more (a GPU's cores all busy), and always 32 on a CPU device (lavapipe),
+// where each workgroup costs a context switch per barrier.
+func (b *Backend) matmulForm(rows, n int) int {
+	switch {
+	case b.form >= 0:
+		return b.form // tests
+	case rows > 2:
+		return formTile
+	case b.phys.props.deviceType == deviceTypeCPU || n >= 2048*32:
+		return formVec32
+	case n >= 2048*8:
+		return formVec8
+	}
+	return formVec2
+}
 
 type pipelines struct {
 	matmul      [numEnc][numForms]vkHandle

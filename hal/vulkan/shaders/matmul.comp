@@ -141,17 +141,15 @@ void main() {
 	}
 	for (uint t = 0u; t < TM * TN; t++) red[lane * TM * TN + t] = acc[t];
 	barrier();
-	for (uint s = 16u; s > 0u; s >>= 1) {
-		if (lane < s) {
-			for (uint t = 0u; t < TM * TN; t++) {
-				precise float v = red[lane * TM * TN + t] + red[(lane + s) * TM * TN + t];
-				red[lane * TM * TN + t] = v;
-			}
-		}
-		barrier();
-	}
+	// The 32 lane sums of each output in a fixed tree ((l, l+16), then
+	// (l, l+8), …), by one lane an output: one barrier instead of five.
 	for (uint t = lane; t < TM * TN; t += 32u) {
+		precise float v[16];
+		for (uint l = 0u; l < 16u; l++) v[l] = red[l * TM * TN + t] + red[(l + 16u) * TM * TN + t];
+		for (uint s = 8u; s > 0u; s >>= 1) {
+			for (uint l = 0u; l < s; l++) v[l] = v[l] + v[l + s];
+		}
 		uint m = m0 + t / TN, n = n0 + t % TN;
-		if (m < p.M && n < p.N) p.out_.v[m * p.outStride + n] = red[t];
+		if (m < p.M && n < p.N) p.out_.v[m * p.outStride + n] = v[0];
 	}
 }
