@@ -6,9 +6,12 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"tandem/hal"
 	"tandem/hal/cpu"
+	"tandem/hal/vulkan"
+	"tandem/internal/vulkantest"
 )
 
 // captureBackend is a hal.StepCapturer over the CPU backend, made the way a
@@ -163,89 +166,126 @@ func TestStepCapture(t *testing.T) {
 			defer be.Close()
 			m := loadFixture(t, be, name)
 			cb := &captureBackend{Backend: be, t: t}
-			const bs = 16
-			lens := []int{20, 7, 70}
-			var tables [][]int32
-			next := int32(0)
-			for _, n := range lens {
-				var tb []int32
-				for range (n + 12 + bs - 1) / bs {
-					tb = append(tb, next)
-					next++
-				}
-				tables = append(tables, tb)
-			}
-			kvPlain, err := be.NewKVStore(m.KVLayout(int(next), bs))
-			if err != nil {
-				t.Fatal(err)
-			}
-			kvCap, err := be.NewKVStore(m.KVLayout(int(next), bs))
-			if err != nil {
-				t.Fatal(err)
-			}
-			plain, capt := NewRunner(m, be), NewRunner(m, cb)
+			capt := runCaptureSchedule(t, m, be, cb)
 			if capt.capture == nil {
 				t.Fatal("the runner does not see the StepCapturer")
-			}
-			pos := make([]int, len(lens))
-			tok := func(s, p int) int32 { return int32((s*131 + p*17 + 5) % m.Config.VocabSize) }
-			// step feeds n[s] tokens of each sequence s with n[s] > 0.
-			step := func(n ...int) {
-				t.Helper()
-				batch := func() *Batch {
-					b := &Batch{}
-					for s, k := range n {
-						if k == 0 {
-							continue
-						}
-						q := int32(len(b.Attn.Blocks))
-						b.Attn.Blocks = append(b.Attn.Blocks, slices.Clone(tables[s]))
-						for i := range k {
-							b.Tokens = append(b.Tokens, tok(s, pos[s]+i))
-							b.Attn.Pos = append(b.Attn.Pos, int32(pos[s]+i))
-							b.Attn.SeqOf = append(b.Attn.SeqOf, q)
-						}
-						b.Outputs = append(b.Outputs, len(b.Tokens)-1)
-					}
-					return b
-				}
-				b1, b2 := batch(), batch()
-				want := make([]float32, len(b1.Outputs)*m.Config.VocabSize)
-				got := make([]float32, len(want))
-				if err := plain.Forward(kvPlain, b1, want); err != nil {
-					t.Fatal(err)
-				}
-				if err := capt.Forward(kvCap, b2, got); err != nil {
-					t.Fatal(err)
-				}
-				for i := range want {
-					if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
-						t.Fatalf("step %v (positions %v), logit %d: %g with capture and replay, %g without", n, pos, i, got[i], want[i])
-					}
-				}
-				for s, k := range n {
-					pos[s] += k
-				}
-			}
-			// Captures: the prefill, decode of two, the long prefill (its
-			// buffers dropped the captures), decode of three (whose output
-			// rows dropped them again), decode of two anew.
-			step(20, 7, 0)
-			for range 4 {
-				step(1, 1, 0)
-			}
-			step(0, 0, 70)
-			for range 3 {
-				step(1, 1, 1)
-			}
-			for range 3 {
-				step(1, 1, 0)
 			}
 			if want := fmt.Sprint(5, 7, 2); fmt.Sprint(cb.captures, cb.replays, cb.drops) != want {
 				t.Errorf("captures, replays, drops: %d %d %d, want %s", cb.captures, cb.replays, cb.drops, want)
 			}
 		})
 	}
+}
+
+// TestStepCaptureVulkan runs the schedule on the Vulkan backend with its
+// replay of recorded command buffers and without it (every step's ops
+// issued and run): the same bits, and the expected captures and replays.
+// The replayed steps' host time is what recording saves (logged; lavapipe
+// runs the kernels on the CPU, so only the host side is telling).
+func TestStepCaptureVulkan(t *testing.T) {
+	for _, name := range []string{"rand-qwen2-tok512-f32.gguf", "rand-qwen3-tok512-f32.gguf", "rand-llama-tok512-q8_0.gguf", "rand-llama256-tok512-q4_k_m.gguf"} {
+		t.Run(name, func(t *testing.T) {
+			vk := vulkantest.New(t, vulkan.Options{Device: -1})
+			plain := vulkantest.New(t, vulkan.Options{Device: -1, NoReplay: true})
+			m := loadFixture(t, vk, name)
+			runCaptureSchedule(t, m, plain, vk)
+			st, ps := vk.Stats(), plain.Stats()
+			// Drops count captures: the long prefill's buffers drop two,
+			// the three-output decode's one.
+			if want := fmt.Sprint(5, 7, 3); fmt.Sprint(st.Captures, st.Replays, st.Drops) != want {
+				t.Errorf("captures, replays, drops: %d %d %d, want %s", st.Captures, st.Replays, st.Drops, want)
+			}
+			if ps.Captures != 0 || ps.Replays != 0 || ps.Steps != st.Steps {
+				t.Errorf("without replay: %+v", ps)
+			}
+			t.Logf("host time per step: %v with replay, %v without (%d steps; %d dispatches against %d)",
+				st.HostTime/time.Duration(st.Steps), ps.HostTime/time.Duration(ps.Steps), st.Steps, st.Dispatches, ps.Dispatches)
+		})
+	}
+}
+
+// runCaptureSchedule runs an engine-like schedule on plainBe and on captBe
+// (a hal.StepCapturer), with fresh host memory for every step's inputs and
+// logits, and fails unless every step's logits are the same bits. It
+// returns captBe's runner.
+func runCaptureSchedule(t *testing.T, m *Model, plainBe, captBe hal.Backend) *Runner {
+	t.Helper()
+	const bs = 16
+	lens := []int{20, 7, 70}
+	var tables [][]int32
+	next := int32(0)
+	for _, n := range lens {
+		var tb []int32
+		for range (n + 12 + bs - 1) / bs {
+			tb = append(tb, next)
+			next++
+		}
+		tables = append(tables, tb)
+	}
+	kvPlain, err := plainBe.NewKVStore(m.KVLayout(int(next), bs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvCap, err := captBe.NewKVStore(m.KVLayout(int(next), bs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, capt := NewRunner(m, plainBe), NewRunner(m, captBe)
+	pos := make([]int, len(lens))
+	tok := func(s, p int) int32 { return int32((s*131 + p*17 + 5) % m.Config.VocabSize) }
+	// step feeds n[s] tokens of each sequence s with n[s] > 0.
+	step := func(n ...int) {
+		t.Helper()
+		batch := func() *Batch {
+			b := &Batch{}
+			for s, k := range n {
+				if k == 0 {
+					continue
+				}
+				q := int32(len(b.Attn.Blocks))
+				b.Attn.Blocks = append(b.Attn.Blocks, slices.Clone(tables[s]))
+				for i := range k {
+					b.Tokens = append(b.Tokens, tok(s, pos[s]+i))
+					b.Attn.Pos = append(b.Attn.Pos, int32(pos[s]+i))
+					b.Attn.SeqOf = append(b.Attn.SeqOf, q)
+				}
+				b.Outputs = append(b.Outputs, len(b.Tokens)-1)
+			}
+			return b
+		}
+		b1, b2 := batch(), batch()
+		want := make([]float32, len(b1.Outputs)*m.Config.VocabSize)
+		got := make([]float32, len(want))
+		if err := plain.Forward(kvPlain, b1, want); err != nil {
+			t.Fatal(err)
+		}
+		if err := capt.Forward(kvCap, b2, got); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
+				t.Fatalf("step %v (positions %v), logit %d: %g with capture and replay, %g without", n, pos, i, got[i], want[i])
+			}
+		}
+		for s, k := range n {
+			pos[s] += k
+		}
+	}
+	// Captures: the prefill, decode of two, the long prefill (its
+	// buffers dropped the captures), decode of three (whose output
+	// rows dropped them again), decode of two anew.
+	step(20, 7, 0)
+	for range 4 {
+		step(1, 1, 0)
+	}
+	step(0, 0, 70)
+	for range 3 {
+		step(1, 1, 1)
+	}
+	for range 3 {
+		step(1, 1, 0)
+	}
+	return capt
 }
 
 // faultyBackend fails as a device can: its allocations above limit values
