@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"tandem/engine"
-	"tandem/hal/cpu"
 )
 
 type benchResult struct {
@@ -79,6 +78,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	batches := fs.String("batch", "4,16", "comma-separated sequence counts for batched decode")
 	reps := fs.Int("r", 3, "repetitions of each test")
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
+	dev := addDeviceFlag(fs)
 	kvt := addKVTypeFlag(fs)
 	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the tests to this file")
@@ -111,7 +111,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	t0 := time.Now()
-	be, m, closeModel, err := openModel(*modelPath, *threads)
+	be, m, closeModel, err := openModel(*modelPath, dev, *threads, nil)
 	if err != nil {
 		return err
 	}
@@ -152,7 +152,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		defer pprof.StopCPUProfile()
 	}
 	base := benchResult{Model: modelName(*modelPath, m.Config.Name), ModelType: m.Config.Arch + " " + m.FileType,
-		SizeBytes: m.WeightBytes, Backend: cpu.KernelISA(), Threads: be.Threads()}
+		SizeBytes: m.WeightBytes, Backend: backendKind(be), Threads: backendThreads(be)}
 	var results []benchResult
 	run := func(test string, np, ng, seqs int, f func() (time.Duration, error)) error {
 		r := base
@@ -168,7 +168,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 			}
 			r.Samples = append(r.Samples, float64(max(np, ng*seqs))/d.Seconds())
 			if c := cpuSeconds() - c0; c > 0 {
-				r.CPUSamples = append(r.CPUSamples, float64(max(np, ng*seqs))/c*float64(be.Threads()))
+				r.CPUSamples = append(r.CPUSamples, float64(max(np, ng*seqs))/c*float64(backendThreads(be)))
 			}
 		}
 		r.TokensPerSecond, r.Stddev = meanStddev(r.Samples)

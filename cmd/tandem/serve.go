@@ -41,6 +41,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "KV cache block size in tokens")
 	kvt := addKVTypeFlag(fs)
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
+	dev := addDeviceFlag(fs)
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
 	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
 	slaTargets := sla.AddFlags(fs)
@@ -137,6 +138,12 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if _, err := bk.check(joins, *advertise, *orpcPort); err != nil {
 		return err
 	}
+	if _, _, err := dev.parse(); err != nil {
+		return err
+	}
+	if bk.sim() && dev.vulkan() {
+		return errors.New("--device vulkan runs the forward pass; --backend sim models it instead")
+	}
 	kvType, err := kvt.parse()
 	if err != nil {
 		return err
@@ -146,7 +153,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 
 	t0 := time.Now()
-	be, m, closeModel, err := openModel(*modelPath, bk.threads(*threads))
+	be, m, closeModel, err := openModel(*modelPath, dev, bk.threads(*threads), log)
 	if err != nil {
 		return err
 	}

@@ -162,7 +162,7 @@ func (b *Backend) setup() error {
 	if b.xsub, err = b.newSubmitter(); err != nil {
 		return err
 	}
-	return b.createPipelines()
+	return b.createLayout()
 }
 
 // Name is "vulkan" and the device's name and kind.
@@ -226,6 +226,9 @@ func (b *Backend) Close() error {
 	}
 	for _, p := range b.allPipes {
 		ccall(d.fn.destroyPipeline, d.h, p, 0)
+	}
+	for _, m := range b.pipes.modules {
+		ccall(d.fn.destroyShaderModule, d.h, m, 0)
 	}
 	if b.layout != 0 {
 		ccall(d.fn.destroyPipelineLayout, d.h, b.layout, 0)

@@ -101,7 +101,7 @@ func (b *Backend) barrierTo(h vkHandle, dstStage, dstAccess uint32) {
 // writes of those before it.
 func (b *Backend) dispatch(pl vkHandle, x, y, z uint32) {
 	h, d := b.cur, b.dev
-	if x == 0 || y == 0 || z == 0 {
+	if x == 0 || y == 0 || z == 0 || pl == 0 {
 		return
 	}
 	if b.bound != pl {

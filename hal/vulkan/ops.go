@@ -241,7 +241,7 @@ func (b *Backend) convert(x hal.Buf, rows, k, enc int) (addr uint64, stride int,
 		per = k / 256
 	}
 	b.pc.reset().addr(b.addr(x)).addr(b.xq.addr).u32(uint32(rows), uint32(k), uint32(words), 0)
-	b.dispatch(b.pipes.quantize[conv], ceilDiv(per, 64), uint32(rows), 1)
+	b.dispatch(b.quantizePipe(conv), ceilDiv(per, 64), uint32(rows), 1)
 	stride = words
 	if conv == convF16 || conv == convBF16 {
 		stride = 2 * words // halves
@@ -256,7 +256,7 @@ func (b *Backend) matmul(out uint64, outStride int, xa uint64, xStride, rows int
 	x, z := b.fold(tilesN)
 	b.pc.reset().addr(dw.buf.addr).addr(xa).addr(out).
 		u32(uint32(rows), uint32(dw.rows), uint32(dw.cols), uint32(outStride), x, uint32(xStride))
-	b.dispatch(b.pipes.matmul[dw.enc][form], x, ceilDiv(rows, int(tileRows[form])), z)
+	b.dispatch(b.matmulPipe(dw.enc, form), x, ceilDiv(rows, int(tileRows[form])), z)
 }
 
 // MatMul sets out[m][n] = Σ_k x[m][k]·W[n][k].
@@ -356,7 +356,7 @@ func (b *Backend) Embed(out hal.Buf, w *hal.Weight, ids []int32) {
 	}
 	idsAddr := b.ints(ids, stepTokens)
 	b.pc.reset().addr(dw.buf.addr).addr(idsAddr).addr(b.addr(out)).u32(uint32(len(ids)), uint32(w.Cols))
-	b.dispatch(b.pipes.embed[dw.enc], ceilDiv(w.Cols, 64), uint32(len(ids)), 1)
+	b.dispatch(b.embedPipe(dw.enc), ceilDiv(w.Cols, 64), uint32(len(ids)), 1)
 }
 
 // CopyRows sets row i of dst to row rows[i] of src.
@@ -368,7 +368,7 @@ func (b *Backend) CopyRows(dst, src hal.Buf, width int, rows []int) {
 	n := len(rows) * width
 	x, z := b.fold(ceilDiv(n, 256))
 	b.pc.reset().addr(b.addr(dst)).addr(b.addr(src)).addr(b.rowsOf(rows)).u32(uint32(n), 1, uint32(width), x)
-	b.dispatch(b.pipes.elementwise[opCopyRows], x, 1, z)
+	b.dispatch(b.elementwisePipe(opCopyRows), x, 1, z)
 }
 
 // RMSNorm normalises each row of x (rows of len(weight)) and scales by weight.
@@ -381,7 +381,7 @@ func (b *Backend) RMSNorm(out, x hal.Buf, weight []float32, eps float32) {
 	rows := x.Len() / n
 	w := b.param(weight)
 	b.pc.reset().addr(b.addr(x)).addr(b.addr(out)).addr(w).u32(uint32(n), uint32(rows)).f32(eps)
-	b.dispatch(b.pipes.rmsNorm, uint32(min(rows, 65535)), ceilDiv(rows, 65535), 1)
+	b.dispatch(b.rmsNormPipe(), uint32(min(rows, 65535)), ceilDiv(rows, 65535), 1)
 }
 
 // RoPE rotates each head of each row of x in place; row i is at pos[i].
@@ -412,7 +412,7 @@ func (b *Backend) RoPE(x hal.Buf, heads, headDim int, pos []int32, r *hal.RoPE) 
 	pairs := r.Dims / 2
 	b.pc.reset().addr(b.addr(x)).addr(b.ints(pos, stepPos)).addr(t.buf.addr).
 		u32(uint32(len(pos)), uint32(heads), uint32(headDim), uint32(r.Dims), neox)
-	b.dispatch(b.pipes.rope, ceilDiv(heads*pairs, 64), uint32(len(pos)), 1)
+	b.dispatch(b.ropePipe(), ceilDiv(heads*pairs, 64), uint32(len(pos)), 1)
 }
 
 // StoreKV writes the keys and values of each token of the batch into layer
@@ -428,7 +428,7 @@ func (b *Backend) StoreKV(kv hal.KVStore, layer int, k, v hal.Buf, batch *hal.At
 	ka, va := s.layerAddr(layer)
 	b.pc.reset().addr(b.addr(k)).addr(b.addr(v)).addr(pos).addr(seq).addr(tables).addr(ka).addr(va).
 		u32(uint32(len(batch.Pos)), uint32(l.KVHeads), uint32(l.HeadDim), uint32(l.BlockSize), stride)
-	b.dispatch(b.pipes.storeKV[s.f16()], ceilDiv(l.KVHeads*l.HeadDim, 64), uint32(len(batch.Pos)), 1)
+	b.dispatch(b.storeKVPipe(s.f16()), ceilDiv(l.KVHeads*l.HeadDim, 64), uint32(len(batch.Pos)), 1)
 }
 
 // Attention computes causal attention of q over layer layer of kv.
@@ -446,14 +446,14 @@ func (b *Backend) Attention(out, q hal.Buf, heads int, scale float32, kv hal.KVS
 	ka, va := s.layerAddr(layer)
 	b.pc.reset().addr(b.addr(q)).addr(b.addr(out)).addr(pos).addr(seq).addr(tables).addr(ka).addr(va).
 		u32(uint32(heads), uint32(l.KVHeads), uint32(l.HeadDim), uint32(l.BlockSize), stride).f32(scale)
-	b.dispatch(b.pipes.attention[s.f16()], uint32(heads), uint32(len(batch.Pos)), 1)
+	b.dispatch(b.attentionPipe(s.f16()), uint32(heads), uint32(len(batch.Pos)), 1)
 }
 
 // elementwise records op over n values of dst.
 func (b *Backend) elementwise(op int, dst, src uint64, n, srcLen int) {
 	x, z := b.fold(ceilDiv(n, 256))
 	b.pc.reset().addr(dst).addr(src).addr(0).u32(uint32(n), uint32(srcLen), 1, x)
-	b.dispatch(b.pipes.elementwise[op], x, 1, z)
+	b.dispatch(b.elementwisePipe(op), x, 1, z)
 }
 
 // SiLUMul sets gate[i] = silu(gate[i]) · up[i].

@@ -71,6 +71,9 @@ func (b *Backend) matmulForm(rows, n int) int {
 	return formVec2
 }
 
+// pipelines are made on first use (a model needs a fraction of them, and
+// each costs the driver a compilation: lavapipe's JIT takes tens of
+// milliseconds).
 type pipelines struct {
 	matmul      [numEnc][numForms]vkHandle
 	embed       [numEnc]vkHandle
@@ -80,66 +83,82 @@ type pipelines struct {
 	attention   [2]vkHandle
 	rmsNorm     vkHandle
 	rope        vkHandle
+
+	modules map[string]vkHandle
 }
 
-func (b *Backend) createPipelines() error {
+func (b *Backend) createLayout() error {
 	d := b.dev
 	pr := &pushConstantRange{stageFlags: shaderStageCompute, size: maxPushConstantSize}
 	li := &pipelineLayoutCreateInfo{sType: stPipelineLayoutCreateInfo, pushRangeCount: 1, pushConstantRang: pr}
-	if err := check("vkCreatePipelineLayout", vkResult(ccall(d.fn.createPipelineLayout, d.h, uintptr(unsafe.Pointer(li)), 0, uintptr(unsafe.Pointer(&b.layout))))); err != nil {
-		return err
-	}
-	p := &b.pipes
-	type want struct {
-		dst  *vkHandle
-		spec []uint32
-	}
-	jobs := map[string][]want{}
-	for e := range numEnc {
-		for f := range numForms {
-			jobs["matmul"] = append(jobs["matmul"], want{&p.matmul[e][f], []uint32{uint32(e), tileRows[f], tileCols[f]}})
-		}
-		jobs["embed"] = append(jobs["embed"], want{&p.embed[e], []uint32{uint32(e)}})
-	}
-	for c := range numConv {
-		jobs["quantize"] = append(jobs["quantize"], want{&p.quantize[c], []uint32{uint32(c)}})
-	}
-	for o := range numElementwise {
-		jobs["elementwise"] = append(jobs["elementwise"], want{&p.elementwise[o], []uint32{uint32(o)}})
-	}
-	for f := range 2 {
-		jobs["storekv"] = append(jobs["storekv"], want{&p.storeKV[f], []uint32{uint32(f)}})
-		jobs["attention"] = append(jobs["attention"], want{&p.attention[f], []uint32{uint32(f)}})
-	}
-	jobs["rmsnorm"] = []want{{&p.rmsNorm, nil}}
-	jobs["rope"] = []want{{&p.rope, nil}}
-	for name, ws := range jobs {
-		code, err := spirv.ReadFile("shaders/" + name + ".spv")
-		if err != nil {
-			return fmt.Errorf("vulkan: shader %s: %w", name, err)
-		}
-		words := make([]uint32, len(code)/4)
-		for i := range words {
-			words[i] = binary.LittleEndian.Uint32(code[4*i:])
-		}
-		mi := &shaderModuleCreateInfo{sType: stShaderModuleCreateInfo, codeSize: uintptr(len(words) * 4), code: &words[0]}
-		var mod vkHandle
-		if err := check("vkCreateShaderModule "+name, vkResult(ccall(d.fn.createShaderModule, d.h, uintptr(unsafe.Pointer(mi)), 0, uintptr(unsafe.Pointer(&mod))))); err != nil {
-			return err
-		}
-		for _, w := range ws {
-			h, err := b.createPipeline(mod, w.spec)
-			if err != nil {
-				ccall(d.fn.destroyShaderModule, d.h, mod, 0)
-				return fmt.Errorf("vulkan: pipeline %s %v: %w", name, w.spec, err)
-			}
-			*w.dst = h
-			b.allPipes = append(b.allPipes, h)
-		}
-		ccall(d.fn.destroyShaderModule, d.h, mod, 0)
-	}
-	return nil
+	return check("vkCreatePipelineLayout", vkResult(ccall(d.fn.createPipelineLayout, d.h, uintptr(unsafe.Pointer(li)), 0, uintptr(unsafe.Pointer(&b.layout)))))
 }
+
+// pipeline is *slot, the pipeline of shader name with spec constants spec,
+// made now if it is not yet; 0 after a failure (recorded for Err).
+func (b *Backend) pipeline(slot *vkHandle, name string, spec ...uint32) vkHandle {
+	if *slot != 0 || b.err != nil {
+		return *slot
+	}
+	mod, err := b.module(name)
+	if err == nil {
+		*slot, err = b.createPipeline(mod, spec)
+	}
+	if err != nil {
+		b.fail(fmt.Errorf("vulkan: pipeline %s %v: %w", name, spec, err))
+		return 0
+	}
+	b.allPipes = append(b.allPipes, *slot)
+	return *slot
+}
+
+// module is the shader module of name, made from its SPIR-V on first use.
+func (b *Backend) module(name string) (vkHandle, error) {
+	if m, ok := b.pipes.modules[name]; ok {
+		return m, nil
+	}
+	code, err := spirv.ReadFile("shaders/" + name + ".spv")
+	if err != nil {
+		return 0, fmt.Errorf("vulkan: shader %s: %w", name, err)
+	}
+	words := make([]uint32, len(code)/4)
+	for i := range words {
+		words[i] = binary.LittleEndian.Uint32(code[4*i:])
+	}
+	d := b.dev
+	mi := &shaderModuleCreateInfo{sType: stShaderModuleCreateInfo, codeSize: uintptr(len(words) * 4), code: &words[0]}
+	var mod vkHandle
+	if err := check("vkCreateShaderModule "+name, vkResult(ccall(d.fn.createShaderModule, d.h, uintptr(unsafe.Pointer(mi)), 0, uintptr(unsafe.Pointer(&mod))))); err != nil {
+		return 0, err
+	}
+	if b.pipes.modules == nil {
+		b.pipes.modules = map[string]vkHandle{}
+	}
+	b.pipes.modules[name] = mod
+	return mod, nil
+}
+
+// The pipelines of each op.
+func (b *Backend) matmulPipe(enc, form int) vkHandle {
+	return b.pipeline(&b.pipes.matmul[enc][form], "matmul", uint32(enc), tileRows[form], tileCols[form])
+}
+func (b *Backend) embedPipe(enc int) vkHandle {
+	return b.pipeline(&b.pipes.embed[enc], "embed", uint32(enc))
+}
+func (b *Backend) quantizePipe(conv int) vkHandle {
+	return b.pipeline(&b.pipes.quantize[conv], "quantize", uint32(conv))
+}
+func (b *Backend) elementwisePipe(op int) vkHandle {
+	return b.pipeline(&b.pipes.elementwise[op], "elementwise", uint32(op))
+}
+func (b *Backend) storeKVPipe(f16 int) vkHandle {
+	return b.pipeline(&b.pipes.storeKV[f16], "storekv", uint32(f16))
+}
+func (b *Backend) attentionPipe(f16 int) vkHandle {
+	return b.pipeline(&b.pipes.attention[f16], "attention", uint32(f16))
+}
+func (b *Backend) rmsNormPipe() vkHandle { return b.pipeline(&b.pipes.rmsNorm, "rmsnorm") }
+func (b *Backend) ropePipe() vkHandle    { return b.pipeline(&b.pipes.rope, "rope") }
 
 func (b *Backend) createPipeline(mod vkHandle, spec []uint32) (vkHandle, error) {
 	si := &specializationInfo{}
