@@ -92,7 +92,8 @@ type Backend struct {
 	wait0    int64
 
 	dispatches int64
-	stats      Stats
+	// Counters read by Stats and StepCounts, from any goroutine (/metrics).
+	steps, captures, replays, drops, hostNanos atomic.Int64
 
 	convMu    sync.Mutex
 	converted map[string]int
@@ -442,12 +443,16 @@ type Stats struct {
 	HostTime, WaitTime time.Duration
 }
 
-// Stats returns the counters.
+// Stats returns the counters. Dispatches is read on the backend's goroutine
+// only; the rest may be read from any.
 func (b *Backend) Stats() Stats {
-	s := b.stats
-	s.Dispatches = b.dispatches
-	s.WaitTime = time.Duration(b.waitNanos.Load())
-	return s
+	return Stats{Steps: b.steps.Load(), Captures: b.captures.Load(), Replays: b.replays.Load(), Drops: b.drops.Load(),
+		Dispatches: b.dispatches, HostTime: time.Duration(b.hostNanos.Load()), WaitTime: time.Duration(b.waitNanos.Load())}
+}
+
+// StepCounts is the steps captured, replayed and dropped, for /metrics.
+func (b *Backend) StepCounts() (captures, replays, drops int64) {
+	return b.captures.Load(), b.replays.Load(), b.drops.Load()
 }
 
 // ConvertedWeights counts the weight matrices converted at upload, by

@@ -55,7 +55,7 @@ const maxCaptures = 64
 // else starts recording the step's ops.
 func (b *Backend) BeginStep(s *hal.Step) bool {
 	b.t0, b.wait0 = time.Now(), b.waitNanos.Load()
-	b.stats.Steps++
+	b.steps.Add(1)
 	b.step = s
 	if b.err != nil {
 		return false // the ops do nothing; EndStep reports the error
@@ -80,12 +80,12 @@ func (b *Backend) BeginStep(s *hal.Step) bool {
 			b.replayed = true
 			b.useClock++
 			c.lastUse = b.useClock
-			b.stats.Replays++
+			b.replays.Add(1)
 			return true
 		}
 		delete(b.caps, key)
 		b.freeCapture(c)
-		b.stats.Drops++
+		b.drops.Add(1)
 	}
 	c, err := b.newCapture(key, s, maxLen)
 	if err != nil {
@@ -109,7 +109,7 @@ func (b *Backend) BeginStep(s *hal.Step) bool {
 // logits out and keeps the record for the shape's next step.
 func (b *Backend) EndStep() error {
 	defer func() {
-		b.stats.HostTime += time.Since(b.t0) - time.Duration(b.waitNanos.Load()-b.wait0)
+		b.hostNanos.Add(int64(time.Since(b.t0)) - (b.waitNanos.Load() - b.wait0))
 		b.step, b.replayed = nil, false
 	}()
 	c := b.rec
@@ -138,7 +138,7 @@ func (b *Backend) EndStep() error {
 	b.useClock++
 	c.lastUse = b.useClock
 	b.caps[c.key] = c
-	b.stats.Captures++
+	b.captures.Add(1)
 	if len(b.caps) > maxCaptures {
 		var old *capture
 		for _, o := range b.caps {
@@ -148,7 +148,7 @@ func (b *Backend) EndStep() error {
 		}
 		delete(b.caps, old.key)
 		b.freeCapture(old)
-		b.stats.Drops++
+		b.drops.Add(1)
 	}
 	return nil
 }
@@ -206,6 +206,6 @@ func (b *Backend) dropCaptures() {
 	for k, c := range b.caps {
 		b.freeCapture(c)
 		delete(b.caps, k)
-		b.stats.Drops++
+		b.drops.Add(1)
 	}
 }

@@ -174,8 +174,8 @@ type physicalDeviceProperties struct {
 	deviceType    uint32
 	deviceName    [256]byte
 	cacheUUID     [16]byte
-	limits        [504]byte // VkPhysicalDeviceLimits
-	sparse        [20]byte
+	limits        [63]uint64 // VkPhysicalDeviceLimits: 504 bytes, 8-byte aligned (it holds VkDeviceSizes)
+	sparse        [5]uint32
 }
 
 // Offsets into VkPhysicalDeviceLimits.
@@ -189,7 +189,7 @@ const (
 )
 
 func (p *physicalDeviceProperties) limit(off int) uint32 {
-	return *(*uint32)(unsafe.Pointer(&p.limits[off]))
+	return *(*uint32)(unsafe.Add(unsafe.Pointer(&p.limits), off))
 }
 
 type queueFamilyProperties struct {
