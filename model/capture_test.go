@@ -344,3 +344,29 @@ func TestForwardErrors(t *testing.T) {
 		t.Errorf("after the device was lost: %v, want ErrDeviceLost", err)
 	}
 }
+
+// A replayed decode step allocates nothing on the Go heap: it writes the
+// inputs into the capture's arena, submits and waits, and copies the
+// logits out (hot paths allocate nothing per token).
+func TestReplayAllocatesNothingVulkan(t *testing.T) {
+	vk := vulkantest.New(t, vulkan.Options{Device: -1})
+	m := loadFixture(t, vk, "rand-llama-tok512-q8_0.gguf")
+	s := newSeqRunner(t, m, vk, 64)
+	s.feed(t, []int32{1, 2, 3, 4})
+	s.feed(t, []int32{5}) // records the decode shape
+	before := vk.Stats().Replays
+	b := &Batch{Tokens: []int32{6}, Attn: hal.AttnBatch{Pos: []int32{0}, SeqOf: []int32{0}, Blocks: [][]int32{s.table}}, Outputs: []int{0}}
+	allocs := testing.AllocsPerRun(10, func() {
+		b.Attn.Pos[0] = int32(s.pos)
+		if err := s.r.Forward(s.kv, b, s.logits); err != nil {
+			t.Fatal(err)
+		}
+		s.pos++
+	})
+	if got := vk.Stats().Replays - before; got != 11 {
+		t.Fatalf("%d replays, want 11 (AllocsPerRun's warm-up and 10 runs)", got)
+	}
+	if allocs != 0 {
+		t.Errorf("%v allocations per replayed step, want 0", allocs)
+	}
+}

@@ -37,6 +37,11 @@ type benchResult struct {
 	// its cores to itself (it assumes every thread busy throughout), which
 	// on a shared machine the wall clock hides.
 	CPUSamples []float64 `json:"samples_tokens_per_cpu_second_x_threads,omitempty"`
+	// A device backend's steps over the test's runs: how many, how many were
+	// replays of a recorded command buffer, and the host's time per step.
+	Steps         int64   `json:"steps,omitempty"`
+	Replays       int64   `json:"replayed_steps,omitempty"`
+	HostUSPerStep float64 `json:"host_us_per_step,omitempty"`
 	benchMemory
 }
 
@@ -79,6 +84,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	reps := fs.Int("r", 3, "repetitions of each test")
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
 	dev := addDeviceFlag(fs)
+	replay := fs.Bool("replay", true, "with --device vulkan: replay the recorded command buffer of a step shape (false: record and run every step's ops, to measure what replay saves)")
 	kvt := addKVTypeFlag(fs)
 	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the tests to this file")
@@ -111,6 +117,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	t0 := time.Now()
+	dev.noReplay = !*replay
 	be, m, closeModel, err := openModel(*modelPath, dev, *threads, nil)
 	if err != nil {
 		return err
@@ -160,6 +167,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		if _, err := f(); err != nil { // warm-up, as llama-bench does
 			return err
 		}
+		s0 := deviceSteps(be)
 		for range *reps {
 			c0 := cpuSeconds()
 			d, err := f()
@@ -170,6 +178,10 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 			if c := cpuSeconds() - c0; c > 0 {
 				r.CPUSamples = append(r.CPUSamples, float64(max(np, ng*seqs))/c*float64(backendThreads(be)))
 			}
+		}
+		if s1 := deviceSteps(be); s1.Steps > s0.Steps {
+			r.Steps, r.Replays = s1.Steps-s0.Steps, s1.Replays-s0.Replays
+			r.HostUSPerStep = float64((s1.HostTime - s0.HostTime).Microseconds()) / float64(r.Steps)
 		}
 		r.TokensPerSecond, r.Stddev = meanStddev(r.Samples)
 		r.benchMemory = measureMemory(fileBytes, ob.KVBytes(), loadTime)
@@ -216,6 +228,14 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "| %-28s | %-14s | %10s | %-10s | %7d | %-4s | %*s | %9.2f ± %6.2f |\n", trunc(r.Model, 28), r.ModelType, formatBytes(r.SizeBytes), r.Backend, r.Threads, r.KVType, tw, r.Test, r.TokensPerSecond, r.Stddev)
 	}
 	fmt.Fprintf(stdout, "\n%s\n", mem)
+	if deviceSteps(be).Steps > 0 {
+		fmt.Fprintf(stdout, "device: %s\n", be.Name())
+	}
+	for _, r := range results {
+		if r.Steps > 0 {
+			fmt.Fprintf(stdout, "%s: %d steps, %d replayed; host %.1f µs a step (recording or replay, submission, logits; not the device's time)\n", r.Test, r.Steps, r.Replays, r.HostUSPerStep)
+		}
+	}
 	return nil
 }
 

@@ -12,15 +12,19 @@ import (
 	"tandem/hal"
 	"tandem/hal/cpu"
 	"tandem/hal/vulkan"
+	"tandem/node"
 )
 
 // deviceFlag is --device: where the forward pass runs. "cpu" (hal/cpu, with
 // --threads workers) or "vulkan[:N]" (hal/vulkan on Vulkan device N, or the
 // first GPU, else the first device, without N).
-type deviceFlag struct{ s *string }
+type deviceFlag struct {
+	s        *string
+	noReplay bool // Vulkan: run every step's ops (bench-engine --replay=false)
+}
 
 func addDeviceFlag(fs *flag.FlagSet) deviceFlag {
-	return deviceFlag{fs.String("device", "cpu", "where the forward pass runs: cpu, or vulkan[:N] (Vulkan device N; without N the first GPU, else the first device, e.g. Mesa's lavapipe)")}
+	return deviceFlag{s: fs.String("device", "cpu", "where the forward pass runs: cpu, or vulkan[:N] (Vulkan device N; without N the first GPU, else the first device, e.g. Mesa's lavapipe)")}
 }
 
 // parse checks the flag and returns the Vulkan device index (-1: any), or
@@ -56,7 +60,7 @@ func (d deviceFlag) open(threads int, log *slog.Logger) (hal.Backend, error) {
 	if !vk {
 		return cpu.New(threads), nil
 	}
-	be, err := vulkan.New(vulkan.Options{Device: index, Logger: log})
+	be, err := vulkan.New(vulkan.Options{Device: index, Logger: log, NoReplay: d.noReplay})
 	if errors.Is(err, vulkan.ErrUnavailable) {
 		return nil, fmt.Errorf("--device %s: %w (Debian's mesa-vulkan-drivers gives a CPU device, lavapipe; a GPU needs its vendor's Vulkan driver)", *d.s, err)
 	}
@@ -76,18 +80,39 @@ func backendThreads(be hal.Backend) int {
 }
 
 // backendKind names a backend in bench-engine's table: the CPU kernels'
-// instruction set, or the device.
+// instruction set, or the Vulkan device's number (tandem devices names it).
 func backendKind(be hal.Backend) string {
 	if v, ok := be.(*vulkan.Backend); ok {
-		return "vulkan " + v.Device().Name
+		return fmt.Sprintf("vulkan:%d", v.Device().Index)
 	}
 	return cpu.KernelISA()
+}
+
+// deviceKVBudget is the default KV budget on a device backend: the node's
+// default (host memory, capped by what the context needs), but no more
+// than 90% of the device memory the weights left. 0 for the CPU, whose
+// default is the node's.
+func deviceKVBudget(be hal.Backend, perToken int64, maxTokens int) int64 {
+	v, ok := be.(*vulkan.Backend)
+	if !ok {
+		return 0
+	}
+	heap, used := v.DeviceMemory()
+	return max(perToken, min(node.DefaultKVBudget(perToken, maxTokens), (heap-used)/10*9))
 }
 
 // cpuDevice is --device cpu, for commands that compute nothing.
 func cpuDevice() deviceFlag {
 	s := "cpu"
-	return deviceFlag{&s}
+	return deviceFlag{s: &s}
+}
+
+// deviceSteps is a device backend's step counters (zero for the CPU).
+func deviceSteps(be hal.Backend) vulkan.Stats {
+	if v, ok := be.(*vulkan.Backend); ok {
+		return v.Stats()
+	}
+	return vulkan.Stats{}
 }
 
 // devicesCmd lists the devices --device can name: tandem devices.

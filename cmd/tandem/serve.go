@@ -176,6 +176,16 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		if budget, err = parseBytes(*kvMem); err != nil {
 			return fmt.Errorf("--kv-cache-memory: %w", err)
 		}
+	} else {
+		ctxLen := m.Config.ContextLen
+		if *maxModelLen > 0 {
+			ctxLen = *maxModelLen
+		}
+		seqs := *maxSeqs
+		if seqs <= 0 {
+			seqs = engine.DefaultMaxSeqs
+		}
+		budget = deviceKVBudget(be, m.KVBytesPerToken(), seqs*ctxLen) // the device's memory, not the host's
 	}
 	n, err := node.Start(ctx, node.Config{
 		Model: m, Backend: be, ModelPath: *modelPath, Name: name,

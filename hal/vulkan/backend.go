@@ -56,6 +56,7 @@ type Backend struct {
 	form      int // the matmul form to use, if ≥ 0 (tests); else matmulForm chooses
 
 	// Reused by the recording calls, so that they allocate nothing.
+	ca        callArgs
 	pc        push
 	mb        memoryBarrier
 	region    bufferCopy
@@ -85,6 +86,7 @@ type Backend struct {
 	// Step capture (capture.go).
 	caps     map[captureKey]*capture
 	rec      *capture  // the step being recorded; nil outside a step
+	spare    *capture  // a capture not kept, for the next recording
 	step     *hal.Step // the step between BeginStep and EndStep
 	replayed bool
 	useClock uint64
@@ -202,10 +204,12 @@ func (b *Backend) Close() error {
 	d := b.dev
 	ccall(d.fn.deviceWaitIdle, d.h)
 	b.dropCaptures()
-	if b.rec != nil {
-		b.freeCapture(b.rec)
-		b.rec = nil
+	for _, c := range []*capture{b.rec, b.spare} {
+		if c != nil {
+			b.freeCapture(c)
+		}
 	}
+	b.rec, b.spare = nil, nil
 	for _, w := range b.weights {
 		b.freeBuffer(w.buf)
 	}

@@ -84,7 +84,7 @@ func (b *Backend) BeginStep(s *hal.Step) bool {
 			return true
 		}
 		delete(b.caps, key)
-		b.freeCapture(c)
+		b.releaseCapture(c)
 		b.drops.Add(1)
 	}
 	c, err := b.newCapture(key, s, maxLen)
@@ -131,7 +131,7 @@ func (b *Backend) EndStep() error {
 	}
 	b.afterRun()
 	if b.err != nil || c.dirty || b.opts.NoReplay {
-		b.freeCapture(c)
+		b.releaseCapture(c)
 		return b.err
 	}
 	c.logitsDst = nil
@@ -162,19 +162,35 @@ func (b *Backend) newCapture(key captureKey, s *hal.Step, maxLen int) (*capture,
 		stride *= 2
 	}
 	t, o, n := uint64(len(s.Tokens)), uint64(len(s.Outputs)), uint64(len(s.Attn.Blocks))
-	c := &capture{key: key, stride: stride, ropeCover: math.MaxInt32}
-	c.tokOff, c.posOff, c.seqOff = 0, 4*t, 8*t
-	c.outOff = 12 * t
-	c.tabOff = c.outOff + 4*o
-	var err error
-	if c.arena, err = b.newBuffer(c.tabOff+4*n*uint64(stride), memHost); err != nil {
-		return nil, err
+	c := &capture{}
+	tabOff := 12*t + 4*o
+	need := tabOff + 4*n*uint64(stride)
+	if sp := b.spare; sp != nil && sp.arena.size >= need {
+		c, b.spare = sp, nil // its command buffer, arena and logits buffer, reused
+	} else {
+		var err error
+		if c.arena, err = b.newBuffer(need, memHost); err != nil {
+			return nil, err
+		}
+		if c.cmd, err = b.allocCmd(); err != nil {
+			b.freeBuffer(c.arena)
+			return nil, err
+		}
 	}
-	if c.cmd, err = b.allocCmd(); err != nil {
-		b.freeBuffer(c.arena)
-		return nil, err
-	}
+	*c = capture{key: key, cmd: c.cmd, arena: c.arena, logits: c.logits, stride: stride, ropeCover: math.MaxInt32,
+		tokOff: 0, posOff: 4 * t, seqOff: 8 * t, outOff: 12 * t, tabOff: tabOff}
 	return c, nil
+}
+
+// releaseCapture keeps c as the spare the next recording reuses (the steps
+// of shapes that are not kept, every step without replay, record into the
+// same command buffer and arena), or frees it if there is one.
+func (b *Backend) releaseCapture(c *capture) {
+	if b.spare == nil {
+		b.spare = c
+		return
+	}
+	b.freeCapture(c)
 }
 
 // writeInputs copies s's host inputs into c's arena.

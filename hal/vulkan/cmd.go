@@ -16,6 +16,7 @@ import (
 // its own fence; the structures it hands the driver live with it, so a
 // submission allocates nothing.
 type submitter struct {
+	ca     callArgs
 	fence  vkHandle
 	cmd    vkHandle // the one being submitted
 	submit submitInfo
@@ -36,18 +37,18 @@ func (b *Backend) run(s *submitter, cmd vkHandle) error {
 	d := b.dev
 	s.cmd = cmd
 	b.queueMu.Lock()
-	r := vkResult(ccall(d.fn.queueSubmit, d.queue, 1, uintptr(unsafe.Pointer(&s.submit)), s.fence))
+	r := vkResult(s.ca.call(d.fn.queueSubmit, d.queue, 1, uintptr(unsafe.Pointer(&s.submit)), s.fence))
 	b.queueMu.Unlock()
 	if err := check("vkQueueSubmit", r); err != nil {
 		return err
 	}
 	t0 := time.Now()
-	r = vkResult(ccall(d.fn.waitForFences, d.h, 1, uintptr(unsafe.Pointer(&s.fence)), 1, uintptr(fenceForever)))
+	r = vkResult(s.ca.call(d.fn.waitForFences, d.h, 1, uintptr(unsafe.Pointer(&s.fence)), 1, uintptr(fenceForever)))
 	b.waitNanos.Add(int64(time.Since(t0)))
 	if err := check("vkWaitForFences", r); err != nil {
 		return err
 	}
-	return check("vkResetFences", vkResult(ccall(d.fn.resetFences, d.h, 1, uintptr(unsafe.Pointer(&s.fence)))))
+	return check("vkResetFences", vkResult(s.ca.call(d.fn.resetFences, d.h, 1, uintptr(unsafe.Pointer(&s.fence)))))
 }
 
 func (b *Backend) allocCmd() (vkHandle, error) {
@@ -66,14 +67,14 @@ func (b *Backend) freeCmd(h vkHandle) {
 // beginCmd starts recording into h (reset first), as b.cur.
 func (b *Backend) beginCmd(h vkHandle, oneTime bool) error {
 	d := b.dev
-	if err := check("vkResetCommandBuffer", vkResult(ccall(d.fn.resetCommandBuffer, h, 0))); err != nil {
+	if err := check("vkResetCommandBuffer", vkResult(b.ca.call(d.fn.resetCommandBuffer, h, 0))); err != nil {
 		return err
 	}
 	b.beginInfo = commandBufferBeginInfo{sType: stCommandBufferBeginInfo}
 	if oneTime {
 		b.beginInfo.flags = cmdOneTimeSubmit
 	}
-	if err := check("vkBeginCommandBuffer", vkResult(ccall(d.fn.beginCommandBuffer, h, uintptr(unsafe.Pointer(&b.beginInfo))))); err != nil {
+	if err := check("vkBeginCommandBuffer", vkResult(b.ca.call(d.fn.beginCommandBuffer, h, uintptr(unsafe.Pointer(&b.beginInfo))))); err != nil {
 		return err
 	}
 	b.cur, b.bound = h, 0
@@ -86,14 +87,14 @@ func (b *Backend) endCmd() error {
 	h := b.cur
 	b.cur, b.bound = 0, 0
 	b.barrierTo(h, stageHost, accessHostRead)
-	return check("vkEndCommandBuffer", vkResult(ccall(b.dev.fn.endCommandBuffer, h)))
+	return check("vkEndCommandBuffer", vkResult(b.ca.call(b.dev.fn.endCommandBuffer, h)))
 }
 
 // barrierTo orders everything before it in h (compute and transfer writes)
 // before the stage after it.
 func (b *Backend) barrierTo(h vkHandle, dstStage, dstAccess uint32) {
 	b.mb = memoryBarrier{sType: stMemoryBarrier, src: accessShaderWrite | accessTransferWrite, dst: dstAccess}
-	ccall(b.dev.fn.cmdPipelineBarrier, h, stageCompute|stageTransfer, uintptr(dstStage), 0, 1, uintptr(unsafe.Pointer(&b.mb)), 0, 0, 0, 0)
+	b.ca.call(b.dev.fn.cmdPipelineBarrier, h, stageCompute|stageTransfer, uintptr(dstStage), 0, 1, uintptr(unsafe.Pointer(&b.mb)), 0, 0, 0, 0)
 }
 
 // dispatch records pipeline pl over groups (x, y, z) with the push
@@ -105,11 +106,11 @@ func (b *Backend) dispatch(pl vkHandle, x, y, z uint32) {
 		return
 	}
 	if b.bound != pl {
-		ccall(d.fn.cmdBindPipeline, h, bindPointCompute, pl)
+		b.ca.call(d.fn.cmdBindPipeline, h, bindPointCompute, pl)
 		b.bound = pl
 	}
-	ccall(d.fn.cmdPushConstants, h, b.layout, shaderStageCompute, 0, uintptr(maxPushConstantSize), uintptr(unsafe.Pointer(&b.pc.b[0])))
-	ccall(d.fn.cmdDispatch, h, uintptr(x), uintptr(y), uintptr(z))
+	b.ca.call(d.fn.cmdPushConstants, h, b.layout, shaderStageCompute, 0, uintptr(maxPushConstantSize), uintptr(unsafe.Pointer(&b.pc.b[0])))
+	b.ca.call(d.fn.cmdDispatch, h, uintptr(x), uintptr(y), uintptr(z))
 	b.barrierTo(h, stageCompute|stageTransfer, accessShaderRead|accessShaderWrite|accessTransferRead|accessTransferWrite)
 	b.dispatches++
 }
@@ -126,7 +127,7 @@ func (b *Backend) fold(n uint32) (x, z uint32) {
 // copyBuffer records a copy of size bytes into b.cur.
 func (b *Backend) copyBuffer(h vkHandle, src, dst *buffer, srcOff, dstOff, size uint64) {
 	b.region = bufferCopy{srcOffset: srcOff, dstOffset: dstOff, size: size}
-	ccall(b.dev.fn.cmdCopyBuffer, h, src.h, dst.h, 1, uintptr(unsafe.Pointer(&b.region)))
+	b.ca.call(b.dev.fn.cmdCopyBuffer, h, src.h, dst.h, 1, uintptr(unsafe.Pointer(&b.region)))
 }
 
 func ceilDiv(a, b int) uint32 { return uint32((a + b - 1) / b) }

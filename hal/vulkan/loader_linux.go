@@ -46,3 +46,17 @@ func ccall(fn uintptr, args ...uintptr) uintptr {
 	r, _, _ := purego.SyscallN(fn, args...)
 	return r
 }
+
+// callArgs holds a call's arguments in memory that outlives the call, so
+// that the calls of the hot paths (recording a dispatch, submitting,
+// waiting) allocate nothing: ccall's variadic arguments escape, and each
+// call would allocate their slice. The pointers among the arguments must
+// point to memory that stays reachable and in place by other means (fields
+// of the backend, its submitters and stores). One goroutine at a time.
+type callArgs [12]uintptr
+
+func (a *callArgs) call(fn uintptr, args ...uintptr) uintptr {
+	n := copy(a[:], args)
+	r, _, _ := purego.SyscallN(fn, a[:n]...)
+	return r
+}

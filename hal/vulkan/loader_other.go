@@ -9,3 +9,7 @@ func openLoader() (uintptr, error) {
 }
 
 func ccall(fn uintptr, args ...uintptr) uintptr { panic("vulkan: no loader") }
+
+type callArgs [12]uintptr
+
+func (a *callArgs) call(fn uintptr, args ...uintptr) uintptr { panic("vulkan: no loader") }
