@@ -39,9 +39,10 @@ type benchResult struct {
 	CPUSamples []float64 `json:"samples_tokens_per_cpu_second_x_threads,omitempty"`
 	// A device backend's steps over the test's runs: how many, how many were
 	// replays of a recorded command buffer, and the host's time per step.
-	Steps         int64   `json:"steps,omitempty"`
-	Replays       int64   `json:"replayed_steps,omitempty"`
-	HostUSPerStep float64 `json:"host_us_per_step,omitempty"`
+	Steps           int64   `json:"steps,omitempty"`
+	Replays         int64   `json:"replayed_steps,omitempty"`
+	HostUSPerStep   float64 `json:"host_us_per_step,omitempty"`
+	SubmitUSPerStep float64 `json:"submit_us_per_step,omitempty"`
 	benchMemory
 }
 
@@ -182,6 +183,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		if s1 := deviceSteps(be); s1.Steps > s0.Steps {
 			r.Steps, r.Replays = s1.Steps-s0.Steps, s1.Replays-s0.Replays
 			r.HostUSPerStep = float64((s1.HostTime - s0.HostTime).Microseconds()) / float64(r.Steps)
+			r.SubmitUSPerStep = float64((s1.SubmitTime - s0.SubmitTime).Microseconds()) / float64(r.Steps)
 		}
 		r.TokensPerSecond, r.Stddev = meanStddev(r.Samples)
 		r.benchMemory = measureMemory(fileBytes, ob.KVBytes(), loadTime)
@@ -233,7 +235,8 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	for _, r := range results {
 		if r.Steps > 0 {
-			fmt.Fprintf(stdout, "%s: %d steps, %d replayed; host %.1f µs a step (recording or replay, submission, logits; not the device's time)\n", r.Test, r.Steps, r.Replays, r.HostUSPerStep)
+			fmt.Fprintf(stdout, "%s: %d steps, %d replayed; host %.1f µs a step (recording the ops or writing a replay's inputs, reading the logits), %.1f µs in vkQueueSubmit\n",
+				r.Test, r.Steps, r.Replays, r.HostUSPerStep, r.SubmitUSPerStep)
 		}
 	}
 	return nil

@@ -67,6 +67,9 @@ type Backend struct {
 	err       error
 	allocated atomic.Int64
 	waitNanos atomic.Int64
+	// submitNanos is the time in vkQueueSubmit: a GPU's driver returns at
+	// once, lavapipe's runs the command buffer there.
+	submitNanos atomic.Int64
 
 	nextID  uint64
 	bufs    map[uint64]*buffer
@@ -441,17 +444,21 @@ func (b *Backend) releaseRetired() {
 type Stats struct {
 	Steps, Captures, Replays, Drops int64 // forward steps; recorded and kept; replayed; captures dropped
 	Dispatches                      int64 // compute dispatches recorded
-	// HostTime is the time steps spent on the host (recording or writing
-	// inputs, submitting, reading the logits back), without the wait for the
-	// device; WaitTime the waits for the device, steps and ops alike.
-	HostTime, WaitTime time.Duration
+	// HostTime is the time steps spent on the host's own work (recording
+	// the ops, or writing the inputs of a replay, and reading the logits
+	// back), without the submissions and the waits for the device;
+	// SubmitTime the time in vkQueueSubmit (a GPU driver's returns at once;
+	// lavapipe runs the work there) and WaitTime the waits for the device,
+	// steps and ops alike.
+	HostTime, SubmitTime, WaitTime time.Duration
 }
 
 // Stats returns the counters. Dispatches is read on the backend's goroutine
 // only; the rest may be read from any.
 func (b *Backend) Stats() Stats {
 	return Stats{Steps: b.steps.Load(), Captures: b.captures.Load(), Replays: b.replays.Load(), Drops: b.drops.Load(),
-		Dispatches: b.dispatches, HostTime: time.Duration(b.hostNanos.Load()), WaitTime: time.Duration(b.waitNanos.Load())}
+		Dispatches: b.dispatches, HostTime: time.Duration(b.hostNanos.Load()),
+		SubmitTime: time.Duration(b.submitNanos.Load()), WaitTime: time.Duration(b.waitNanos.Load())}
 }
 
 // StepCounts is the steps captured, replayed and dropped, for /metrics.

@@ -54,7 +54,7 @@ const maxCaptures = 64
 // BeginStep replays the capture of s's shape if there is one that fits s,
 // else starts recording the step's ops.
 func (b *Backend) BeginStep(s *hal.Step) bool {
-	b.t0, b.wait0 = time.Now(), b.waitNanos.Load()
+	b.t0, b.wait0 = time.Now(), b.waitNanos.Load()+b.submitNanos.Load()
 	b.steps.Add(1)
 	b.step = s
 	if b.err != nil {
@@ -109,7 +109,7 @@ func (b *Backend) BeginStep(s *hal.Step) bool {
 // logits out and keeps the record for the shape's next step.
 func (b *Backend) EndStep() error {
 	defer func() {
-		b.hostNanos.Add(int64(time.Since(b.t0)) - (b.waitNanos.Load() - b.wait0))
+		b.hostNanos.Add(int64(time.Since(b.t0)) - (b.waitNanos.Load() + b.submitNanos.Load() - b.wait0))
 		b.step, b.replayed = nil, false
 	}()
 	c := b.rec

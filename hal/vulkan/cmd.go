@@ -36,13 +36,15 @@ func (b *Backend) newSubmitter() (*submitter, error) {
 func (b *Backend) run(s *submitter, cmd vkHandle) error {
 	d := b.dev
 	s.cmd = cmd
+	t0 := time.Now()
 	b.queueMu.Lock()
 	r := vkResult(s.ca.call(d.fn.queueSubmit, d.queue, 1, uintptr(unsafe.Pointer(&s.submit)), s.fence))
 	b.queueMu.Unlock()
+	b.submitNanos.Add(int64(time.Since(t0))) // lavapipe runs the work in the submission
 	if err := check("vkQueueSubmit", r); err != nil {
 		return err
 	}
-	t0 := time.Now()
+	t0 = time.Now()
 	r = vkResult(s.ca.call(d.fn.waitForFences, d.h, 1, uintptr(unsafe.Pointer(&s.fence)), 1, uintptr(fenceForever)))
 	b.waitNanos.Add(int64(time.Since(t0)))
 	if err := check("vkWaitForFences", r); err != nil {
