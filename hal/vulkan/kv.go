@@ -76,9 +76,8 @@ func (b *Backend) NewKVStore(l hal.KVLayout) (hal.KVStore, error) {
 	}
 	// Zero the store, as hal/cpu's is: attention never reads a position
 	// before it is written, but block I/O may read a block never written.
-	if m := buf.bytes(); m != nil {
-		clear(m)
-	} else if err := s.zero(); err != nil {
+	// On the device: the host need not touch (or commit) a mapping's pages.
+	if err := s.zero(); err != nil {
 		s.free()
 		return nil, err
 	}
@@ -291,7 +290,7 @@ func (s *kvStore) CopyBlock(dst, src int) {
 	}
 }
 
-// zero clears the store on the device (unmapped memory).
+// zero clears the store on the device.
 func (s *kvStore) zero() error {
 	return s.runCmd(func(cmd vkHandle) {
 		ccall(s.b.dev.fn.cmdFillBuffer, cmd, s.buf.h, 0, uintptr(wholeSize), 0)

@@ -187,6 +187,36 @@ func exactMatMul(w *hal.Weight, x []float32, m int) []float32 {
 	return out
 }
 
+// A matrix of more rows than 65535 workgroups take (the limit of one grid
+// dimension) folds its grid into z: every output is written, and each is
+// the bits of the other forms.
+func TestMatMulFoldedGrid(t *testing.T) {
+	b := testBackend(t, Options{Device: -1})
+	r := rand.New(rand.NewPCG(15, 16))
+	w := randWeight(r, hal.F32, 2*65535+70, 8)
+	x := upload(t, b, randVec(r, 8, 1))
+	want := exactMatMul(w, download(t, b, x, 8), 1)
+	var first []float32
+	for _, form := range []int{formVec2, formVec32} {
+		b.form = form
+		got := make([]float32, w.Rows)
+		b.Logits(got, x, 1, w)
+		if err := b.Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range got {
+			if d := math.Abs(float64(got[i] - want[i])); !(d <= 1e-5) {
+				t.Fatalf("form %d: out[%d] = %g, want %g", form, i, got[i], want[i])
+			}
+			if first != nil && math.Float32bits(got[i]) != math.Float32bits(first[i]) {
+				t.Fatalf("form %d: out[%d] = %g, form %d %g", form, i, got[i], formVec2, first[i])
+			}
+		}
+		first = got
+	}
+	b.form = -1
+}
+
 // MatMuls gives each product MatMul's bits, with one conversion shared.
 func TestMatMuls(t *testing.T) {
 	b := testBackend(t, Options{Device: -1})
