@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
@@ -125,4 +126,41 @@ func cpuCompletion(t *testing.T, file string) string {
 	}
 	s.cmd.Process.Kill()
 	return resp.Choices[0].Text
+}
+
+// bench-engine --device vulkan reports, per test, the steps and how many
+// were replays (every one after the warm-up's first of a shape), and with
+// --replay=false none is.
+func TestBenchEngineVulkan(t *testing.T) {
+	vulkantest.Skip(t)
+	for _, replay := range []bool{true, false} {
+		out, errOut, code := runMain(t, "bench-engine", "--device", "vulkan", "-p", "16", "-n", "4", "--batch", "2", "-r", "2", "-d", "32", "--json", fmt.Sprintf("--replay=%v", replay))
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut)
+		}
+		var results []struct {
+			Test     string  `json:"test"`
+			Backend  string  `json:"backend"`
+			TPS      float64 `json:"tokens_per_second"`
+			Steps    int64   `json:"steps"`
+			Replays  int64   `json:"replayed_steps"`
+			HostUS   float64 `json:"host_us_per_step"`
+			SubmitUS float64 `json:"submit_us_per_step"`
+		}
+		if err := json.Unmarshal([]byte(out), &results); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if len(results) != 3 {
+			t.Fatalf("results %+v", results)
+		}
+		for _, r := range results {
+			wantReplays := r.Steps
+			if !replay {
+				wantReplays = 0
+			}
+			if !strings.HasPrefix(r.Backend, "vulkan:") || r.TPS <= 0 || r.Steps == 0 || r.Replays != wantReplays || r.HostUS <= 0 {
+				t.Errorf("--replay=%v: %+v", replay, r)
+			}
+		}
+	}
 }
