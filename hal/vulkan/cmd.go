@@ -80,6 +80,10 @@ func (b *Backend) beginCmd(h vkHandle, oneTime bool) error {
 		return err
 	}
 	b.cur, b.bound = h, 0
+	// What earlier submissions wrote (uploads, a step, block I/O) is
+	// available once their fences signalled; make it visible to this one.
+	b.mb = memoryBarrier{sType: stMemoryBarrier, src: accessMemoryWrite, dst: accessMemoryRead | accessMemoryWrite}
+	b.ca.call(d.fn.cmdPipelineBarrier, h, stageAllCommands, stageAllCommands, 0, 1, uintptr(unsafe.Pointer(&b.mb)), 0, 0, 0, 0)
 	return nil
 }
 

@@ -251,6 +251,8 @@ func (s *kvStore) runCmd(record func(cmd vkHandle)) error {
 	if err := check("vkBeginCommandBuffer", vkResult(ccall(d.fn.beginCommandBuffer, s.cmd, uintptr(unsafe.Pointer(&s.begin))))); err != nil {
 		return err
 	}
+	s.mb = memoryBarrier{sType: stMemoryBarrier, src: accessMemoryWrite, dst: accessMemoryRead | accessMemoryWrite}
+	ccall(d.fn.cmdPipelineBarrier, s.cmd, stageAllCommands, stageAllCommands, 0, 1, uintptr(unsafe.Pointer(&s.mb)), 0, 0, 0, 0)
 	record(s.cmd)
 	s.mb = memoryBarrier{sType: stMemoryBarrier, src: accessTransferWrite, dst: accessHostRead | accessShaderRead | accessShaderWrite}
 	ccall(d.fn.cmdPipelineBarrier, s.cmd, stageTransfer, stageHost|stageCompute, 0, 1, uintptr(unsafe.Pointer(&s.mb)), 0, 0, 0, 0)
