@@ -50,6 +50,9 @@ func (b *Backend) NewKVStore(l hal.KVLayout) (hal.KVStore, error) {
 	if per > math.MaxInt32 {
 		return nil, errf("KV layout %+v has more than 2³¹ elements a layer", l)
 	}
+	if l.HeadDim > 256 {
+		return nil, errf("KV head size %d: the attention kernel takes heads of at most 256 values", l.HeadDim)
+	}
 	if l.DType == hal.F16 && per%2 != 0 {
 		return nil, errf("an FP16 KV layout needs an even number of elements a layer, %+v has %d", l, per)
 	}

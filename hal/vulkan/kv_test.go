@@ -213,6 +213,7 @@ func TestNewKVStoreRefuses(t *testing.T) {
 		{Layers: 0, Blocks: 1, BlockSize: 16, KVHeads: 1, HeadDim: 8},
 		{Layers: 1, Blocks: 1, BlockSize: 16, KVHeads: 1, HeadDim: 8, DType: hal.Q8_0},
 		{Layers: 1, Blocks: 1, BlockSize: 3, KVHeads: 1, HeadDim: 3, DType: hal.F16},
+		{Layers: 1, Blocks: 1, BlockSize: 16, KVHeads: 1, HeadDim: 512},
 	} {
 		if _, err := b.NewKVStore(l); err == nil {
 			t.Errorf("NewKVStore(%+v) succeeded", l)

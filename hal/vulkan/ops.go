@@ -177,6 +177,15 @@ func (b *Backend) rowsOf(rows []int) uint64 {
 	return a
 }
 
+// foldRows is the (y, z) extent of a grid of n rows (tokens) one
+// workgroup high, folded into z past 65535 (the shaders' foldedRow).
+func foldRows(n int) (y, z uint32) {
+	if n <= 65535 {
+		return uint32(n), 1
+	}
+	return 65535, ceilDiv(n, 65535)
+}
+
 // vecDotConv is the conversion MatMul applies to activations for weights
 // of encoding enc (-1: none, the F32 values are read as they are).
 func vecDotConv(enc int) int {
@@ -241,7 +250,8 @@ func (b *Backend) convert(x hal.Buf, rows, k, enc int) (addr uint64, stride int,
 		per = k / 256
 	}
 	b.pc.reset().addr(b.addr(x)).addr(b.xq.addr).u32(uint32(rows), uint32(k), uint32(words), 0)
-	b.dispatch(b.quantizePipe(conv), ceilDiv(per, 64), uint32(rows), 1)
+	y, z := foldRows(rows)
+	b.dispatch(b.quantizePipe(conv), ceilDiv(per, 64), y, z)
 	stride = words
 	if conv == convF16 || conv == convBF16 {
 		stride = 2 * words // halves
@@ -356,7 +366,8 @@ func (b *Backend) Embed(out hal.Buf, w *hal.Weight, ids []int32) {
 	}
 	idsAddr := b.ints(ids, stepTokens)
 	b.pc.reset().addr(dw.buf.addr).addr(idsAddr).addr(b.addr(out)).u32(uint32(len(ids)), uint32(w.Cols))
-	b.dispatch(b.embedPipe(dw.enc), ceilDiv(w.Cols, 64), uint32(len(ids)), 1)
+	y, z := foldRows(len(ids))
+	b.dispatch(b.embedPipe(dw.enc), ceilDiv(w.Cols, 64), y, z)
 }
 
 // CopyRows sets row i of dst to row rows[i] of src.
@@ -412,7 +423,8 @@ func (b *Backend) RoPE(x hal.Buf, heads, headDim int, pos []int32, r *hal.RoPE) 
 	pairs := r.Dims / 2
 	b.pc.reset().addr(b.addr(x)).addr(b.ints(pos, stepPos)).addr(t.buf.addr).
 		u32(uint32(len(pos)), uint32(heads), uint32(headDim), uint32(r.Dims), neox)
-	b.dispatch(b.ropePipe(), ceilDiv(heads*pairs, 64), uint32(len(pos)), 1)
+	y, z := foldRows(len(pos))
+	b.dispatch(b.ropePipe(), ceilDiv(heads*pairs, 64), y, z)
 }
 
 // StoreKV writes the keys and values of each token of the batch into layer
@@ -428,7 +440,8 @@ func (b *Backend) StoreKV(kv hal.KVStore, layer int, k, v hal.Buf, batch *hal.At
 	ka, va := s.layerAddr(layer)
 	b.pc.reset().addr(b.addr(k)).addr(b.addr(v)).addr(pos).addr(seq).addr(tables).addr(ka).addr(va).
 		u32(uint32(len(batch.Pos)), uint32(l.KVHeads), uint32(l.HeadDim), uint32(l.BlockSize), stride)
-	b.dispatch(b.storeKVPipe(s.f16()), ceilDiv(l.KVHeads*l.HeadDim, 64), uint32(len(batch.Pos)), 1)
+	y, z := foldRows(len(batch.Pos))
+	b.dispatch(b.storeKVPipe(s.f16()), ceilDiv(l.KVHeads*l.HeadDim, 64), y, z)
 }
 
 // Attention computes causal attention of q over layer layer of kv.
@@ -446,7 +459,8 @@ func (b *Backend) Attention(out, q hal.Buf, heads int, scale float32, kv hal.KVS
 	ka, va := s.layerAddr(layer)
 	b.pc.reset().addr(b.addr(q)).addr(b.addr(out)).addr(pos).addr(seq).addr(tables).addr(ka).addr(va).
 		u32(uint32(heads), uint32(l.KVHeads), uint32(l.HeadDim), uint32(l.BlockSize), stride).f32(scale)
-	b.dispatch(b.attentionPipe(s.f16()), uint32(heads), uint32(len(batch.Pos)), 1)
+	y, z := foldRows(len(batch.Pos))
+	b.dispatch(b.attentionPipe(s.f16()), uint32(heads), y, z)
 }
 
 // elementwise records op over n values of dst.

@@ -349,3 +349,33 @@ func TestNormRoPEElementwise(t *testing.T) {
 	b.CopyRows(db, upload(t, b, src), 10, rows)
 	closeTo(t, "copyrows", download(t, b, db, len(want)), want, 0, 0)
 }
+
+// Steps of more than 65535 tokens fold their rows into z: Embed and
+// MatMul (through its activation conversion) reach every row.
+func TestRowsFoldedGrid(t *testing.T) {
+	ref := cpu.New(1)
+	defer ref.Close()
+	b := testBackend(t, Options{Device: -1})
+	r := rand.New(rand.NewPCG(17, 18))
+	const rows = 65535 + 300
+	emb := randWeight(r, hal.F32, 10, 32)
+	ids := make([]int32, rows)
+	for i := range ids {
+		ids[i] = int32(r.IntN(10))
+	}
+	x := upload(t, b, make([]float32, rows*32))
+	b.Embed(x, emb, ids)
+	w := randWeight(r, hal.Q8_0, 3, 32)
+	out := upload(t, b, make([]float32, rows*3))
+	b.MatMul(out, x, rows, w)
+	got := download(t, b, out, rows*3)
+	xs := make([]float32, rows*32)
+	ref.Embed(hal.HostBuf(xs), emb, ids)
+	want := make([]float32, rows*3)
+	ref.MatMul(hal.HostBuf(want), hal.HostBuf(xs), rows, w)
+	for i := range want {
+		if d := math.Abs(float64(got[i] - want[i])); !(d <= matmulTol(w, xs, i/3, i%3)) {
+			t.Fatalf("out[%d] = %g, hal/cpu %g", i, got[i], want[i])
+		}
+	}
+}

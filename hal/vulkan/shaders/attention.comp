@@ -40,7 +40,7 @@ float kvAt(Words b, uint e) {
 
 void main() {
 	uint lane = gl_LocalInvocationID.x;
-	uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
+	uint h = gl_WorkGroupID.x, t = foldedRow();
 	uint D = p.headDim, BS = p.blockSize;
 	uint g = h / (p.heads / p.kvHeads);
 	uint qb = (t * p.heads + h) * D;

@@ -20,6 +20,10 @@ const uint W_BF16 = 5u; // bfloat16 rows, two to a word, as in the file
 // into z to stay under the 65535 limit on one dimension.
 uint foldedGroup(uint tilesX) { return gl_WorkGroupID.x + gl_WorkGroupID.z * tilesX; }
 
+// foldedRow is the row (token) index of a grid whose rows were folded into
+// z past 65535 (Go: foldRows); the workgroups are one row high.
+uint foldedRow() { return gl_WorkGroupID.y + gl_WorkGroupID.z * 65535u; }
+
 // half16 reads element e of a packed FP16 array.
 float half16(Words b, uint e) {
 	uint w = b.v[e >> 1];

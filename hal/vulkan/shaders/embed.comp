@@ -58,7 +58,7 @@ float dequant(uint n, uint c) {
 }
 
 void main() {
-	uint c = gl_GlobalInvocationID.x, i = gl_GlobalInvocationID.y;
+	uint c = gl_GlobalInvocationID.x, i = foldedRow();
 	if (c >= p.K || i >= p.rows) return;
 	p.out_.v[i * p.K + c] = dequant(uint(p.ids.v[i]), c);
 }

@@ -19,7 +19,7 @@ layout(push_constant) uniform Push {
 } p;
 
 void main() {
-	uint i = gl_GlobalInvocationID.x, m = gl_GlobalInvocationID.y;
+	uint i = gl_GlobalInvocationID.x, m = foldedRow();
 	if (m >= p.M) return;
 	uint xb = m * p.K;
 	uint ob = m * p.outStride;

@@ -18,7 +18,7 @@ layout(push_constant) uniform Push {
 
 void main() {
 	uint pairs = p.dims / 2u;
-	uint i = gl_GlobalInvocationID.x, r = gl_GlobalInvocationID.y;
+	uint i = gl_GlobalInvocationID.x, r = foldedRow();
 	if (i >= p.heads * pairs || r >= p.rows) return;
 	uint h = i / pairs, j = i % pairs;
 	uint t = (uint(p.pos.v[r]) * pairs + j) * 2u;

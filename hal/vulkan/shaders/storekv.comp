@@ -34,7 +34,7 @@ void put(Words b, uint e, float f) {
 
 void main() {
 	uint row = p.kvHeads * p.headDim;
-	uint i = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
+	uint i = gl_GlobalInvocationID.x, t = foldedRow();
 	if (i >= row || t >= p.tokens) return;
 	uint h = i / p.headDim, d = i % p.headDim;
 	uint ps = uint(p.pos.v[t]);
