@@ -78,13 +78,12 @@ type Backend struct {
 	ropes   map[*hal.RoPE]*ropeTable
 	stores  []*kvStore
 
-	xq       *buffer // activations converted to a weight's vec-dot encoding
-	xqUsed   bool    // by the recording in progress
-	scratch  scratch // host-visible inputs of ops whose inputs are not a step's
-	logitsB  *buffer // host-visible logits of Logits outside a step
-	retired  []*buffer
-	staging  *buffer
-	hostTemp []byte
+	xq      *buffer // activations converted to a weight's vec-dot encoding
+	xqUsed  bool    // by the recording in progress
+	scratch scratch // host-visible inputs of ops whose inputs are not a step's
+	logitsB *buffer // host-visible logits of Logits outside a step
+	retired []*buffer
+	staging *buffer
 
 	// Step capture (capture.go).
 	caps     map[captureKey]*capture
