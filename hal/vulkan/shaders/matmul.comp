@@ -29,68 +29,60 @@ layout(push_constant) uniform Push {
 
 shared float red[32u * TM * TN];
 
-// The term of unit u for weight row n and activation row m.
-float term(uint n, uint m, uint u) {
+// A weight unit, loaded and unpacked once for the TM activation rows it
+// meets: a float (F32, F16, BF16), or a block's scales and quants.
+struct WUnit {
+	float a, b;   // the value; Q8_0's scale; K-quants' d and dmin
+	int sc0, sc1; // Q4_K's scale and min; Q6_K's two scales
+	uint q[8];    // the quants: Q8_0's int8, Q4_K's nibbles (low of each byte), Q6_K's low nibbles
+	uint h[8];    // Q6_K's high bits (low two of each byte)
+};
+
+WUnit loadW(uint n, uint u) {
+	WUnit w;
+	w.a = 0.0;
+	w.b = 0.0;
+	w.sc0 = 0;
+	w.sc1 = 0;
 	if (WTYPE == W_F32) {
-		precise float r = uintBitsToFloat(p.w.v[n * p.K + u]) * uintBitsToFloat(p.x.v[m * p.xStride + u]);
-		return r;
+		w.a = uintBitsToFloat(p.w.v[n * p.K + u]);
+		return w;
 	}
 	if (WTYPE == W_F16) {
-		// x was rounded to FP16: the product of two halves is exact in float32.
-		precise float r = half16(p.w, n * p.K + u) * half16(p.x, m * p.xStride + u);
-		return r;
+		w.a = half16(p.w, n * p.K + u);
+		return w;
 	}
 	if (WTYPE == W_BF16) {
-		// x was rounded to bfloat16: the product is exact in float32.
-		precise float r = bf16(p.w, n * p.K + u) * bf16(p.x, m * p.xStride + u);
-		return r;
+		w.a = bf16(p.w, n * p.K + u);
+		return w;
 	}
 	if (WTYPE == W_Q8_0) {
-		uint nb = p.K / 32u;
-		uint wb = (n * nb + u) * 9u, xb = m * p.xStride + u * 9u;
-		int s = 0;
-		for (uint i = 1u; i < 9u; i++) {
-			uint a = p.w.v[wb + i], b = p.x.v[xb + i];
-			s += sbyte(a, 0u) * sbyte(b, 0u) + sbyte(a, 1u) * sbyte(b, 1u) + sbyte(a, 2u) * sbyte(b, 2u) + sbyte(a, 3u) * sbyte(b, 3u);
-		}
-		precise float dd = uintBitsToFloat(p.w.v[wb]) * uintBitsToFloat(p.x.v[xb]);
-		precise float r = float(s) * dd;
-		return r;
+		uint wb = (n * (p.K / 32u) + u) * 9u;
+		w.a = uintBitsToFloat(p.w.v[wb]);
+		for (uint i = 0u; i < 8u; i++) w.q[i] = p.w.v[wb + 1u + i];
+		return w;
 	}
-	// K-quants against Q8_K activations: per 256 elements, d as float32 bits
-	// and 64 words of int8. Unit u is elements 32u..32u+31.
+	// K-quants: unit u is elements 32u..32u+31, sub-block j of super-block sb.
 	uint sb = u >> 3, j = u & 7u;
-	uint xb = m * p.xStride + sb * 65u;
-	float yd = uintBitsToFloat(p.x.v[xb]);
 	if (WTYPE == W_Q4_K) {
 		uint wb = (n * (p.K / 256u) + sb) * 36u;
 		vec2 dm = unpackHalf2x16(p.w.v[wb]);
+		w.a = dm.x;
+		w.b = dm.y;
 		// The 6-bit scale and min of sub-block j (hal/cpu's scaleMinK4).
-		uint s0 = byteAt(p.w, wb * 4u + 4u + j);
-		uint sc, mn;
 		if (j < 4u) {
-			sc = s0 & 63u;
-			mn = byteAt(p.w, wb * 4u + 8u + j) & 63u;
+			w.sc0 = int(byteAt(p.w, wb * 4u + 4u + j) & 63u);
+			w.sc1 = int(byteAt(p.w, wb * 4u + 8u + j) & 63u);
 		} else {
-			uint sj4 = byteAt(p.w, wb * 4u + 4u + j + 4u);
-			sc = (sj4 & 0xfu) | ((byteAt(p.w, wb * 4u + 4u + j - 4u) >> 6) << 4);
-			mn = (sj4 >> 4) | ((byteAt(p.w, wb * 4u + 4u + j) >> 6) << 4);
+			uint sj4 = byteAt(p.w, wb * 4u + 8u + j);
+			w.sc0 = int((sj4 & 0xfu) | ((byteAt(p.w, wb * 4u + j) >> 6) << 4));
+			w.sc1 = int((sj4 >> 4) | ((byteAt(p.w, wb * 4u + 4u + j) >> 6) << 4));
 		}
+		// Chunk j/2 holds sub-block j in its low (j even) or high nibbles.
 		uint shift = (j & 1u) * 4u;
 		uint qw = wb + 4u + (j >> 1) * 8u;
-		int s = 0, ys = 0;
-		for (uint i = 0u; i < 8u; i++) {
-			uint a = p.w.v[qw + i] >> shift, b = p.x.v[xb + 1u + j * 8u + i];
-			for (uint k = 0u; k < 4u; k++) {
-				int y = sbyte(b, k);
-				s += int((a >> (8u * k)) & 15u) * y;
-				ys += y;
-			}
-		}
-		precise float dq = dm.x * yd;
-		precise float dmq = dm.y * yd;
-		precise float r = dq * float(int(sc) * s) - dmq * float(int(mn) * ys);
-		return r;
+		for (uint i = 0u; i < 8u; i++) w.q[i] = (p.w.v[qw + i] >> shift) & 0x0f0f0f0fu;
+		return w;
 	}
 	// W_Q6_K: 53 words per super-block. Unit j is half h = j/4, run k = j%4:
 	// element 128h+32k+l takes the low (k<2) or high nibble of
@@ -100,21 +92,78 @@ float term(uint n, uint m, uint u) {
 	uint h = j >> 2, k = j & 3u;
 	uint qlw = wb + 16u * h + 8u * (k & 1u), qhw = wb + 32u + 8u * h;
 	uint nshift = (k >> 1) * 4u, hshift = 2u * k;
+	for (uint i = 0u; i < 8u; i++) {
+		w.q[i] = (p.w.v[qlw + i] >> nshift) & 0x0f0f0f0fu;
+		w.h[i] = (p.w.v[qhw + i] >> hshift) & 0x03030303u;
+	}
+	uint scw = p.w.v[wb + 48u + (8u * h + 2u * k) / 4u];
+	uint scs = ((8u * h + 2u * k) & 3u) * 8u;
+	w.sc0 = int(scw << (24u - scs)) >> 24;
+	w.sc1 = int(scw << (16u - scs)) >> 24;
+	w.a = unpackHalf2x16(p.w.v[wb + 52u]).x;
+	return w;
+}
+
+// The term of weight unit w (unit u) for activation row m.
+float term(WUnit w, uint m, uint u) {
+	if (WTYPE == W_F32) {
+		precise float r = w.a * uintBitsToFloat(p.x.v[m * p.xStride + u]);
+		return r;
+	}
+	if (WTYPE == W_F16) {
+		// x was rounded to FP16: the product of two halves is exact in float32.
+		precise float r = w.a * half16(p.x, m * p.xStride + u);
+		return r;
+	}
+	if (WTYPE == W_BF16) {
+		// x was rounded to bfloat16: the product is exact in float32.
+		precise float r = w.a * bf16(p.x, m * p.xStride + u);
+		return r;
+	}
+	if (WTYPE == W_Q8_0) {
+		uint xb = m * p.xStride + u * 9u;
+		int s = 0;
+		for (uint i = 0u; i < 8u; i++) {
+			uint a = w.q[i], b = p.x.v[xb + 1u + i];
+			s += sbyte(a, 0u) * sbyte(b, 0u) + sbyte(a, 1u) * sbyte(b, 1u) + sbyte(a, 2u) * sbyte(b, 2u) + sbyte(a, 3u) * sbyte(b, 3u);
+		}
+		precise float dd = w.a * uintBitsToFloat(p.x.v[xb]);
+		precise float r = float(s) * dd;
+		return r;
+	}
+	// K-quants against Q8_K activations: per 256 elements, d as float32 bits
+	// and 64 words of int8.
+	uint sb = u >> 3, j = u & 7u;
+	uint xb = m * p.xStride + sb * 65u;
+	float yd = uintBitsToFloat(p.x.v[xb]);
+	uint xq = xb + 1u + j * 8u;
+	if (WTYPE == W_Q4_K) {
+		int s = 0, ys = 0;
+		for (uint i = 0u; i < 8u; i++) {
+			uint a = w.q[i], b = p.x.v[xq + i];
+			for (uint c = 0u; c < 4u; c++) {
+				int y = sbyte(b, c);
+				s += int((a >> (8u * c)) & 15u) * y;
+				ys += y;
+			}
+		}
+		precise float dq = w.a * yd;
+		precise float dmq = w.b * yd;
+		precise float r = dq * float(w.sc0 * s) - dmq * float(w.sc1 * ys);
+		return r;
+	}
+	// W_Q6_K
 	int s0 = 0, s1 = 0;
 	for (uint i = 0u; i < 8u; i++) {
-		uint a = p.w.v[qlw + i] >> nshift, hb = p.w.v[qhw + i] >> hshift, b = p.x.v[xb + 1u + j * 8u + i];
+		uint a = w.q[i], hb = w.h[i], b = p.x.v[xq + i];
 		for (uint c = 0u; c < 4u; c++) {
 			int q = int(((a >> (8u * c)) & 15u) | (((hb >> (8u * c)) & 3u) << 4)) - 32;
 			int prod = q * sbyte(b, c);
 			if (i < 4u) s0 += prod; else s1 += prod;
 		}
 	}
-	uint scw = p.w.v[wb + 48u + (8u * h + 2u * k) / 4u];
-	uint scs = ((8u * h + 2u * k) & 3u) * 8u;
-	int sc0 = int(scw << (24u - scs)) >> 24, sc1 = int(scw << (16u - scs)) >> 24;
-	float d = unpackHalf2x16(p.w.v[wb + 52u]).x;
-	precise float dq = d * yd;
-	precise float r = dq * float(sc0 * s0 + sc1 * s1);
+	precise float dq = w.a * yd;
+	precise float r = dq * float(w.sc0 * s0 + w.sc1 * s1);
 	return r;
 }
 
@@ -132,10 +181,9 @@ void main() {
 	uint U = units();
 	for (uint u = lane; u < U; u += 32u) {
 		for (uint j = 0u; j < TN; j++) {
-			uint n = min(n0 + j, p.N - 1u);
+			WUnit w = loadW(min(n0 + j, p.N - 1u), u);
 			for (uint i = 0u; i < TM; i++) {
-				uint m = min(m0 + i, p.M - 1u);
-				acc[i * TN + j] += term(n, m, u);
+				acc[i * TN + j] += term(w, min(m0 + i, p.M - 1u), u);
 			}
 		}
 	}
