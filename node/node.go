@@ -106,6 +106,13 @@ type Cluster struct {
 	KVSendRate float64 // bytes per second a KV pull is served at (0: unlimited)
 }
 
+// deviceBackend is a backend on a device (hal/vulkan) that counts, for /metrics, the weights
+// it converted at load and the forward steps it captured and replayed.
+type deviceBackend interface {
+	ConvertedWeights() map[string]int
+	StepCounts() (captures, replays, drops int64)
+}
+
 // Node is a running engine process.
 type Node struct {
 	cfg       Config
@@ -184,6 +191,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		enginesDone: make(chan error, cfg.Replicas), fatal: make(chan error, cfg.Replicas)}
 	if err := n.newEngines(); err != nil {
 		return nil, err
+	}
+	if d, ok := cfg.Backend.(deviceBackend); ok && cfg.Sim == nil {
+		metrics.RegisterDevice(n.reg, cfg.Name, metrics.DeviceCounters{Converted: d.ConvertedWeights, Steps: d.StepCounts})
 	}
 	eng := n.engines[0]
 	metrics.RegisterKVState(n.reg, cfg.Name, func() float64 { return float64(eng.Pool().Stats().Used) },

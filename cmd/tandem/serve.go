@@ -46,6 +46,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "KV cache block size in tokens")
 	kvt := addKVTypeFlag(fs)
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
+	dev := addDeviceFlag(fs)
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
 	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
 	slaTargets := sla.AddFlags(fs)
@@ -163,6 +164,12 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if _, err := bk.check(joins, *advertise, *orpcPort); err != nil {
 		return err
 	}
+	if _, _, err := dev.parse(); err != nil {
+		return err
+	}
+	if bk.sim() && dev.vulkan() {
+		return errors.New("--device vulkan runs the forward pass; --backend sim models it instead")
+	}
 	kvType, err := kvt.parse()
 	if err != nil {
 		return err
@@ -172,7 +179,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 
 	t0 := time.Now()
-	be, m, closeModel, err := openModel(*modelPath, bk.threads(*threads))
+	be, m, closeModel, err := openModel(*modelPath, dev, bk.threads(*threads), log)
 	if err != nil {
 		return err
 	}
@@ -219,6 +226,16 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		if budget, err = parseBytes(*kvMem); err != nil {
 			return fmt.Errorf("--kv-cache-memory: %w", err)
 		}
+	} else {
+		ctxLen := m.Config.ContextLen
+		if *maxModelLen > 0 {
+			ctxLen = *maxModelLen
+		}
+		seqs := *maxSeqs
+		if seqs <= 0 {
+			seqs = engine.DefaultMaxSeqs
+		}
+		budget = deviceKVBudget(be, m.KVBytesPerToken(), seqs*ctxLen) // the device's memory, not the host's
 	}
 	n, err := node.Start(ctx, node.Config{
 		Model: m, Backend: be, ModelPath: *modelPath, Name: name,
