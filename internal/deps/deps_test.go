@@ -17,6 +17,7 @@ var allowed = map[string][]string{
 	"dtype": {}, "llm": {}, "kvcache": {}, "tokenizer": {}, "httpserve": {}, "metrics": {},
 	"bench": {}, "bench/benchtest": {},
 	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {}, "internal/version": {}, "sla": {},
+	"internal/filehash": {"internal/statefile"},
 
 	// File formats and the device contract.
 	"gguf": {"dtype"}, "safetensors": {"dtype"}, "hal": {"dtype"}, "hal/cpu": {"hal"},
@@ -35,6 +36,7 @@ var allowed = map[string][]string{
 	"modelgen":       {"gguf", "hal", "hal/cpu", "model", "tokenizer"},
 	"engine":         {"hal", "kvcache", "llm", "metrics", "model", "sched", "tokenizer"},
 	"engine/simstep": {"engine", "hal", "model", "sim"},
+	"packcache":      {"hal", "internal/filehash", "internal/statefile"},
 
 	// Serving.
 	"openai":        {"httpserve", "llm", "metrics", "tokenizer"},
