@@ -78,6 +78,13 @@ type ModelCard struct {
 	TokenizerFormat string // TokenizerGGUF or TokenizerHF
 	TokenizerFiles  []File
 	ChatTemplate    string // overrides the tokenizer's chat template when set
+
+	// ContentHash is the SHA-256 of the model's file(s) (empty: not known), Prepared the
+	// backend's prepared-weights key (hal.WeightPorter.PreparedKey; empty: none): a new
+	// engine of the same hash may pull its prepared weights from this one (weights.go).
+	ContentHash []byte
+	Prepared    string
+	Startup     Startup // how this engine started
 }
 
 // MarshalORPC implements orpc.Marshaler.
@@ -99,6 +106,9 @@ func (c *ModelCard) MarshalORPC(e *orpc.Encoder) {
 		e.BytesField(f.Data)
 	}
 	e.String(c.ChatTemplate)
+	e.BytesField(c.ContentHash)
+	e.String(c.Prepared)
+	c.Startup.marshal(e)
 }
 
 // maxFiles bounds the tokenizer files of a card.
@@ -132,6 +142,12 @@ func (c *ModelCard) UnmarshalORPC(d *orpc.Decoder) error {
 		c.TokenizerFiles = append(c.TokenizerFiles, File{Name: name, Data: data})
 	}
 	c.ChatTemplate = d.String()
+	c.ContentHash, c.Prepared, c.Startup = nil, "", Startup{}
+	if d.Len() > 0 { // absent from engines before weights.go
+		c.ContentHash = cloneBytes(d.BytesField())
+		c.Prepared = d.String()
+		c.Startup.unmarshal(d)
+	}
 	return d.Err()
 }
 
