@@ -22,12 +22,14 @@ import (
 	"tandem/gguf"
 	"tandem/hal"
 	"tandem/httpserve"
+	"tandem/internal/filehash"
 	"tandem/internal/version"
 	"tandem/kvcache"
 	"tandem/metrics"
 	"tandem/model"
 	"tandem/modelgen"
 	"tandem/openai"
+	"tandem/orpc"
 	"tandem/sim"
 	"tandem/sla"
 	"tandem/web"
@@ -62,6 +64,14 @@ type Config struct {
 	Cluster Cluster     // no Routers: a node on its own
 	SLA     sla.Targets // drawn on the dashboard
 	Logger  *slog.Logger
+
+	// Weights says where the prepared weights may come from besides the model file
+	// (weights.go); Start makes them ready before the engine starts.
+	Weights Weights
+	// Started is when the process started (zero: when Start was called), OpenTime how
+	// long the caller took to open Model: the start-up's first phase.
+	Started  time.Time
+	OpenTime time.Duration
 }
 
 // HTTP configures the node's API server.
@@ -106,6 +116,21 @@ type Node struct {
 	fatal       chan error
 	shutOnce    sync.Once
 	shutErr     error
+
+	// Start-up and the weights (weights.go).
+	startup         cluster.Startup
+	startupFrom     string
+	startupMet      *metrics.Startup
+	total           time.Duration // process start to serving
+	fallbacks       []string
+	packed          int
+	imported        int
+	hash            filehash.Sum     // the model's content hash (zero: not computed)
+	weights         *preparedWeights // served to peers
+	identity        *orpc.Identity   // earned before a pull
+	weightsTransfer *metrics.WeightsTransfer
+	stopSave        context.CancelFunc // ends a pack cache write
+	saveDone        chan struct{}
 }
 
 // DefaultKVBudget is 40% of the memory available now (2 GiB when unknown), but no more
@@ -162,7 +187,17 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: log, reg: metrics.NewRegistry(), blocks: blocks, contextLen: m.Config.ContextLen,
 		enginesDone: make(chan error, cfg.Replicas), fatal: make(chan error, cfg.Replicas)}
+	started := cfg.Started
+	if started.IsZero() {
+		started = time.Now()
+	}
+	if err := n.prepareWeights(ctx); err != nil {
+		n.stopSaving()
+		return nil, err
+	}
+	t := time.Now()
 	if err := n.newEngines(); err != nil {
+		n.stopSaving()
 		return nil, err
 	}
 	eng := n.engines[0]
@@ -176,12 +211,17 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if err := n.serveHTTP(); err != nil {
 		n.stop()
+		n.stopSaving()
 		return nil, err
 	}
+	n.phase("engine", time.Since(t))
+	n.total = time.Since(started)
+	n.startupMet.Seconds.WithLabelValues("total").Set(n.total.Seconds())
 	if len(cfg.Cluster.Routers) > 0 {
 		if err := n.join(); err != nil {
 			n.http.Shutdown(context.Background())
 			n.stop()
+			n.stopSaving()
 			return nil, err
 		}
 	}
@@ -294,6 +334,7 @@ func (n *Node) join() error {
 			Model: cfg.Name, Role: role, HashVersion: kvcache.HashVersion, BlockSize: cfg.BlockSize,
 			Salt: kvcache.Salt(cfg.Name, "", ""), KVBlocks: n.blocks, ContextLen: n.contextLen,
 			TokenizerFormat: tokFormat, TokenizerFiles: tokFiles, ChatTemplate: m.ChatTemplate,
+			Startup: n.startup,
 		},
 		Node:       cc.NodeName,
 		Routers:    cc.Routers,
@@ -326,6 +367,9 @@ func (n *Node) join() error {
 		}
 		c.Listen = net.JoinHostPort(cc.Host, strconv.Itoa(port))
 		c.StateDir = ReplicaStateDir(base.StateDir, i)
+		if i == 0 {
+			n.serveWeights(&c)
+		}
 		if count > 1 {
 			if c.Node != "" {
 				c.Node = fmt.Sprintf("%s-%d", base.Node, i)
@@ -416,6 +460,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		wg.Wait()
 		n.workersDone.Wait()
 		n.stop()
+		n.stopSaving()
 		for _, err := range errs {
 			if err != nil {
 				n.shutErr = err

@@ -99,8 +99,8 @@ func TestRoundTrip(t *testing.T) {
 			}
 		}
 	}
-	if st := b.PrepareStats(); st.Packed != 0 || st.Imported != len(ws) {
-		t.Errorf("loading backend %+v, want nothing packed", st)
+	if packed, imported := b.PreparedCounts(); packed != 0 || imported != len(ws) {
+		t.Errorf("loading backend: %d packed, %d imported, want nothing packed", packed, imported)
 	}
 }
 
@@ -173,8 +173,8 @@ func TestRejected(t *testing.T) {
 			if want := map[error]string{ErrAbsent: "absent", ErrStale: "stale", ErrCorrupt: "corrupt"}[tc.kind]; Describe(err) != want {
 				t.Errorf("Describe = %q, want %q", Describe(err), want)
 			}
-			if st := be.PrepareStats(); st.Imported != 0 {
-				t.Errorf("%+v after a refused cache", st)
+			if _, imported := be.PreparedCounts(); imported != 0 {
+				t.Errorf("%d imported after a refused cache", imported)
 			}
 		})
 	}

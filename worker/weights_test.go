@@ -142,8 +142,8 @@ func TestPullWeights(t *testing.T) {
 			t.Fatal(err)
 		}
 		p.m.Prefault(p.be, nil)
-		if st := p.be.PrepareStats(); st.Packed != 0 || st.Imported != len(p.ws) {
-			t.Errorf("%+v after importing a pull", st)
+		if packed, imported := p.be.PreparedCounts(); packed != 0 || imported != len(p.ws) {
+			t.Errorf("%d packed, %d imported after importing a pull", packed, imported)
 		}
 	}
 	if got := testutil.ToFloat64(met.Streams.WithLabelValues("ok")); got != 4 {

@@ -61,6 +61,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	kvSendRate := fs.String("kv-send-rate", "", "cap on the bandwidth KV pulls are served at, per pull, e.g. 1GB (bytes per second; default unlimited)")
 	advertise := fs.String("advertise", "", "ORPC address routers dial (default: --host and the ORPC port; an unspecified host means the address used to reach the router)")
 	bk := addBackendFlags(fs)
+	wf := addWeightsFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem serve [--model PATH] [--host H] [--port P] [flags]")
 		fs.PrintDefaults()
@@ -137,6 +138,10 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if _, err := bk.check(joins, *advertise, *orpcPort); err != nil {
 		return err
 	}
+	weights, err := wf.parse(joins, bk.sim())
+	if err != nil {
+		return err
+	}
 	kvType, err := kvt.parse()
 	if err != nil {
 		return err
@@ -151,10 +156,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeModel()
-	if !bk.sim() { // the sim backend never reads the weights
-		m.Prefault(be, progressPrinter(stderr, "loading weights"))
-	}
-	loadTime := time.Since(t0)
+	openTime := time.Since(t0) // node.Start prepares the weights (the sim backend never reads them)
+	weights.Progress = progressPrinters(stderr)
 
 	name := *servedName
 	if name == "" {
@@ -183,16 +186,17 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			Routers: joins, Token: *joinToken, StateDir: *stateDir, Role: *role, NodeName: *nodeName,
 			Host: *host, ORPCPort: *orpcPort, Advertise: *advertise, KVHold: *kvHold, KVSendRate: float64(sendRate),
 		},
-		Logger: log,
+		Logger: log, Weights: weights, Started: processStart, OpenTime: openTime,
 	})
 	if err != nil {
 		return err
 	}
+	st := n.Startup()
 	blocks, perToken := n.KVBlocks(), m.KVBytesPerToken()
-	fmt.Fprintf(stderr, "tandem serve: %s\n  version: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s\n",
+	fmt.Fprintf(stderr, "tandem serve: %s\n  version: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s\n  weights: %s\n  start-up: %s\n",
 		n.URL(), version.String(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
 		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), kvType, n.ContextLen(),
-		loadTime.Round(time.Millisecond), be.Name())
+		st.Total.Round(time.Millisecond), be.Name(), weightsLine(st), phasesLine(st))
 	if bk.sim() {
 		fmt.Fprintf(stderr, "  sim backend: %d replica%s, modelled compute %+v\n", len(n.Engines()), plural(len(n.Engines())), bk.timing)
 	}

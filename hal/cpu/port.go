@@ -114,16 +114,11 @@ func (b *Backend) ImportWeights(ws []*hal.Weight, ps []hal.Prepared, release fun
 	return nil
 }
 
-// PrepareStats counts the weights this backend packed itself and those it
-// was given packed (ImportWeights): a start from a pack cache or a peer packs
-// none.
-type PrepareStats struct {
-	Packed, Imported int
-}
-
-// PrepareStats returns the counts so far.
-func (b *Backend) PrepareStats() PrepareStats {
+// PreparedCounts returns how many weights this backend packed itself and how
+// many it was given packed (ImportWeights): a start from a pack cache or a
+// peer packs none.
+func (b *Backend) PreparedCounts() (packed, imported int) {
 	b.packs.mu.Lock()
 	defer b.packs.mu.Unlock()
-	return PrepareStats{Packed: b.packs.packs, Imported: b.packs.imported}
+	return b.packs.packs, b.packs.imported
 }

@@ -88,11 +88,11 @@ func TestImportWeightsRoundTrip(t *testing.T) {
 			}
 		}
 	}
-	if st := b.PrepareStats(); st.Packed != 0 || st.Imported != len(ws) {
-		t.Errorf("importing backend: %+v, want 0 packed and %d imported", st, len(ws))
+	if packed, imported := b.PreparedCounts(); packed != 0 || imported != len(ws) {
+		t.Errorf("importing backend: %d packed, %d imported, want 0 and %d", packed, imported, len(ws))
 	}
-	if st := a.PrepareStats(); st.Packed != len(ws) || st.Imported != 0 {
-		t.Errorf("exporting backend: %+v, want %d packed", st, len(ws))
+	if packed, imported := a.PreparedCounts(); packed != len(ws) || imported != 0 {
+		t.Errorf("exporting backend: %d packed, %d imported, want %d packed", packed, imported, len(ws))
 	}
 }
 
@@ -131,12 +131,12 @@ func TestImportWeightsAllOrNone(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), ws[1].Name) {
 				t.Fatalf("ImportWeights: %v, want an error naming %s and saying %q", err, ws[1].Name, tc.want)
 			}
-			if st := b.PrepareStats(); st.Imported != 0 {
-				t.Fatalf("%+v after a refused import", st)
+			if _, imported := b.PreparedCounts(); imported != 0 {
+				t.Fatalf("%d imported after a refused import", imported)
 			}
 			b.PrepareWeight(ws[0])
-			if st := b.PrepareStats(); st.Packed != 1 {
-				t.Errorf("%+v: the refused batch's first weight should be packed at its first use", st)
+			if packed, _ := b.PreparedCounts(); packed != 1 {
+				t.Errorf("%d packed: the refused batch's first weight should be packed at its first use", packed)
 			}
 			b.Close()
 			if released {

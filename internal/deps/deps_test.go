@@ -43,7 +43,7 @@ var allowed = map[string][]string{
 	"bench/loadgen": {"bench"},
 	"web":           {"metrics", "sla"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
-	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/version", "kvcache", "metrics", "model", "modelgen", "openai", "sim", "sla", "web", "worker"},
+	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/filehash", "internal/version", "kvcache", "metrics", "model", "modelgen", "openai", "orpc", "packcache", "sim", "sla", "web", "worker"},
 	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "router", "tokenizer"},
 
 	// Binaries: flags and wiring.

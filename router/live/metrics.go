@@ -47,6 +47,7 @@ func (m *liveMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.WorkerInfo
 	ch <- m.QueueDepth
 	ch <- m.IndexBlocks
+	ch <- m.WorkerStartup
 }
 
 // Collect implements prometheus.Collector.
@@ -75,6 +76,9 @@ func (m *liveMetrics) Collect(ch chan<- prometheus.Metric) {
 		g("index_blocks", float64(w.model.state.Index().Blocks(w.id)))
 		g("healthy", boolFloat(st.Healthy))
 		ch <- prometheus.MustNewConstMetric(m.WorkerInfo, prometheus.GaugeValue, 1, w.node, w.model.name, cmp.Or(st.Card.Role, cluster.RoleBoth))
+		for _, ph := range w.startup.Phases {
+			ch <- prometheus.MustNewConstMetric(m.WorkerStartup, prometheus.GaugeValue, ph.Seconds, w.node, w.model.name, w.startup.Weights, ph.Name)
+		}
 	}
 }
 
