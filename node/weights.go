@@ -243,7 +243,11 @@ func (n *Node) fromPeers(ctx context.Context, be hal.WeightPorter, ws []*hal.Wei
 			continue
 		}
 		tried[p.Addr] = true
-		if err := n.pullFrom(ctx, be, ws, want, total, p.Addr); err != nil {
+		name, err := n.pullFrom(ctx, be, ws, want, total, p.Addr)
+		if name != "" {
+			p.Node = name
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return "", ""
 			}
@@ -281,7 +285,7 @@ func pageAlign(n int) int { return (n + 4095) &^ 4095 }
 // pullFrom pulls ws's prepared forms from the peer at addr into memory of the backend's,
 // and imports them once every one landed and checked; on any failure the memory is
 // released and nothing is imported.
-func (n *Node) pullFrom(ctx context.Context, be hal.WeightPorter, ws []*hal.Weight, want []cluster.WantedWeight, total int, addr string) error {
+func (n *Node) pullFrom(ctx context.Context, be hal.WeightPorter, ws []*hal.Weight, want []cluster.WantedWeight, total int, addr string) (peer string, err error) {
 	mem, release := be.AllocPrepared(total)
 	dst := make([][]byte, len(want))
 	off := 0
@@ -299,9 +303,10 @@ func (n *Node) pullFrom(ctx context.Context, be hal.WeightPorter, ws []*hal.Weig
 		pc.Progress = func(landed int64) { p("pulling weights", landed, bytes) }
 	}
 	t := time.Now()
-	if err := worker.PullWeights(ctx, pc); err != nil {
+	peer, err = worker.PullWeights(ctx, pc)
+	if err != nil {
 		release()
-		return err
+		return peer, err
 	}
 	ps := make([]hal.Prepared, len(ws))
 	for i := range ws {
@@ -309,12 +314,12 @@ func (n *Node) pullFrom(ctx context.Context, be hal.WeightPorter, ws []*hal.Weig
 	}
 	if err := be.ImportWeights(ws, ps, release); err != nil {
 		release()
-		return fmt.Errorf("%w: %v", worker.ErrPeerRefused, err)
+		return peer, fmt.Errorf("%w: %v", worker.ErrPeerRefused, err)
 	}
 	took := time.Since(t)
-	n.log.Info("weights: pulled from a peer", "peer", addr, "bytes", bytes, "took", took.Round(time.Millisecond),
+	n.log.Info("weights: pulled from a peer", "peer", addr, "node", peer, "bytes", bytes, "took", took.Round(time.Millisecond),
 		"MB/s", int(float64(bytes)/took.Seconds()/1e6))
-	return nil
+	return peer, nil
 }
 
 // weightsMet is the node's weights transfer metrics, registered once.

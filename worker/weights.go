@@ -203,16 +203,17 @@ type PullConfig struct {
 }
 
 // PullWeights pulls cfg.Want from the peer into cfg.Dst and checks every weight against
-// its CRC-32C. It returns nil only once every byte has landed and every weight checked;
-// otherwise Dst holds partial data the caller must not use, and the error wraps one of
-// ErrPeerOtherModel, ErrPeerRefused, ErrPeerCorrupt or ErrPeerLost.
-func PullWeights(ctx context.Context, cfg PullConfig) error {
+// its CRC-32C; peer is the peer's node name (its certificate's). It returns a nil error
+// only once every byte has landed and every weight checked; otherwise Dst holds partial
+// data the caller must not use, and the error wraps one of ErrPeerOtherModel,
+// ErrPeerRefused, ErrPeerCorrupt or ErrPeerLost.
+func PullWeights(ctx context.Context, cfg PullConfig) (peer string, err error) {
 	if len(cfg.Dst) != len(cfg.Want) {
-		return fmt.Errorf("worker: %d destinations for %d weights", len(cfg.Dst), len(cfg.Want))
+		return "", fmt.Errorf("worker: %d destinations for %d weights", len(cfg.Dst), len(cfg.Want))
 	}
 	for i, want := range cfg.Want {
 		if int64(len(cfg.Dst[i])) != want.Size {
-			return fmt.Errorf("worker: a destination of %d bytes for weight %s of %d", len(cfg.Dst[i]), want.Name, want.Size)
+			return "", fmt.Errorf("worker: a destination of %d bytes for weight %s of %d", len(cfg.Dst[i]), want.Name, want.Size)
 		}
 	}
 	if cfg.Streams <= 0 {
@@ -251,12 +252,12 @@ func PullWeights(ctx context.Context, cfg PullConfig) error {
 	}
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil { // a stream's error, or the caller's end
-		return classifyPull(err)
+		return p.peer, classifyPull(err)
 	}
 	if bad := p.verify(); bad >= 0 {
-		return fmt.Errorf("%w: weight %s: its bytes do not match the CRC-32C %08x the peer sent", ErrPeerCorrupt, cfg.Want[bad].Name, p.crcs[bad])
+		return p.peer, fmt.Errorf("%w: weight %s: its bytes do not match the CRC-32C %08x the peer sent", ErrPeerCorrupt, cfg.Want[bad].Name, p.crcs[bad])
 	}
-	return nil
+	return p.peer, nil
 }
 
 // classifyPull wraps a stream's error with its kind.
@@ -280,6 +281,7 @@ type pull struct {
 	landed   atomic.Int64
 	accepted chan struct{} // closed once stream 0 has a chunk, or ended
 	once     sync.Once
+	peer     string // the peer's name, from stream 0's connection
 	mu       sync.Mutex
 	crcs     []uint32 // each weight's CRC, as its first chunk gave it
 	crcSet   []bool
@@ -293,6 +295,9 @@ func (p *pull) stream(ctx context.Context, s int) error {
 		return fmt.Errorf("%w: dialing %s: %v", ErrPeerLost, cfg.Addr, err)
 	}
 	defer c.Close()
+	if s == 0 {
+		p.peer = c.PeerName() // read once the streams ended
+	}
 	req := &cluster.WeightsRequest{ContentHash: cfg.ContentHash, Weights: cfg.Want, Stream: s, Streams: cfg.Streams, ChunkBytes: cfg.ChunkBytes}
 	// A stream silent for Stall fails the pull (a peer alive but stuck keeps QUIC's
 	// keepalives going, so the idle timeout alone would not end it).

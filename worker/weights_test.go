@@ -121,8 +121,12 @@ func TestPullWeights(t *testing.T) {
 		cfg.Streams = streams
 		var landed atomic.Int64
 		cfg.Progress = func(n int64) { landed.Store(n) }
-		if err := worker.PullWeights(context.Background(), cfg); err != nil {
+		peer, err := worker.PullWeights(context.Background(), cfg)
+		if err != nil {
 			t.Fatalf("%d streams: %v", streams, err)
+		}
+		if peer != "a" {
+			t.Errorf("pulled from %q, want a", peer)
 		}
 		var total int64
 		for i, w := range p.want {
@@ -162,13 +166,13 @@ func TestPullWeightsRefused(t *testing.T) {
 
 	other := bytes.Clone(src.hash)
 	other[0] ^= 1
-	if err := worker.PullWeights(context.Background(), p.config(env, a, other)); !errors.Is(err, worker.ErrPeerOtherModel) {
+	if _, err := worker.PullWeights(context.Background(), p.config(env, a, other)); !errors.Is(err, worker.ErrPeerOtherModel) {
 		t.Errorf("another model: %v", err)
 	}
 	cfg := p.config(env, a, src.hash)
 	cfg.Want = append([]cluster.WantedWeight(nil), cfg.Want...)
 	cfg.Want[0].Format = "cpu-pack/other/1"
-	if err := worker.PullWeights(context.Background(), cfg); !errors.Is(err, worker.ErrPeerRefused) {
+	if _, err := worker.PullWeights(context.Background(), cfg); !errors.Is(err, worker.ErrPeerRefused) {
 		t.Errorf("another format: %v", err)
 	}
 	if got := testutil.ToFloat64(met.Streams.WithLabelValues("refused")); got != 2 {
@@ -187,14 +191,14 @@ func TestPullWeightsCorrupt(t *testing.T) {
 	a, src, _ := weightsPeer(t, env, path, worker.Config{})
 	p := newPuller(t, path)
 	defer p.free()
-	if err := worker.PullWeights(context.Background(), p.config(env, a, src.hash)); err != nil {
+	if _, err := worker.PullWeights(context.Background(), p.config(env, a, src.hash)); err != nil {
 		t.Fatal(err) // the worker has the checksums now
 	}
 	form := src.forms[p.want[0].Name]
 	orig := bytes.Clone(form.Data)
 	form.Data[len(form.Data)/2] ^= 0x10
 	defer copy(form.Data, orig)
-	if err := worker.PullWeights(context.Background(), p.config(env, a, src.hash)); !errors.Is(err, worker.ErrPeerCorrupt) {
+	if _, err := worker.PullWeights(context.Background(), p.config(env, a, src.hash)); !errors.Is(err, worker.ErrPeerCorrupt) {
 		t.Errorf("a changed byte: %v", err)
 	}
 }
@@ -215,7 +219,7 @@ func TestPullWeightsPeerGone(t *testing.T) {
 		}
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- worker.PullWeights(context.Background(), cfg) }()
+	go func() { _, err := worker.PullWeights(context.Background(), cfg); errc <- err }()
 	select {
 	case <-started:
 	case <-time.After(20 * time.Second):
