@@ -169,7 +169,7 @@ const (
 	maxWantedWeights  = 1 << 16
 	MaxWeightStreams  = 64
 	MaxWeightChunk    = 8 << 20
-	DefaultChunkBytes = 1 << 20
+	DefaultChunkBytes = 4 << 20
 )
 
 // MarshalORPC implements orpc.Marshaler.

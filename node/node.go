@@ -172,6 +172,17 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.MaxModelLen > 0 {
 		m.Config.ContextLen = cfg.MaxModelLen
 	}
+	started := cfg.Started
+	if started.IsZero() {
+		started = time.Now()
+	}
+	n := &Node{cfg: cfg, log: log, reg: metrics.NewRegistry(),
+		enginesDone: make(chan error, cfg.Replicas), fatal: make(chan error, cfg.Replicas)}
+	// The weights first: the default KV budget is a share of the memory they leave.
+	if err := n.prepareWeights(ctx); err != nil {
+		n.stopSaving()
+		return nil, err
+	}
 	perToken := m.KVBytesPerToken()
 	budget := cfg.KVBudget
 	if budget <= 0 {
@@ -183,18 +194,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		m.Config.ContextLen = blocks * cfg.BlockSize
 	}
 	if blocks < 1 || m.Config.ContextLen < 2 {
+		n.stopSaving()
 		return nil, fmt.Errorf("node: a KV budget of %d bytes holds no useful context (%d bytes per token)", budget, perToken)
 	}
-	n := &Node{cfg: cfg, log: log, reg: metrics.NewRegistry(), blocks: blocks, contextLen: m.Config.ContextLen,
-		enginesDone: make(chan error, cfg.Replicas), fatal: make(chan error, cfg.Replicas)}
-	started := cfg.Started
-	if started.IsZero() {
-		started = time.Now()
-	}
-	if err := n.prepareWeights(ctx); err != nil {
-		n.stopSaving()
-		return nil, err
-	}
+	n.blocks, n.contextLen = blocks, m.Config.ContextLen
 	t := time.Now()
 	if err := n.newEngines(); err != nil {
 		n.stopSaving()

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -107,6 +108,9 @@ func (n *Node) prepareWeights(ctx context.Context) error {
 	var source, from string
 	var cacheKey packcache.Key
 	cachePath := ""
+	if wc.PackCache != "" && len(prepared) == 0 {
+		n.log.Info("weights: nothing for the pack cache: the backend prepares none of this model's weights", "backend", cfg.Backend.Name())
+	}
 	if wc.PackCache != "" && len(prepared) > 0 {
 		if err := os.MkdirAll(wc.PackCache, 0o755); err != nil {
 			return fmt.Errorf("node: --pack-cache: %w", err)
@@ -359,7 +363,7 @@ func (n *Node) clusterIdentity(ctx context.Context) (*orpc.Identity, error) {
 			name = worker.DefaultNode(cc.ORPCPort)
 		} else {
 			h, _ := os.Hostname()
-			name = cmpOr(h, "worker") + "-p" + strconv.Itoa(os.Getpid())
+			name = cmp.Or(h, "worker") + "-p" + strconv.Itoa(os.Getpid())
 		}
 	}
 	var hosts []string
@@ -381,13 +385,6 @@ func (n *Node) clusterIdentity(ctx context.Context) (*orpc.Identity, error) {
 		errs = append(errs, fmt.Errorf("%s: %w", r, err))
 	}
 	return nil, errors.Join(errs...)
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // routerPeers asks every router for the workers of this model's content hash: those of

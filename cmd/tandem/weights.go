@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"tandem/hal/cpu"
@@ -72,7 +73,10 @@ func (w *weightsFlags) parse(joins []string, sim bool) (node.Weights, error) {
 // progressPrinters is a progress bar per phase of preparing the weights, on a terminal.
 func progressPrinters(w io.Writer) func(what string, done, total int64) {
 	bars := map[string]func(done, total int64){}
+	var mu sync.Mutex // a pull's streams report from their goroutines
 	return func(what string, done, total int64) {
+		mu.Lock()
+		defer mu.Unlock()
 		p, ok := bars[what]
 		if !ok {
 			p = progressPrinter(w, what)
