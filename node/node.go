@@ -451,7 +451,8 @@ func (n *Node) Fatal() <-chan error { return n.fatal }
 // new (a request that races the news is refused and goes elsewhere); requests from HTTP and
 // from routers run to their end; at ctx's end the remaining ones are cut (HTTP streams with
 // an error event, router streams with an Unavailable error their router migrates); the
-// workers deregister; the engines stop. It returns ctx.Err() if requests were cut.
+// workers deregister; the engines stop; a pack cache being written is finished, or cut at
+// ctx's end. It returns ctx.Err() if requests were cut.
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.shutOnce.Do(func() {
 		var wg sync.WaitGroup
@@ -463,7 +464,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		wg.Wait()
 		n.workersDone.Wait()
 		n.stop()
-		n.stopSaving()
+		n.finishSaving(ctx)
 		for _, err := range errs {
 			if err != nil {
 				n.shutErr = err

@@ -186,7 +186,8 @@ func (n *Node) contentHash() (filehash.Sum, error) {
 }
 
 // saveCache writes the pack cache in the background: the engine serves meanwhile, and
-// Shutdown cancels a write not done (the next start writes it again).
+// Shutdown waits for the write within its deadline, then cancels it (the next start
+// writes it again).
 func (n *Node) saveCache(path string, key packcache.Key, be hal.WeightPorter, ws []*hal.Weight) {
 	ctx, cancel := context.WithCancel(context.Background())
 	n.stopSave = cancel
@@ -483,4 +484,16 @@ func (n *Node) stopSaving() {
 		n.stopSave()
 		<-n.saveDone
 	}
+}
+
+// finishSaving waits for a pack cache write until ctx ends, then cancels it.
+func (n *Node) finishSaving(ctx context.Context) {
+	if n.stopSave == nil {
+		return
+	}
+	select {
+	case <-n.saveDone:
+	case <-ctx.Done():
+	}
+	n.stopSaving()
 }

@@ -38,7 +38,7 @@ func TestColdStartTable(t *testing.T) {
 	for _, model := range strings.Split(models, ",") {
 		rows = append(rows, coldStartRow(t, model, reps))
 	}
-	t.Logf("time to first token from process start, median of %d (seconds):\n| model | cold disk | warm disk | pack cache | peer (loopback) |\n| --- | --- | --- | --- | --- |\n%s",
+	t.Logf("time from process start to the first token, and the CPU time the new engine used, medians of %d:\n| model | cold disk | warm disk | pack cache | peer (loopback) |\n| --- | --- | --- | --- | --- |\n%s",
 		reps, strings.Join(rows, "\n"))
 }
 
@@ -78,6 +78,9 @@ func freePort(t *testing.T) int {
 // start to the first streamed token of a one-token completion, and the process.
 func firstToken(t *testing.T, name string, args ...string) (time.Duration, *proc) {
 	t.Helper()
+	if _, err := buildBins(); err != nil { // before the clock starts
+		t.Fatal(err)
+	}
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	t0 := time.Now()
@@ -121,6 +124,22 @@ func firstToken(t *testing.T, name string, args ...string) (time.Duration, *proc
 	return 0, nil
 }
 
+// cpuSeconds is the user and system CPU time process pid has used (from /proc).
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name (which may hold spaces) in parentheses.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	sy, _ := strconv.ParseFloat(f[12], 64)
+	return (u + sy) / 100 // USER_HZ
+}
+
 func kill(p *proc) {
 	p.cmd.Process.Kill()
 	<-p.exited
@@ -135,16 +154,17 @@ func median(ds []time.Duration) time.Duration {
 func coldStartRow(t *testing.T, model string, reps int) string {
 	base := filepath.Base(model)
 	packDir := t.TempDir()
-	measure := func(way string, before func(), args ...string) time.Duration {
-		var ds []time.Duration
+	measure := func(way string, before func(), args ...string) startTimes {
+		var ds, cpus []time.Duration
 		for i := range reps {
 			before()
 			d, p := firstToken(t, fmt.Sprintf("%s %s %d", base, way, i), append([]string{"--model", model}, args...)...)
+			cpu := time.Duration(cpuSeconds(p.cmd.Process.Pid) * float64(time.Second))
 			kill(p)
-			ds = append(ds, d)
-			t.Logf("%s %s: %.2fs", base, way, d.Seconds())
+			ds, cpus = append(ds, d), append(cpus, cpu)
+			t.Logf("%s %s: %.2fs (%.2f CPU s)", base, way, d.Seconds(), cpu.Seconds())
 		}
-		return median(ds)
+		return startTimes{median(ds), median(cpus)}
 	}
 	cold := measure("cold disk", func() { fadviseDontNeed(t, model) })
 	warm := measure("warm disk", func() { readAll(t, model) })
@@ -193,14 +213,26 @@ func coldStartRow(t *testing.T, model string, reps int) string {
 		}
 	}()
 	fadviseDontNeed(t, model)
+	aCPU := cpuSeconds(a.cmd.Process.Pid)
 	d, b := firstToken(t, base+" peer under load", append([]string{"--model", model}, bArgs...)...)
 	close(stop)
 	rate := <-during
 	kill(b)
-	t.Logf("%s: a decodes %.1f tokens/s alone, %.1f while b pulls (b started in %.2fs)", base, alone, rate, d.Seconds())
+	t.Logf("%s: a decodes %.1f tokens/s alone, %.1f while b pulls (b started in %.2fs; a's CPU meanwhile, its requests included: %.2f s)",
+		base, alone, rate, d.Seconds(), cpuSeconds(a.cmd.Process.Pid)-aCPU)
+	// The sending alone: a's CPU time for one more pull, with no requests.
+	aCPU = cpuSeconds(a.cmd.Process.Pid)
+	_, b = firstToken(t, base+" peer send cost", append([]string{"--model", model}, bArgs...)...)
+	kill(b)
+	t.Logf("%s: a's CPU time to send the weights once: %.2f s", base, cpuSeconds(a.cmd.Process.Pid)-aCPU)
 	kill(a)
-	return fmt.Sprintf("| %s | %.2f | %.2f | %.2f | %.2f |", base, cold.Seconds(), warm.Seconds(), cached.Seconds(), peer.Seconds())
+	return fmt.Sprintf("| %s | %s | %s | %s | %s |", base, cold, warm, cached, peer)
 }
+
+// startTimes is a way's medians: time to first token, and the CPU time the process used.
+type startTimes struct{ wall, cpu time.Duration }
+
+func (s startTimes) String() string { return fmt.Sprintf("%.2f s (%.2f CPU s)", s.wall.Seconds(), s.cpu.Seconds()) }
 
 // decodeRate is the tokens per second of a streamed 64-token greedy completion on url,
 // from its first token to its last.
@@ -210,9 +242,15 @@ func decodeRate(t *testing.T, url string) float64 {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
+		t.Logf("decode rate: %v", err)
 		return 0
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Logf("decode rate: %d %s", resp.StatusCode, b)
+		return 0
+	}
 	var first, last time.Time
 	n := 0
 	sc := bufio.NewScanner(resp.Body)
