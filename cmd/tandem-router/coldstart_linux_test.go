@@ -232,7 +232,9 @@ func coldStartRow(t *testing.T, model string, reps int) string {
 // startTimes is a way's medians: time to first token, and the CPU time the process used.
 type startTimes struct{ wall, cpu time.Duration }
 
-func (s startTimes) String() string { return fmt.Sprintf("%.2f s (%.2f CPU s)", s.wall.Seconds(), s.cpu.Seconds()) }
+func (s startTimes) String() string {
+	return fmt.Sprintf("%.2f s (%.2f CPU s)", s.wall.Seconds(), s.cpu.Seconds())
+}
 
 // decodeRate is the tokens per second of a streamed 64-token greedy completion on url,
 // from its first token to its last.
