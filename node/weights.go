@@ -462,12 +462,10 @@ func byteSize(b int64) string {
 	}
 }
 
-// serveWeights makes c (replica 0's worker) serve the node's prepared weights to peers,
-// advertise its content hash in its card, and use the identity a pull earned.
+// serveWeights makes c (replica 0's worker) serve the node's prepared weights to peers and
+// advertise its content hash in its card. (An identity a pull earned is in the state
+// directory, where the worker loads it as it would any stored identity.)
 func (n *Node) serveWeights(c *worker.Config) {
-	if n.identity != nil {
-		c.Identity = n.identity
-	}
 	if n.weights == nil {
 		return
 	}
