@@ -90,6 +90,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the tests to this file")
 	memProfile := fs.String("memprofile", "", "write a heap profile taken after the tests to this file")
+	packCache := fs.String("pack-cache", "", "map the prepared (packed) weights from this directory, writing them there first if they are not (as tandem serve --pack-cache)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem bench-engine [--model FILE] [-p 512] [-n 64] [--batch 4,16] [-r 3] [--json]")
 		fs.PrintDefaults()
@@ -125,6 +126,11 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	defer closeModel()
 	m.KVType = kvType
+	if *packCache != "" {
+		if err := benchPackCache(*packCache, *modelPath, be, m, stderr); err != nil {
+			return err
+		}
+	}
 	m.Prefault(be, nil)
 	loadTime := time.Since(t0)
 	fileBytes := weightFileBytes(*modelPath, m.WeightBytes)

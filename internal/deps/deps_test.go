@@ -18,6 +18,7 @@ var allowed = map[string][]string{
 	"bench": {}, "bench/benchtest": {},
 	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {}, "internal/version": {}, "sla": {}, "grammar": {}, "internal/schematest": {},
 	"internal/vulkantest": {"hal/vulkan"},
+	"internal/filehash": {"internal/statefile"},
 
 	// File formats and the device contract.
 	"gguf": {"dtype"}, "safetensors": {"dtype"}, "hal": {"dtype"}, "hal/cpu": {"hal"},
@@ -40,6 +41,7 @@ var allowed = map[string][]string{
 	"modelgen":       {"gguf", "hal", "hal/cpu", "model", "tokenizer"},
 	"engine":         {"grammar", "hal", "kvcache", "llm", "metrics", "model", "sched", "tokenizer"},
 	"engine/simstep": {"engine", "hal", "model", "sim"},
+	"packcache":      {"hal", "internal/filehash", "internal/statefile"},
 
 	// Serving.
 	"openai":        {"grammar", "httpserve", "llm", "metrics", "tokenizer"},
@@ -47,7 +49,7 @@ var allowed = map[string][]string{
 	"bench/loadgen": {"bench"},
 	"web":           {"metrics", "sla"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
-	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/version", "kvcache", "llm", "metrics", "model", "modelgen", "openai", "respstore", "sim", "sla", "web", "worker"},
+	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/filehash", "internal/version", "kvcache", "llm", "metrics", "model", "modelgen", "openai", "orpc", "packcache", "respstore", "sim", "sla", "web", "worker"},
 	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "respstore", "router", "tokenizer"},
 
 	// Binaries: flags and wiring.
