@@ -46,7 +46,11 @@ type Runner struct {
 func NewRunner(m *Model, be hal.Backend) *Runner {
 	r := &Runner{M: m, Be: be, rope: m.RoPE()}
 	r.multi, _ = be.(hal.MultiMatMuler)
-	r.capture, _ = be.(hal.StepCapturer)
+	if m.Stage.Whole() {
+		// A stage's step also moves its activations in or out (ForwardStage), which a
+		// capture would not replay: stages run their ops one by one.
+		r.capture, _ = be.(hal.StepCapturer)
+	}
 	return r
 }
 
@@ -123,27 +127,58 @@ func (r *Runner) fit(b *hal.Buf, n int) error {
 // Forward runs the batch through the model, storing every token's keys and
 // values in kv, and writes len(b.Outputs) rows of logits into logits.
 func (r *Runner) Forward(kv hal.KVStore, b *Batch, logits []float32) error {
-	c := &r.M.Config
-	n := len(b.Tokens)
+	if !r.M.Stage.Whole() {
+		return fmt.Errorf("model: %s holds part of the model; run it with ForwardStage", r.M.Stage)
+	}
+	return r.ForwardStage(kv, b, nil, nil, logits)
+}
+
+// ForwardStage runs a pipeline stage's share of the batch (Model.Stage), storing the KV of
+// its layers in kv: the first stage embeds b.Tokens, the others start from in, the hidden
+// states the previous stage wrote (len(b.Attn.Pos)×Embd values); the last writes the logits
+// of b.Outputs into logits (and b.Hidden), the others their layers' hidden states into out.
+// Of the whole model it is Forward.
+func (r *Runner) ForwardStage(kv hal.KVStore, b *Batch, in, out, logits []float32) error {
+	m := r.M
+	c := &m.Config
+	n := len(b.Attn.Pos)
+	if m.Stage.First() {
+		n = len(b.Tokens)
+	}
 	if n == 0 {
 		return nil
 	}
 	if len(b.Attn.Pos) != n || len(b.Attn.SeqOf) != n {
 		return fmt.Errorf("model: batch of %d tokens has %d positions and %d sequence ids", n, len(b.Attn.Pos), len(b.Attn.SeqOf))
 	}
-	if len(logits) < len(b.Outputs)*c.VocabSize {
+	if m.Stage.Last() && len(logits) < len(b.Outputs)*c.VocabSize {
 		return fmt.Errorf("model: logits buffer holds %d values, want %d", len(logits), len(b.Outputs)*c.VocabSize)
+	}
+	if !m.Stage.First() && len(in) < n*c.Embd || !m.Stage.Last() && len(out) < n*c.Embd {
+		return fmt.Errorf("model: %s: hidden states of %d and %d values for %d tokens of %d", m.Stage, len(in), len(out), n, c.Embd)
 	}
 	for _, id := range b.Tokens {
 		if id < 0 || int(id) >= c.VocabSize {
 			return fmt.Errorf("model: token id %d outside the vocabulary of %d", id, c.VocabSize)
 		}
 	}
-	if err := r.reserve(n, len(b.Outputs)); err != nil {
+	outs := len(b.Outputs)
+	if !m.Stage.Last() {
+		outs = 0 // the rows are the next stage's to pick
+	}
+	if err := r.reserve(n, outs); err != nil {
 		return err
 	}
 	s := &r.step
-	*s = hal.Step{Tokens: b.Tokens, Attn: &b.Attn, Outputs: b.Outputs, KV: kv, Logits: logits[:len(b.Outputs)*c.VocabSize]}
+	*s = hal.Step{Tokens: b.Tokens, Attn: &b.Attn, Outputs: b.Outputs, KV: kv}
+	if m.Stage.Last() {
+		s.Logits = logits[:len(b.Outputs)*c.VocabSize]
+	}
+	if !m.Stage.First() {
+		if err := r.Be.WriteBuf(r.x.Slice(0, n*c.Embd), in[:n*c.Embd]); err != nil {
+			return fmt.Errorf("model: %s: the hidden states in: %w", m.Stage, err)
+		}
+	}
 	if r.capture == nil {
 		r.ops(s)
 	} else {
@@ -154,10 +189,15 @@ func (r *Runner) Forward(kv hal.KVStore, b *Batch, logits []float32) error {
 			return fmt.Errorf("model: forward step: %w", err)
 		}
 	}
+	if !m.Stage.Last() {
+		if err := r.Be.ReadBuf(out[:n*c.Embd], r.x.Slice(0, n*c.Embd)); err != nil {
+			return fmt.Errorf("model: %s: the hidden states out: %w", m.Stage, err)
+		}
+	}
 	if err := r.Be.Err(); err != nil {
 		return fmt.Errorf("model: forward step on %s: %w", r.Be.Name(), err)
 	}
-	if b.Hidden != nil && len(b.Outputs) > 0 {
+	if m.Stage.Last() && b.Hidden != nil && len(b.Outputs) > 0 {
 		// Read after the step, outside its capture: the step's ops stay those of its shape.
 		rows := len(b.Outputs) * c.Embd
 		if len(b.Hidden) < rows {
@@ -170,22 +210,27 @@ func (r *Runner) Forward(kv hal.KVStore, b *Batch, logits []float32) error {
 	return nil
 }
 
-// ops issues the ops of step s. What they are depends on s's shape alone;
-// the host slices they read and write are s's (see hal.StepCapturer).
+// ops issues the ops of step s (of the model's stage: its layers; the embedding on the
+// first, the logits on the last). What they are depends on s's shape alone; the host
+// slices they read and write are s's (see hal.StepCapturer).
 func (r *Runner) ops(s *hal.Step) {
 	m, be := r.M, r.Be
 	c := &m.Config
-	n := len(s.Tokens)
+	n := len(s.Attn.Pos)
 	qDim, kvDim := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	x, xn, tmp := r.x.Slice(0, n*c.Embd), r.xn.Slice(0, n*c.Embd), r.tmp.Slice(0, n*c.Embd)
 	q, att := r.q.Slice(0, n*qDim), r.att.Slice(0, n*qDim)
 	k, v := r.k.Slice(0, n*kvDim), r.v.Slice(0, n*kvDim)
 	ffnRows := min(n, ffnChunkRows)
 
-	be.Embed(x, m.Embedding, s.Tokens)
+	if m.Stage.First() {
+		be.Embed(x, m.Embedding, s.Tokens)
+	}
 	scale := attnScale(c.HeadDim)
-	for li := range m.Layers {
+	lo, hi := m.layerRange()
+	for li := lo; li < hi; li++ {
 		l := &m.Layers[li]
+		kl := li - lo // the layer's index in the stage's KV store
 		be.RMSNorm(xn, x, l.AttnNorm, c.NormEps)
 		r.matMuls(xn, n, hal.MatMulOut{Out: q, W: l.Wq}, hal.MatMulOut{Out: k, W: l.Wk}, hal.MatMulOut{Out: v, W: l.Wv})
 		if l.Bq != nil {
@@ -205,8 +250,8 @@ func (r *Runner) ops(s *hal.Step) {
 		}
 		be.RoPE(q, c.Heads, c.HeadDim, s.Attn.Pos, r.rope)
 		be.RoPE(k, c.KVHeads, c.HeadDim, s.Attn.Pos, r.rope)
-		be.StoreKV(s.KV, li, k, v, s.Attn)
-		be.Attention(att, q, c.Heads, scale, s.KV, li, s.Attn)
+		be.StoreKV(s.KV, kl, k, v, s.Attn)
+		be.Attention(att, q, c.Heads, scale, s.KV, kl, s.Attn)
 		be.MatMul(tmp, att, n, l.Wo)
 		be.Add(x, tmp)
 
@@ -221,7 +266,7 @@ func (r *Runner) ops(s *hal.Step) {
 		be.Add(x, tmp)
 	}
 	no := len(s.Outputs)
-	if no == 0 {
+	if no == 0 || !m.Stage.Last() {
 		return
 	}
 	outX, outN := r.outX.Slice(0, no*c.Embd), r.outN.Slice(0, no*c.Embd)

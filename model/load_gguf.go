@@ -12,19 +12,23 @@ import (
 )
 
 // Load opens a model from a GGUF file or a Hugging Face model directory.
-func Load(path string, be hal.Backend) (*Model, error) {
+func Load(path string, be hal.Backend) (*Model, error) { return LoadStage(path, be, StageSpec{}) }
+
+// LoadStage opens one pipeline stage of a model (see Stage): only its weights are read, so
+// its memory is its share of the model's.
+func LoadStage(path string, be hal.Backend, sp StageSpec) (*Model, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	if st.IsDir() {
-		return LoadHF(path, be)
+		return loadHF(path, be, sp)
 	}
 	f, err := gguf.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", path, err)
 	}
-	m, err := FromGGUF(f, be)
+	m, err := FromGGUFStage(f, be, sp)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%w (in %s)", err, path)
@@ -38,7 +42,10 @@ func Load(path string, be hal.Backend) (*Model, error) {
 
 // FromGGUF builds a model over the tensors of an open GGUF file, which must
 // stay open as long as the model is used.
-func FromGGUF(f *gguf.File, be hal.Backend) (*Model, error) {
+func FromGGUF(f *gguf.File, be hal.Backend) (*Model, error) { return FromGGUFStage(f, be, StageSpec{}) }
+
+// FromGGUFStage is FromGGUF for one pipeline stage of the model (LoadStage).
+func FromGGUFStage(f *gguf.File, be hal.Backend, sp StageSpec) (*Model, error) {
 	cfg, err := configFromGGUF(f)
 	if err != nil {
 		return nil, err
@@ -50,7 +57,7 @@ func FromGGUF(f *gguf.File, be hal.Backend) (*Model, error) {
 	if cfg.VocabSize == 0 {
 		cfg.VocabSize = tok.VocabSize()
 	}
-	m, err := build(cfg, ggufSource{f}, be)
+	m, err := buildStage(cfg, ggufSource{f}, be, sp)
 	if err != nil {
 		return nil, err
 	}

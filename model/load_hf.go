@@ -25,12 +25,14 @@ type hfRopeScaling struct {
 
 // LoadHF opens a Hugging Face model directory: config.json, safetensors
 // weights (single or sharded), tokenizer.json and tokenizer_config.json.
-func LoadHF(dir string, be hal.Backend) (*Model, error) {
+func LoadHF(dir string, be hal.Backend) (*Model, error) { return loadHF(dir, be, StageSpec{}) }
+
+func loadHF(dir string, be hal.Backend, sp StageSpec) (*Model, error) {
 	tok, err := tokenizer.FromHF(dir)
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: tokenizer: %w", dir, err)
 	}
-	m, err := loadHFWeights(dir, be)
+	m, err := loadHFStageWeights(dir, be, sp)
 	if err != nil {
 		return nil, err
 	}
@@ -45,6 +47,11 @@ func LoadHF(dir string, be hal.Backend) (*Model, error) {
 
 // loadHFWeights reads config.json and the safetensors weights alone.
 func loadHFWeights(dir string, be hal.Backend) (*Model, error) {
+	return loadHFStageWeights(dir, be, StageSpec{})
+}
+
+// loadHFStageWeights is loadHFWeights for the weights of stage sp.
+func loadHFStageWeights(dir string, be hal.Backend, sp StageSpec) (*Model, error) {
 	cfg, err := readHFConfig(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return nil, err
@@ -55,7 +62,7 @@ func loadHFWeights(dir string, be hal.Backend) (*Model, error) {
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	arch, _ := LookupArch(cfg.Arch)
-	m, err := build(cfg, newHFSource(set, arch.TensorSpecs(&cfg)), be)
+	m, err := buildStage(cfg, newHFSource(set, arch.TensorSpecs(&cfg)), be, sp)
 	if err != nil {
 		set.Close()
 		return nil, fmt.Errorf("%w (in %s)", err, dir)

@@ -45,6 +45,9 @@ type Model struct {
 	// value) or hal.F16, which halves KVBytesPerToken. A run-time choice, not the file's:
 	// set it before building engines or stores.
 	KVType hal.DType
+	// Stage is the pipeline stage loaded (LoadStage): its layers alone have weights, and
+	// the KV layout covers them alone. The zero Stage is the whole model.
+	Stage Stage
 
 	closers []io.Closer
 }
@@ -70,13 +73,28 @@ var errMissing = errors.New("missing tensor")
 // build reads every weight of cfg's architecture from src, checking shapes
 // and that be has a kernel for each matrix type.
 func build(cfg Config, src tensorSource, be hal.Backend) (*Model, error) {
+	return buildStage(cfg, src, be, StageSpec{})
+}
+
+// buildStage is build for the weights stage sp loads.
+func buildStage(cfg Config, src tensorSource, be hal.Backend, sp StageSpec) (*Model, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	arch, _ := LookupArch(cfg.Arch)
 	m := &Model{Config: cfg, Layers: make([]Layer, cfg.Layers)}
+	if sp.Count > 1 {
+		stages, err := sp.Stages(cfg.Layers)
+		if err != nil {
+			return nil, err
+		}
+		m.Stage = stages[sp.Index]
+	}
 	types := map[hal.DType]bool{}
 	for _, ts := range arch.TensorSpecs(&m.Config) {
+		if !m.Stage.Whole() && !m.Stage.wants(ts) {
+			continue
+		}
 		typ, shape, data, err := src.tensor(ts.GGUF)
 		if errors.Is(err, errMissing) && ts.Optional {
 			continue
@@ -101,10 +119,15 @@ func build(cfg Config, src tensorSource, be hal.Backend) (*Model, error) {
 			}
 			*m.vectorOf(ts) = v
 		}
-		m.WeightBytes += int64(len(data))
+		if ts.Role != RoleEmbedding || m.Stage.First() {
+			m.WeightBytes += int64(len(data))
+		}
 	}
-	if m.Output == nil {
+	if m.Output == nil && m.Stage.Last() {
 		m.Output = m.Embedding // tied
+		if !m.Stage.First() {
+			m.WeightBytes += int64(len(m.Embedding.Data))
+		}
 	}
 	if len(types) == 1 {
 		for t := range types {
@@ -207,16 +230,20 @@ func (m *Model) RoPE() *hal.RoPE {
 	return &hal.RoPE{Dims: c.RopeDims, Base: c.RopeBase, Neox: c.RopeNeox, FreqFactors: c.FreqFactors, FreqScale: c.RopeScale}
 }
 
-// KVLayout is the KV store shape for this model with the given block count and size.
+// KVLayout is the KV store shape for this model (a stage's layers alone) with the given
+// block count and size.
 func (m *Model) KVLayout(blocks, blockSize int) hal.KVLayout {
 	c := &m.Config
-	return hal.KVLayout{Layers: c.Layers, Blocks: blocks, BlockSize: blockSize, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: m.KVType}
+	lo, hi := m.layerRange()
+	return hal.KVLayout{Layers: hi - lo, Blocks: blocks, BlockSize: blockSize, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: m.KVType}
 }
 
-// KVBytesPerToken is the KV memory one position takes across all layers, in KVType.
+// KVBytesPerToken is the KV memory one position takes across the model's layers (a
+// stage's alone), in KVType.
 func (m *Model) KVBytesPerToken() int64 {
 	c := &m.Config
-	return int64(c.Layers) * 2 * int64(c.KVHeads*c.HeadDim) * int64(m.KVLayout(0, 0).ElemBytes())
+	lo, hi := m.layerRange()
+	return int64(hi-lo) * 2 * int64(c.KVHeads*c.HeadDim) * int64(m.KVLayout(0, 0).ElemBytes())
 }
 
 func attnScale(headDim int) float32 { return float32(1 / math.Sqrt(float64(headDim))) }

@@ -61,10 +61,15 @@ func touch(b []byte) {
 func (m *Model) Matrices() []*hal.Weight { return m.matrices() }
 
 // matrices lists the distinct weight matrices the matmuls read: the
-// token embedding only when it is also the output matrix.
+// token embedding only when it is also the output matrix. A pipeline stage's are its
+// layers' (and the output matrix on the last stage).
 func (m *Model) matrices() []*hal.Weight {
-	out := []*hal.Weight{m.Output}
-	for i := range m.Layers {
+	var out []*hal.Weight
+	if m.Output != nil {
+		out = append(out, m.Output)
+	}
+	lo, hi := m.layerRange()
+	for i := lo; i < hi; i++ {
 		l := &m.Layers[i]
 		out = append(out, l.Wq, l.Wk, l.Wv, l.Wo, l.Gate, l.Up, l.Down)
 	}
