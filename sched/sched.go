@@ -13,6 +13,12 @@ type Config struct {
 	MaxBatchTokens int    // token budget of one step: decode tokens and prefill chunks together
 	MaxSeqs        int    // most sequences running at once
 	Salt           uint64 // block hash salt of the sequences' KV (kvcache.Salt of model, namespace, LoRA)
+	// MicroBatches is how many steps may be in flight at once: a pipeline's stages, each
+	// running another step (a micro-batch) at the same time. A plan then takes at most
+	// 1/MicroBatches of the running sequences (rounded up), so that the steps in flight
+	// share them, and a sequence whose step is in flight is neither planned nor preempted
+	// until the caller lands that step (Land, instead of Commit). 0 or 1: one step at a time.
+	MicroBatches int
 }
 
 // where a Seq is.
@@ -44,6 +50,7 @@ type Seq struct {
 	admitted bool   // admitted at least once
 	arrival  uint64 // order of the first Add
 	state    state
+	inFlight bool // in a step not landed yet (Config.MicroBatches)
 
 	// While queued: the prompt tokens the prefix cache held when the census last looked
 	// the sequence up, at expectFor tokens (load.go).
@@ -67,6 +74,9 @@ func (s *Seq) Waiting() bool { return s.state == waiting }
 
 // Running reports whether the sequence is admitted and not preempted.
 func (s *Seq) Running() bool { return s.state == running }
+
+// InFlight reports whether the sequence is in a step not landed yet (Config.MicroBatches).
+func (s *Seq) InFlight() bool { return s.inFlight }
 
 // A Sequence is the caller's record of a sequence: a pointer to a struct that embeds Seq.
 type Sequence interface {
@@ -230,17 +240,18 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 	budget := s.cfg.MaxBatchTokens
 	slices.SortStableFunc(s.running, func(a, b S) int { return cmp.Compare(left(a), left(b)) })
 	s.order = append(s.order[:0], s.running...)
+	share := s.share()
 	for _, q := range s.order {
-		if budget == 0 {
+		if budget == 0 || share == 0 {
 			break
 		}
 		seq := q.Sched()
-		if seq.state != running {
-			continue // preempted to make room for an earlier one
+		if seq.state != running || seq.inFlight {
+			continue // preempted to make room for an earlier one, or in another step
 		}
 		n := min(left(q), budget)
 		for n > 0 && seq.KV.Reserve(n) != nil {
-			v := slices.MaxFunc(s.running, before[S])
+			v := s.victim()
 			if v == q && len(s.running) == 1 {
 				// Alone and still out of blocks: the sequence has outgrown the pool.
 				s.running = s.running[:0]
@@ -252,6 +263,7 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 			if i := slices.IndexFunc(p.Chunks, func(c Chunk[S]) bool { return c.Seq == v }); i >= 0 {
 				budget += p.Chunks[i].N
 				p.Chunks = slices.Delete(p.Chunks, i, i+1)
+				share++
 			}
 			s.preempt(v)
 			p.Preempted = append(p.Preempted, v)
@@ -262,6 +274,7 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 		if n > 0 {
 			p.Chunks = append(p.Chunks, Chunk[S]{Seq: q, From: seq.KV.Len(), N: n})
 			budget -= n
+			share--
 		}
 	}
 	bs := s.pool.BlockSize()
@@ -299,7 +312,37 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 		budget -= n
 	}
 	p.KV = s.pool.Stats()
+	if s.cfg.MicroBatches > 1 {
+		for _, c := range p.Chunks {
+			c.Seq.Sched().inFlight = true
+		}
+	}
 	return p
+}
+
+// share is how many running sequences a plan may take: all of them, or with micro-batches
+// their share of the steps in flight.
+func (s *Scheduler[S]) share() int {
+	if s.cfg.MicroBatches <= 1 {
+		return len(s.running)
+	}
+	return (len(s.running) + s.cfg.MicroBatches - 1) / s.cfg.MicroBatches
+}
+
+// victim is the running sequence to preempt: the lowest priority's latest arrival, of those
+// not in a step in flight (whose KV that step is writing).
+func (s *Scheduler[S]) victim() S {
+	var v S
+	found := false
+	for _, r := range s.running {
+		if r.Sched().inFlight {
+			continue
+		}
+		if !found || before(r, v) > 0 {
+			v, found = r, true
+		}
+	}
+	return v
 }
 
 // preempt releases a running sequence's blocks and queues it again; it will recompute its
@@ -317,6 +360,7 @@ func (s *Scheduler[S]) detach(q S) {
 		seq.KV.Release()
 	}
 	seq.state = detached
+	seq.inFlight = false
 }
 
 // Commit records that the last plan's forward pass wrote the KV of its chunks: full blocks
@@ -327,6 +371,26 @@ func (s *Scheduler[S]) Commit() {
 		if seq.state == running {
 			seq.KV.Commit(seq.Tokens[:c.From+c.N])
 		}
+	}
+}
+
+// Land records that a step in flight (Config.MicroBatches) is done: its forward pass wrote
+// the KV of chunks, a plan's Chunks as Schedule returned them (the caller keeps a copy, as
+// the plan is reused): full blocks enter the prefix cache, as Commit does, and the
+// sequences may be planned again. Steps land in the order they were planned. Chunks of
+// sequences finished since are skipped.
+//
+// A sequence finished while its step is in flight releases blocks that step still writes.
+// That is safe as long as every step runs its layers in plan order (a pipeline's stages do):
+// a later step that is given such a block writes it after the earlier one did, before it
+// reads it.
+func (s *Scheduler[S]) Land(chunks []Chunk[S]) {
+	for _, c := range chunks {
+		seq := c.Seq.Sched()
+		if seq.state == running {
+			seq.KV.Commit(seq.Tokens[:c.From+c.N])
+		}
+		seq.inFlight = false
 	}
 }
 

@@ -26,6 +26,10 @@ type harness struct {
 	s     *Scheduler[*testSeq]
 	seqs  map[uint64]*testSeq
 	steps int
+
+	// With micro-batches: the steps in flight, oldest first.
+	flight   [][]Chunk[*testSeq]
+	flightID []int
 }
 
 // TestScripts runs the scripts in testdata. Commands:
@@ -41,6 +45,14 @@ type harness struct {
 //	state                                       the waiting and running sequences, as
 //	                                            ID(tokens with KV/tokens)
 //	census                                      the Census and the load report it makes
+//
+// With micro=D on new (Config.MicroBatches), steps go in flight and land later:
+//
+//	launch                                      plan a step and put it in flight
+//	land                                        land the oldest step in flight and sample it
+//	pipe [n=K]                                  K turns of a pipeline of D stages: land the
+//	                                            oldest step when D are in flight, then launch;
+//	                                            when nothing launches, land the oldest
 func TestScripts(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
 	if err != nil || len(files) == 0 {
@@ -71,6 +83,21 @@ func TestScripts(t *testing.T) {
 					out = h.state()
 				case "census":
 					out = h.census()
+				case "launch":
+					out = h.launch()
+				case "land":
+					out = h.land(t)
+				case "pipe":
+					for range d.Int(t, "n", 1) {
+						if len(h.flight) == max(h.s.cfg.MicroBatches, 1) {
+							out += h.land(t)
+						}
+						before := len(h.flight)
+						out += h.launch()
+						if len(h.flight) == before && before > 0 {
+							out += h.land(t) // nothing to launch: wait for the oldest
+						}
+					}
 				default:
 					t.Fatalf("%s: unknown command %q", d.Pos, d.Cmd)
 				}
@@ -83,7 +110,8 @@ func TestScripts(t *testing.T) {
 
 func newHarness(t *testing.T, d *datadriven.TestData) *harness {
 	pool := kvcache.NewPool(d.Int(t, "blocks", 64), d.Int(t, "block-size", 4))
-	s, err := New[*testSeq](Config{MaxBatchTokens: d.Int(t, "budget", 16), MaxSeqs: d.Int(t, "seqs", 8), Salt: 7}, pool)
+	s, err := New[*testSeq](Config{MaxBatchTokens: d.Int(t, "budget", 16), MaxSeqs: d.Int(t, "seqs", 8), Salt: 7,
+		MicroBatches: d.Int(t, "micro", 0)}, pool)
 	if err != nil {
 		t.Fatalf("%s: %v", d.Pos, err)
 	}
@@ -154,23 +182,52 @@ func (h *harness) step(n int) string {
 		p := h.s.Schedule()
 		fmt.Fprintf(&b, "step %d: %s\n", h.steps, p)
 		h.s.Commit()
-		var done []string
-		for _, c := range p.Chunks {
-			if !c.Samples() {
-				continue
-			}
-			q := c.Seq
-			q.Tokens = append(q.Tokens, token(q.ID, len(q.Tokens), true))
-			if q.Generated() >= q.out {
-				h.s.Finish(q)
-				done = append(done, strconv.FormatUint(q.ID, 10))
-			}
-		}
-		if len(done) > 0 {
-			fmt.Fprintf(&b, "  done %s\n", strings.Join(done, " "))
-		}
+		b.WriteString(h.sample(p.Chunks))
 	}
 	return b.String()
+}
+
+// sample appends a token to each chunk's sequence that the step ends, and finishes those
+// done; it returns the "done" line.
+func (h *harness) sample(chunks []Chunk[*testSeq]) string {
+	var done []string
+	for _, c := range chunks {
+		if !c.Samples() || !c.Seq.Running() {
+			continue
+		}
+		q := c.Seq
+		q.Tokens = append(q.Tokens, token(q.ID, len(q.Tokens), true))
+		if q.Generated() >= q.out {
+			h.s.Finish(q)
+			done = append(done, strconv.FormatUint(q.ID, 10))
+		}
+	}
+	if len(done) == 0 {
+		return ""
+	}
+	return "  done " + strings.Join(done, " ") + "\n"
+}
+
+// launch plans a step and puts it in flight.
+func (h *harness) launch() string {
+	h.steps++
+	p := h.s.Schedule()
+	if len(p.Chunks) > 0 {
+		h.flight = append(h.flight, slices.Clone(p.Chunks))
+		h.flightID = append(h.flightID, h.steps)
+	}
+	return fmt.Sprintf("launch %d: %s\n", h.steps, p)
+}
+
+// land lands the oldest step in flight and samples it.
+func (h *harness) land(t *testing.T) string {
+	if len(h.flight) == 0 {
+		return "land: nothing in flight\n"
+	}
+	chunks, id := h.flight[0], h.flightID[0]
+	h.flight, h.flightID = h.flight[1:], h.flightID[1:]
+	h.s.Land(chunks)
+	return fmt.Sprintf("land %d\n", id) + h.sample(chunks)
 }
 
 func (h *harness) run(t *testing.T) string {
