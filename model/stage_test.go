@@ -64,8 +64,8 @@ func TestStagesMatchWhole(t *testing.T) {
 		specs []StageSpec
 	}{
 		{"stories260K-f32.gguf", []StageSpec{{Count: 2}, {Count: 3}, {Count: 2, Sizes: []int{4, 1}}}},
-		{"rand-qwen2-tok512-f32.gguf", []StageSpec{{Count: 2}}},      // biases, tied output
-		{"rand-qwen3-tok512-f32.gguf", []StageSpec{{Count: 2}}},      // q/k norms, tied
+		{"rand-qwen2-tok512-f32.gguf", []StageSpec{{Count: 2}}},       // biases, tied output
+		{"rand-qwen3-tok512-f32.gguf", []StageSpec{{Count: 2}}},       // q/k norms, tied
 		{"rand-llama256-tok512-q4_k_m.gguf", []StageSpec{{Count: 2}}}, // K-quants, untied
 	} {
 		path := fixtures.Model(t, tc.name)
