@@ -64,6 +64,7 @@ type Engine struct {
 	queued    atomic.Int64 // inbox + waiting, for the queue bound
 	inboxTok  atomic.Int64 // prompt tokens of the inbox's requests, for Stats
 	wake      chan struct{}
+	resets    chan chan struct{} // Reset's requests, each closed when done
 	idleTimer *time.Timer // see Run
 	nextID    uint64
 
@@ -150,7 +151,7 @@ func newEngine(m *model.Model, cfg Config) *Engine {
 		m:    m,
 		pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize),
 		log:  cfg.Logger,
-		wake: make(chan struct{}, 1), idleTimer: time.NewTimer(time.Hour),
+		wake: make(chan struct{}, 1), resets: make(chan chan struct{}), idleTimer: time.NewTimer(time.Hour),
 
 		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
 		grammars: newGrammarCache(m.Tokenizer, m.Config.VocabSize),
@@ -270,11 +271,15 @@ func (e *Engine) Run(ctx context.Context) error {
 	for {
 		e.intake()
 		e.reap()
+		e.serveResets()
 		e.observe()
 		e.publish()
 		if e.sched.Idle() {
 			select {
 			case <-e.wake:
+				continue
+			case done := <-e.resets:
+				e.reset(done)
 				continue
 			case <-ctx.Done():
 				return ctx.Err()
@@ -307,6 +312,48 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// Reset fails every running sequence with llm.ErrUnavailable and drops the prefix cache:
+// the KV its blocks held is gone (a pipeline stage restarted with an empty store). Queued
+// requests stay, and will recompute their prompts. It returns when Run's goroutine has
+// done it.
+func (e *Engine) Reset(ctx context.Context) error {
+	done := make(chan struct{})
+	select {
+	case e.resets <- done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// serveResets serves the Reset calls waiting.
+func (e *Engine) serveResets() {
+	for {
+		select {
+		case done := <-e.resets:
+			e.reset(done)
+		default:
+			return
+		}
+	}
+}
+
+func (e *Engine) reset(done chan struct{}) {
+	defer close(done)
+	err := fmt.Errorf("%w: the replica's KV cache was lost (a pipeline stage restarted)", llm.ErrUnavailable)
+	running := slices.Clone(e.sched.Running())
+	for _, s := range running {
+		e.abort(s, err)
+	}
+	e.pool.Clear()
+	e.log.Warn("the KV cache was reset: running requests failed, the prefix cache dropped", "failed", len(running))
 }
 
 // stalledPoll bounds how long a stalled scheduler (work waiting, none admissible) waits

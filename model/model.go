@@ -48,6 +48,8 @@ type Model struct {
 	// Stage is the pipeline stage loaded (LoadStage): its layers alone have weights, and
 	// the KV layout covers them alone. The zero Stage is the whole model.
 	Stage Stage
+	// Split is the layers of every stage of the pipeline Stage is one of (nil: whole).
+	Split []int
 
 	closers []io.Closer
 }
@@ -89,6 +91,9 @@ func buildStage(cfg Config, src tensorSource, be hal.Backend, sp StageSpec) (*Mo
 			return nil, err
 		}
 		m.Stage = stages[sp.Index]
+		for _, st := range stages {
+			m.Split = append(m.Split, st.Layers())
+		}
 	}
 	types := map[hal.DType]bool{}
 	for _, ts := range arch.TensorSpecs(&m.Config) {

@@ -1,0 +1,40 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Pipeline holds a pipeline replica's metrics (package pipeline): its links from one stage
+// to the next, the steps that crossed them and those that failed.
+type Pipeline struct {
+	// LinkUp is 1 while the head's link to the next stage answers (every stage's, since a
+	// stage's link to its own next carries the head's steps), 0 while the replica is down.
+	LinkUp prometheus.Gauge
+	// LinkFailures counts links lost or refused, by reason: lost (a step's answer did not
+	// come: the connection broke or a stage died), refused (a stage refused the replica's
+	// hello: another model, split or block size), dial (no stage listens there).
+	LinkFailures *prometheus.CounterVec
+	// StepsFailed counts forward steps that failed in the pipeline (their sequences end
+	// with an error and migrate when a router sent them).
+	StepsFailed prometheus.Counter
+	// Steps and BytesSent count the steps sent to the next stage and their bytes.
+	Steps, BytesSent prometheus.Counter
+	// Rejoins counts the times the link came back after a failure (the replica then drops
+	// its prefix cache: the restarted stage's KV is gone).
+	Rejoins prometheus.Counter
+}
+
+// NewPipeline registers a pipeline stage's metrics on reg.
+func NewPipeline(reg prometheus.Registerer) *Pipeline {
+	f := factory{reg: reg}
+	return &Pipeline{
+		LinkUp: f.gauge("tandem:pipeline_link_up",
+			"1 while the link to the next pipeline stage answers, 0 while the replica is down."),
+		LinkFailures: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem:pipeline_link_failures_total",
+			Help: "Links to the next pipeline stage lost or refused, by reason: lost, refused, dial."}, []string{"reason"})).(*prometheus.CounterVec),
+		StepsFailed: f.counter("tandem:pipeline_steps_failed_total",
+			"Forward steps that failed in the pipeline; their sequences end with an error (and migrate when a router sent them)."),
+		Steps:     f.counter("tandem:pipeline_steps_total", "Forward steps sent to the next pipeline stage."),
+		BytesSent: f.counter("tandem:pipeline_sent_bytes_total", "Bytes of the steps sent to the next pipeline stage (activations and batch layout)."),
+		Rejoins: f.counter("tandem:pipeline_rejoins_total",
+			"Times the link to the next stage came back after a failure (the replica drops its prefix cache then)."),
+	}
+}

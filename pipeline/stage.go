@@ -1,0 +1,372 @@
+package pipeline
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"tandem/hal"
+	"tandem/metrics"
+	"tandem/model"
+	"tandem/orpc"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// StageConfig describes a stage process other than the head: it serves the link from the
+// stage before it, runs its layers over its own KV store and passes each step on to Next
+// (the last stage answers it).
+type StageConfig struct {
+	Model   *model.Model // loaded with model.LoadStage: Model.Stage says which
+	Backend hal.Backend
+	// Name is the served model name; a hello for another is refused.
+	Name string
+	// BlockSize is the KV block size this stage was started with; a hello for another is
+	// refused (0: any).
+	BlockSize int
+	// Next is the next stage's address; empty on the last stage.
+	Next     string
+	Identity *orpc.Identity // the replica's: links are TLS under its CA, both ways
+	Metrics  *metrics.Pipeline
+	Logger   *slog.Logger
+}
+
+// Stage serves one pipeline stage (not the head).
+type Stage struct {
+	cfg    StageConfig
+	log    *slog.Logger
+	runner *model.Runner
+
+	mu     sync.Mutex // guards active
+	active net.Conn   // the upstream link being served; a new hello replaces it
+	// run is held while a link is served: the runner and the KV store are one link's.
+	run    sync.Mutex
+	kv     hal.KVStore
+	layout hal.KVLayout
+}
+
+// NewStage checks cfg and prepares the stage; Serve serves it.
+func NewStage(cfg StageConfig) (*Stage, error) {
+	st := cfg.Model.Stage
+	switch {
+	case st.Whole() || st.First():
+		return nil, fmt.Errorf("pipeline: %s is the head's, served by the engine", st)
+	case st.Last() != (cfg.Next == ""):
+		return nil, fmt.Errorf("pipeline: %s: the last stage has no next stage, the others one", st)
+	case cfg.Identity == nil:
+		return nil, errors.New("pipeline: a stage needs the replica's identity")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.NewPipeline(prometheus.NewRegistry()) // counted, not served
+	}
+	return &Stage{cfg: cfg, log: cfg.Logger.With("stage", st.Index), runner: model.NewRunner(cfg.Model, cfg.Backend)}, nil
+}
+
+// Listen opens the stage's TCP listener with the link's TLS configuration.
+func (s *Stage) Listen(addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: %w", err)
+	}
+	return tls.NewListener(l, linkServerTLS(s.cfg.Identity.ServerTLS())), nil
+}
+
+// Serve accepts links on l until ctx ends. One link is served at a time: a new one (a
+// restarted head, or stage before) replaces the one before.
+func (s *Stage) Serve(ctx context.Context, l net.Listener) error {
+	go func() {
+		<-ctx.Done()
+		l.Close()
+		s.mu.Lock()
+		if s.active != nil {
+			s.active.Close()
+		}
+		s.mu.Unlock()
+	}()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("pipeline: accept: %w", err)
+		}
+		go s.serveConn(ctx, c)
+	}
+}
+
+// serveConn serves one upstream link: its hello, then its steps.
+func (s *Stage) serveConn(ctx context.Context, c net.Conn) {
+	defer c.Close()
+	log := s.log.With("from", c.RemoteAddr().String())
+	if tc, ok := c.(*tls.Conn); ok {
+		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			log.Warn("pipeline link refused: TLS handshake", "err", err)
+			return
+		}
+	}
+	r := bufio.NewReaderSize(c, 1<<20)
+	w := bufio.NewWriterSize(c, 1<<20)
+	var enc encoder
+	typ, p, buf, err := readFrame(r, nil)
+	if err != nil || typ != frameHello {
+		log.Warn("pipeline link refused: no hello", "err", err, "frame", typ)
+		return
+	}
+	h, err := decodeHello(p)
+	if err != nil {
+		log.Warn("pipeline link refused: a malformed hello", "err", err)
+		return
+	}
+	// The link replaces the one before: close it and wait until its steps stopped.
+	s.mu.Lock()
+	if s.active != nil {
+		s.active.Close()
+	}
+	s.active = c
+	s.mu.Unlock()
+	s.run.Lock()
+	defer s.run.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.active == c {
+			s.active = nil
+		}
+		s.mu.Unlock()
+	}()
+
+	var next *link
+	reply := func(err error) bool {
+		var hr helloReply
+		if err != nil {
+			hr.Err = err.Error()
+			s.cfg.Metrics.LinkFailures.WithLabelValues("refused").Inc()
+			log.Error("pipeline hello refused", "err", err)
+		}
+		if _, werr := w.Write(enc.helloReply(&hr)); werr == nil {
+			w.Flush()
+		}
+		return err == nil
+	}
+	if err := s.accept(&h); err != nil {
+		reply(err)
+		return
+	}
+	if s.cfg.Next != "" {
+		h.Index++
+		next, err = dial(ctx, s.cfg.Next, s.cfg.Identity, &h)
+		if err != nil {
+			reply(err) // it names the stage that refused, and why
+			return
+		}
+		defer next.close()
+	}
+	if !reply(nil) {
+		return
+	}
+	s.cfg.Metrics.LinkUp.Set(1)
+	log.Info("pipeline link up", "stage", s.cfg.Model.Stage.String(), "blocks", h.Blocks, "block_size", h.BlockSize)
+
+	relayDone := make(chan error, 1)
+	if next != nil {
+		// Results come back from the next stage in step order: pass them upstream as they
+		// come, while this stage already runs the steps after.
+		go func() {
+			var res result
+			for {
+				if err := next.recv(&res); err != nil {
+					relayDone <- err
+					c.Close()
+					return
+				}
+				if _, err := w.Write(enc.result(&res)); err != nil {
+					relayDone <- err
+					return
+				}
+				if next.r.Buffered() == 0 {
+					if err := w.Flush(); err != nil {
+						relayDone <- err
+						return
+					}
+				}
+			}
+		}()
+	}
+	var (
+		st     step
+		res    result
+		hidden []float32
+		senc   encoder
+	)
+	embd, vocab := s.cfg.Model.Config.Embd, s.cfg.Model.Config.VocabSize
+	for {
+		typ, p, buf, err = readFrame(r, buf)
+		if err != nil {
+			break
+		}
+		if typ != frameStep {
+			log.Error("pipeline link: an unexpected frame", "type", typ)
+			break
+		}
+		if err := decodeStep(p, &st); err != nil {
+			log.Error("pipeline link: a malformed step", "err", err)
+			break
+		}
+		if st.Err == "" {
+			err := s.forward(&st, &res, &hidden, embd, vocab)
+			if err != nil {
+				s.cfg.Metrics.StepsFailed.Inc()
+				log.Error("pipeline step failed", "step", st.ID, "err", err)
+				st.Err = fmt.Sprintf("%s: %v", s.cfg.Model.Stage, err)
+			}
+		}
+		if next != nil {
+			st.Hidden = hidden[:len(st.Pos)*embd]
+			if st.Err != "" {
+				st.Hidden = nil
+			}
+			b := senc.step(&st)
+			if err := next.send(b); err != nil {
+				log.Error("pipeline link to the next stage lost", "next", s.cfg.Next, "err", err)
+				s.cfg.Metrics.LinkFailures.WithLabelValues("lost").Inc()
+				break
+			}
+			s.cfg.Metrics.Steps.Inc()
+			s.cfg.Metrics.BytesSent.Add(float64(len(b)))
+			continue
+		}
+		res.ID, res.Err = st.ID, st.Err
+		if res.Err != "" {
+			res.Logits, res.Hidden = res.Logits[:0], res.Hidden[:0]
+		}
+		if _, err := w.Write(enc.result(&res)); err != nil {
+			break
+		}
+		if r.Buffered() == 0 {
+			if err := w.Flush(); err != nil {
+				break
+			}
+		}
+	}
+	s.cfg.Metrics.LinkUp.Set(0)
+	c.Close()
+	if next != nil {
+		next.close()
+		<-relayDone
+	}
+	log.Info("pipeline link down")
+}
+
+// accept checks a hello against this stage and sizes its KV store for it.
+func (s *Stage) accept(h *hello) error {
+	m := s.cfg.Model
+	st := m.Stage
+	mine := fmt.Sprintf("stage %d of %d of %s (%s) with split %s, block size %d",
+		st.Index, st.Count, s.cfg.Name, modelShape(m), model.FormatSizes(m.Split), s.cfg.BlockSize)
+	theirs := fmt.Sprintf("stage %d of %d of %s (%s) with split %s, block size %d",
+		h.Index, len(h.Sizes), h.Model, h.Shape, model.FormatSizes(h.Sizes), h.BlockSize)
+	switch {
+	case h.Version != Version:
+		return fmt.Errorf("pipeline: link protocol version %d, this stage speaks %d", h.Version, Version)
+	case h.Model != s.cfg.Name || h.Shape != modelShape(m) || h.Index != st.Index || len(h.Sizes) != st.Count ||
+		model.FormatSizes(h.Sizes) != model.FormatSizes(m.Split) || s.cfg.BlockSize != 0 && h.BlockSize != s.cfg.BlockSize:
+		return fmt.Errorf("pipeline: this process serves %s; the replica asks for %s", mine, theirs)
+	case h.Blocks < 1 || h.BlockSize < 1:
+		return fmt.Errorf("pipeline: a KV store of %d blocks of %d", h.Blocks, h.BlockSize)
+	}
+	m.KVType = h.KVType
+	l := m.KVLayout(h.Blocks, h.BlockSize)
+	if s.kv != nil && s.layout == l {
+		return nil // the same store serves the new link: the head forgot what it held
+	}
+	s.kv = nil // the old store's memory goes before the new one's is taken
+	kv, err := s.cfg.Backend.NewKVStore(l)
+	if err != nil {
+		return fmt.Errorf("pipeline: %s: a KV store of %d blocks of %d: %w", st, h.Blocks, h.BlockSize, err)
+	}
+	s.kv, s.layout = kv, l
+	return nil
+}
+
+// forward runs the stage's layers over a step: on the last stage it fills res, on the
+// others hidden, the states the next stage starts from.
+func (s *Stage) forward(st *step, res *result, hidden *[]float32, embd, vocab int) error {
+	n := len(st.Pos)
+	if err := checkStep(st, s.layout, embd); err != nil {
+		return err
+	}
+	b := model.Batch{Attn: hal.AttnBatch{Pos: st.Pos, SeqOf: st.SeqOf, Blocks: st.Blocks}, Outputs: st.Outputs}
+	if !s.cfg.Model.Stage.Last() {
+		if cap(*hidden) < n*embd {
+			*hidden = make([]float32, n*embd)
+		}
+		return s.runner.ForwardStage(s.kv, &b, st.Hidden, (*hidden)[:n*embd], nil)
+	}
+	no := len(st.Outputs)
+	if cap(res.Logits) < no*vocab {
+		res.Logits = make([]float32, no*vocab)
+	}
+	res.Logits = res.Logits[:no*vocab]
+	res.Hidden = res.Hidden[:0]
+	if st.WantHidden {
+		if cap(res.Hidden) < no*embd {
+			res.Hidden = make([]float32, no*embd)
+		}
+		res.Hidden = res.Hidden[:no*embd]
+		b.Hidden = res.Hidden
+	}
+	return s.runner.ForwardStage(s.kv, &b, st.Hidden, nil, res.Logits)
+}
+
+// checkStep checks that a step's layout fits the KV store, so that a bad step is an error
+// and not an out-of-range write.
+func checkStep(st *step, l hal.KVLayout, embd int) error {
+	n := len(st.Pos)
+	switch {
+	case len(st.SeqOf) != n:
+		return fmt.Errorf("a step of %d positions and %d sequence ids", n, len(st.SeqOf))
+	case len(st.Hidden) != n*embd:
+		return fmt.Errorf("a step of %d positions with %d hidden values, want %d", n, len(st.Hidden), n*embd)
+	}
+	for i, q := range st.SeqOf {
+		if q < 0 || int(q) >= len(st.Blocks) {
+			return fmt.Errorf("position %d of sequence %d, of %d", i, q, len(st.Blocks))
+		}
+		if p := st.Pos[i]; p < 0 || int(p) >= len(st.Blocks[q])*l.BlockSize {
+			return fmt.Errorf("position %d past sequence %d's %d blocks", p, q, len(st.Blocks[q]))
+		}
+	}
+	for _, t := range st.Blocks {
+		for _, b := range t {
+			if b < 0 || int(b) >= l.Blocks {
+				return fmt.Errorf("block %d of a store of %d", b, l.Blocks)
+			}
+		}
+	}
+	for _, o := range st.Outputs {
+		if o < 0 || o >= n {
+			return fmt.Errorf("output row %d of %d", o, n)
+		}
+	}
+	return nil
+}
+
+// modelShape describes a model's shape, which every stage of a replica must share.
+func modelShape(m *model.Model) string {
+	c := &m.Config
+	// Not the file type: a stage's weights may all be of one type where the model mixes.
+	return fmt.Sprintf("%s, %d layers, embd %d, %d heads (%d kv) of %d, ffn %d, vocab %d",
+		c.Arch, c.Layers, c.Embd, c.Heads, c.KVHeads, c.HeadDim, c.FFN, c.VocabSize)
+}
