@@ -65,7 +65,7 @@ type Engine struct {
 	inboxTok  atomic.Int64 // prompt tokens of the inbox's requests, for Stats
 	wake      chan struct{}
 	resets    chan chan struct{} // Reset's requests, each closed when done
-	idleTimer *time.Timer // see Run
+	idleTimer *time.Timer        // see Run
 	nextID    uint64
 
 	// Owned by Run.

@@ -22,8 +22,11 @@ type Pipeline struct {
 	Rejoins prometheus.Counter
 }
 
-// NewPipeline registers a pipeline stage's metrics on reg.
+// NewPipeline registers a pipeline stage's metrics on reg (nil: counted, served nowhere).
 func NewPipeline(reg prometheus.Registerer) *Pipeline {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
 	f := factory{reg: reg}
 	return &Pipeline{
 		LinkUp: f.gauge("tandem:pipeline_link_up",

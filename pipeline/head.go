@@ -13,8 +13,6 @@ import (
 	"tandem/metrics"
 	"tandem/model"
 	"tandem/orpc"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // HeadConfig describes the head of a pipeline replica: the first stage, in the engine's
@@ -80,7 +78,7 @@ func NewHead(ctx context.Context, cfg HeadConfig) (*Head, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Metrics == nil {
-		cfg.Metrics = metrics.NewPipeline(prometheus.NewRegistry()) // counted, not served
+		cfg.Metrics = metrics.NewPipeline(nil)
 	}
 	if cfg.Retry <= 0 {
 		cfg.Retry = time.Second

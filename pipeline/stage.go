@@ -15,8 +15,6 @@ import (
 	"tandem/metrics"
 	"tandem/model"
 	"tandem/orpc"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // StageConfig describes a stage process other than the head: it serves the link from the
@@ -66,7 +64,7 @@ func NewStage(cfg StageConfig) (*Stage, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Metrics == nil {
-		cfg.Metrics = metrics.NewPipeline(prometheus.NewRegistry()) // counted, not served
+		cfg.Metrics = metrics.NewPipeline(nil)
 	}
 	return &Stage{cfg: cfg, log: cfg.Logger.With("stage", st.Index), runner: model.NewRunner(cfg.Model, cfg.Backend)}, nil
 }

@@ -18,7 +18,7 @@ var allowed = map[string][]string{
 	"bench": {}, "bench/benchtest": {},
 	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {}, "internal/version": {}, "sla": {}, "grammar": {}, "internal/schematest": {},
 	"internal/vulkantest": {"hal/vulkan"},
-	"internal/filehash": {"internal/statefile"},
+	"internal/filehash":   {"internal/statefile"},
 
 	// File formats and the device contract.
 	"gguf": {"dtype"}, "safetensors": {"dtype"}, "hal": {"dtype"}, "hal/cpu": {"hal"},
@@ -42,6 +42,7 @@ var allowed = map[string][]string{
 	"engine":         {"grammar", "hal", "kvcache", "llm", "metrics", "model", "sched", "tokenizer"},
 	"engine/simstep": {"engine", "hal", "model", "sim"},
 	"packcache":      {"hal", "internal/filehash", "internal/statefile"},
+	"pipeline":       {"hal", "llm", "metrics", "model", "orpc"},
 
 	// Serving.
 	"openai":        {"grammar", "httpserve", "llm", "metrics", "tokenizer"},
