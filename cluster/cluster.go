@@ -101,7 +101,14 @@ type ModelCard struct {
 	ContentHash []byte
 	Prepared    string
 	Startup     Startup // how this engine started
+	// Stages is the layers of each pipeline stage when the worker is the head of a replica
+	// spread over several processes (package pipeline), nil when it is one process. The
+	// replica is one worker: the head schedules, samples and sends the KV events.
+	Stages []int
 }
+
+// maxStages bounds a card's pipeline stages.
+const maxStages = 1024
 
 // Request levels (ModelCard.RequestLevel).
 const (
@@ -143,6 +150,10 @@ func (c *ModelCard) MarshalORPC(e *orpc.Encoder) {
 	e.BytesField(c.ContentHash)
 	e.String(c.Prepared)
 	c.Startup.marshal(e)
+	e.Uvarint(uint64(len(c.Stages)))
+	for _, n := range c.Stages {
+		e.Uvarint(uint64(max(n, 0)))
+	}
 }
 
 // maxFiles bounds the tokenizer files of a card.
@@ -190,6 +201,16 @@ func (c *ModelCard) UnmarshalORPC(d *orpc.Decoder) error {
 		c.ContentHash = cloneBytes(d.BytesField())
 		c.Prepared = d.String()
 		c.Startup.unmarshal(d)
+	}
+	c.Stages = nil
+	if d.Len() > 0 { // absent from engines before pipelines
+		n := d.Uvarint()
+		if n > maxStages {
+			d.Fail(fmt.Errorf("cluster: a card of %d pipeline stages (at most %d)", n, maxStages))
+		}
+		for i := uint64(0); i < n && d.Err() == nil; i++ {
+			c.Stages = append(c.Stages, uvint(d))
+		}
 	}
 	return d.Err()
 }

@@ -28,7 +28,7 @@ func NewPipeline(reg prometheus.Registerer) *Pipeline {
 		reg = prometheus.NewRegistry()
 	}
 	f := factory{reg: reg}
-	return &Pipeline{
+	p := &Pipeline{
 		LinkUp: f.gauge("tandem:pipeline_link_up",
 			"1 while the link to the next pipeline stage answers, 0 while the replica is down."),
 		LinkFailures: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem:pipeline_link_failures_total",
@@ -40,4 +40,8 @@ func NewPipeline(reg prometheus.Registerer) *Pipeline {
 		Rejoins: f.counter("tandem:pipeline_rejoins_total",
 			"Times the link to the next stage came back after a failure (the replica drops its prefix cache then)."),
 	}
+	for _, r := range []string{"lost", "refused", "dial"} {
+		p.LinkFailures.WithLabelValues(r) // at 0 from the start, so that rates and alerts see them
+	}
+	return p
 }

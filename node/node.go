@@ -31,6 +31,7 @@ import (
 	"tandem/modelgen"
 	"tandem/openai"
 	"tandem/orpc"
+	"tandem/pipeline"
 	"tandem/respstore"
 	"tandem/sim"
 	"tandem/sla"
@@ -61,6 +62,12 @@ type Config struct {
 	// with Replicas engines in the process (default 1; more need Cluster.Routers).
 	Sim      *sim.Timing
 	Replicas int
+
+	// Pipeline, when set, makes the node the head of a pipeline replica (package
+	// pipeline): Model is stage 0 of it (model.LoadStage), and the engine's forward
+	// passes go through the other stages, each a process of its own. Start fills its
+	// block size, block count, metrics and Changed; the card says the split.
+	Pipeline *pipeline.HeadConfig
 
 	HTTP    HTTP
 	Cluster Cluster     // no Routers: a node on its own
@@ -137,6 +144,9 @@ type Node struct {
 	blocks     int
 	contextLen int
 
+	head        *pipeline.Head // with Config.Pipeline
+	headDone    chan struct{}
+	workersMu   sync.Mutex // guards workers against healthChanged
 	stopEngines context.CancelFunc
 	enginesDone chan error
 	workersDone sync.WaitGroup
@@ -186,6 +196,11 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
+	if cfg.Pipeline != nil && (cfg.Sim != nil || cfg.Replicas > 1 || cfg.Cluster.Role != "" && cfg.Cluster.Role != cluster.RoleBoth) {
+		// A replica's KV lives in its stages: moving it for disaggregation (stage by
+		// stage) is not built yet.
+		return nil, errors.New("node: a pipeline replica runs the forward pass, as one replica of role both (prefill and decode roles, KV transfer stage by stage, are not built yet)")
+	}
 	if cfg.Replicas > 1 && (cfg.Sim == nil || len(cfg.Cluster.Routers) == 0) {
 		return nil, errors.New("node: replicas need the sim backend and routers to reach them through")
 	}
@@ -226,7 +241,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.blocks, n.contextLen = blocks, m.Config.ContextLen
 	t := time.Now()
-	if err := n.newEngines(); err != nil {
+	if err := n.newEngines(ctx); err != nil {
 		n.stopSaving()
 		return nil, err
 	}
@@ -241,6 +256,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.stopEngines = stop
 	for _, e := range n.engines {
 		go func() { n.enginesDone <- e.Run(engineCtx) }()
+	}
+	if n.head != nil {
+		n.headDone = make(chan struct{})
+		go func() { n.head.Run(engineCtx, n.engines[0].Reset); close(n.headDone) }()
 	}
 	if err := n.serveHTTP(); err != nil {
 		n.closeStore()
@@ -263,7 +282,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	return n, nil
 }
 
-func (n *Node) newEngines() error {
+func (n *Node) newEngines(ctx context.Context) error {
 	cfg, m := n.cfg, n.cfg.Model
 	ecfg := engine.Config{
 		MaxBatchTokens: cfg.MaxBatchTokens,
@@ -274,6 +293,24 @@ func (n *Node) newEngines() error {
 		Salt:           kvcache.Salt(cfg.Name, "", ""),
 		Metrics:        metrics.NewEngine(n.reg, cfg.Name),
 		Logger:         n.log,
+	}
+	if cfg.Pipeline != nil {
+		hc := *cfg.Pipeline
+		hc.Model, hc.Backend, hc.Name = m, cfg.Backend, cfg.Name
+		hc.BlockSize, hc.Blocks = cfg.BlockSize, n.blocks
+		hc.Metrics, hc.Logger = metrics.NewPipeline(n.reg), n.log
+		hc.Changed = n.healthChanged
+		h, err := pipeline.NewHead(ctx, hc)
+		if err != nil {
+			return err
+		}
+		e, err := engine.NewWithForwarder(m, h, ecfg)
+		if err != nil {
+			h.Close()
+			return err
+		}
+		n.head, n.engines = h, []*engine.Engine{e}
+		return nil
 	}
 	if cfg.Sim == nil {
 		e, err := engine.New(m, cfg.Backend, ecfg)
@@ -341,7 +378,7 @@ func (n *Node) serveHTTP() error {
 		Handler:         dash.Wrap(api), // the dashboard at /dashboard, the API elsewhere
 		TLSCert:         cfg.HTTP.TLSCert,
 		TLSKey:          cfg.HTTP.TLSKey,
-		Ready:           ready.Load,
+		Ready:           func() bool { return ready.Load() && n.health() == nil }, // a pipeline replica's stages answer
 		Metrics:         metrics.HandlerFor(metrics.Aliased(n.reg, "tandem", cfg.HTTP.MetricsPrefix)),
 		MetricsToken:    metricsToken,
 		Version:         version.String(),
@@ -413,7 +450,7 @@ func (n *Node) join() error {
 			TokenizerFormat: tokFormat, TokenizerFiles: tokFiles, ChatTemplate: m.ChatTemplate,
 			GrammarFormat: cluster.GrammarGBNF, ToolCallParser: cfg.ToolCallParser, ReasoningParser: cfg.ReasoningParser,
 			RequestLevel: cluster.RequestTokens, Pooling: string(cfg.Pooling),
-			Startup: n.startup,
+			Startup: n.startup, Stages: m.Split,
 		},
 		Node:       cc.NodeName,
 		Routers:    cc.Routers,
@@ -458,6 +495,7 @@ func (n *Node) join() error {
 			}
 			c.Logger = base.Logger.With("replica", i)
 		}
+		c.Health = n.health
 		w, err := worker.New(c)
 		if err != nil {
 			if count > 1 {
@@ -465,7 +503,9 @@ func (n *Node) join() error {
 			}
 			return err
 		}
+		n.workersMu.Lock()
 		n.workers = append(n.workers, w)
+		n.workersMu.Unlock()
 	}
 	for _, w := range n.workers {
 		n.workersDone.Go(func() {
@@ -558,4 +598,26 @@ func (n *Node) stop() {
 	for range n.engines {
 		<-n.enginesDone
 	}
+	if n.head != nil {
+		<-n.headDone
+		n.head.Close()
+	}
+}
+
+// healthChanged tells the routers at once that the engine's health changed.
+func (n *Node) healthChanged() {
+	n.workersMu.Lock()
+	ws := n.workers
+	n.workersMu.Unlock()
+	for _, w := range ws {
+		w.HealthChanged()
+	}
+}
+
+// health is the engine's: a pipeline replica's is its link's.
+func (n *Node) health() error {
+	if n.head != nil {
+		return n.head.Err()
+	}
+	return nil
 }

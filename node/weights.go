@@ -88,6 +88,11 @@ func (n *Node) prepareWeights(ctx context.Context) error {
 		return nil
 	}
 	porter, _ := cfg.Backend.(hal.WeightPorter)
+	if cfg.Pipeline != nil {
+		// A stage holds some of the model's weights: no pack cache or peer has them as a
+		// set (cmd/tandem refuses those flags with --stages).
+		porter = nil
+	}
 	m := cfg.Model
 	member := len(cfg.Cluster.Routers) > 0
 	if porter != nil && (wc.PackCache != "" || len(wc.From) > 0 || member) {

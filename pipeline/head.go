@@ -29,6 +29,9 @@ type HeadConfig struct {
 	Logger            *slog.Logger
 	// Retry is how often a lost link is dialled again (0: every second).
 	Retry time.Duration
+	// Changed, if set, is called when the replica goes down or serves again (Err), so that
+	// routers hear of it at once.
+	Changed func()
 }
 
 // Head runs stage 0 and sends each step on through the other stages; see HeadConfig.
@@ -130,7 +133,7 @@ func (hl *headLink) read(h *Head) {
 	for {
 		res := <-hl.free
 		if err := hl.l.recv(res); err != nil {
-			hl.err = fmt.Errorf("pipeline: the link to stage 1 at %s was lost (a stage stopped or the network failed): %w", hl.l.addr, err)
+			hl.err = fmt.Errorf("pipeline: the link to stage 1 at %s was lost (a stage stopped or the network failed): %v", hl.l.addr, err) // %v: not io.EOF, which callers read as a clean end
 			close(hl.results)
 			h.fail(hl, hl.err)
 			return
@@ -142,15 +145,23 @@ func (hl *headLink) read(h *Head) {
 // fail marks the replica down because link hl broke (once per link).
 func (h *Head) fail(hl *headLink, err error) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.cur != hl {
+		h.mu.Unlock()
 		return
 	}
 	hl.l.close()
 	h.cur, h.down = nil, err
+	h.mu.Unlock()
+	h.changed()
 	h.met.LinkUp.Set(0)
 	h.met.LinkFailures.WithLabelValues("lost").Inc()
 	h.log.Error("pipeline replica down: its requests fail (and migrate when a router sent them) until every stage answers again", "err", err)
+}
+
+func (h *Head) changed() {
+	if h.cfg.Changed != nil {
+		h.cfg.Changed()
+	}
 }
 
 // Err is nil while the replica serves, and otherwise why not.
@@ -201,6 +212,7 @@ func (h *Head) Run(ctx context.Context, rejoined func(context.Context) error) {
 		h.mu.Lock()
 		h.cur, h.down = hl, nil
 		h.mu.Unlock()
+		h.changed()
 		h.met.LinkUp.Set(1)
 		h.met.Rejoins.Inc()
 		h.log.Info("pipeline replica serves again: every stage answered", "next", h.cfg.Next)

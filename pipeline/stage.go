@@ -128,6 +128,15 @@ func (s *Stage) serveConn(ctx context.Context, c net.Conn) {
 		log.Warn("pipeline link refused: a malformed hello", "err", err)
 		return
 	}
+	if err := s.check(&h); err != nil {
+		// Refused before it replaces anything: the link being served goes on.
+		s.cfg.Metrics.LinkFailures.WithLabelValues("refused").Inc()
+		log.Error("pipeline hello refused", "err", err)
+		if _, werr := w.Write(enc.helloReply(&helloReply{Err: err.Error()})); werr == nil {
+			w.Flush()
+		}
+		return
+	}
 	// The link replaces the one before: close it and wait until its steps stopped.
 	s.mu.Lock()
 	if s.active != nil {
@@ -267,8 +276,8 @@ func (s *Stage) serveConn(ctx context.Context, c net.Conn) {
 	log.Info("pipeline link down")
 }
 
-// accept checks a hello against this stage and sizes its KV store for it.
-func (s *Stage) accept(h *hello) error {
+// check checks a hello against this stage.
+func (s *Stage) check(h *hello) error {
 	m := s.cfg.Model
 	st := m.Stage
 	mine := fmt.Sprintf("stage %d of %d of %s (%s) with split %s, block size %d",
@@ -284,6 +293,13 @@ func (s *Stage) accept(h *hello) error {
 	case h.Blocks < 1 || h.BlockSize < 1:
 		return fmt.Errorf("pipeline: a KV store of %d blocks of %d", h.Blocks, h.BlockSize)
 	}
+	return nil
+}
+
+// accept sizes the stage's KV store for a hello it checked.
+func (s *Stage) accept(h *hello) error {
+	m := s.cfg.Model
+	st := m.Stage
 	m.KVType = h.KVType
 	l := m.KVLayout(h.Blocks, h.BlockSize)
 	if s.kv != nil && s.layout == l {

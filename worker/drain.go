@@ -38,6 +38,11 @@ func (d *drain) init() {
 // when the request ends.
 func (w *Worker) admit(ctx context.Context) (context.Context, func(), error) {
 	d := &w.drain
+	if w.cfg.Health != nil {
+		if err := w.cfg.Health(); err != nil {
+			return nil, nil, orpc.Errorf(orpc.Unavailable, "worker %s cannot serve: %v: send the request elsewhere", w.cfg.Card.Node, err)
+		}
+	}
 	d.mu.Lock()
 	if d.draining {
 		d.mu.Unlock()

@@ -43,6 +43,10 @@ type StatsEngine interface {
 // Config configures a Worker.
 type Config struct {
 	Engine Engine
+	// Health, if set, says whether the engine can serve: an error (a pipeline replica
+	// whose stage is lost) makes the load reports unhealthy, so that routers send nothing
+	// new, and refuses new requests with it. Call HealthChanged when it changes.
+	Health func() error
 	// Card describes the served model: Model, HashVersion, BlockSize, Salt, KVBlocks,
 	// ContextLen, Role (default "both") and the tokenizer. Version, Node and Addr are set by
 	// the worker.
@@ -564,6 +568,16 @@ func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64, reg *
 	return nil
 }
 
+// healthy reports whether the worker takes new requests: not draining, and its engine
+// healthy (Config.Health).
+func (w *Worker) healthy() bool {
+	return !w.Draining() && (w.cfg.Health == nil || w.cfg.Health() == nil)
+}
+
+// HealthChanged tells every router the worker's health at once (a load report), instead
+// of at the next heartbeat.
+func (w *Worker) HealthChanged() { w.regs.nudgeAll() }
+
 // Load returns the worker's load report now. With a StatsEngine it is the engine's
 // scheduler census (sched.Census.Load, the function the simulator's workers report
 // through too): running = decoding sequences, waiting = sequences without a first token
@@ -576,7 +590,7 @@ func (w *Worker) Load() cluster.LoadReport {
 	if se, ok := w.cfg.Engine.(StatsEngine); ok {
 		st := se.Stats()
 		l := st.Census.Load(w.cfg.Engine.Pool().Stats())
-		l.Healthy = !w.Draining()
+		l.Healthy = w.healthy()
 		l.StepMicros = int(st.LastStep / time.Microsecond)
 		l.StepTokens = st.LastStepTokens
 		return cluster.LoadReport{Load: l}
@@ -591,7 +605,7 @@ func (w *Worker) Load() cluster.LoadReport {
 		KVBlocks:      st.Blocks,
 		LastEventID:   st.LastEventID,
 		CachedBlocks:  st.Indexed,
-		Healthy:       !w.Draining(),
+		Healthy:       w.healthy(),
 	}}
 }
 

@@ -14,10 +14,15 @@ import (
 // 0 for all cores) and loads the model at path on it (the demo model when
 // path is empty). close releases both.
 func openModel(path string, dev deviceFlag, threads int, log *slog.Logger) (be hal.Backend, m *model.Model, close func(), err error) {
+	return openModelStage(path, dev, threads, log, model.StageSpec{})
+}
+
+// openModelStage is openModel for one pipeline stage of the model: its weights alone.
+func openModelStage(path string, dev deviceFlag, threads int, log *slog.Logger, sp model.StageSpec) (be hal.Backend, m *model.Model, close func(), err error) {
 	if be, err = dev.open(threads, log); err != nil {
 		return nil, nil, nil, err
 	}
-	m, err = loadModel(path, be)
+	m, err = loadModelStage(path, be, sp)
 	if err != nil {
 		be.Close()
 		return nil, nil, nil, err
@@ -27,8 +32,13 @@ func openModel(path string, dev deviceFlag, threads int, log *slog.Logger) (be h
 
 // loadModel opens path, or builds the demo model when path is empty.
 func loadModel(path string, be hal.Backend) (*model.Model, error) {
+	return loadModelStage(path, be, model.StageSpec{})
+}
+
+// loadModelStage is loadModel for one pipeline stage of the model.
+func loadModelStage(path string, be hal.Backend, sp model.StageSpec) (*model.Model, error) {
 	if path != "" {
-		return model.Load(path, be)
+		return model.LoadStage(path, be, sp)
 	}
 	data, err := modelgen.DemoGGUF()
 	if err != nil {
@@ -38,5 +48,5 @@ func loadModel(path string, be hal.Backend) (*model.Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("demo model: %w", err)
 	}
-	return model.FromGGUF(f, be)
+	return model.FromGGUFStage(f, be, sp)
 }

@@ -24,9 +24,11 @@ import (
 	"tandem/internal/version"
 	"tandem/llm"
 	"tandem/metrics"
+	"tandem/model"
 	"tandem/node"
 	"tandem/openai"
 	"tandem/orpc"
+	"tandem/pipeline"
 	"tandem/respstore"
 	"tandem/sla"
 	"tandem/worker"
@@ -74,6 +76,13 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	reasoningParser := fs.String("reasoning-parser", "auto", "split the reasoning off the answer: "+strings.Join(openai.ReasoningParsers, ", ")+" (auto: when the chat template writes <think>)")
 	bk := addBackendFlags(fs)
 	wf := addWeightsFlags(fs)
+	var sf stageFlags
+	fs.IntVar(&sf.count, "stages", 1, "run one replica of the model across this many processes, a pipeline stage each, which split its layers (docs/pipeline.md)")
+	fs.IntVar(&sf.index, "stage", 0, "with --stages: the stage this process runs (0, the head, serves the API, schedules, samples and joins the routers; the others run their layers only)")
+	fs.StringVar(&sf.layers, "stage-layers", "", "with --stages: the layers of each stage, e.g. 12,12 (default: as even as possible, the earlier stages taking one more); every stage must be given the same")
+	fs.StringVar(&sf.listen, "stage-listen", "", "with --stage 1 or more: the address (host:port) this stage listens on for the stage before it")
+	fs.StringVar(&sf.next, "stage-next", "", "with --stages, on all but the last stage: the next stage's --stage-listen address")
+	fs.StringVar(&sf.ca, "stage-ca", "", "with --stages: the directory of the replica's CA, shared by its stages (made by the first to start): the links are mutual TLS under it")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem serve [--model PATH] [--host H] [--port P] [flags]")
 		fs.PrintDefaults()
@@ -179,18 +188,25 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
-	t0 := time.Now()
-	be, m, closeModel, err := openModel(*modelPath, dev, bk.threads(*threads), log)
+	stageSpec, err := sf.spec()
 	if err != nil {
 		return err
 	}
-	defer closeModel()
-	openTime := time.Since(t0) // node.Start prepares the weights (the sim backend never reads them)
-	weights.Progress = progressPrinters(stderr)
+	if sf.count > 1 {
+		switch {
+		case bk.sim():
+			return errors.New("--stages runs the model's layers in several processes; --backend sim models a forward pass instead")
+		case *bk.replicas > 1:
+			return errors.New("--stages makes one replica of several processes; --replicas is for the sim backend")
+		case *role != cluster.RoleBoth:
+			return fmt.Errorf("--stages with --role %s: a pipeline replica serves as role both for now (KV transfer stage by stage is not built)", *role)
+		case weights.PackCache != "" || len(weights.From) > 0:
+			return errors.New("--stages: a stage holds part of the weights; --pack-cache and --weights-from hold them whole")
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 
 	name := *servedName
 	if name == "" {
@@ -198,6 +214,28 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		// GGUF's general.name (which many files share: "llama").
 		name = modelName(*modelPath, "")
 	}
+	if sf.index > 0 {
+		return serveStage(ctx, stageServe{flags: &sf, spec: stageSpec, modelPath: *modelPath, name: name, blockSize: *blockSize,
+			httpAddr: net.JoinHostPort(*host, strconv.Itoa(*port)), dev: dev, threads: bk.threads(*threads)}, stderr, log)
+	}
+	var headCfg *pipeline.HeadConfig
+	if sf.count > 1 {
+		id, err := sf.identity(log)
+		if err != nil {
+			return err
+		}
+		headCfg = &pipeline.HeadConfig{Next: sf.next, Identity: id}
+	}
+
+	t0 := time.Now()
+	be, m, closeModel, err := openModelStage(*modelPath, dev, bk.threads(*threads), log, stageSpec)
+	if err != nil {
+		return err
+	}
+	defer closeModel()
+	openTime := time.Since(t0) // node.Start prepares the weights (the sim backend never reads them)
+	weights.Progress = progressPrinters(stderr)
+
 	pool := llm.Pooling(*pooling)
 	if pool == "auto" {
 		switch p := m.Config.Pooling; p {
@@ -244,7 +282,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		Model: m, Backend: be, ModelPath: *modelPath, Name: name,
 		KVBudget: budget, MaxModelLen: *maxModelLen, BlockSize: *blockSize,
 		MaxBatchTokens: *maxBatch, MaxSeqs: *maxSeqs, MaxQueue: *maxQueue,
-		Sim: bk.simTiming(), Replicas: *bk.replicas, SLA: *slaTargets,
+		Sim: bk.simTiming(), Replicas: *bk.replicas, SLA: *slaTargets, Pipeline: headCfg,
 		ToolCallParser: *toolParser, ReasoningParser: *reasoningParser, Pooling: pool, Responses: responses,
 		HTTP: node.HTTP{
 			Addr: net.JoinHostPort(*host, strconv.Itoa(*port)), TLSCert: *tlsCert, TLSKey: *tlsKey,
@@ -270,6 +308,9 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "  responses: stored in %s (TTL %v)\n", responses.Path, *responseTTL)
 	} else {
 		fmt.Fprintf(stderr, "  responses: kept in memory only (--port 0 without --state-dir or --node-name)\n")
+	}
+	if headCfg != nil {
+		fmt.Fprintf(stderr, "  pipeline: %s, split %s, next stage at %s\n", m.Stage, model.FormatSizes(m.Split), sf.next)
 	}
 	if bk.sim() {
 		fmt.Fprintf(stderr, "  sim backend: %d replica%s, modelled compute %+v\n", len(n.Engines()), plural(len(n.Engines())), bk.timing)

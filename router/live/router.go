@@ -138,6 +138,7 @@ type liveWorker struct {
 	contentHash []byte
 	prepared    string
 	startup     cluster.Startup
+	stages      []int // the layers of each pipeline stage; nil: one process
 }
 
 // mailReport is a load report waiting for the next decision.
@@ -391,6 +392,9 @@ type WorkerInfo struct {
 	Blocks  int     // blocks the index holds for it
 	Load    float64 // predicted load in blocks (prefill + decode)
 	Startup cluster.Startup
+	// Stages is the layers of each pipeline stage of the worker's replica (nil: one
+	// process); the router routes to a replica as to any worker.
+	Stages []int
 }
 
 // Workers returns the registered workers, by id.
@@ -402,7 +406,7 @@ func (l *Router) Workers() []WorkerInfo {
 	for _, w := range l.workers {
 		st, _ := w.model.state.Worker(w.id)
 		out = append(out, WorkerInfo{ID: w.id, Node: w.node, Addr: w.addr, Model: w.model.name, Healthy: st.Healthy,
-			Blocks: w.model.state.Index().Blocks(w.id), Load: st.Load(), Startup: w.startup})
+			Blocks: w.model.state.Index().Blocks(w.id), Load: st.Load(), Startup: w.startup, Stages: w.stages})
 	}
 	slices.SortFunc(out, func(a, b WorkerInfo) int { return cmp.Compare(a.ID, b.ID) })
 	return out
@@ -572,7 +576,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	persist := newModel && !remembered && l.cfg.NewModel != nil
 	w := &liveWorker{id: id, node: card.Node, addr: addr, model: m, client: client, joined: now,
 		kick: make(chan struct{}), key: rand.Uint64() | 1, cert: cert,
-		contentHash: card.ContentHash, prepared: card.Prepared, startup: card.Startup}
+		contentHash: card.ContentHash, prepared: card.Prepared, startup: card.Startup, stages: slices.Clone(card.Stages)}
 	w.beat.Store(now.UnixNano())
 	w.kvs.resyncing = true // until the first snapshot: events wait for it
 	if displaced != "" {
@@ -591,7 +595,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 		l.cfg.NewModel(core)
 	}
 	l.met.Joins.Inc()
-	log.Info("worker joined", "id", id, "block_size", card.BlockSize, "kv_blocks", card.KVBlocks, "role", card.Role)
+	log.Info("worker joined", "id", id, "block_size", card.BlockSize, "kv_blocks", card.KVBlocks, "role", card.Role, "stages", max(len(card.Stages), 1))
 
 	defer func() {
 		l.mu.Lock()

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"tandem/internal/fixtures"
+)
+
+// proc is a process of the test whose stderr is kept.
+type proc struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	log  strings.Builder
+	done chan struct{}
+}
+
+// startProc runs bin with args until the test ends.
+func startProc(t *testing.T, bin string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(bin, args...), done: make(chan struct{})}
+	pipe, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(pipe)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.log.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+		}
+		p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() { p.cmd.Process.Kill(); <-p.done })
+	return p
+}
+
+func (p *proc) text() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// wait waits up to 60 s for the log to match re and returns the submatches.
+func (p *proc) wait(t *testing.T, re string) []string {
+	t.Helper()
+	rx := regexp.MustCompile(re)
+	deadline := time.After(60 * time.Second)
+	for {
+		if m := rx.FindStringSubmatch(p.text()); m != nil {
+			return m
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("the process exited before %q:\n%s", re, p.text())
+		case <-deadline:
+			t.Fatalf("no %q in:\n%s", re, p.text())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// startStage runs stage index of count of the model as a process, linking to next, and
+// returns it and the address it listens on for the stage before.
+func startStage(t *testing.T, modelPath string, count, index int, next, ca string, extra ...string) (*proc, string) {
+	t.Helper()
+	bin, err := buildTandem()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"serve", "--model", modelPath, "--served-model-name", "m", "--port", "0", "--stages", strconv.Itoa(count),
+		"--stage", strconv.Itoa(index), "--stage-listen", "127.0.0.1:0", "--stage-ca", ca}
+	if next != "" {
+		args = append(args, "--stage-next", next)
+	}
+	p := startProc(t, bin, append(args, extra...)...)
+	return p, p.wait(t, `link: (\S+) \(from stage`)[1]
+}
+
+// pipelinePrompts are 8 requests of different lengths.
+var pipelinePrompts = []string{
+	"Once upon a time", "Lily and Ben went to the park", "The cat sat", "One day, a little boy named Tim found a shiny stone",
+	"Sue", "The sun was hot and the birds were singing", "Once upon a time, there was a little girl named Lily.", "Her mom",
+}
+
+// completeAll sends every prompt at once to base's completions API (greedy, maxTokens
+// each) and returns the texts, or fails the test.
+func completeAll(t *testing.T, base string, maxTokens int) []string {
+	t.Helper()
+	out := make([]string, len(pipelinePrompts))
+	errs := make([]error, len(pipelinePrompts))
+	var wg sync.WaitGroup
+	for i, p := range pipelinePrompts {
+		wg.Go(func() { out[i], errs[i] = complete1(base, p, maxTokens) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	return out
+}
+
+func complete1(base, prompt string, maxTokens int) (string, error) {
+	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true})
+	c := http.Client{Timeout: 60 * time.Second}
+	resp, err := c.Post(base+"/v1/completions", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return "", fmt.Errorf("%d %s", resp.StatusCode, b)
+	}
+	var r struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
+		return "", fmt.Errorf("%v: %s", err, b)
+	}
+	return r.Choices[0].Text, nil
+}
+
+// TestServePipelineEndToEnd runs a 3-stage replica as three `tandem serve` processes
+// linked over TLS and checks that 8 concurrent greedy completions are one engine's text,
+// that the stages refuse another split with a message naming both, and that a stage's
+// death makes the replica unhealthy and fails requests with a 503, not a hang.
+func TestServePipelineEndToEnd(t *testing.T) {
+	modelPath := fixtures.Model(t, "stories260K-f32.gguf")
+	one := startServe(t, "--model", modelPath, "--served-model-name", "m")
+	want := completeAll(t, one.url, 32)
+
+	ca := filepath.Join(t.TempDir(), "ca")
+	s2, addr2 := startStage(t, modelPath, 3, 2, "", ca)
+	_, addr1 := startStage(t, modelPath, 3, 1, addr2, ca)
+	head := startServe(t, "--model", modelPath, "--served-model-name", "m", "--stages", "3", "--stage-next", addr1, "--stage-ca", ca)
+	if !strings.Contains(head.log(), "pipeline: stage 0 of 3 (layers 0-1), split 2,2,1") {
+		t.Errorf("the head's banner:\n%s", head.log())
+	}
+	got := completeAll(t, head.url, 32)
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("request %d: the 3-stage replica wrote %q, one engine %q", i, got[i], want[i])
+		}
+	}
+	if _, m := get(t, head.url+"/metrics"); !regexp.MustCompile(`tandem:pipeline_steps_total [1-9]`).MatchString(m) {
+		t.Errorf("no pipeline steps counted:\n%s", grepLines(m, "pipeline"))
+	}
+
+	// A head of another split is refused by stage 1, naming both.
+	bin, _ := buildTandem()
+	other := exec.Command(bin, "serve", "--model", modelPath, "--served-model-name", "m", "--port", "0", "--stages", "3",
+		"--stage-layers", "1,2,2", "--stage-next", addr1, "--stage-ca", ca)
+	out, err := other.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "this process serves stage 1 of 3 of m") || !strings.Contains(string(out), "split 1,2,2") {
+		t.Errorf("a head of another split: %v\n%s", err, out)
+	}
+	// The refusal left the replica's link as it was.
+	waitHealth(t, head.url, 200)
+	if got, err := complete1(head.url, pipelinePrompts[0], 32); err != nil || got != want[0] {
+		t.Errorf("after another head was refused: %q %v, want %q", got, err, want[0])
+	}
+
+	// The last stage dies: the head's health goes 503 and a request fails with a 503
+	// naming the lost stage.
+	s2.cmd.Process.Kill()
+	<-s2.done
+	waitHealth(t, head.url, 503)
+	if _, err := complete1(head.url, "Once upon a time", 8); err == nil || !strings.Contains(err.Error(), "503") || !strings.Contains(err.Error(), "stage") {
+		t.Errorf("a request with a stage down: %v", err)
+	}
+	if _, m := get(t, head.url+"/metrics"); !strings.Contains(m, "tandem:pipeline_link_up 0") {
+		t.Errorf("link still up in the metrics:\n%s", grepLines(m, "pipeline"))
+	}
+}
+
+// waitHealth waits up to 30 s for base's /health to answer code.
+func waitHealth(t *testing.T, base string, code int) {
+	t.Helper()
+	var last int
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		resp, err := http.Get(base + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if last = resp.StatusCode; last == code {
+				return
+			}
+		}
+	}
+	t.Fatalf("%s/health answers %d, want %d", base, last, code)
+}
