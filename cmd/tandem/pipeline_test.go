@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -208,4 +209,176 @@ func waitHealth(t *testing.T, base string, code int) {
 		}
 	}
 	t.Fatalf("%s/health answers %d, want %d", base, last, code)
+}
+
+// buildRouter compiles the tandem-router binary once per test binary run.
+var buildRouter = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "tandem-router-bin")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "tandem-router")
+	out, err := exec.Command("go", "build", "-o", bin, "../tandem-router").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// streamed is one streaming completion as it arrives.
+type streamed struct {
+	mu     sync.Mutex
+	worker string
+	text   strings.Builder
+	chunks int
+	err    error
+	done   chan struct{}
+}
+
+func (s *streamed) progress() (string, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.worker, s.chunks
+}
+
+// streamCompletion starts a streaming greedy completion on base and reads it in the
+// background.
+func streamCompletion(base, prompt string, maxTokens int) *streamed {
+	s := &streamed{done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		fail := func(err error) { s.mu.Lock(); s.err = err; s.mu.Unlock() }
+		body, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": maxTokens, "temperature": 0,
+			"ignore_eos": true, "stream": true})
+		c := http.Client{Timeout: 120 * time.Second}
+		resp, err := c.Post(base+"/v1/completions", "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			fail(err)
+			return
+		}
+		defer resp.Body.Close()
+		s.mu.Lock()
+		s.worker = resp.Header.Get("X-Tandem-Worker")
+		s.mu.Unlock()
+		if resp.StatusCode != 200 {
+			b, _ := io.ReadAll(resp.Body)
+			fail(fmt.Errorf("%d %s", resp.StatusCode, b))
+			return
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok || line == "[DONE]" {
+				continue
+			}
+			var ev struct {
+				Choices []struct {
+					Text string `json:"text"`
+				} `json:"choices"`
+				Error *struct {
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal([]byte(line), &ev); err != nil {
+				fail(fmt.Errorf("%v: %s", err, line))
+				return
+			}
+			if ev.Error != nil {
+				fail(fmt.Errorf("error event: %s", ev.Error.Message))
+				return
+			}
+			s.mu.Lock()
+			for _, ch := range ev.Choices {
+				s.text.WriteString(ch.Text)
+			}
+			s.chunks++
+			s.mu.Unlock()
+		}
+		if err := sc.Err(); err != nil {
+			fail(err)
+		}
+	}()
+	return s
+}
+
+// TestPipelineReplicaInCluster registers a 2-stage replica (three processes: the head
+// joins, its stage does not) with a router beside one whole engine: the router sees one
+// worker of 2 stages, and when the replica's stage is SIGKILLed mid-stream its streams
+// finish on the other worker with the text one engine writes.
+func TestPipelineReplicaInCluster(t *testing.T) {
+	modelPath := fixtures.Model(t, "rand-llama-llama3vocab-f32.gguf") // 128256 logits a token: steps take a while
+	const maxTokens = 300
+	one := startServe(t, "--model", modelPath, "--served-model-name", "m")
+	want := make([]string, len(pipelinePrompts))
+	for i, p := range pipelinePrompts {
+		var err error
+		if want[i], err = complete1(one.url, p, maxTokens); err != nil {
+			t.Fatal(err)
+		}
+	}
+	one.cmd.Process.Kill()
+
+	rbin, err := buildRouter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oport := freeTCPPort(t)
+	router := startProc(t, rbin, "--port", "0", "--orpc-port", strconv.Itoa(oport), "--state-dir", t.TempDir(), "--routing", "round-robin")
+	m := router.wait(t, `tandem-router: (http://\S+)(?s:.*)join token: (\S+)`)
+	base, token := m[1], m[2]
+	join := []string{"--join", "127.0.0.1:" + strconv.Itoa(oport), "--join-token", token}
+
+	ca := filepath.Join(t.TempDir(), "ca")
+	stage, addr := startStage(t, modelPath, 2, 1, "", ca)
+	startServe(t, append([]string{"--model", modelPath, "--served-model-name", "m", "--stages", "2", "--stage-next", addr,
+		"--stage-ca", ca, "--node-name", "pipe", "--state-dir", t.TempDir()}, join...)...)
+	startServe(t, append([]string{"--model", modelPath, "--served-model-name", "m", "--node-name", "whole", "--state-dir", t.TempDir()}, join...)...)
+	router.wait(t, `(?s)worker joined[^\n]*stages=2.*worker joined|worker joined(?s:.*)worker joined[^\n]*stages=2`)
+	if n := strings.Count(router.text(), "stages=2"); n != 1 {
+		t.Errorf("the router saw %d workers of 2 stages, want 1 (the replica is one worker):\n%s", n, router.text())
+	}
+
+	var streams []*streamed
+	for _, p := range pipelinePrompts {
+		streams = append(streams, streamCompletion(base, p, maxTokens))
+	}
+	// Every stream on the replica is mid-stream (some tokens out), then its stage dies.
+	onPipe := 0
+	deadline := time.Now().Add(60 * time.Second)
+	for _, s := range streams {
+		for {
+			wk, n := s.progress()
+			if wk != "" && (wk != "pipe" || n >= 3) {
+				if wk == "pipe" {
+					onPipe++
+				}
+				break
+			}
+			select {
+			case <-s.done:
+			case <-time.After(5 * time.Millisecond):
+				if time.Now().Before(deadline) {
+					continue
+				}
+			}
+			break
+		}
+	}
+	if onPipe == 0 {
+		t.Fatalf("no stream went to the replica:\n%s", router.text())
+	}
+	stage.cmd.Process.Kill() // SIGKILL
+	for i, s := range streams {
+		<-s.done
+		if s.err != nil {
+			t.Errorf("stream %d (on %s): %v", i, s.worker, s.err)
+			continue
+		}
+		if got := s.text.String(); got != want[i] {
+			t.Errorf("stream %d (on %s): %q, one engine wrote %q", i, s.worker, got, want[i])
+		}
+	}
+	if !regexp.MustCompile(`migrating the request" from=pipe generated=[1-9]`).MatchString(router.text()) {
+		t.Errorf("no stream migrated from the replica mid-stream:\n%s", router.text())
+	}
 }
