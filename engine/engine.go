@@ -55,6 +55,7 @@ type Engine struct {
 	runner *model.Runner // nil with NewWithForwarder
 	kv     hal.KVStore   // nil with NewWithForwarder
 	fwd    Forwarder
+	pipe   PipelineForwarder // with micro-batches (microbatch.go); nil: one step at a time
 	pool   *kvcache.Pool
 	log    *slog.Logger
 
@@ -69,14 +70,17 @@ type Engine struct {
 	nextID    uint64
 
 	// Owned by Run.
-	sched  *sched.Scheduler[*sequence]
-	plan   *sched.Plan[*sequence] // the step being run
-	gone   []*sequence            // reap's list of abandoned sequences
-	logits []float32
-	wide   []float32 // logits of steps with prompt rows (promptrows.go), dropped after them
-	hidden []float32 // hidden states of steps with an embedding
-	batch  model.Batch
-	last   kvcache.Stats
+	sched *sched.Scheduler[*sequence]
+	plan  *sched.Plan[*sequence] // the step being run
+	// With micro-batches: the steps in flight, a ring of pipe.InFlight() from first.
+	flights       []flight
+	first, flying int
+	gone          []*sequence // reap's list of abandoned sequences
+	logits        []float32
+	wide          []float32 // logits of steps with prompt rows (promptrows.go), dropped after them
+	hidden        []float32 // hidden states of steps with an embedding
+	batch         model.Batch
+	last          kvcache.Stats
 	// intaken is the tokens of the requests intake moved into the scheduler since the
 	// last publish, which then counts them in the census instead of inboxTok.
 	intaken int
@@ -115,7 +119,7 @@ func New(m *model.Model, be hal.Backend, cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e := newEngine(m, cfg)
+	e := newEngine(m, cfg, 1)
 	e.runner, e.kv = model.NewRunner(m, be), kv
 	e.fwd = runnerForward{e.runner, kv}
 	return e, nil
@@ -145,7 +149,8 @@ func (cfg *Config) fill() error {
 }
 
 // newEngine builds the engine's state for cfg, which fill has checked.
-func newEngine(m *model.Model, cfg Config) *Engine {
+// micro is the steps in flight at once (sched.Config.MicroBatches; 1: one at a time).
+func newEngine(m *model.Model, cfg Config, micro int) *Engine {
 	e := &Engine{
 		cfg:  cfg,
 		m:    m,
@@ -157,7 +162,7 @@ func newEngine(m *model.Model, cfg Config) *Engine {
 		grammars: newGrammarCache(m.Tokenizer, m.Config.VocabSize),
 	}
 	var err error
-	e.sched, err = sched.New[*sequence](sched.Config{MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Salt: cfg.Salt}, e.pool)
+	e.sched, err = sched.New[*sequence](sched.Config{MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Salt: cfg.Salt, MicroBatches: micro}, e.pool)
 	if err != nil {
 		panic("engine: " + err.Error()) // fill made the sizes positive
 	}
@@ -274,7 +279,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.serveResets()
 		e.observe()
 		e.publish()
-		if e.sched.Idle() {
+		if e.sched.Idle() && e.flying == 0 {
 			select {
 			case <-e.wake:
 				continue
@@ -288,9 +293,14 @@ func (e *Engine) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		progress, err := e.step()
-		if err != nil {
-			return err
+		var progress bool
+		if e.pipelined() {
+			progress = e.pipeStep()
+		} else {
+			var err error
+			if progress, err = e.step(); err != nil {
+				return err
+			}
 		}
 		if !progress {
 			// Sequences wait and none can be admitted (their blocks are taken, by held
@@ -418,41 +428,40 @@ func (e *Engine) reap() {
 func (e *Engine) step() (progress bool, err error) {
 	plan := e.sched.Schedule()
 	e.plan = plan
-	for _, s := range plan.Preempted {
-		e.queued.Add(1)
-		if e.cfg.Metrics != nil {
-			e.cfg.Metrics.Preemptions.Inc()
-		}
-		e.log.Debug("preempted", "seq", s.ID, "tokens", len(s.Tokens))
-	}
-	for _, s := range plan.Dropped {
-		e.abort(s, fmt.Errorf("%w: the sequence no longer fits the KV cache", llm.ErrUnavailable))
-	}
-	if len(plan.Admitted) > 0 {
-		now := time.Now()
-		for _, s := range plan.Admitted {
-			s.firstScheduled = now
-			e.newSeqSampler(s)
-		}
-	}
-	if n := len(plan.Admitted) + len(plan.Resumed); n > 0 {
-		e.queued.Add(-int64(n))
-	}
-	if e.cfg.OnPlan != nil && (len(plan.Chunks) > 0 || len(plan.Preempted) > 0 || len(plan.Dropped) > 0) {
-		e.cfg.OnPlan(plan)
-	}
+	moved := e.planned(plan)
 	if len(plan.Chunks) == 0 {
-		return len(plan.Preempted)+len(plan.Dropped)+len(plan.Admitted)+len(plan.Resumed) > 0, nil
+		return moved, nil
 	}
 	return true, e.execute(plan)
 }
 
 func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 	b := &e.batch
+	rows := e.buildBatch(b, plan.Chunks, &e.hidden)
+	logits := e.stepLogits(len(b.Outputs)*e.m.Config.VocabSize, rows)
+	t0 := time.Now()
+	err := e.fwd.Forward(b, logits)
+	e.stepDone(time.Since(t0), len(b.Tokens))
+	if err != nil {
+		e.stepFailed(plan.Chunks, err)
+		return nil
+	}
+	if e.cfg.Metrics != nil {
+		e.cfg.Metrics.IterationTokens.Observe(float64(len(b.Tokens)))
+	}
+	e.sched.Commit()
+	e.committed() // before sampling: KV exports waiting for these blocks go on at once
+	e.sampleStep(plan.Chunks, b, logits)
+	return nil
+}
+
+// buildBatch lays chunks out in b (and, for a step with an embedding, b.Hidden in
+// *hidden); rows reports whether a chunk wants outputs at prompt positions.
+func (e *Engine) buildBatch(b *model.Batch, chunks []sched.Chunk[*sequence], hidden *[]float32) (rows bool) {
 	b.Tokens, b.Outputs = b.Tokens[:0], b.Outputs[:0]
 	b.Attn.Pos, b.Attn.SeqOf, b.Attn.Blocks = b.Attn.Pos[:0], b.Attn.SeqOf[:0], b.Attn.Blocks[:0]
-	rows, embeds := false, false
-	for i, c := range plan.Chunks {
+	embeds := false
+	for i, c := range chunks {
 		s := c.Seq
 		b.Attn.Blocks = append(b.Attn.Blocks, s.KV.Blocks())
 		at := len(b.Tokens)
@@ -469,35 +478,39 @@ func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 			b.Outputs = append(b.Outputs, len(b.Tokens)-1)
 		}
 	}
-	vocab := e.m.Config.VocabSize
-	logits := e.stepLogits(len(b.Outputs)*vocab, rows)
 	b.Hidden = nil
 	if embeds {
-		if need := len(b.Outputs) * e.m.Config.Embd; cap(e.hidden) < need {
-			e.hidden = make([]float32, need)
+		if need := len(b.Outputs) * e.m.Config.Embd; cap(*hidden) < need {
+			*hidden = make([]float32, need)
 		}
-		b.Hidden = e.hidden[:len(b.Outputs)*e.m.Config.Embd]
+		b.Hidden = (*hidden)[:len(b.Outputs)*e.m.Config.Embd]
 	}
-	t0 := time.Now()
-	err := e.fwd.Forward(b, logits)
-	e.stepDone(time.Since(t0), len(b.Tokens))
-	if err != nil {
-		err = fmt.Errorf("engine: forward pass: %w", err)
-		for _, c := range plan.Chunks {
+	return rows
+}
+
+// stepFailed ends the sequences of a step whose forward pass failed.
+func (e *Engine) stepFailed(chunks []sched.Chunk[*sequence], err error) {
+	err = fmt.Errorf("engine: forward pass: %w", err)
+	for _, c := range chunks {
+		if c.Seq.Running() {
 			e.abort(c.Seq, err)
 		}
-		e.log.Error("forward pass failed", "err", err)
-		return nil
 	}
-	if e.cfg.Metrics != nil {
-		e.cfg.Metrics.IterationTokens.Observe(float64(len(b.Tokens)))
-	}
-	e.sched.Commit()
-	e.committed() // before sampling: KV exports waiting for these blocks go on at once
+	e.log.Error("forward pass failed", "err", err)
+}
+
+// sampleStep hands out what a step computed: prompt rows, embeddings and sampled tokens.
+// A sequence that ended while the step was in flight (micro-batches) is skipped.
+func (e *Engine) sampleStep(chunks []sched.Chunk[*sequence], b *model.Batch, logits []float32) {
+	vocab := e.m.Config.VocabSize
 	out := 0
 	now := time.Now()
-	for _, c := range plan.Chunks {
+	for _, c := range chunks {
 		s := c.Seq
+		if !s.Running() {
+			out += outputsOf(c)
+			continue
+		}
 		if s.rows != nil {
 			out = e.takeRows(c, out, logits, b.Hidden)
 		}
@@ -518,7 +531,6 @@ func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 		}
 		e.emit(s, sample, now)
 	}
-	return nil
 }
 
 // emit appends a sampled token, sends it, and finishes the sequence when a

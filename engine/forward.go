@@ -35,7 +35,8 @@ func ModelForwarder(m *model.Model, be hal.Backend, blocks, blockSize int) (Forw
 	return runnerForward{model.NewRunner(m, be), kv}, nil
 }
 
-// NewWithForwarder builds an engine whose forward passes f runs. m supplies the model's
+// NewWithForwarder builds an engine whose forward passes f runs; a PipelineForwarder that
+// keeps more than one step in flight gets that many micro-batches (microbatch.go). m supplies the model's
 // config (vocabulary, context length) and tokenizer (stop rules) only: its weights are not
 // read, and no KV store is allocated, since f keeps whatever KV memory it needs. The
 // scheduler, KV block pool, prefix cache and KV events are the real ones.
@@ -43,8 +44,16 @@ func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) 
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	e := newEngine(m, cfg)
+	micro := 1
+	pf, ok := f.(PipelineForwarder)
+	if ok {
+		micro = max(pf.InFlight(), 1)
+	}
+	e := newEngine(m, cfg, micro)
 	e.fwd = f
+	if micro > 1 {
+		e.pipe, e.flights = pf, make([]flight, micro)
+	}
 	return e, nil
 }
 

@@ -27,6 +27,7 @@ import (
 	"tandem/hal"
 	"tandem/kvcache"
 	"tandem/llm"
+	"tandem/sched"
 )
 
 // KVFormat is the engine's KV block format, as transfers describe it (kvcache.BlockFormat).
@@ -157,9 +158,12 @@ func (b *broadcast) notify() {
 
 // committed wakes the exports waiting for blocks if the step's commits completed any.
 // Called by Run's goroutine.
-func (e *Engine) committed() {
+func (e *Engine) committed() { e.committedChunks(e.plan.Chunks) }
+
+// committedChunks is committed for a step of chunks.
+func (e *Engine) committedChunks(chunks []sched.Chunk[*sequence]) {
 	bs := e.cfg.BlockSize
-	for _, c := range e.plan.Chunks {
+	for _, c := range chunks {
 		if (c.From+c.N)/bs > c.From/bs {
 			e.held.changed.notify()
 			return

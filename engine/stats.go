@@ -63,13 +63,20 @@ func (e *Engine) publishSeqs(running, waiting []*sequence) {
 // sequence computing only its newest generated token is a decode, every other token a
 // prompt (prefill) token. Called by Run's goroutine only.
 func (e *Engine) stepDone(d time.Duration, n int) {
+	var chunks []sched.Chunk[*sequence]
+	if e.plan != nil {
+		chunks = e.plan.Chunks
+	}
+	e.stepDoneChunks(d, n, chunks)
+}
+
+// stepDoneChunks is stepDone for a step of chunks.
+func (e *Engine) stepDoneChunks(d time.Duration, n int, chunks []sched.Chunk[*sequence]) {
 	if met := e.cfg.Metrics; met != nil {
 		decode := 0
-		if e.plan != nil {
-			for _, c := range e.plan.Chunks {
-				if c.Decode() {
-					decode++
-				}
+		for _, c := range chunks {
+			if c.Decode() {
+				decode++
 			}
 		}
 		met.StepPrefillTokens.Observe(float64(n - decode))

@@ -48,6 +48,7 @@ type Head struct {
 	down error     // why the link is down; nil while up
 
 	// Owned by Forward's caller (the engine's goroutine).
+	flight []*headLink // the links of the steps launched and not landed, oldest first
 	id     uint64
 	enc    encoder
 	st     step
@@ -61,9 +62,6 @@ type headLink struct {
 	free    chan *result
 	err     error // why results closed; set before it is
 }
-
-// inFlight bounds the steps a head sends ahead of their results.
-const inFlight = 4
 
 // NewHead allocates the head's KV store and opens the link through every stage: it fails,
 // naming the stage, when one is missing or refuses the replica.
@@ -120,8 +118,9 @@ func (h *Head) open(ctx context.Context) (*headLink, error) {
 		h.met.LinkFailures.WithLabelValues(reason).Inc()
 		return nil, err
 	}
-	hl := &headLink{l: l, results: make(chan *result, inFlight), free: make(chan *result, inFlight)}
-	for range inFlight {
+	n := h.InFlight()
+	hl := &headLink{l: l, results: make(chan *result, n), free: make(chan *result, n)}
+	for range n {
 		hl.free <- new(result)
 	}
 	go hl.read(h)
@@ -222,10 +221,38 @@ func (h *Head) Run(ctx context.Context, rejoined func(context.Context) error) {
 // Forward runs a step through every stage (engine.Forwarder): stage 0 here, then the
 // others, the last of which sends back the logits (and the hidden states of b.Hidden).
 func (h *Head) Forward(b *model.Batch, logits []float32) error {
+	if err := h.Launch(b); err != nil {
+		return err
+	}
+	return h.Land(b, logits)
+}
+
+// InFlight is the steps the head keeps in flight (engine.PipelineForwarder): one a stage,
+// so that while the last stage runs a step the first runs another.
+func (h *Head) InFlight() int { return h.Stages() }
+
+// Launch runs stage 0 over b and sends the step on (engine.PipelineForwarder); Land
+// collects its result. At most InFlight steps are in flight.
+func (h *Head) Launch(b *model.Batch) error {
+	if len(h.flight) >= h.InFlight() {
+		return fmt.Errorf("pipeline: %d steps in flight already", len(h.flight))
+	}
 	hl, err := h.launch(b)
 	if err != nil {
 		return err
 	}
+	h.flight = append(h.flight, hl)
+	return nil
+}
+
+// Land waits for the oldest step launched and writes its logits into logits (and its
+// hidden states into b.Hidden): b is the batch it was launched with.
+func (h *Head) Land(b *model.Batch, logits []float32) error {
+	if len(h.flight) == 0 {
+		return errors.New("pipeline: no step in flight")
+	}
+	hl := h.flight[0]
+	h.flight = append(h.flight[:0], h.flight[1:]...)
 	return h.land(hl, b, logits)
 }
 

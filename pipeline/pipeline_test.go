@@ -36,7 +36,9 @@ type replica struct {
 }
 
 // startReplica starts the stages of the model at path, cut as sp says, the last first
-// (each dials the next when the head's hello comes), and an engine over the head.
+// (each dials the next when the head's hello comes), and an engine over the head on be.
+// Each stage has a backend of its own, as a process would: a backend runs one step at a
+// time, and with micro-batches the stages run at once.
 func startReplica(t *testing.T, path string, sp model.StageSpec, be hal.Backend, ca *orpc.CA) *replica {
 	t.Helper()
 	id, err := ca.NewIdentity("stage", []string{"127.0.0.1"})
@@ -47,6 +49,7 @@ func startReplica(t *testing.T, path string, sp model.StageSpec, be hal.Backend,
 	for i := sp.Count - 1; i >= 1; i-- {
 		s := sp
 		s.Index = i
+		be := stageBackend(t)
 		m, err := model.LoadStage(path, be, s)
 		if err != nil {
 			t.Fatal(err)
@@ -344,9 +347,17 @@ func TestStageDeathFailsRequests(t *testing.T) {
 	}
 }
 
+// stageBackend is a stage's own CPU backend, closed when the test ends.
+func stageBackend(t *testing.T) hal.Backend {
+	be := cpu.New(1)
+	t.Cleanup(func() { be.Close() })
+	return be
+}
+
 // restartStage starts stage 1 of 2 again on addr.
-func restartStage(t *testing.T, path string, be hal.Backend, ca *orpc.CA, addr string) {
+func restartStage(t *testing.T, path string, _ hal.Backend, ca *orpc.CA, addr string) {
 	t.Helper()
+	be := stageBackend(t)
 	id, _ := ca.NewIdentity("stage", []string{"127.0.0.1"})
 	m, err := model.LoadStage(path, be, model.StageSpec{Count: 2, Index: 1})
 	if err != nil {
