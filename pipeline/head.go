@@ -29,6 +29,9 @@ type HeadConfig struct {
 	Logger            *slog.Logger
 	// Retry is how often a lost link is dialled again (0: every second).
 	Retry time.Duration
+	// MicroBatches is the steps kept in flight (0: one a stage, so that every stage has
+	// a step to run; 1: one step at a time, each stage waiting for the others).
+	MicroBatches int
 	// Changed, if set, is called when the replica goes down or serves again (Err), so that
 	// routers hear of it at once.
 	Changed func()
@@ -229,7 +232,12 @@ func (h *Head) Forward(b *model.Batch, logits []float32) error {
 
 // InFlight is the steps the head keeps in flight (engine.PipelineForwarder): one a stage,
 // so that while the last stage runs a step the first runs another.
-func (h *Head) InFlight() int { return h.Stages() }
+func (h *Head) InFlight() int {
+	if h.cfg.MicroBatches > 0 {
+		return h.cfg.MicroBatches
+	}
+	return h.Stages()
+}
 
 // Launch runs stage 0 over b and sends the step on (engine.PipelineForwarder); Land
 // collects its result. At most InFlight steps are in flight.

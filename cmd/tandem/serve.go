@@ -82,6 +82,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&sf.layers, "stage-layers", "", "with --stages: the layers of each stage, e.g. 12,12 (default: as even as possible, the earlier stages taking one more); every stage must be given the same")
 	fs.StringVar(&sf.listen, "stage-listen", "", "with --stage 1 or more: the address (host:port) this stage listens on for the stage before it")
 	fs.StringVar(&sf.next, "stage-next", "", "with --stages, on all but the last stage: the next stage's --stage-listen address")
+	fs.IntVar(&sf.micro, "micro-batches", 0, "with --stages, on the head: the steps kept in flight (default: one a stage, so that every stage has one to run; 1: one at a time)")
 	fs.StringVar(&sf.ca, "stage-ca", "", "with --stages: the directory of the replica's CA, shared by its stages (made by the first to start): the links are mutual TLS under it")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem serve [--model PATH] [--host H] [--port P] [flags]")
@@ -224,7 +225,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		headCfg = &pipeline.HeadConfig{Next: sf.next, Identity: id}
+		headCfg = &pipeline.HeadConfig{Next: sf.next, Identity: id, MicroBatches: sf.micro}
 	}
 
 	t0 := time.Now()
@@ -310,7 +311,11 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "  responses: kept in memory only (--port 0 without --state-dir or --node-name)\n")
 	}
 	if headCfg != nil {
-		fmt.Fprintf(stderr, "  pipeline: %s, split %s, next stage at %s\n", m.Stage, model.FormatSizes(m.Split), sf.next)
+		micro := sf.micro
+		if micro <= 0 {
+			micro = sf.count
+		}
+		fmt.Fprintf(stderr, "  pipeline: %s, split %s, next stage at %s, %d micro-batches\n", m.Stage, model.FormatSizes(m.Split), sf.next, micro)
 	}
 	if bk.sim() {
 		fmt.Fprintf(stderr, "  sim backend: %d replica%s, modelled compute %+v\n", len(n.Engines()), plural(len(n.Engines())), bk.timing)

@@ -25,6 +25,7 @@ type stageFlags struct {
 	listen       string // stage 1 on: where the stage before links to
 	next         string // all but the last: the next stage's address
 	ca           string // the replica's CA directory
+	micro        int    // the head's steps in flight (0: one a stage)
 }
 
 // spec checks the flags and returns the stage to load (the zero spec: the whole model).
@@ -33,9 +34,11 @@ func (f *stageFlags) spec() (model.StageSpec, error) {
 	case f.count < 1:
 		return model.StageSpec{}, fmt.Errorf("--stages %d: want 1 or more", f.count)
 	case f.count == 1:
-		if f.index != 0 || f.layers != "" || f.listen != "" || f.next != "" {
-			return model.StageSpec{}, errors.New("--stage, --stage-layers, --stage-listen and --stage-next need --stages 2 or more")
+		if f.index != 0 || f.layers != "" || f.listen != "" || f.next != "" || f.micro != 0 {
+			return model.StageSpec{}, errors.New("--stage, --stage-layers, --stage-listen, --stage-next and --micro-batches need --stages 2 or more")
 		}
+	case f.micro < 0:
+		return model.StageSpec{}, fmt.Errorf("--micro-batches %d: want 1 or more (0: one a stage)", f.micro)
 		return model.StageSpec{}, nil
 	case f.index < 0 || f.index >= f.count:
 		return model.StageSpec{}, fmt.Errorf("--stage %d of --stages %d: the stages are numbered 0 to %d", f.index, f.count, f.count-1)
