@@ -37,9 +37,9 @@ func (f *stageFlags) spec() (model.StageSpec, error) {
 		if f.index != 0 || f.layers != "" || f.listen != "" || f.next != "" || f.micro != 0 {
 			return model.StageSpec{}, errors.New("--stage, --stage-layers, --stage-listen, --stage-next and --micro-batches need --stages 2 or more")
 		}
+		return model.StageSpec{}, nil
 	case f.micro < 0:
 		return model.StageSpec{}, fmt.Errorf("--micro-batches %d: want 1 or more (0: one a stage)", f.micro)
-		return model.StageSpec{}, nil
 	case f.index < 0 || f.index >= f.count:
 		return model.StageSpec{}, fmt.Errorf("--stage %d of --stages %d: the stages are numbered 0 to %d", f.index, f.count, f.count-1)
 	case f.ca == "":
