@@ -382,3 +382,34 @@ func TestPipelineReplicaInCluster(t *testing.T) {
 		t.Errorf("no stream migrated from the replica mid-stream:\n%s", router.text())
 	}
 }
+
+// TestStageFlags: serve's pipeline flags are checked with messages naming the flag.
+func TestStageFlags(t *testing.T) {
+	for _, tc := range []struct {
+		f    stageFlags
+		want string // "" for a spec
+	}{
+		{stageFlags{count: 1}, ""},
+		{stageFlags{count: 0}, "--stages 0: want 1 or more"},
+		{stageFlags{count: 1, next: "a:1"}, "need --stages 2 or more"},
+		{stageFlags{count: 2, index: 2, ca: "d"}, "the stages are numbered 0 to 1"},
+		{stageFlags{count: 2, next: "a:1"}, "--stages needs --stage-ca"},
+		{stageFlags{count: 2, ca: "d"}, "stage 0 of 2 needs --stage-next"},
+		{stageFlags{count: 2, index: 1, ca: "d", next: "a:1", listen: "b:1"}, "it has no --stage-next"},
+		{stageFlags{count: 2, index: 1, ca: "d"}, "stage 1 needs --stage-listen"},
+		{stageFlags{count: 2, ca: "d", next: "a:1", listen: "b:1"}, "drop --stage-listen"},
+		{stageFlags{count: 2, ca: "d", next: "a:1", layers: "3,x"}, "--stage-layers"},
+		{stageFlags{count: 2, ca: "d", next: "a:1", micro: -1}, "--micro-batches -1"},
+		{stageFlags{count: 2, index: 1, ca: "d", listen: "b:1", layers: "3,2"}, ""},
+	} {
+		sp, err := tc.f.spec()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%+v: %v", tc.f, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%+v: %v, want %q", tc.f, err, tc.want)
+		case tc.want == "" && (sp.Count > 1) != (tc.f.count > 1):
+			t.Errorf("%+v: spec %+v", tc.f, sp)
+		}
+	}
+}
