@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"tandem/internal/fixtures"
 	"tandem/llm"
 	"tandem/model"
+	"tandem/modelgen"
 	"tandem/orpc"
 )
 
@@ -184,8 +186,9 @@ func sameBits(a, b []float32) bool {
 }
 
 // TestReplicaMatchesOneEngine serves 8 concurrent requests through 2- and 3-stage replicas
-// (stages linked over TLS on loopback, each with its own KV store) and checks that every
-// token and its log-probability are the bits one engine over the whole model gives.
+// (stages linked over TLS on loopback, each with its own KV store, micro-batches on) and
+// checks that every token and its log-probability are the bits one engine over the whole
+// model gives, for the fixture models and a gen-model model.
 func TestReplicaMatchesOneEngine(t *testing.T) {
 	be := cpu.New(0)
 	defer be.Close()
@@ -193,16 +196,30 @@ func TestReplicaMatchesOneEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A gen-model model besides the fixtures: qwen2 with biases, tied, Q8_0, 6 layers.
+	gen := filepath.Join(t.TempDir(), "gen-qwen2-q8_0.gguf")
+	w, err := modelgen.Build(modelgen.Spec{Arch: "qwen2", Embd: 128, Layers: 6, Heads: 4, KVHeads: 2, HeadDim: 32, FFN: 256,
+		ContextLen: 512, RopeBase: 1e6, NormEps: 1e-6, Tied: true, QKVBias: true, Type: "q8_0", Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteFile(gen); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name  string
 		specs []model.StageSpec
 	}{
+		{gen, []model.StageSpec{{Count: 3}, {Count: 2, Sizes: []int{5, 1}}}},
 		{"stories260K-f32.gguf", []model.StageSpec{{Count: 2}, {Count: 3}}},
 		{"rand-qwen2-tok512-f32.gguf", []model.StageSpec{{Count: 2}}},
 		{"rand-llama256-tok512-q4_k_m.gguf", []model.StageSpec{{Count: 2}}}, // K-quants, 2 layers
 		{"rand-qwen3-tok512-f32.gguf", []model.StageSpec{{Count: 2, Sizes: []int{1, 1}}}},
 	} {
-		path := fixtures.Model(t, tc.name)
+		path := tc.name
+		if !filepath.IsAbs(path) {
+			path = fixtures.Model(t, tc.name)
+		}
 		whole, m := startWhole(t, path, be)
 		want := generateAll(t, whole, m.Tokenizer, 24)
 		for _, sp := range tc.specs {
