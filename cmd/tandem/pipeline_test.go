@@ -145,7 +145,8 @@ func complete1(base, prompt string, maxTokens int) (string, error) {
 // TestServePipelineEndToEnd runs a 3-stage replica as three `tandem serve` processes
 // linked over TLS and checks that 8 concurrent greedy completions are one engine's text,
 // that the stages refuse another split with a message naming both, and that a stage's
-// death makes the replica unhealthy and fails requests with a 503, not a hang.
+// death makes the replica unhealthy and fails requests with a 503, not a hang, until the
+// stage restarts and the replica serves again.
 func TestServePipelineEndToEnd(t *testing.T) {
 	modelPath := fixtures.Model(t, "stories260K-f32.gguf")
 	one := startServe(t, "--model", modelPath, "--served-model-name", "m")
@@ -155,7 +156,7 @@ func TestServePipelineEndToEnd(t *testing.T) {
 	s2, addr2 := startStage(t, modelPath, 3, 2, "", ca)
 	_, addr1 := startStage(t, modelPath, 3, 1, addr2, ca)
 	head := startServe(t, "--model", modelPath, "--served-model-name", "m", "--stages", "3", "--stage-next", addr1, "--stage-ca", ca)
-	if !strings.Contains(head.log(), "pipeline: stage 0 of 3 (layers 0-1), split 2,2,1") {
+	if head.logMatch(regexp.MustCompile(`pipeline: stage 0 of 3 \(layers 0-1\), split 2,2,1, next stage at \S+, 3 micro-batches`)) == nil {
 		t.Errorf("the head's banner:\n%s", head.log())
 	}
 	got := completeAll(t, head.url, 32)
@@ -192,6 +193,50 @@ func TestServePipelineEndToEnd(t *testing.T) {
 	}
 	if _, m := get(t, head.url+"/metrics"); !strings.Contains(m, "tandem:pipeline_link_up 0") {
 		t.Errorf("link still up in the metrics:\n%s", grepLines(m, "pipeline"))
+	}
+
+	// The stage restarts on its address: the replica links up again (dropping its prefix
+	// cache) and serves one engine's text.
+	startStageAt(t, modelPath, 3, 2, addr2, ca)
+	waitHealth(t, head.url, 200)
+	got = completeAll(t, head.url, 32)
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("after the restart, request %d: %q, one engine %q", i, got[i], want[i])
+		}
+	}
+	if _, m := get(t, head.url+"/metrics"); !strings.Contains(m, "tandem:pipeline_rejoins_total 1") {
+		t.Errorf("no rejoin counted:\n%s", grepLines(m, "pipeline"))
+	}
+}
+
+// startStageAt is startStage on a given address (a restarted stage), retried while the
+// port is still held by the process before.
+func startStageAt(t *testing.T, modelPath string, count, index int, addr, ca string) {
+	t.Helper()
+	bin, _ := buildTandem()
+	for try := 0; ; try++ {
+		p := startProc(t, bin, "serve", "--model", modelPath, "--served-model-name", "m", "--port", "0", "--stages", strconv.Itoa(count),
+			"--stage", strconv.Itoa(index), "--stage-listen", addr, "--stage-ca", ca)
+		deadline := time.After(60 * time.Second)
+		for {
+			if strings.Contains(p.text(), "link: "+addr) {
+				return
+			}
+			select {
+			case <-p.done:
+				if try < 20 && strings.Contains(p.text(), "address already in use") {
+					time.Sleep(100 * time.Millisecond)
+				} else {
+					t.Fatalf("the restarted stage exited:\n%s", p.text())
+				}
+			case <-deadline:
+				t.Fatalf("the restarted stage did not listen:\n%s", p.text())
+			case <-time.After(20 * time.Millisecond):
+				continue
+			}
+			break
+		}
 	}
 }
 
