@@ -400,3 +400,30 @@ func restartStage(t *testing.T, path string, _ hal.Backend, ca *orpc.CA, addr st
 	go func() { st.Serve(ctx, l); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
+
+// TestStepAllocations: once warm, a decode step through a 2-stage replica (stage 0, the
+// link both ways, stage 1) allocates nothing of ours: the frames, the hidden states, the
+// batch and the results reuse their buffers. What is left is crypto/tls's own: a record
+// read that waits for the network allocates its reader (readFromUntil), once each way.
+func TestStepAllocations(t *testing.T) {
+	be := cpu.New(1)
+	defer be.Close()
+	ca, _ := orpc.NewCA("test")
+	path := fixtures.Model(t, "stories260K-f32.gguf")
+	r := startReplica(t, path, model.StageSpec{Count: 2}, be, ca)
+	b := &model.Batch{Tokens: []int32{1, 2, 3, 4}, Attn: hal.AttnBatch{Pos: []int32{0, 0, 0, 0}, SeqOf: []int32{0, 1, 2, 3},
+		Blocks: [][]int32{{0}, {1}, {2}, {3}}}, Outputs: []int{0, 1, 2, 3}}
+	logits := make([]float32, 4*512)
+	for range 3 {
+		if err := r.head.Forward(b, logits); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := testing.AllocsPerRun(50, func() {
+		if err := r.head.Forward(b, logits); err != nil {
+			t.Fatal(err)
+		}
+	}); n > 2 {
+		t.Errorf("a step allocates %.1f times, want crypto/tls's 2 at most", n)
+	}
+}

@@ -47,6 +47,7 @@ type Stage struct {
 	run    sync.Mutex
 	kv     hal.KVStore
 	layout hal.KVLayout
+	batch  model.Batch // the step's, reused
 }
 
 // NewStage checks cfg and prepares the stage; Serve serves it.
@@ -321,12 +322,13 @@ func (s *Stage) forward(st *step, res *result, hidden *[]float32, embd, vocab in
 	if err := checkStep(st, s.layout, embd); err != nil {
 		return err
 	}
-	b := model.Batch{Attn: hal.AttnBatch{Pos: st.Pos, SeqOf: st.SeqOf, Blocks: st.Blocks}, Outputs: st.Outputs}
+	b := &s.batch // kept: the runner holds on to its address for the step
+	*b = model.Batch{Attn: hal.AttnBatch{Pos: st.Pos, SeqOf: st.SeqOf, Blocks: st.Blocks}, Outputs: st.Outputs}
 	if !s.cfg.Model.Stage.Last() {
 		if cap(*hidden) < n*embd {
 			*hidden = make([]float32, n*embd)
 		}
-		return s.runner.ForwardStage(s.kv, &b, st.Hidden, (*hidden)[:n*embd], nil)
+		return s.runner.ForwardStage(s.kv, b, st.Hidden, (*hidden)[:n*embd], nil)
 	}
 	no := len(st.Outputs)
 	if cap(res.Logits) < no*vocab {
@@ -341,7 +343,7 @@ func (s *Stage) forward(st *step, res *result, hidden *[]float32, embd, vocab in
 		res.Hidden = res.Hidden[:no*embd]
 		b.Hidden = res.Hidden
 	}
-	return s.runner.ForwardStage(s.kv, &b, st.Hidden, nil, res.Logits)
+	return s.runner.ForwardStage(s.kv, b, st.Hidden, nil, res.Logits)
 }
 
 // checkStep checks that a step's layout fits the KV store, so that a bad step is an error

@@ -276,11 +276,15 @@ func decodeResult(p []byte, r *result) error {
 
 // readFrame reads one frame into buf (grown as needed) and returns its type and payload.
 func readFrame(r *bufio.Reader, buf []byte) (typ byte, payload, grown []byte, err error) {
-	var hdr [5]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+	hdr, err := r.Peek(5) // the reader's own bytes: a header array would escape into io.ReadFull
+	if err != nil {
+		if err == io.EOF && len(hdr) > 0 {
+			err = io.ErrUnexpectedEOF
+		}
 		return 0, nil, buf, err
 	}
-	n := binary.LittleEndian.Uint32(hdr[:])
+	n, typ := binary.LittleEndian.Uint32(hdr), hdr[4]
+	r.Discard(5)
 	if n < 1 || n > maxFrame {
 		return 0, nil, buf, fmt.Errorf("%w: a frame of %d bytes", errFrame, n)
 	}
@@ -291,5 +295,5 @@ func readFrame(r *bufio.Reader, buf []byte) (typ byte, payload, grown []byte, er
 	if _, err := io.ReadFull(r, buf); err != nil {
 		return 0, nil, buf, err
 	}
-	return hdr[4], buf, buf, nil
+	return typ, buf, buf, nil
 }
