@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"errors"
+
 	"tandem/hal"
 	"tandem/model"
 )
@@ -51,11 +53,20 @@ func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) 
 	}
 	e := newEngine(m, cfg, micro)
 	e.fwd = f
+	if ok {
+		// Its KV lives in the pipeline's stages, each its layers': no store here to read
+		// blocks from, and the sim format (no payload) would pass for a transfer.
+		e.held.ioOnce.Do(func() { e.held.ioErr = errPipelineKV })
+	}
 	if micro > 1 {
 		e.pipe, e.flights = pf, make([]flight, micro)
 	}
 	return e, nil
 }
+
+// errPipelineKV is the block I/O error of a pipeline replica's engine: KV exports refuse
+// and imports fail (and are counted) instead of moving blocks without their payload.
+var errPipelineKV = errors.New("engine: the KV lives in the pipeline's stages; moving it block by block (stage by stage) is not built")
 
 // simBlockIO is the block reader and writer of an engine built with NewWithForwarder, which
 // has no KV memory: its format is the model's layout in the modelled store SimStore, whose

@@ -77,6 +77,9 @@ func TestMicroBatchesMatchSolo(t *testing.T) {
 		if q.maxQueue != depth {
 			t.Errorf("depth %d: at most %d steps were in flight", depth, q.maxQueue)
 		}
+		if _, err := e.KVFormat(); !errors.Is(err, errPipelineKV) {
+			t.Errorf("a pipeline's engine offers KV blocks: %v", err)
+		}
 		waitIdle(t, e)
 	}
 }
