@@ -64,13 +64,12 @@ func (e *Engine) launch(plan *sched.Plan[*sequence]) {
 	f := &e.flights[(e.first+e.flying)%len(e.flights)]
 	e.flying++
 	f.chunks = append(f.chunks[:0], plan.Chunks...)
-	rows := e.buildBatch(&f.batch, f.chunks, &f.hidden)
+	e.buildBatch(&f.batch, f.chunks, &f.hidden) // each flight keeps its logits: no wide buffer
 	n := len(f.batch.Outputs) * e.m.Config.VocabSize
 	if cap(f.logits) < n {
 		f.logits = make([]float32, n)
 	}
 	f.logits = f.logits[:n]
-	_ = rows // every flight has its own logits: the wide buffer of stepLogits is not needed
 	f.t0 = time.Now()
 	f.failed = e.pipe.Launch(&f.batch)
 }
