@@ -26,8 +26,19 @@ type Config struct {
 	BlockSize      int    // KV positions per block
 	KVBlocks       int    // blocks in the KV pool
 	Salt           uint64 // block hash salt (kvcache.Salt of model, namespace, LoRA)
-	Metrics        *metrics.Engine
-	Logger         *slog.Logger
+	// ITLTarget, with Cost, bounds the predicted time of a step that carries decode tokens
+	// (sched.Config.ITLTarget): prompts are read in the chunks that keep the streams at
+	// their pace. Cost is the forward step's profile (a sim.Timing fitted by tandem
+	// profile, or at start); the engine corrects it with every step it measures
+	// (sched.LiveCost). 0 or nil: the token budget alone cuts prompt chunks.
+	ITLTarget time.Duration
+	Cost      sched.CostModel
+	// StepClock times the forward passes (the cost model's correction and Stats' last
+	// step); nil is the wall clock. Tests whose forward step runs on a virtual clock give
+	// it here.
+	StepClock interface{ Now() time.Time }
+	Metrics   *metrics.Engine
+	Logger    *slog.Logger
 	// OnPlan, if set, is called by Run's goroutine with each step's plan (its String is
 	// what package sched's tests print) before the forward pass, when the plan runs or
 	// preempts or drops a sequence; the plan is valid during the call only. Tests compare
@@ -72,6 +83,8 @@ type Engine struct {
 	logits []float32
 	batch  model.Batch
 	last   kvcache.Stats
+	cost   *sched.LiveCost // the step cost the ITL target reads, corrected by each step; nil without one
+	drift  [3]bool         // costDrift's warnings given, per kind of step
 
 	samplers *samplerBufs // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
 
@@ -141,8 +154,13 @@ func newEngine(m *model.Model, cfg Config) *Engine {
 
 		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
 	}
+	sc := sched.Config{MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Salt: cfg.Salt}
+	if cfg.ITLTarget > 0 && cfg.Cost != nil {
+		e.cost = sched.NewLiveCost(cfg.Cost)
+		sc.ITLTarget, sc.Cost = cfg.ITLTarget, e.cost
+	}
 	var err error
-	e.sched, err = sched.New[*sequence](sched.Config{MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Salt: cfg.Salt}, e.pool)
+	e.sched, err = sched.New[*sequence](sc, e.pool)
 	if err != nil {
 		panic("engine: " + err.Error()) // fill made the sizes positive
 	}
@@ -385,9 +403,20 @@ func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 	if need := len(b.Outputs) * vocab; cap(e.logits) < need {
 		e.logits = make([]float32, need)
 	}
-	t0 := time.Now()
+	t0 := e.now()
 	err := e.fwd.Forward(b, e.logits[:len(b.Outputs)*vocab])
-	e.stepDone(time.Since(t0), len(b.Tokens))
+	took := e.now().Sub(t0)
+	e.stepDone(took, len(b.Tokens))
+	if plan.OverTarget {
+		e.overTarget()
+		if e.cfg.Metrics != nil {
+			e.cfg.Metrics.StepsOverTarget.Inc()
+		}
+	}
+	if err == nil && e.cost != nil {
+		e.cost.Observe(plan.Shape, took)
+		e.costDrift()
+	}
 	if err != nil {
 		err = fmt.Errorf("engine: forward pass: %w", err)
 		for _, c := range plan.Chunks {
@@ -479,6 +508,32 @@ func (e *Engine) finishMetrics(s *sequence, reason llm.FinishReason) {
 		if !s.firstToken.IsZero() {
 			met.PrefillTime.Observe(s.firstToken.Sub(s.firstScheduled).Seconds())
 			met.DecodeTime.Observe(now.Sub(s.firstToken).Seconds())
+		}
+	}
+}
+
+// now is the step clock's time.
+func (e *Engine) now() time.Time {
+	if e.cfg.StepClock != nil {
+		return e.cfg.StepClock.Now()
+	}
+	return time.Now()
+}
+
+// costDriftFactor is how far the live correction of the step cost may move from the
+// profile before the engine says, once per kind of step, that the profile is stale.
+const costDriftFactor = 2.0
+
+// costDrift logs, once per kind of step, a correction of the step cost beyond
+// costDriftFactor: the profile no longer describes the machine (or never did), and the
+// target is held by the correction alone.
+func (e *Engine) costDrift() {
+	p, d, m := e.cost.Correction()
+	for i, f := range [3]float64{p, d, m} {
+		if !e.drift[i] && (f > costDriftFactor || f < 1/costDriftFactor) {
+			e.drift[i] = true
+			e.log.Warn("the step cost profile is off for the steps the engine measures; correcting it live",
+				"steps", [3]string{"prefill", "decode", "mixed"}[i], "factor", f)
 		}
 	}
 }

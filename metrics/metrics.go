@@ -30,6 +30,7 @@ type Engine struct {
 	RequestPrompt    prometheus.Observer
 	RequestGenerated prometheus.Observer
 	IterationTokens  prometheus.Observer
+	StepsOverTarget  prometheus.Counter // engine steps with decode tokens predicted past the ITL target
 }
 
 var (
@@ -62,6 +63,7 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 		RequestPrompt:    f.histogram("tandem:request_prompt_tokens", "Number of prefill tokens per request.", tokenBuckets),
 		RequestGenerated: f.histogram("tandem:request_generation_tokens", "Number of generation tokens per request.", tokenBuckets),
 		IterationTokens:  f.histogram("tandem:iteration_tokens_total", "Histogram of number of tokens per engine step.", tokenBuckets),
+		StepsOverTarget:  f.counter("tandem:steps_over_itl_target_total", "Engine steps carrying decode tokens whose predicted time exceeded the inter-token latency target: too many streams for the target."),
 	}
 }
 
