@@ -194,6 +194,7 @@ func (r *LoadReport) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(r.StepTokens))
 	e.Uvarint(r.Received)
 	e.Bool(r.Tracked)
+	e.Uvarint(r.StepsOverTarget)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -212,6 +213,9 @@ func (r *LoadReport) UnmarshalORPC(d *orpc.Decoder) error {
 	if d.Len() > 0 {
 		r.Received = d.Uvarint()
 		r.Tracked = d.Bool()
+	}
+	if d.Len() > 0 { // trailing, as Received: an older worker's report ends before it
+		r.StepsOverTarget = d.Uvarint()
 	}
 	return d.Err()
 }

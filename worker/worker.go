@@ -571,6 +571,8 @@ func (w *Worker) Load() cluster.LoadReport {
 			Healthy:       !w.Draining(),
 			StepMicros:    int(st.LastStep / time.Microsecond),
 			StepTokens:    st.LastStepTokens,
+
+			StepsOverTarget: st.StepsOverTarget,
 		}}
 	}
 	st := w.cfg.Engine.Pool().Stats()
