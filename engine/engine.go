@@ -158,6 +158,11 @@ func newEngine(m *model.Model, cfg Config) *Engine {
 	if cfg.ITLTarget > 0 && cfg.Cost != nil {
 		e.cost = sched.NewLiveCost(cfg.Cost)
 		sc.ITLTarget, sc.Cost = cfg.ITLTarget, e.cost
+		if cfg.Metrics != nil {
+			for _, g := range cfg.Metrics.StepCostFactor {
+				g.Set(1)
+			}
+		}
 	}
 	var err error
 	e.sched, err = sched.New[*sequence](sc, e.pool)
@@ -520,6 +525,9 @@ func (e *Engine) now() time.Time {
 	return time.Now()
 }
 
+// costKinds name the kinds of step the correction tells apart (sched.LiveCost).
+var costKinds = [3]string{"prefill", "decode", "mixed"}
+
 // costDriftFactor is how far the live correction of the step cost may move from the
 // profile before the engine says, once per kind of step, that the profile is stale.
 const costDriftFactor = 2.0
@@ -530,10 +538,13 @@ const costDriftFactor = 2.0
 func (e *Engine) costDrift() {
 	p, d, m := e.cost.Correction()
 	for i, f := range [3]float64{p, d, m} {
+		if e.cfg.Metrics != nil {
+			e.cfg.Metrics.StepCostFactor[i].Set(f)
+		}
 		if !e.drift[i] && (f > costDriftFactor || f < 1/costDriftFactor) {
 			e.drift[i] = true
 			e.log.Warn("the step cost profile is off for the steps the engine measures; correcting it live",
-				"steps", [3]string{"prefill", "decode", "mixed"}[i], "factor", f)
+				"steps", costKinds[i], "factor", f)
 		}
 	}
 }

@@ -31,6 +31,9 @@ type Engine struct {
 	RequestGenerated prometheus.Observer
 	IterationTokens  prometheus.Observer
 	StepsOverTarget  prometheus.Counter // engine steps with decode tokens predicted past the ITL target
+	// StepCostFactor is the live correction of the step cost profile, for prefill-only,
+	// decode-only and mixed steps (label steps), in the order of sched.LiveCost.Correction.
+	StepCostFactor [3]prometheus.Gauge
 }
 
 var (
@@ -42,7 +45,7 @@ var (
 func NewEngine(reg prometheus.Registerer, model string) *Engine {
 	labels := prometheus.Labels{"model_name": model}
 	f := factory{reg: reg, labels: labels}
-	return &Engine{
+	e := &Engine{
 		Running:          f.gauge("tandem:num_requests_running", "Number of requests in model execution batches."),
 		Waiting:          f.gauge("tandem:num_requests_waiting", "Number of requests waiting to be processed."),
 		KVUsage:          f.gauge("tandem:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
@@ -65,6 +68,14 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 		IterationTokens:  f.histogram("tandem:iteration_tokens_total", "Histogram of number of tokens per engine step.", tokenBuckets),
 		StepsOverTarget:  f.counter("tandem:steps_over_itl_target_total", "Engine steps carrying decode tokens whose predicted time exceeded the inter-token latency target: too many streams for the target."),
 	}
+	cost := f.register(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tandem:step_cost_correction", ConstLabels: labels,
+		Help: "Factor the engine's live correction applies to its step cost profile, by kind of step (a mixed step's is on top of the other two); 1 until corrected.",
+	}, []string{"steps"})).(*prometheus.GaugeVec)
+	for i, kind := range []string{"prefill", "decode", "mixed"} {
+		e.StepCostFactor[i] = cost.WithLabelValues(kind)
+	}
+	return e
 }
 
 type factory struct {

@@ -55,6 +55,17 @@ type Config struct {
 	Sim      *sim.Timing
 	Replicas int
 
+	// ITLTarget bounds the predicted time of an engine step that carries decode tokens
+	// (engine.Config.ITLTarget); 0: none. ITLTargetDecodes, when positive, sets it instead
+	// to that many times the step cost's decode step of one sequence (at 512 tokens of
+	// context): the machine's own pace. StepCost is the forward step's profile the target
+	// reads (tandem profile's fit); nil: the sim backend's timing, or, for a real backend,
+	// a quick profile measured at start (simstep.QuickPlan). Either way the engine
+	// corrects it with every step it measures.
+	ITLTarget        time.Duration
+	ITLTargetDecodes float64
+	StepCost         *sim.Timing
+
 	HTTP    HTTP
 	Cluster Cluster // no Routers: a node on its own
 	Logger  *slog.Logger
@@ -95,6 +106,7 @@ type Node struct {
 
 	blocks     int
 	contextLen int
+	itlTarget  time.Duration
 
 	stopEngines context.CancelFunc
 	enginesDone chan error
@@ -158,7 +170,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: log, reg: metrics.NewRegistry(), blocks: blocks, contextLen: m.Config.ContextLen,
 		enginesDone: make(chan error, cfg.Replicas), fatal: make(chan error, cfg.Replicas)}
-	if err := n.newEngines(); err != nil {
+	if err := n.newEngines(ctx); err != nil {
 		return nil, err
 	}
 	eng := n.engines[0]
@@ -184,7 +196,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	return n, nil
 }
 
-func (n *Node) newEngines() error {
+func (n *Node) newEngines(ctx context.Context) error {
 	cfg, m := n.cfg, n.cfg.Model
 	ecfg := engine.Config{
 		MaxBatchTokens: cfg.MaxBatchTokens,
@@ -196,6 +208,27 @@ func (n *Node) newEngines() error {
 		Metrics:        metrics.NewEngine(n.reg, cfg.Name),
 		Logger:         n.log,
 	}
+	if cfg.ITLTarget > 0 || cfg.ITLTargetDecodes > 0 {
+		ecfg.ITLTarget = cfg.ITLTarget
+		switch {
+		case cfg.StepCost != nil:
+			ecfg.Cost = *cfg.StepCost
+		case cfg.Sim != nil:
+			ecfg.Cost = *cfg.Sim
+		default:
+			t, err := n.measureStepCost(ctx)
+			if err != nil {
+				return err
+			}
+			ecfg.Cost = t
+		}
+		if k := cfg.ITLTargetDecodes; k > 0 {
+			one := ecfg.Cost.Step(sim.StepShape{DecodeSeqs: 1, KVTokens: 512})
+			ecfg.ITLTarget = max(time.Duration(k*float64(one)).Round(time.Millisecond), time.Millisecond)
+			n.log.Info("ITL target set from the step cost", "target", ecfg.ITLTarget, "decodes", k, "one_decode", one.Round(10*time.Microsecond))
+		}
+	}
+	n.itlTarget = ecfg.ITLTarget
 	if cfg.Sim == nil {
 		e, err := engine.New(m, cfg.Backend, ecfg)
 		if err != nil {
@@ -377,6 +410,10 @@ func (n *Node) URL() string { return n.http.URL() }
 // to what the cache holds).
 func (n *Node) KVBlocks() int   { return n.blocks }
 func (n *Node) ContextLen() int { return n.contextLen }
+
+// ITLTarget is the engines' inter-token latency target (0: none), resolved at start when
+// it was given as a multiple of a decode step.
+func (n *Node) ITLTarget() time.Duration { return n.itlTarget }
 
 // Engines are the node's engines: one, or the sim replicas.
 func (n *Node) Engines() []*engine.Engine { return n.engines }

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"tandem/llm"
 	"tandem/model"
 	"tandem/modelgen"
+	"tandem/sim"
 )
 
 func demoModel(t *testing.T) (*model.Model, *cpu.Backend) {
@@ -95,5 +97,41 @@ func TestShutdown(t *testing.T) {
 	}
 	if _, err := n.Engines()[0].Generate(context.Background(), &llm.Request{Prompt: []int32{1, 2}}); !errors.Is(err, llm.ErrUnavailable) {
 		t.Errorf("the engine still takes requests after Shutdown: %v", err)
+	}
+}
+
+// With an ITL target and no step profile, a node on a real backend measures its forward
+// step at start (and says what it found); with a profile it measures nothing. A target
+// of four decode steps is resolved from the profile. Either way it serves.
+func TestITLTargetStepCost(t *testing.T) {
+	m, be := demoModel(t)
+	for _, profile := range []*sim.Timing{nil, {PrefillPerToken: 1, DecodeBase: 5, DecodePerSeq: 1}} {
+		var logs bytes.Buffer
+		cfg := Config{Model: m, Backend: be, Name: "tandem-demo", KVBudget: 256 * 16 * m.KVBytesPerToken(),
+			BlockSize: 16, HTTP: HTTP{Addr: "127.0.0.1:0"}, ITLTarget: 50 * time.Millisecond, StepCost: profile,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+		want := cfg.ITLTarget
+		if profile != nil {
+			cfg.ITLTargetDecodes, want = 4, 24*time.Millisecond // 4 × (5 ms + 1 ms)
+		}
+		n, err := Start(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.ITLTarget() != want {
+			t.Errorf("profile %v: ITL target %v, want %v", profile, n.ITLTarget(), want)
+		}
+		resp, err := http.Post(n.URL()+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"Hello","max_tokens":8}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		n.Shutdown(context.Background())
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("profile %v: status %d", profile, resp.StatusCode)
+		}
+		if measured := strings.Contains(logs.String(), "measured the step cost"); measured != (profile == nil) {
+			t.Errorf("profile %v: measured at start %v:\n%s", profile, measured, logs.String())
+		}
 	}
 }

@@ -22,10 +22,22 @@ type Config struct {
 	Cost      CostModel
 }
 
-// overloadShare is the part of the target that prefill keeps in a step whose decode
-// tokens alone leave it less: the step goes over the target, and new prompts are read
-// slowly instead of not at all.
-const overloadShare = 4 // a quarter
+// overloadFactor bounds a timed step whose decode tokens alone take more than a half of
+// the target: its prompt chunks may take it to this many times the decodes' time (as long
+// again as the decodes), past the target. A stream's tokens then come at most twice as
+// slowly while a prompt is read, and prompts are still read at the pace of the decodes,
+// however slow the machine has become (other work on its cores, more streams than it can
+// serve): a fixed share of the target would all but stop them.
+const overloadFactor = 2
+
+// minPromptShare sets the prompt tokens a step reads at least when a prompt is waiting,
+// whatever the time: a sixty-fourth of the token budget (8 of 512), so that prompts move
+// even when the cost model prices a step's fixed prefill cost above what the decodes
+// leave (until the live correction learns what a mixed step costs).
+const minPromptShare = 64
+
+// minPrompt is the prompt tokens a timed step reads at least (see minPromptShare).
+func (c Config) minPrompt() int { return max(1, c.MaxBatchTokens/minPromptShare) }
 
 // where a Seq is.
 type state uint8
@@ -125,8 +137,8 @@ type Plan[S Sequence] struct {
 	OverTarget bool
 
 	streaming bool          // a chunk is a decode
-	limit     time.Duration // the predicted time the step's prefill may fill up to (0: not set yet)
-	full      bool          // a prefill chunk was cut to the limit: no more prefill this step
+	limit     time.Duration // the predicted time a timed step's prompts may fill it up to (0: not set yet)
+	full      bool          // a prompt chunk was cut to the limit: no more prompt tokens this step
 }
 
 func (p *Plan[S]) reset() {
@@ -150,7 +162,7 @@ func (p *Plan[S]) add(c Chunk[S]) {
 // remove takes chunk i out of the plan.
 func (p *Plan[S]) remove(i int) {
 	p.Chunks = slices.Delete(p.Chunks, i, i+1)
-	p.Shape, p.streaming = StepShape{}, false
+	p.Shape, p.streaming, p.limit = StepShape{}, false, 0
 	for _, c := range p.Chunks {
 		p.Shape.Add(c.N, c.From+c.N)
 		p.streaming = p.streaming || c.Decode()
@@ -259,9 +271,10 @@ func left[S Sequence](q S) int {
 // With an ITL target and a cost model (Config), a step that carries decode tokens also
 // has a time budget: prefill chunks, in the order above, take the tokens that keep the
 // step's predicted time within the target, and the first one cut short ends the step's
-// prefill. When the decodes alone leave prefill less than a quarter of the target, prefill
-// keeps that quarter and the step goes over the target (Plan.OverTarget). A step without
-// decode tokens has the token budget alone: no stream waits on it.
+// prefill. When the decodes alone take more than half the target, prefill may take as
+// long as they do, and the step goes over the target (Plan.OverTarget); and a waiting
+// prompt reads at least a sixty-fourth of the token budget a step. A step without decode
+// tokens has the token budget alone: no stream waits on it.
 //
 // The plan is valid until the next Schedule. A plan with no chunks means nothing can run
 // now.
@@ -305,6 +318,9 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 			if i := slices.IndexFunc(p.Chunks, func(c Chunk[S]) bool { return c.Seq == v }); i >= 0 {
 				budget += p.Chunks[i].N
 				p.remove(i)
+				if v != q { // the step changed: q's share is weighed again
+					n = s.fit(p, seq.KV.Len(), min(left(q), budget))
+				}
 			}
 			s.preempt(v)
 			p.Preempted = append(p.Preempted, v)
@@ -360,7 +376,7 @@ func (s *Scheduler[S]) admit(p *Plan[S], budget *int) bool {
 	if st := s.pool.Stats(); st.Free+st.Cached < (min(len(seq.Tokens), *budget)+bs-1)/bs+1 {
 		return false
 	}
-	if s.timed(p) && s.cfg.Cost.Step(p.Shape) >= s.limit(p) {
+	if s.timed(p) && p.Shape.PrefillTokens >= s.cfg.minPrompt() && s.cfg.Cost.Step(p.Shape) >= s.limit(p) {
 		p.full = true
 		return false
 	}
@@ -393,20 +409,20 @@ func (s *Scheduler[S]) timed(p *Plan[S]) bool {
 	return s.cfg.ITLTarget > 0 && s.cfg.Cost != nil && p.streaming
 }
 
-// limit is the predicted time a timed step's prefill may fill it up to: the target, or,
-// when the chunks planned so far (the decodes) leave less than prefill's share of it,
-// their time plus that share.
+// limit is the predicted time a timed step's prompt chunks may fill it up to: the
+// target, or, when the chunks planned before them (the decodes) take more than half of
+// it, twice their time (see overloadFactor).
 func (s *Scheduler[S]) limit(p *Plan[S]) time.Duration {
 	if p.limit == 0 {
-		t := s.cfg.ITLTarget
-		p.limit = max(t, s.cfg.Cost.Step(p.Shape)+t/overloadShare)
+		p.limit = max(s.cfg.ITLTarget, overloadFactor*s.cfg.Cost.Step(p.Shape))
 	}
 	return p.limit
 }
 
 // fit is how many of n tokens, starting at position from, a sequence may compute in the
-// step: all of them, unless the step is timed and they would take it past its limit; then
-// the most that keep it within, and the step's prefill is full.
+// step: all of them, unless the step is timed and they would take its predicted time past
+// the limit; then the most that keep it within, or what the step's minimum of prompt
+// tokens still asks for if that is more, and the step's prompt reading is full.
 func (s *Scheduler[S]) fit(p *Plan[S], from, n int) int {
 	if n <= 1 || !s.timed(p) {
 		return n
@@ -417,19 +433,20 @@ func (s *Scheduler[S]) fit(p *Plan[S], from, n int) int {
 		sh.Add(m, from+m)
 		return s.cfg.Cost.Step(sh) <= limit
 	}
-	if fits(n) {
-		return n
-	}
-	p.full = true
-	lo, hi := 0, n // fits(lo) (nothing added), !fits(hi)
-	for hi-lo > 1 {
-		if mid := (lo + hi) / 2; fits(mid) {
-			lo = mid
-		} else {
-			hi = mid
+	m := n
+	if !fits(n) {
+		p.full = true
+		lo, hi := 0, n // fits(lo) or lo = 0, !fits(hi)
+		for hi-lo > 1 {
+			if mid := (lo + hi) / 2; fits(mid) {
+				lo = mid
+			} else {
+				hi = mid
+			}
 		}
+		m = max(lo, min(n, s.cfg.minPrompt()-p.Shape.PrefillTokens))
 	}
-	return lo
+	return m
 }
 
 // preempt releases a running sequence's blocks and queues it again; it will recompute its

@@ -287,7 +287,7 @@ func TestRandomWorkload(t *testing.T) {
 				s.Add(q)
 			}
 			p := s.Schedule()
-			total, seen, last := 0, map[*testSeq]bool{}, (*testSeq)(nil)
+			total, seen, last, prompt := 0, map[*testSeq]bool{}, (*testSeq)(nil), 0
 			var decodes StepShape
 			for _, c := range p.Chunks {
 				if seen[c.Seq] || c.N < 1 || c.From != c.Seq.KV.Len() || !c.Seq.Running() {
@@ -295,7 +295,9 @@ func TestRandomWorkload(t *testing.T) {
 				}
 				seen[c.Seq] = true
 				total += c.N
-				if c.N == 1 {
+				if c.N > 1 {
+					prompt += c.N
+				} else {
 					decodes.Add(1, c.From+1)
 				}
 				if slices.Contains(p.Admitted, c.Seq) || slices.Contains(p.Resumed, c.Seq) {
@@ -312,10 +314,11 @@ func TestRandomWorkload(t *testing.T) {
 				if p.Predicted != cfg.Cost.Step(p.Shape) {
 					t.Fatalf("seed %d: predicted %v, the cost model says %v", seed, p.Predicted, cfg.Cost.Step(p.Shape))
 				}
-				// Decodes and 1-token chunks are never cut; prefill fills up to the limit.
-				limit := max(cfg.ITLTarget, cfg.Cost.Step(decodes)+cfg.ITLTarget/overloadShare)
-				if p.streaming && p.Shape.PrefillTokens > 0 && p.Predicted > limit {
-					t.Fatalf("seed %d: predicted %v past the limit %v: %s", seed, p.Predicted, limit, p)
+				// Decodes are never cut; prompts fill a step up to the target (or twice the
+				// decodes' time), or read a step's minimum past it.
+				limit := max(cfg.ITLTarget, overloadFactor*cfg.Cost.Step(decodes))
+				if p.streaming && p.Predicted > limit && prompt > cfg.minPrompt() {
+					t.Fatalf("seed %d: predicted %v past the limit %v with %d prompt tokens: %s", seed, p.Predicted, limit, prompt, p)
 				}
 				if p.OverTarget != (p.streaming && p.Predicted > cfg.ITLTarget) {
 					t.Fatalf("seed %d: over target %v at %v of %v: %s", seed, p.OverTarget, p.Predicted, cfg.ITLTarget, p)

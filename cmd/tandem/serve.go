@@ -21,6 +21,7 @@ import (
 	"tandem/httpserve"
 	"tandem/node"
 	"tandem/orpc"
+	"tandem/sim"
 	"tandem/worker"
 )
 
@@ -36,6 +37,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	maxSeqs := fs.Int("max-seqs", engine.DefaultMaxSeqs, "most sequences running at once")
 	maxQueue := fs.Int("max-queue", engine.DefaultMaxQueue, "most requests waiting; past it 429")
 	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "KV cache block size in tokens")
+	itlFlag := fs.String("itl-target", defaultITLTarget, "inter-token latency target: a step that carries the streams' next tokens reads only the prompt tokens that keep its predicted time within it; a duration (100ms), a multiple of the machine's decode step of one sequence (4x), or 0 (none: prompts are read --max-batch-tokens at a time)")
+	stepProfile := fs.String("step-profile", "", "with --itl-target: the forward step's cost, a JSON file from tandem profile (default: measured at start, in a few seconds; with --backend sim, its --sim-profile), corrected live")
 	kvt := addKVTypeFlag(fs)
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
@@ -107,6 +110,18 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if _, err := bk.check(joins, *advertise, *orpcPort); err != nil {
 		return err
 	}
+	itl, err := parseITLTarget(*itlFlag)
+	if err != nil {
+		return err
+	}
+	var stepCost *sim.Timing
+	if *stepProfile != "" {
+		t, err := loadTiming(*stepProfile)
+		if err != nil {
+			return fmt.Errorf("--step-profile: %w", err)
+		}
+		stepCost = &t
+	}
 	kvType, err := kvt.parse()
 	if err != nil {
 		return err
@@ -144,7 +159,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		Model: m, Backend: be, ModelPath: *modelPath, Name: name,
 		KVBudget: budget, MaxModelLen: *maxModelLen, BlockSize: *blockSize,
 		MaxBatchTokens: *maxBatch, MaxSeqs: *maxSeqs, MaxQueue: *maxQueue,
-		Sim: bk.simTiming(), Replicas: *bk.replicas,
+		Sim: bk.simTiming(), Replicas: *bk.replicas, ITLTarget: itl.abs, ITLTargetDecodes: itl.decodes, StepCost: stepCost,
 		HTTP: node.HTTP{
 			Addr: net.JoinHostPort(*host, strconv.Itoa(*port)), TLSCert: *tlsCert, TLSKey: *tlsKey,
 			APIKey: *apiKey, PublicMetrics: *publicMetrics, BodyReadTimeout: *bodyTimeout, MinBodyRate: *minBodyRate,
@@ -159,10 +174,14 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	blocks, perToken := n.KVBlocks(), m.KVBytesPerToken()
-	fmt.Fprintf(stderr, "tandem serve: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s\n",
+	itlText := "none"
+	if t := n.ITLTarget(); t > 0 {
+		itlText = t.String()
+	}
+	fmt.Fprintf(stderr, "tandem serve: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s, ITL target %s\n",
 		n.URL(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
 		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), kvType, n.ContextLen(),
-		loadTime.Round(time.Millisecond), be.Name())
+		loadTime.Round(time.Millisecond), be.Name(), itlText)
 	if bk.sim() {
 		fmt.Fprintf(stderr, "  sim backend: %d replica(s), modelled compute %+v\n", len(n.Engines()), bk.timing)
 	}
