@@ -28,11 +28,14 @@ type Config struct {
 	Salt           uint64 // block hash salt (kvcache.Salt of model, namespace, LoRA)
 	// ITLTarget, with Cost, bounds the predicted time of a step that carries decode tokens
 	// (sched.Config.ITLTarget): prompts are read in the chunks that keep the streams at
-	// their pace. Cost is the forward step's profile (a sim.Timing fitted by tandem
-	// profile, or at start); the engine corrects it with every step it measures
-	// (sched.LiveCost). 0 or nil: the token budget alone cuts prompt chunks.
-	ITLTarget time.Duration
-	Cost      sched.CostModel
+	// their pace. ITLDecodes, when positive, sets the target at every step to that many
+	// times the decode step of one sequence, as the corrected cost predicts it then
+	// (sched.Config.ITLDecodes). Cost is the forward step's profile (a sim.Timing fitted
+	// by tandem profile, or at start); the engine corrects it with every step it measures
+	// (sched.LiveCost). No target or no Cost: the token budget alone cuts prompt chunks.
+	ITLTarget  time.Duration
+	ITLDecodes float64
+	Cost       sched.CostModel
 	// StepClock times the forward passes (the cost model's correction and Stats' last
 	// step); nil is the wall clock. Tests whose forward step runs on a virtual clock give
 	// it here.
@@ -155,9 +158,9 @@ func newEngine(m *model.Model, cfg Config) *Engine {
 		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
 	}
 	sc := sched.Config{MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Salt: cfg.Salt}
-	if cfg.ITLTarget > 0 && cfg.Cost != nil {
+	if (cfg.ITLTarget > 0 || cfg.ITLDecodes > 0) && cfg.Cost != nil {
 		e.cost = sched.NewLiveCost(cfg.Cost)
-		sc.ITLTarget, sc.Cost = cfg.ITLTarget, e.cost
+		sc.ITLTarget, sc.ITLDecodes, sc.Cost = cfg.ITLTarget, cfg.ITLDecodes, e.cost
 		if cfg.Metrics != nil {
 			for _, g := range cfg.Metrics.StepCostFactor {
 				g.Set(1)

@@ -56,9 +56,10 @@ type Config struct {
 	Replicas int
 
 	// ITLTarget bounds the predicted time of an engine step that carries decode tokens
-	// (engine.Config.ITLTarget); 0: none. ITLTargetDecodes, when positive, sets it instead
-	// to that many times the step cost's decode step of one sequence (at 512 tokens of
-	// context): the machine's own pace. StepCost is the forward step's profile the target
+	// (engine.Config.ITLTarget); 0: none. ITLTargetDecodes, when positive, sets it instead,
+	// at every step, to that many times the decode step of one sequence (at 512 tokens of
+	// context) as the engine's corrected step cost predicts it then: the machine's own
+	// pace (engine.Config.ITLDecodes). StepCost is the forward step's profile the target
 	// reads (tandem profile's fit); nil: the sim backend's timing, or, for a real backend,
 	// a quick profile measured at start (simstep.QuickPlan). Either way the engine
 	// corrects it with every step it measures.
@@ -106,7 +107,6 @@ type Node struct {
 
 	blocks     int
 	contextLen int
-	itlTarget  time.Duration
 
 	stopEngines context.CancelFunc
 	enginesDone chan error
@@ -222,13 +222,8 @@ func (n *Node) newEngines(ctx context.Context) error {
 			}
 			ecfg.Cost = t
 		}
-		if k := cfg.ITLTargetDecodes; k > 0 {
-			one := ecfg.Cost.Step(sim.StepShape{DecodeSeqs: 1, KVTokens: 512})
-			ecfg.ITLTarget = max(time.Duration(k*float64(one)).Round(time.Millisecond), time.Millisecond)
-			n.log.Info("ITL target set from the step cost", "target", ecfg.ITLTarget, "decodes", k, "one_decode", one.Round(10*time.Microsecond))
-		}
+		ecfg.ITLDecodes = cfg.ITLTargetDecodes
 	}
-	n.itlTarget = ecfg.ITLTarget
 	if cfg.Sim == nil {
 		e, err := engine.New(m, cfg.Backend, ecfg)
 		if err != nil {
@@ -410,10 +405,6 @@ func (n *Node) URL() string { return n.http.URL() }
 // to what the cache holds).
 func (n *Node) KVBlocks() int   { return n.blocks }
 func (n *Node) ContextLen() int { return n.contextLen }
-
-// ITLTarget is the engines' inter-token latency target (0: none), resolved at start when
-// it was given as a multiple of a decode step.
-func (n *Node) ITLTarget() time.Duration { return n.itlTarget }
 
 // Engines are the node's engines: one, or the sim replicas.
 func (n *Node) Engines() []*engine.Engine { return n.engines }

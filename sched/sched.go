@@ -16,10 +16,24 @@ type Config struct {
 	Salt           uint64 // block hash salt of the sequences' KV (kvcache.Salt of model, namespace, LoRA)
 	// ITLTarget, with Cost, bounds the time of a step that carries decode tokens: its
 	// prefill chunks are cut so that Cost predicts the step within the target (see
-	// Schedule). A step with no decode gives prefill the whole token budget. 0 or no Cost:
-	// the token budget alone cuts chunks.
-	ITLTarget time.Duration
-	Cost      CostModel
+	// Schedule). A step with no decode gives prefill the whole token budget. ITLDecodes,
+	// when positive, sets the target instead, at every step, to that many times Cost's
+	// decode step of one sequence (DecodeTarget): the machine's own pace, as the cost
+	// model knows it then (a LiveCost follows the machine as it slows or speeds up).
+	// Neither, or no Cost: the token budget alone cuts chunks.
+	ITLTarget  time.Duration
+	ITLDecodes float64
+	Cost       CostModel
+}
+
+// oneDecode is the step DecodeTarget multiplies: one sequence decoding at 512 tokens of
+// context.
+var oneDecode = StepShape{DecodeSeqs: 1, KVTokens: 512}
+
+// DecodeTarget is k times c's decode step of one sequence at 512 tokens of context, to
+// the millisecond (at least 1 ms): the ITL target Config.ITLDecodes sets.
+func DecodeTarget(c CostModel, k float64) time.Duration {
+	return max(time.Duration(k*float64(c.Step(oneDecode))).Round(time.Millisecond), time.Millisecond)
 }
 
 // overloadFactor bounds a timed step whose decode tokens alone take more than a half of
@@ -135,6 +149,8 @@ type Plan[S Sequence] struct {
 	Shape      StepShape
 	Predicted  time.Duration
 	OverTarget bool
+	// Target is the ITL target the step was held to (0: none).
+	Target time.Duration
 
 	streaming bool          // a chunk is a decode
 	limit     time.Duration // the predicted time a timed step's prompts may fill it up to (0: not set yet)
@@ -148,7 +164,7 @@ func (p *Plan[S]) reset() {
 	clear(p.Preempted)
 	clear(p.Dropped)
 	p.Chunks, p.Admitted, p.Resumed, p.Preempted, p.Dropped = p.Chunks[:0], p.Admitted[:0], p.Resumed[:0], p.Preempted[:0], p.Dropped[:0]
-	p.Shape, p.Predicted, p.OverTarget = StepShape{}, 0, false
+	p.Shape, p.Predicted, p.OverTarget, p.Target = StepShape{}, 0, false, 0
 	p.streaming, p.limit, p.full = false, 0, false
 }
 
@@ -197,6 +213,9 @@ func New[S Sequence](cfg Config, pool *kvcache.Pool) (*Scheduler[S], error) {
 	}
 	if pool == nil {
 		return nil, fmt.Errorf("sched: no KV pool")
+	}
+	if cfg.ITLTarget < 0 || cfg.ITLDecodes < 0 {
+		return nil, fmt.Errorf("sched: a negative ITL target (%v, %v decodes)", cfg.ITLTarget, cfg.ITLDecodes)
 	}
 	return &Scheduler[S]{cfg: cfg, pool: pool}, nil
 }
@@ -281,6 +300,13 @@ func left[S Sequence](q S) int {
 func (s *Scheduler[S]) Schedule() *Plan[S] {
 	p := &s.plan
 	p.reset()
+	switch {
+	case s.cfg.Cost == nil:
+	case s.cfg.ITLDecodes > 0:
+		p.Target = DecodeTarget(s.cfg.Cost, s.cfg.ITLDecodes)
+	default:
+		p.Target = s.cfg.ITLTarget
+	}
 	budget := s.cfg.MaxBatchTokens
 	slices.SortStableFunc(s.running, runOrder[S])
 	s.order = append(s.order[:0], s.running...)
@@ -339,7 +365,7 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 	p.KV = s.pool.Stats()
 	if s.cfg.Cost != nil && len(p.Chunks) > 0 {
 		p.Predicted = s.cfg.Cost.Step(p.Shape)
-		p.OverTarget = s.cfg.ITLTarget > 0 && p.streaming && p.Predicted > s.cfg.ITLTarget
+		p.OverTarget = p.Target > 0 && p.streaming && p.Predicted > p.Target
 	}
 	return p
 }
@@ -406,7 +432,7 @@ func (s *Scheduler[S]) admit(p *Plan[S], budget *int) bool {
 // timed reports whether the step has a time budget: a target, a cost model, and a decode
 // in the step.
 func (s *Scheduler[S]) timed(p *Plan[S]) bool {
-	return s.cfg.ITLTarget > 0 && s.cfg.Cost != nil && p.streaming
+	return p.Target > 0 && p.streaming
 }
 
 // limit is the predicted time a timed step's prompt chunks may fill it up to: the
@@ -414,7 +440,7 @@ func (s *Scheduler[S]) timed(p *Plan[S]) bool {
 // it, twice their time (see overloadFactor).
 func (s *Scheduler[S]) limit(p *Plan[S]) time.Duration {
 	if p.limit == 0 {
-		p.limit = max(s.cfg.ITLTarget, overloadFactor*s.cfg.Cost.Step(p.Shape))
+		p.limit = max(p.Target, overloadFactor*s.cfg.Cost.Step(p.Shape))
 	}
 	return p.limit
 }

@@ -33,7 +33,8 @@ type harness struct {
 //
 //	new budget=B seqs=S blocks=K block-size=N [itl=T prefill=A+B decode=C+D]
 //	                                            a scheduler of budget B, cap S, pool of K blocks;
-//	                                            with itl, an ITL target of T ms over a cost
+//	                                            with itl, an ITL target of T ms (Kx: K times
+//	                                            a decode step of one sequence) over a cost
 //	                                            model of A ms + B ms a prefill token and C ms
 //	                                            + D ms a decoding sequence (steps then print
 //	                                            their predicted time)
@@ -117,7 +118,16 @@ func newHarness(t *testing.T, d *datadriven.TestData) *harness {
 		var c linearCost
 		c.prefillBase, c.perToken = pair(t, d, "prefill")
 		c.decodeBase, c.perSeq = pair(t, d, "decode")
-		cfg.ITLTarget, cfg.Cost = time.Duration(d.Int(t, "itl", 0))*time.Millisecond, c
+		cfg.Cost = c
+		if k, ok := strings.CutSuffix(d.Str("itl", ""), "x"); ok {
+			f, err := strconv.ParseFloat(k, 64)
+			if err != nil {
+				t.Fatalf("%s: itl=%sx", d.Pos, k)
+			}
+			cfg.ITLDecodes = f
+		} else {
+			cfg.ITLTarget = time.Duration(d.Int(t, "itl", 0)) * time.Millisecond
+		}
 	}
 	s, err := New[*testSeq](cfg, pool)
 	if err != nil {
@@ -260,7 +270,11 @@ func TestRandomWorkload(t *testing.T) {
 		cfg := Config{MaxBatchTokens: budget, MaxSeqs: maxSeqs}
 		if seed%2 == 1 {
 			cfg.Cost = linearCost{prefillBase: rng.Float64() * 5, perToken: rng.Float64(), decodeBase: rng.Float64() * 10, perSeq: rng.Float64() * 3}
-			cfg.ITLTarget = time.Duration(5+rng.IntN(40)) * time.Millisecond
+			if seed%4 == 1 {
+				cfg.ITLTarget = time.Duration(5+rng.IntN(40)) * time.Millisecond
+			} else {
+				cfg.ITLDecodes = 1 + 4*rng.Float64()
+			}
 		}
 		s, err := New[*testSeq](cfg, pool)
 		if err != nil {
@@ -316,12 +330,19 @@ func TestRandomWorkload(t *testing.T) {
 				}
 				// Decodes are never cut; prompts fill a step up to the target (or twice the
 				// decodes' time), or read a step's minimum past it.
-				limit := max(cfg.ITLTarget, overloadFactor*cfg.Cost.Step(decodes))
+				target := cfg.ITLTarget
+				if cfg.ITLDecodes > 0 {
+					target = DecodeTarget(cfg.Cost, cfg.ITLDecodes)
+				}
+				if p.Target != target {
+					t.Fatalf("seed %d: target %v, want %v", seed, p.Target, target)
+				}
+				limit := max(target, overloadFactor*cfg.Cost.Step(decodes))
 				if p.streaming && p.Predicted > limit && prompt > cfg.minPrompt() {
 					t.Fatalf("seed %d: predicted %v past the limit %v with %d prompt tokens: %s", seed, p.Predicted, limit, prompt, p)
 				}
-				if p.OverTarget != (p.streaming && p.Predicted > cfg.ITLTarget) {
-					t.Fatalf("seed %d: over target %v at %v of %v: %s", seed, p.OverTarget, p.Predicted, cfg.ITLTarget, p)
+				if p.OverTarget != (p.streaming && p.Predicted > target) {
+					t.Fatalf("seed %d: over target %v at %v of %v: %s", seed, p.OverTarget, p.Predicted, target, p)
 				}
 			}
 			if total > budget || len(s.Running()) > maxSeqs {

@@ -6,11 +6,13 @@ import (
 	"strings"
 	"time"
 
+	"tandem/sched"
 	"tandem/sim"
 )
 
 // defaultITLTarget is tandem serve's --itl-target: four times the machine's decode step of
-// one sequence (docs/architecture.md, "The engine's scheduler", gives the measurements).
+// one sequence, as the engine's corrected step cost predicts it at each step
+// (docs/architecture.md, "The engine's scheduler", gives the measurements).
 const defaultITLTarget = "4x"
 
 // itlTarget is an --itl-target value: a duration, a multiple of the step cost's decode
@@ -39,12 +41,12 @@ func parseITLTarget(s string) (itlTarget, error) {
 	return itlTarget{abs: d}, nil
 }
 
-// resolve is the target for timing t: its multiple of t's decode step of one sequence at
-// 512 tokens of context, as tandem serve resolves it.
+// resolve is the target for timing t: its multiple of t's decode step of one sequence,
+// as the engine's scheduler takes it (sched.DecodeTarget); the simulator's timing does not
+// change, so the target it gives is fixed.
 func (x itlTarget) resolve(t sim.Timing) time.Duration {
 	if x.decodes == 0 {
 		return x.abs
 	}
-	one := t.Step(sim.StepShape{DecodeSeqs: 1, KVTokens: 512})
-	return max(time.Duration(x.decodes*float64(one)).Round(time.Millisecond), time.Millisecond)
+	return sched.DecodeTarget(t, x.decodes)
 }

@@ -175,8 +175,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	blocks, perToken := n.KVBlocks(), m.KVBytesPerToken()
 	itlText := "none"
-	if t := n.ITLTarget(); t > 0 {
-		itlText = t.String()
+	if itl.abs > 0 || itl.decodes > 0 {
+		itlText = *itlFlag
 	}
 	fmt.Fprintf(stderr, "tandem serve: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s, ITL target %s\n",
 		n.URL(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),

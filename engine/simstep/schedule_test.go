@@ -16,6 +16,7 @@ import (
 	"tandem/internal/datadriven"
 	"tandem/llm"
 	"tandem/router"
+	"tandem/sched"
 	"tandem/sim"
 )
 
@@ -26,6 +27,7 @@ import (
 type scriptWorkload struct {
 	budget, seqs, blocks, blockSize int
 	itl                             time.Duration
+	itlDecodes                      float64 // the engine's relative target, which itl resolves
 	timing                          sim.Timing
 	arrivals                        []scriptArrival
 	plans                           []string
@@ -82,9 +84,16 @@ func readScript(t *testing.T, path string) []scriptWorkload {
 			w.budget, w.seqs = d.Int(t, "budget", 16), d.Int(t, "seqs", 8)
 			w.blocks, w.blockSize = d.Int(t, "blocks", 64), d.Int(t, "block-size", 4)
 			if d.Has("itl") {
-				w.itl = time.Duration(d.Int(t, "itl", 0)) * time.Millisecond
 				w.timing.PrefillBase, w.timing.PrefillPerToken = pair(t, d, "prefill")
 				w.timing.DecodeBase, w.timing.DecodePerSeq = pair(t, d, "decode")
+				if k, ok := strings.CutSuffix(d.Str("itl", ""), "x"); ok {
+					if w.itlDecodes, err = strconv.ParseFloat(k, 64); err != nil {
+						t.Fatalf("%s: itl=%sx", d.Pos, k)
+					}
+					w.itl = sched.DecodeTarget(w.timing, w.itlDecodes) // for the simulator
+				} else {
+					w.itl = time.Duration(d.Int(t, "itl", 0)) * time.Millisecond
+				}
 			}
 		case "add":
 			a := scriptArrival{id: d.Int(t, "id", 0), out: d.Int(t, "out", 1), prio: d.Int(t, "prio", 0), after: steps}
@@ -234,7 +243,7 @@ func engineSchedule(t *testing.T, w scriptWorkload) ([]string, uint64) {
 	}
 	e, err = engine.NewWithForwarder(m, step, engine.Config{
 		MaxBatchTokens: w.budget, MaxSeqs: w.seqs, KVBlocks: w.blocks, BlockSize: w.blockSize,
-		ITLTarget: w.itl, Cost: timing, StepClock: clock,
+		ITLTarget: w.itl, ITLDecodes: w.itlDecodes, Cost: timing, StepClock: clock,
 		// Called on Run's goroutine before the step's forward pass: requests sent now are
 		// taken in before the next step, as the script's arrivals after this step.
 		OnPlan: func(p fmt.Stringer) {
