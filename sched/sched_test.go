@@ -85,14 +85,14 @@ func TestScripts(t *testing.T) {
 	}
 }
 
-// linearCost is a test's step cost in ms: a base and a cost per prompt token for the
-// prefill part, a base and a cost per sequence for the decode part.
-type linearCost struct{ prefillBase, perToken, decodeBase, perSeq float64 }
+// linearCost is a test's step cost in ms: a base, a cost per prompt token and one per
+// Σ nᵢ·ctxᵢ for the prefill part, a base and a cost per sequence for the decode part.
+type linearCost struct{ prefillBase, perToken, perQuad, decodeBase, perSeq float64 }
 
 func (c linearCost) Step(s StepShape) time.Duration {
 	ms := 0.0
 	if s.PrefillTokens > 0 {
-		ms += c.prefillBase + c.perToken*float64(s.PrefillTokens)
+		ms += c.prefillBase + c.perToken*float64(s.PrefillTokens) + c.perQuad*s.PrefillQuad
 	}
 	if s.DecodeSeqs > 0 {
 		ms += c.decodeBase + c.perSeq*float64(s.DecodeSeqs)
@@ -269,7 +269,7 @@ func TestRandomWorkload(t *testing.T) {
 		pool := kvcache.NewPool(8+rng.IntN(64), bs)
 		cfg := Config{MaxBatchTokens: budget, MaxSeqs: maxSeqs}
 		if seed%2 == 1 {
-			cfg.Cost = linearCost{prefillBase: rng.Float64() * 5, perToken: rng.Float64(), decodeBase: rng.Float64() * 10, perSeq: rng.Float64() * 3}
+			cfg.Cost = linearCost{prefillBase: rng.Float64() * 5, perToken: rng.Float64(), perQuad: rng.Float64() / 1000, decodeBase: rng.Float64() * 10, perSeq: rng.Float64() * 3}
 			if seed%4 == 1 {
 				cfg.ITLTarget = time.Duration(5+rng.IntN(40)) * time.Millisecond
 			} else {
