@@ -29,7 +29,7 @@ type Config struct {
 	// ITLTarget, with Cost, bounds the predicted time of a step that carries decode tokens
 	// (sched.Config.ITLTarget): prompts are read in the chunks that keep the streams at
 	// their pace. ITLDecodes, when positive, sets the target at every step to that many
-	// times the decode step of one sequence, as the corrected cost predicts it then
+	// times what the step's decodes alone take, as the corrected cost predicts them
 	// (sched.Config.ITLDecodes). Cost is the forward step's profile (a sim.Timing fitted
 	// by tandem profile, or at start); the engine corrects it with every step it measures
 	// (sched.LiveCost). No target or no Cost: the token budget alone cuts prompt chunks.

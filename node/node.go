@@ -57,9 +57,9 @@ type Config struct {
 
 	// ITLTarget bounds the predicted time of an engine step that carries decode tokens
 	// (engine.Config.ITLTarget); 0: none. ITLTargetDecodes, when positive, sets it instead,
-	// at every step, to that many times the decode step of one sequence (at 512 tokens of
-	// context) as the engine's corrected step cost predicts it then: the machine's own
-	// pace (engine.Config.ITLDecodes). StepCost is the forward step's profile the target
+	// at every step, to that many times what the step's decodes alone take, as the
+	// engine's corrected step cost predicts them (engine.Config.ITLDecodes). StepCost is
+	// the forward step's profile the target
 	// reads (tandem profile's fit); nil: the sim backend's timing, or, for a real backend,
 	// a quick profile measured at start (simstep.QuickPlan). Either way the engine
 	// corrects it with every step it measures.

@@ -101,8 +101,8 @@ func TestShutdown(t *testing.T) {
 }
 
 // With an ITL target and no step profile, a node on a real backend measures its forward
-// step at start (and says what it found); with a profile (and a target of four decode
-// steps) it measures nothing. Either way it serves.
+// step at start (and says what it found); with a profile (and a target of 2.5 times the
+// decodes) it measures nothing. Either way it serves.
 func TestITLTargetStepCost(t *testing.T) {
 	m, be := demoModel(t)
 	for _, profile := range []*sim.Timing{nil, {PrefillPerToken: 1, DecodeBase: 5, DecodePerSeq: 1}} {
@@ -111,7 +111,7 @@ func TestITLTargetStepCost(t *testing.T) {
 			BlockSize: 16, HTTP: HTTP{Addr: "127.0.0.1:0"}, ITLTarget: 50 * time.Millisecond, StepCost: profile,
 			Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 		if profile != nil {
-			cfg.ITLTarget, cfg.ITLTargetDecodes = 0, 4
+			cfg.ITLTarget, cfg.ITLTargetDecodes = 0, 2.5
 		}
 		n, err := Start(context.Background(), cfg)
 		if err != nil {

@@ -18,22 +18,13 @@ type Config struct {
 	// prefill chunks are cut so that Cost predicts the step within the target (see
 	// Schedule). A step with no decode gives prefill the whole token budget. ITLDecodes,
 	// when positive, sets the target instead, at every step, to that many times Cost's
-	// decode step of one sequence (DecodeTarget): the machine's own pace, as the cost
-	// model knows it then (a LiveCost follows the machine as it slows or speeds up).
-	// Neither, or no Cost: the token budget alone cuts chunks.
+	// prediction for the step's decodes alone: a step that reads prompts takes at most
+	// that many times what its streams need, however fast or slow the machine and the
+	// batch are (a LiveCost follows the machine as it slows or speeds up). Neither, or no
+	// Cost: the token budget alone cuts chunks.
 	ITLTarget  time.Duration
 	ITLDecodes float64
 	Cost       CostModel
-}
-
-// oneDecode is the step DecodeTarget multiplies: one sequence decoding at 512 tokens of
-// context.
-var oneDecode = StepShape{DecodeSeqs: 1, KVTokens: 512}
-
-// DecodeTarget is k times c's decode step of one sequence at 512 tokens of context, to
-// the millisecond (at least 1 ms): the ITL target Config.ITLDecodes sets.
-func DecodeTarget(c CostModel, k float64) time.Duration {
-	return max(time.Duration(k*float64(c.Step(oneDecode))).Round(time.Millisecond), time.Millisecond)
 }
 
 // overloadFactor bounds a timed step whose decode tokens alone take more than a half of
@@ -149,7 +140,7 @@ type Plan[S Sequence] struct {
 	Shape      StepShape
 	Predicted  time.Duration
 	OverTarget bool
-	// Target is the ITL target the step was held to (0: none).
+	// Target is the ITL target the step was held to (0: none, or no decode in the step).
 	Target time.Duration
 
 	streaming bool          // a chunk is a decode
@@ -178,7 +169,7 @@ func (p *Plan[S]) add(c Chunk[S]) {
 // remove takes chunk i out of the plan.
 func (p *Plan[S]) remove(i int) {
 	p.Chunks = slices.Delete(p.Chunks, i, i+1)
-	p.Shape, p.streaming, p.limit = StepShape{}, false, 0
+	p.Shape, p.streaming, p.limit, p.Target = StepShape{}, false, 0, 0
 	for _, c := range p.Chunks {
 		p.Shape.Add(c.N, c.From+c.N)
 		p.streaming = p.streaming || c.Decode()
@@ -300,13 +291,6 @@ func left[S Sequence](q S) int {
 func (s *Scheduler[S]) Schedule() *Plan[S] {
 	p := &s.plan
 	p.reset()
-	switch {
-	case s.cfg.Cost == nil:
-	case s.cfg.ITLDecodes > 0:
-		p.Target = DecodeTarget(s.cfg.Cost, s.cfg.ITLDecodes)
-	default:
-		p.Target = s.cfg.ITLTarget
-	}
 	budget := s.cfg.MaxBatchTokens
 	slices.SortStableFunc(s.running, runOrder[S])
 	s.order = append(s.order[:0], s.running...)
@@ -365,7 +349,11 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 	p.KV = s.pool.Stats()
 	if s.cfg.Cost != nil && len(p.Chunks) > 0 {
 		p.Predicted = s.cfg.Cost.Step(p.Shape)
-		p.OverTarget = p.Target > 0 && p.streaming && p.Predicted > p.Target
+		if s.targeted() && p.streaming {
+			s.limit(p) // set, unless no prompt asked for time
+
+			p.OverTarget = p.Predicted > p.Target
+		}
 	}
 	return p
 }
@@ -429,18 +417,27 @@ func (s *Scheduler[S]) admit(p *Plan[S], budget *int) bool {
 	return true
 }
 
-// timed reports whether the step has a time budget: a target, a cost model, and a decode
-// in the step.
-func (s *Scheduler[S]) timed(p *Plan[S]) bool {
-	return p.Target > 0 && p.streaming
+// targeted reports whether the scheduler has an ITL target and a cost model.
+func (s *Scheduler[S]) targeted() bool {
+	return (s.cfg.ITLTarget > 0 || s.cfg.ITLDecodes > 0) && s.cfg.Cost != nil
 }
 
-// limit is the predicted time a timed step's prompt chunks may fill it up to: the
-// target, or, when the chunks planned before them (the decodes) take more than half of
-// it, twice their time (see overloadFactor).
+// timed reports whether the step has a time budget: a target, a cost model, and a decode
+// in the step.
+func (s *Scheduler[S]) timed(p *Plan[S]) bool { return p.streaming && s.targeted() }
+
+// limit sets the step's target, from the chunks planned before its prompts (the
+// decodes), and returns the predicted time its prompt chunks may fill it up to: the
+// target, or, when the decodes take more than half of it, twice their time (see
+// overloadFactor).
 func (s *Scheduler[S]) limit(p *Plan[S]) time.Duration {
 	if p.limit == 0 {
-		p.limit = max(p.Target, overloadFactor*s.cfg.Cost.Step(p.Shape))
+		d := s.cfg.Cost.Step(p.Shape.decodePart())
+		p.Target = s.cfg.ITLTarget
+		if k := s.cfg.ITLDecodes; k > 0 {
+			p.Target = max(time.Duration(k*float64(d)), 1)
+		}
+		p.limit = max(p.Target, overloadFactor*d)
 	}
 	return p.limit
 }

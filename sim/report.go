@@ -23,12 +23,16 @@ func (r *Result) WriteTable(w io.Writer) error {
 	row("Imbalance, tokens (CV):", fmt.Sprintf("%.3f", r.TokenCV))
 	row("Imbalance, active requests (max/mean):", fmt.Sprintf("%.3f", r.ActiveImbalance))
 	row("Requests queued in the router:", r.RouterQueued)
-	if r.Config.ITLTarget > 0 {
+	if c := r.Config; c.ITLTarget > 0 || c.ITLDecodes > 0 {
 		over := 0
 		for _, ws := range r.Workers {
 			over += ws.OverTarget
 		}
-		row("Steps over the ITL target:", fmt.Sprintf("%d (target %v)", over, r.Config.ITLTarget))
+		target := c.ITLTarget.String()
+		if c.ITLDecodes > 0 {
+			target = fmt.Sprintf("%gx the decodes", c.ITLDecodes)
+		}
+		row("Steps over the ITL target:", fmt.Sprintf("%d (target %s)", over, target))
 	}
 	b.WriteString("worker  requests  prefill_tok  decode_tok  cached_tok  preempt   busy_s  mean_active\n")
 	for i, ws := range r.Workers {
@@ -58,7 +62,7 @@ func (r *Result) JSON() map[string]any {
 	c := r.Config
 	m["sim_config"] = map[string]any{
 		"timing": c.Timing, "block_size": c.BlockSize, "kv_blocks": c.KVBlocks,
-		"max_num_batched_tokens": c.TokenBudget, "max_num_seqs": c.MaxSeqs, "itl_target_ms": c.ITLTarget.Seconds() * 1000,
+		"max_num_batched_tokens": c.TokenBudget, "max_num_seqs": c.MaxSeqs, "itl_target_ms": c.ITLTarget.Seconds() * 1000, "itl_target_decodes": c.ITLDecodes,
 		"report_interval_ms": c.ReportInterval.Seconds() * 1000, "seed": c.Seed,
 		"report_delay_ms": c.ReportDelay.Seconds() * 1000, "event_delay_ms": c.EventDelay.Seconds() * 1000,
 		"overlap_weight": c.Router.OverlapWeight, "temperature": c.Router.Temperature,

@@ -37,8 +37,11 @@ type Config struct {
 	OnPlan func(worker int, plan fmt.Stringer)
 	// ITLTarget is the engine's inter-token latency target (tandem serve --itl-target):
 	// a step with decode tokens reads only the prompt tokens that Timing predicts within
-	// it (package sched's policy, with Timing as its cost model); 0: none.
-	ITLTarget time.Duration
+	// it (package sched's policy, with Timing as its cost model); 0: none. ITLDecodes, when
+	// positive, sets it at each step to that many times the step's decodes alone, as
+	// sched.Config.ITLDecodes.
+	ITLTarget  time.Duration
+	ITLDecodes float64
 }
 
 func (c *Config) defaults() error {
@@ -57,7 +60,7 @@ func (c *Config) defaults() error {
 	if c.Workers < 1 || c.BlockSize < 1 || c.KVBlocks < 1 || c.TokenBudget < 1 || c.MaxSeqs < 1 || c.ReportInterval < 0 {
 		return fmt.Errorf("sim: workers, block size, KV blocks, token budget, max seqs and report interval must be positive")
 	}
-	if c.ReportDelay < 0 || c.EventDelay < 0 || c.ITLTarget < 0 {
+	if c.ReportDelay < 0 || c.EventDelay < 0 || c.ITLTarget < 0 || c.ITLDecodes < 0 {
 		return fmt.Errorf("sim: report and event delays and the ITL target must be ≥ 0")
 	}
 	return c.Timing.validate()
@@ -268,8 +271,8 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 		w := &worker{id: i, pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize)}
 		w.events, _ = w.pool.Subscribe(1 << 16)
 		sc := sched.Config{MaxBatchTokens: cfg.TokenBudget, MaxSeqs: cfg.MaxSeqs, Salt: s.salt}
-		if cfg.ITLTarget > 0 {
-			sc.ITLTarget, sc.Cost = cfg.ITLTarget, cfg.Timing
+		if cfg.ITLTarget > 0 || cfg.ITLDecodes > 0 {
+			sc.ITLTarget, sc.ITLDecodes, sc.Cost = cfg.ITLTarget, cfg.ITLDecodes, cfg.Timing
 		}
 		if w.sched, err = sched.New[*sreq](sc, w.pool); err != nil {
 			return nil, err

@@ -8,26 +8,21 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"tandem/sim"
 )
 
 func TestParseITLTarget(t *testing.T) {
-	timing := sim.Timing{DecodeBase: 20, DecodePerSeq: 1, DecodePerKVToken: 0.002} // one decode at 512 tokens: 22.024 ms
 	for _, c := range []struct {
 		in   string
-		want time.Duration // resolved for timing; -1: an error
+		want itlTarget
+		ok   bool
 	}{
-		{"4x", 88 * time.Millisecond}, {"2.5x", 55 * time.Millisecond}, {"100ms", 100 * time.Millisecond},
-		{"0", 0}, {"none", 0}, {"0.5x", -1}, {"x", -1}, {"-1s", -1}, {"fast", -1},
+		{"2.5x", itlTarget{decodes: 2.5}, true}, {"100ms", itlTarget{abs: 100 * time.Millisecond}, true},
+		{"0", itlTarget{}, true}, {"none", itlTarget{}, true},
+		{"0.5x", itlTarget{}, false}, {"x", itlTarget{}, false}, {"-1s", itlTarget{}, false}, {"fast", itlTarget{}, false},
 	} {
 		x, err := parseITLTarget(c.in)
-		if (err != nil) != (c.want < 0) {
-			t.Errorf("%q: error %v", c.in, err)
-			continue
-		}
-		if err == nil && x.resolve(timing) != c.want {
-			t.Errorf("%q: %v, want %v", c.in, x.resolve(timing), c.want)
+		if (err == nil) != c.ok || x != c.want {
+			t.Errorf("%q: %+v, %v; want %+v (ok %v)", c.in, x, err, c.want, c.ok)
 		}
 	}
 	var stdout, stderr bytes.Buffer
@@ -50,7 +45,7 @@ func TestSimulateITLTarget(t *testing.T) {
 		t.Fatal(err)
 	}
 	p99 := map[string]float64{}
-	for _, itl := range []string{"0", "4x"} {
+	for _, itl := range []string{"0", "2.5x"} {
 		out := filepath.Join(dir, "out-"+itl+".json")
 		var stdout, stderr bytes.Buffer
 		if err := simulateCmd([]string{"--workload", "multi-turn", "--multi-turn-conversations", "4", "--multi-turn-turns", "2",
@@ -68,20 +63,20 @@ func TestSimulateITLTarget(t *testing.T) {
 		var m struct {
 			P99ITL float64 `json:"p99_itl_ms"`
 			Config struct {
-				ITLTarget float64 `json:"itl_target_ms"`
+				Decodes float64 `json:"itl_target_decodes"`
 			} `json:"sim_config"`
 		}
 		if err := json.Unmarshal(b, &m); err != nil {
 			t.Fatal(err)
 		}
 		p99[itl] = m.P99ITL
-		if want := map[string]float64{"0": 0, "4x": 89}[itl]; m.Config.ITLTarget != want {
-			t.Errorf("--itl-target %s: target %v ms in the report, want %v", itl, m.Config.ITLTarget, want)
+		if want := map[string]float64{"0": 0, "2.5x": 2.5}[itl]; m.Config.Decodes != want {
+			t.Errorf("--itl-target %s: target %v times the decodes in the report, want %v", itl, m.Config.Decodes, want)
 		}
 	}
-	// A 256-token prompt alone takes ≈ 400 ms; under the target (4 × 22.2 ms) no step with
-	// decodes takes more than 89 ms (the decodes of 4 streams take 25 ms).
-	if p99["0"] < 300 || p99["4x"] > 89 {
-		t.Errorf("p99 ITL %.0f ms without a target, %.0f ms with 4x (89 ms)", p99["0"], p99["4x"])
+	// A 256-token prompt alone takes ≈ 400 ms; under the target no step with decodes takes
+	// more than 2.5 times its decodes, which for 4 streams take at most 30 ms.
+	if p99["0"] < 300 || p99["2.5x"] > 75 {
+		t.Errorf("p99 ITL %.0f ms without a target, %.0f ms with 2.5x", p99["0"], p99["2.5x"])
 	}
 }

@@ -37,7 +37,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	maxSeqs := fs.Int("max-seqs", engine.DefaultMaxSeqs, "most sequences running at once")
 	maxQueue := fs.Int("max-queue", engine.DefaultMaxQueue, "most requests waiting; past it 429")
 	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "KV cache block size in tokens")
-	itlFlag := fs.String("itl-target", defaultITLTarget, "inter-token latency target: a step that carries the streams' next tokens reads only the prompt tokens that keep its predicted time within it; a duration (100ms), a multiple of the machine's decode step of one sequence (4x), or 0 (none: prompts are read --max-batch-tokens at a time)")
+	itlFlag := fs.String("itl-target", defaultITLTarget, "inter-token latency target: a step that carries the streams' next tokens reads only the prompt tokens that keep its predicted time within it; a duration (100ms), a multiple of the time the step's decodes alone take (2.5x), or 0 (none: prompts are read --max-batch-tokens at a time)")
 	stepProfile := fs.String("step-profile", "", "with --itl-target: the forward step's cost, a JSON file from tandem profile (default: measured at start, in a few seconds; with --backend sim, its --sim-profile), corrected live")
 	kvt := addKVTypeFlag(fs)
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")

@@ -16,7 +16,6 @@ import (
 	"tandem/internal/datadriven"
 	"tandem/llm"
 	"tandem/router"
-	"tandem/sched"
 	"tandem/sim"
 )
 
@@ -27,7 +26,7 @@ import (
 type scriptWorkload struct {
 	budget, seqs, blocks, blockSize int
 	itl                             time.Duration
-	itlDecodes                      float64 // the engine's relative target, which itl resolves
+	itlDecodes                      float64 // a relative target instead (itl=Kx)
 	timing                          sim.Timing
 	arrivals                        []scriptArrival
 	plans                           []string
@@ -90,7 +89,6 @@ func readScript(t *testing.T, path string) []scriptWorkload {
 					if w.itlDecodes, err = strconv.ParseFloat(k, 64); err != nil {
 						t.Fatalf("%s: itl=%sx", d.Pos, k)
 					}
-					w.itl = sched.DecodeTarget(w.timing, w.itlDecodes) // for the simulator
 				} else {
 					w.itl = time.Duration(d.Int(t, "itl", 0)) * time.Millisecond
 				}
@@ -130,7 +128,7 @@ func readScript(t *testing.T, path string) []scriptWorkload {
 				if !strings.HasPrefix(l, "step ") {
 					continue
 				}
-				if w.itl > 0 { // "step N: PLAN (TIME)"
+				if w.itl > 0 || w.itlDecodes > 0 { // "step N: PLAN (TIME)"
 					i := strings.LastIndex(l, " (")
 					dur, err := time.ParseDuration(strings.TrimSuffix(l[i+2:], ")"))
 					if i < 0 || err != nil {
@@ -203,7 +201,7 @@ func engineSchedule(t *testing.T, w scriptWorkload) ([]string, uint64) {
 	m := demoModel(t)
 	vocab := m.Config.VocabSize
 	timing := sim.Timing{DecodeBase: 1, PrefillPerToken: 0.1}
-	if w.itl > 0 {
+	if w.itl > 0 || w.itlDecodes > 0 {
 		timing = w.timing
 	}
 	clock := &virtualClock{t: time.Unix(0, 0)}
@@ -301,7 +299,7 @@ func simSchedule(t *testing.T, w scriptWorkload) []string {
 		// handled. With one, steps take their predicted time and the arrival after step k
 		// comes 1 ns before its end.
 		at := time.Duration(a.after)
-		if w.itl > 0 {
+		if w.itl > 0 || w.itlDecodes > 0 {
 			timing, at = w.timing, 0
 			for _, d := range w.times[:min(a.after, len(w.times))] {
 				at += d
@@ -315,7 +313,7 @@ func simSchedule(t *testing.T, w scriptWorkload) []string {
 	var plans []string
 	res, err := sim.Run(sim.Config{
 		Workers: 1, Router: rc, Timing: timing, BlockSize: w.blockSize, KVBlocks: w.blocks,
-		TokenBudget: w.budget, MaxSeqs: w.seqs, ITLTarget: w.itl,
+		TokenBudget: w.budget, MaxSeqs: w.seqs, ITLTarget: w.itl, ITLDecodes: w.itlDecodes,
 		OnPlan: func(_ int, p fmt.Stringer) { plans = append(plans, fmt.Sprintf("step %d: %s", len(plans)+1, p)) },
 	}, reqs)
 	if err != nil {
