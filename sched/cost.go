@@ -56,7 +56,7 @@ type CostModel interface {
 //     (and a constant) fitted to what mixed steps measured beyond their decode part, by
 //     exponentially weighted least squares over the last LiveCostMemory mixed steps,
 //     relative errors, drawn slightly towards the base's prediction (priorSteps). The
-//     prompt part counts as at least nothing: reading a prompt never makes a step faster.
+//     prompt part counts as at least a quarter of the corrected prefill-only prediction.
 //
 // So it follows a machine whose speed drifts (other processes on its cores, thermal
 // limits) within a few seconds, while a single outlier (a page fault, a stall of the
@@ -144,8 +144,17 @@ func (c *LiveCost) decodePart(s StepShape) float64 {
 
 func (c *LiveCost) promptPart(s StepShape) float64 {
 	x := promptFeatures(s)
-	return max(0, ms(c.base.Step(s.prefillPart()))+c.coef[0]*x[0]+c.coef[1]*x[1]+c.coef[2]*x[2])
+	p := ms(c.base.Step(s.prefillPart()))
+	floor := p * math.Exp(c.logf[prefillOnly]) / minPromptPart
+	return max(floor, p+c.coef[0]*x[0]+c.coef[1]*x[1]+c.coef[2]*x[2])
 }
+
+// minPromptPart bounds the prompt part of a mixed step from below: at least the
+// prefill-only prediction (the profile times its correction) over this. Few mixed steps,
+// or steps of one chunk size, leave the fit free to extrapolate; one that predicted a
+// 511-token chunk free (fitted on an 11-token one) let it into a step with a stream, which
+// waited 0.9 s. Predicting too much only cuts chunks smaller.
+const minPromptPart = 4
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 

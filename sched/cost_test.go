@@ -112,3 +112,20 @@ func TestLiveCostOutliersAndDrift(t *testing.T) {
 		t.Errorf("an empty step or a zero time moved the prediction")
 	}
 }
+
+// After a single mixed step with a small chunk that cost next to nothing beyond its
+// decodes (the weights read once for both), a large chunk is not predicted free: the fit
+// may extrapolate anywhere from one step, and the prompt part keeps a quarter of the
+// prefill-only prediction.
+func TestLiveCostFewMixedSteps(t *testing.T) {
+	profile := linearCost{prefillBase: 30, perToken: 2.9, perQuad: 0.003, decodeBase: 56, perSeq: 3}
+	c := NewLiveCost(profile)
+	small := StepShape{PrefillTokens: 11, PrefillQuad: 11 * 11, DecodeSeqs: 1, KVTokens: 257}
+	c.Observe(small, 39*time.Millisecond) // its decode alone is predicted at 59 ms
+	large := StepShape{PrefillTokens: 511, PrefillQuad: 511 * 511, DecodeSeqs: 1, KVTokens: 258}
+	prefill := large
+	prefill.DecodeSeqs, prefill.KVTokens = 0, 0
+	if got, floor := c.Step(large), profile.Step(prefill)/4; got < floor {
+		t.Errorf("a 511-token chunk beside a decode: predicted %v, want at least %v", got, floor)
+	}
+}
