@@ -32,7 +32,7 @@ type Engine struct {
 	IterationTokens  prometheus.Observer
 	StepsOverTarget  prometheus.Counter // engine steps with decode tokens predicted past the ITL target
 	// StepCostFactor is the live correction of the step cost profile, for prefill-only,
-	// decode-only and mixed steps (label steps), in the order of sched.LiveCost.Correction.
+	// decode-only and mixed steps (label steps), as sched.LiveCost.Correction gives them.
 	StepCostFactor [3]prometheus.Gauge
 }
 
@@ -70,7 +70,7 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 	}
 	cost := f.register(prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tandem:step_cost_correction", ConstLabels: labels,
-		Help: "Factor the engine's live correction applies to its step cost profile, by kind of step (a mixed step's is on top of the other two); 1 until corrected.",
+		Help: "The engine's live correction of its step cost profile: the factor for prefill-only and decode-only steps, and for a mixed step the fitted prompt part of a 64-token chunk over the profile's prefill prediction; 1 until corrected.",
 	}, []string{"steps"})).(*prometheus.GaugeVec)
 	for i, kind := range []string{"prefill", "decode", "mixed"} {
 		e.StepCostFactor[i] = cost.WithLabelValues(kind)
