@@ -78,7 +78,43 @@ type ModelCard struct {
 	TokenizerFormat string // TokenizerGGUF or TokenizerHF
 	TokenizerFiles  []File
 	ChatTemplate    string // overrides the tokenizer's chat template when set
+
+	// GrammarFormat is the newest constraint format (GenerateRequest) the worker follows:
+	// 0 (a worker from before constraints) none, so the router refuses constrained
+	// requests for the model rather than have them ignored.
+	GrammarFormat int
+	// ToolCallParser and ReasoningParser are the worker's --tool-call-parser and
+	// --reasoning-parser ("" or "auto": chosen from the chat template), so that the
+	// router parses the model's output as the worker's own API would.
+	ToolCallParser  string
+	ReasoningParser string
+	// RequestLevel is the newest set of GenerateRequest fields the worker reads (0: a
+	// worker from before RequestTokens, which would ignore them), so that the router
+	// refuses what the worker would silently drop.
+	RequestLevel int
+	// Pooling is how the worker pools embeddings (llm.Poolings: its --pooling, else the
+	// model's metadata).
+	Pooling string
+	// ContentHash is the SHA-256 of the model's file(s) (empty: not known), Prepared the
+	// backend's prepared-weights key (hal.WeightPorter.PreparedKey; empty: none): a new
+	// engine of the same hash may pull its prepared weights from this one (weights.go).
+	ContentHash []byte
+	Prepared    string
+	Startup     Startup // how this engine started
 }
+
+// Request levels (ModelCard.RequestLevel).
+const (
+	// RequestTokens: min tokens, allowed tokens, prompt logprobs and embeddings
+	// (GenerateRequest), and their answers (GenerateEvent).
+	RequestTokens = 1
+)
+
+// Constraint formats (GenerateRequest's constraint, ModelCard.GrammarFormat).
+const (
+	// GrammarGBNF: llm.Constraint.Grammar, package grammar's GBNF dialect.
+	GrammarGBNF = 1
+)
 
 // MarshalORPC implements orpc.Marshaler.
 func (c *ModelCard) MarshalORPC(e *orpc.Encoder) {
@@ -99,6 +135,14 @@ func (c *ModelCard) MarshalORPC(e *orpc.Encoder) {
 		e.BytesField(f.Data)
 	}
 	e.String(c.ChatTemplate)
+	e.Uvarint(uint64(max(c.GrammarFormat, 0)))
+	e.String(c.ToolCallParser)
+	e.String(c.ReasoningParser)
+	e.Uvarint(uint64(max(c.RequestLevel, 0)))
+	e.String(c.Pooling)
+	e.BytesField(c.ContentHash)
+	e.String(c.Prepared)
+	c.Startup.marshal(e)
 }
 
 // maxFiles bounds the tokenizer files of a card.
@@ -132,6 +176,21 @@ func (c *ModelCard) UnmarshalORPC(d *orpc.Decoder) error {
 		c.TokenizerFiles = append(c.TokenizerFiles, File{Name: name, Data: data})
 	}
 	c.ChatTemplate = d.String()
+	if d.Len() > 0 {
+		c.GrammarFormat = uvint(d)
+		c.ToolCallParser = d.String()
+		c.ReasoningParser = d.String()
+	}
+	if d.Len() > 0 {
+		c.RequestLevel = uvint(d)
+		c.Pooling = d.String()
+	}
+	c.ContentHash, c.Prepared, c.Startup = nil, "", Startup{}
+	if d.Len() > 0 { // absent from engines before weights.go
+		c.ContentHash = cloneBytes(d.BytesField())
+		c.Prepared = d.String()
+		c.Startup.unmarshal(d)
+	}
 	return d.Err()
 }
 
@@ -194,6 +253,9 @@ func (r *LoadReport) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(r.StepTokens))
 	e.Uvarint(r.Received)
 	e.Bool(r.Tracked)
+	e.Uvarint(uint64(r.Queued))
+	e.Uvarint(uint64(r.QueuedTokens))
+	e.Uvarint(uint64(r.CachedBlocks))
 	e.Uvarint(r.StepsOverTarget)
 }
 
@@ -213,6 +275,11 @@ func (r *LoadReport) UnmarshalORPC(d *orpc.Decoder) error {
 	if d.Len() > 0 {
 		r.Received = d.Uvarint()
 		r.Tracked = d.Bool()
+	}
+	if d.Len() > 0 { // since the queued prompts and the cache size were reported
+		r.Queued = uvint(d)
+		r.QueuedTokens = uvint(d)
+		r.CachedBlocks = uvint(d)
 	}
 	if d.Len() > 0 { // trailing, as Received: an older worker's report ends before it
 		r.StepsOverTarget = d.Uvarint()
@@ -389,6 +456,18 @@ func (r *GenerateRequest) MarshalORPC(e *orpc.Encoder) {
 	e.Uint64(r.DispatchKey)
 	e.Uvarint(uint64(max(r.Resumed, 0)))
 	e.Uvarint(r.DispatchSeq)
+	if r.Constraint.IsZero() {
+		e.Uvarint(0)
+	} else {
+		e.Uvarint(GrammarGBNF)
+	}
+	e.String(r.Constraint.Grammar)
+	// RequestTokens.
+	e.Uvarint(uint64(max(p.MinTokens, 0)))
+	e.Int32s(p.AllowedTokens)
+	e.Bool(r.PromptLogprobs)
+	e.Uvarint(uint64(max(r.PromptTopLogprobs, 0)))
+	e.String(string(r.Pooling))
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -439,6 +518,24 @@ func (r *GenerateRequest) UnmarshalORPC(d *orpc.Decoder) error {
 		r.DispatchKey = d.Uint64()
 		r.Resumed = uvint(d)
 		r.DispatchSeq = d.Uvarint()
+	}
+	if d.Len() > 0 {
+		format := d.Uvarint()
+		grammar := d.String()
+		switch format {
+		case 0:
+		case GrammarGBNF:
+			r.Constraint.Grammar = grammar
+		default:
+			d.Fail(fmt.Errorf("cluster: constraint format %d is unknown (this worker follows format %d)", format, GrammarGBNF))
+		}
+	}
+	if d.Len() > 0 {
+		p.MinTokens = uvint(d)
+		p.AllowedTokens = d.Int32s()
+		r.PromptLogprobs = d.Bool()
+		r.PromptTopLogprobs = uvint(d)
+		r.Pooling = llm.Pooling(d.String())
 	}
 	return d.Err()
 }
@@ -540,6 +637,21 @@ func (g *GenerateEvent) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(ev.Usage.CompletionTokens))
 	e.Uint8(uint8(g.Err))
 	e.String(g.Message)
+	// RequestTokens, written only when there is something (a token's event stays short).
+	if len(ev.PromptLogprobs) == 0 && ev.Embedding == nil {
+		return
+	}
+	e.Uvarint(uint64(len(ev.PromptLogprobs)))
+	for _, p := range ev.PromptLogprobs {
+		e.Float32(p.Logprob)
+		e.Uvarint(uint64(max(p.Rank, 0)))
+		e.Uvarint(uint64(len(p.Top)))
+		for _, t := range p.Top {
+			e.Varint(int64(t.ID))
+			e.Float32(t.Logprob)
+		}
+	}
+	e.Float32s(ev.Embedding)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -566,6 +678,36 @@ func (g *GenerateEvent) UnmarshalORPC(d *orpc.Decoder) error {
 	ev.Usage.CompletionTokens = uvint(d)
 	g.Err = ErrKind(d.Uint8())
 	g.Message = d.String()
+	ev.PromptLogprobs, ev.Embedding = nil, nil
+	if d.Len() > 0 {
+		n := d.Uvarint()
+		if n > uint64(d.Len()) {
+			d.Fail(fmt.Errorf("cluster: %d prompt logprobs", n))
+			return d.Err()
+		}
+		if n > 0 {
+			ev.PromptLogprobs = make([]llm.PromptLogprob, 0, n)
+		}
+		for range n {
+			p := llm.PromptLogprob{Logprob: d.Float32(), Rank: uvint(d)}
+			k := d.Uvarint()
+			if k > maxTop || k > uint64(d.Len()) {
+				d.Fail(fmt.Errorf("cluster: %d top prompt logprobs", k))
+				return d.Err()
+			}
+			if k > 0 {
+				p.Top = make([]llm.TokenLogprob, k)
+				for i := range p.Top {
+					p.Top[i] = llm.TokenLogprob{ID: int32(d.Varint()), Logprob: d.Float32()}
+				}
+			}
+			if d.Err() != nil {
+				return d.Err()
+			}
+			ev.PromptLogprobs = append(ev.PromptLogprobs, p)
+		}
+		ev.Embedding = d.Float32s()
+	}
 	return d.Err()
 }
 

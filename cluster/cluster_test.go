@@ -34,10 +34,12 @@ func roundTrip[T any, P interface {
 func TestRoundTrip(t *testing.T) {
 	roundTrip(t, &ModelCard{Version: Version, Model: "m", Node: "n-1", Addr: "127.0.0.1:7", Role: RoleBoth, HashVersion: 1,
 		BlockSize: 16, Salt: 0x7d38246f2d3ef01c, KVBlocks: 512, ContextLen: 4096, TokenizerFormat: TokenizerHF,
-		TokenizerFiles: []File{{Name: "tokenizer.json", Data: []byte("{}")}}, ChatTemplate: "{{x}}"})
+		TokenizerFiles: []File{{Name: "tokenizer.json", Data: []byte("{}")}}, ChatTemplate: "{{x}}",
+		GrammarFormat: GrammarGBNF, ToolCallParser: "hermes", ReasoningParser: "none", RequestLevel: RequestTokens, Pooling: "mean"})
 	roundTrip(t, &RegisterReply{WorkerID: 3, HeartbeatMs: 250, Router: "r", DispatchKey: 0x1234567890abcdef, HeartbeatTimeoutMs: 1000})
 	roundTrip(t, &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
-		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true, StepsOverTarget: 11}})
+		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
+		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, StepsOverTarget: 14}})
 	roundTrip(t, &KVEvents{WorkerID: 2, Events: []kvcache.Event{
 		{ID: 1, Kind: kvcache.EventStored, Parent: 0, Hashes: []uint64{1, 2}},
 		{ID: 2, Kind: kvcache.EventRemoved, Tier: kvcache.TierHost, Hashes: []uint64{2}},
@@ -47,10 +49,37 @@ func TestRoundTrip(t *testing.T) {
 		StopTokens: []int32{9}, IgnoreEOS: true, Priority: -1, Arrival: time.Unix(0, 12345),
 		Sampling: llm.SamplingParams{Temperature: 0.5, TopK: 4, TopP: 0.9, MinP: 0.1, RepetitionPenalty: 1.1,
 			PresencePenalty: 0.2, FrequencyPenalty: -0.2, LogitBias: map[int32]float32{3: 1, 7: -2}, Seed: 42,
-			HasSeed: true, TopLogprobs: 2, Logprobs: true}}, PredictedCached: 16})
+			HasSeed: true, TopLogprobs: 2, Logprobs: true, MinTokens: 3, AllowedTokens: []int32{1, 5}},
+		Constraint: llm.Constraint{Grammar: `root ::= "a"`}, PromptLogprobs: true, PromptTopLogprobs: 4, Pooling: llm.PoolMean}, PredictedCached: 16})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, Logprob: -0.5,
 		Top: []llm.TokenLogprob{{ID: 7, Logprob: -0.5}}, Finish: llm.FinishLength,
 		Usage: llm.Usage{PromptTokens: 3, CachedTokens: 1, CompletionTokens: 5}}})
+	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, PromptLogprobs: []llm.PromptLogprob{
+		{Logprob: -1, Rank: 2, Top: []llm.TokenLogprob{{ID: 3, Logprob: -0.1}}}, {Logprob: -2, Rank: 1}}}})
+	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: -1, Finish: llm.FinishStop, Embedding: []float32{0.5, -1, 2}}})
+}
+
+// The RequestTokens fields are trailing: a request or card from a process that predates
+// them decodes with none, a token event without them stays as short as before, and an
+// old reader skips the new event fields.
+func TestRequestTokensWireCompatibility(t *testing.T) {
+	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Constraint: llm.Constraint{Grammar: "root ::= \"x\""}}}
+	b := orpc.Marshal(req)
+	var got GenerateRequest
+	if err := orpc.Unmarshal(b[:len(b)-5], &got); err != nil || got.Constraint != req.Constraint || got.Sampling.MinTokens != 0 {
+		t.Errorf("request without the RequestTokens fields: %+v, %v", got, err)
+	}
+	card := orpc.Marshal(&ModelCard{Version: Version, Model: "m", GrammarFormat: GrammarGBNF})
+	var c ModelCard
+	// The weights fields (content hash, prepared key, start-up: 4 bytes empty) follow.
+	if err := orpc.Unmarshal(card[:len(card)-4-2], &c); err != nil || c.RequestLevel != 0 || c.GrammarFormat != GrammarGBNF {
+		t.Errorf("card without the request level: %+v, %v", c, err)
+	}
+	plain := orpc.Marshal(&GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 5}})
+	full := orpc.Marshal(&GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 5, Embedding: []float32{1}}})
+	if len(full) <= len(plain) || string(full[:len(plain)]) != string(plain) {
+		t.Errorf("the event's new fields are not a trailing addition: %x, %x", plain, full)
+	}
 }
 
 func TestErrorEvents(t *testing.T) {
@@ -66,20 +95,52 @@ func TestErrorEvents(t *testing.T) {
 }
 
 // A report from a worker that predates a trailing field decodes with the field zero: one
-// without the steps over the ITL target, and one without the dispatch number too.
+// without the steps over the ITL target, one without the queued prompts and the cache size
+// too, and one without the dispatch number too.
 func TestLoadReportFromOlderWorkers(t *testing.T) {
 	now := LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
-		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true}}
-	b := orpc.Marshal(&now) // StepsOverTarget 0 is its last byte; Received 10 and Tracked one each before it
-	older := now
+		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
+		Queued: 11, QueuedTokens: 12, CachedBlocks: 13}}
+	b := orpc.Marshal(&now) // StepsOverTarget 0 is its last byte; the three before it one byte each, as Received and Tracked
+	noQueue := now
+	noQueue.Queued, noQueue.QueuedTokens, noQueue.CachedBlocks = 0, 0, 0
+	older := noQueue
 	older.Received, older.Tracked = 0, false
 	for _, c := range []struct {
 		drop int
 		want LoadReport
-	}{{1, now}, {3, older}} {
+	}{{1, now}, {4, noQueue}, {6, older}} {
 		var got LoadReport
 		if err := orpc.Unmarshal(b[:len(b)-c.drop], &got); err != nil || got != c.want {
 			t.Errorf("without the last %d bytes: %+v (%v), want %+v", c.drop, got, err, c.want)
 		}
+	}
+}
+
+// The constraint is a trailing field: a request from a router that predates it decodes
+// with none, and a card from a worker that predates it says the worker follows none.
+func TestConstraintWireCompatibility(t *testing.T) {
+	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Resumed: 0}, DispatchSeq: 3}
+	b := orpc.Marshal(req)
+	old := b[:len(b)-2-5] // uvarint format 0, empty string; the RequestTokens fields
+	var got GenerateRequest
+	if err := orpc.Unmarshal(old, &got); err != nil || !got.Constraint.IsZero() || got.DispatchSeq != 3 {
+		t.Errorf("request without the constraint field: %+v, %v", got, err)
+	}
+	req.Constraint.Grammar = "root ::= \"x\""
+	got = GenerateRequest{}
+	if err := orpc.Unmarshal(orpc.Marshal(req), &got); err != nil || got.Constraint != req.Constraint {
+		t.Errorf("constraint did not survive: %+v, %v", got.Constraint, err)
+	}
+	// A format this worker does not know is refused, not ignored.
+	e := orpc.Marshal(&GenerateRequest{Request: llm.Request{ID: "r"}})
+	e = append(e[:len(e)-2-5], 9, 1, 'x')
+	if err := orpc.Unmarshal(e, new(GenerateRequest)); err == nil {
+		t.Error("an unknown constraint format decoded")
+	}
+	card := orpc.Marshal(&ModelCard{Version: Version, Model: "m"})
+	var c ModelCard
+	if err := orpc.Unmarshal(card[:len(card)-4-2-3], &c); err != nil || c.GrammarFormat != 0 {
+		t.Errorf("card without the grammar field: %+v, %v", c, err)
 	}
 }

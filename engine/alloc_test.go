@@ -35,6 +35,8 @@ var requestKinds = []struct {
 	{"topp0.9", llm.SamplingParams{Temperature: 0.8, TopP: 0.9}},
 	{"topk40_logprobs5", llm.SamplingParams{Temperature: 0.8, TopK: 40, Logprobs: true, TopLogprobs: 5}},
 	{"penalties_topp0.9", llm.SamplingParams{Temperature: 0.8, TopP: 0.9, RepetitionPenalty: 1.1, FrequencyPenalty: 0.5, PresencePenalty: 0.5}},
+	// min_tokens and allowed_token_ids: a list of end tokens, and one bit per vocabulary entry.
+	{"min_tokens_allowed", llm.SamplingParams{Temperature: 1, MinTokens: 3, AllowedTokens: []int32{11, 13, 576, 5562, 9707}}},
 }
 
 // shortRequest runs one 8-token prompt to 4 generated tokens and returns how many came.

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"tandem/grammar"
 	"tandem/hal"
 	"tandem/kvcache"
 	"tandem/llm"
@@ -75,6 +76,7 @@ type Engine struct {
 	inbox     []*sequence
 	stopped   bool
 	queued    atomic.Int64 // inbox + waiting, for the queue bound
+	inboxTok  atomic.Int64 // prompt tokens of the inbox's requests, for Stats
 	wake      chan struct{}
 	idleTimer *time.Timer // see Run
 	nextID    uint64
@@ -84,12 +86,18 @@ type Engine struct {
 	plan   *sched.Plan[*sequence] // the step being run
 	gone   []*sequence            // reap's list of abandoned sequences
 	logits []float32
+	wide   []float32 // logits of steps with prompt rows (promptrows.go), dropped after them
+	hidden []float32 // hidden states of steps with an embedding
 	batch  model.Batch
 	last   kvcache.Stats
 	cost   *sched.LiveCost // the step cost the ITL target reads, corrected by each step; nil without one
 	drift  [2]bool         // costDrift's warnings given, for prefill-only and decode-only steps
+	// intaken is the tokens of the requests intake moved into the scheduler since the
+	// last publish, which then counts them in the census instead of inboxTok.
+	intaken int
 
-	samplers *samplerBufs // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
+	samplers *samplerBufs  // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
+	grammars *grammarCache // constrained requests' compiled grammars (samplerbufs.go)
 
 	stats statsBox  // published by Run for Stats
 	held  heldTable // prefill-only sequences' blocks, pinned for a KV transfer (kvexport.go)
@@ -102,8 +110,13 @@ type sequence struct {
 	req     *llm.Request
 	stream  *stream
 	sampler *Sampler
+	grammar *grammar.Bound // the request's constraint; nil: none
 	stop    stopRules
-	hold    uint64 // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
+	hold    uint64      // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
+	rows    *promptRows // outputs at prompt positions (promptrows.go); nil: none
+	// inboxHits is the prompt tokens expected from the prefix cache when it was submitted
+	// (sched.ExpectedHits), which the load report takes off while it is in the inbox.
+	inboxHits int
 
 	arrival, firstScheduled, firstToken, lastToken time.Time
 }
@@ -156,6 +169,7 @@ func newEngine(m *model.Model, cfg Config) *Engine {
 		wake: make(chan struct{}, 1), idleTimer: time.NewTimer(time.Hour),
 
 		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
+		grammars: newGrammarCache(m.Tokenizer, m.Config.VocabSize),
 	}
 	sc := sched.Config{MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Salt: cfg.Salt}
 	if (cfg.ITLTarget > 0 || cfg.ITLDecodes > 0) && cfg.Cost != nil {
@@ -224,19 +238,37 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 	if err := req.Sampling.Validate(c.VocabSize); err != nil {
 		return nil, fmt.Errorf("%w: %v", llm.ErrInvalid, err)
 	}
+	switch {
+	case req.Pooling != llm.PoolNone && !slices.Contains(llm.Poolings, req.Pooling):
+		return nil, fmt.Errorf("%w: unknown pooling %q", llm.ErrInvalid, req.Pooling)
+	case req.Pooling != llm.PoolNone && (req.PromptLogprobs || req.Resumed > 0 || hold != 0):
+		return nil, fmt.Errorf("%w: an embedding request generates nothing: no prompt logprobs, resumed tokens or KV hold", llm.ErrInvalid)
+	case req.PromptTopLogprobs < 0 || req.PromptTopLogprobs > llm.MaxTopLogprobs:
+		return nil, fmt.Errorf("%w: prompt top logprobs must be in [0, %d], got %d", llm.ErrInvalid, llm.MaxTopLogprobs, req.PromptTopLogprobs)
+	}
+	gram, err := e.grammars.bind(req)
+	if err != nil {
+		return nil, err
+	}
 	seq := &sequence{
-		Seq:    sched.Seq{Priority: req.Priority, Tokens: slices.Clone(req.Prompt), PromptLen: len(req.Prompt)},
-		req:    req,
-		stream: newStream(e.signal),
+		Seq:     sched.Seq{Priority: req.Priority, Tokens: slices.Clone(req.Prompt), PromptLen: len(req.Prompt)},
+		req:     req,
+		grammar: gram,
+		stream:  newStream(e.signal),
 		stop: stopRules{tok: e.m.Tokenizer, stopTokens: req.StopTokens, ignoreEOS: req.IgnoreEOS,
 			maxTokens: maxNewTokens(c.ContextLen, len(req.Prompt), req.MaxTokens)},
 		arrival: req.Arrival,
 		hold:    hold,
+		rows:    newPromptRows(req),
 	}
+	seq.NoPrefixMatch = req.PromptLogprobs || req.Pooling == llm.PoolMean
 	if seq.arrival.IsZero() {
 		seq.arrival = time.Now()
 	}
 	seq.stream.cancelled = ctx.Done()
+	// The load report counts the request from now, less the cache hits it is expected to
+	// find (a router's report nudged at its arrival must not count a cached prompt whole).
+	seq.inboxHits, _ = sched.ExpectedHits(e.pool, e.cfg.Salt, seq.Tokens, nil)
 	e.mu.Lock()
 	if e.stopped {
 		e.mu.Unlock()
@@ -250,6 +282,7 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 	seq.ID = e.nextID
 	e.inbox = append(e.inbox, seq)
 	e.queued.Add(1)
+	e.inboxTok.Add(int64(len(seq.Tokens) - seq.inboxHits))
 	e.mu.Unlock()
 	context.AfterFunc(ctx, func() { seq.stream.Close() })
 	e.signal()
@@ -311,6 +344,7 @@ func (e *Engine) shutdown() {
 	e.stopped = true
 	inbox := e.inbox
 	e.inbox = nil
+	e.inboxTok.Store(0)
 	e.mu.Unlock()
 	err := fmt.Errorf("%w: the engine stopped", llm.ErrUnavailable)
 	for _, s := range slices.Concat(inbox, e.sched.Waiting(), e.sched.Running()) {
@@ -329,6 +363,7 @@ func (e *Engine) intake() {
 	e.mu.Unlock()
 	for _, s := range inbox {
 		e.sched.Add(s)
+		e.intaken += len(s.Tokens) - s.inboxHits // publish takes them off inboxTok
 	}
 }
 
@@ -395,24 +430,35 @@ func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 	b := &e.batch
 	b.Tokens, b.Outputs = b.Tokens[:0], b.Outputs[:0]
 	b.Attn.Pos, b.Attn.SeqOf, b.Attn.Blocks = b.Attn.Pos[:0], b.Attn.SeqOf[:0], b.Attn.Blocks[:0]
+	rows, embeds := false, false
 	for i, c := range plan.Chunks {
 		s := c.Seq
 		b.Attn.Blocks = append(b.Attn.Blocks, s.KV.Blocks())
+		at := len(b.Tokens)
 		for p := c.From; p < c.From+c.N; p++ {
 			b.Tokens = append(b.Tokens, s.Tokens[p])
 			b.Attn.Pos = append(b.Attn.Pos, int32(p))
 			b.Attn.SeqOf = append(b.Attn.SeqOf, int32(i))
+		}
+		if s.rows != nil {
+			s.rows.addRows(b, c, at)
+			rows, embeds = true, embeds || s.rows.pool != llm.PoolNone
 		}
 		if c.Samples() {
 			b.Outputs = append(b.Outputs, len(b.Tokens)-1)
 		}
 	}
 	vocab := e.m.Config.VocabSize
-	if need := len(b.Outputs) * vocab; cap(e.logits) < need {
-		e.logits = make([]float32, need)
+	logits := e.stepLogits(len(b.Outputs)*vocab, rows)
+	b.Hidden = nil
+	if embeds {
+		if need := len(b.Outputs) * e.m.Config.Embd; cap(e.hidden) < need {
+			e.hidden = make([]float32, need)
+		}
+		b.Hidden = e.hidden[:len(b.Outputs)*e.m.Config.Embd]
 	}
 	t0 := e.now()
-	err := e.fwd.Forward(b, e.logits[:len(b.Outputs)*vocab])
+	err := e.fwd.Forward(b, logits)
 	took := e.now().Sub(t0)
 	e.stepDone(took, len(b.Tokens))
 	if plan.OverTarget {
@@ -441,12 +487,25 @@ func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 	out := 0
 	now := time.Now()
 	for _, c := range plan.Chunks {
+		s := c.Seq
+		if s.rows != nil {
+			out = e.takeRows(c, out, logits, b.Hidden)
+		}
 		if !c.Samples() {
 			continue
 		}
-		s := c.Seq
-		sample := s.sampler.Sample(e.logits[out*vocab : (out+1)*vocab])
+		if s.req.Pooling != llm.PoolNone {
+			embd := e.m.Config.Embd
+			e.embedded(s, b.Hidden[out*embd:(out+1)*embd])
+			out++
+			continue
+		}
+		sample := s.sampler.Sample(logits[out*vocab : (out+1)*vocab])
 		out++
+		if err := s.sampler.constraintErr(); err != nil {
+			e.constraintFailed(s, err)
+			continue
+		}
 		e.emit(s, sample, now)
 	}
 	return nil
@@ -464,14 +523,22 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 		if s.firstToken.IsZero() {
 			met.TTFT.Observe(now.Sub(s.arrival).Seconds())
 		} else {
-			met.ITL.Observe(now.Sub(s.lastToken).Seconds())
+			itl := now.Sub(s.lastToken).Seconds()
+			met.ITL.Observe(itl)
+			met.TPOT.Observe(itl)
 		}
 	}
 	if s.firstToken.IsZero() {
 		s.firstToken = now
+		if s.rows != nil && s.rows.logprobs {
+			ev.PromptLogprobs, s.rows.lps = s.rows.lps, nil
+		}
 	}
 	s.lastToken = now
 	finish := s.stop.finish(sample.ID, s.Generated())
+	if finish == "" && s.sampler.constraintDone() {
+		finish = llm.FinishStop // the grammar's text is complete
+	}
 	if finish == "" {
 		s.stream.push(ev)
 		return
@@ -497,6 +564,26 @@ func (e *Engine) usage(s *sequence) llm.Usage {
 	return llm.Usage{PromptTokens: s.PromptLen, CachedTokens: s.Cached(), CompletionTokens: s.Generated()}
 }
 
+// stepLogits is the logits buffer of a step of n values: the engine's kept one, or, for
+// a step with prompt rows (which may want a row per prompt token, hundreds of MB for a
+// large vocabulary), a wider one kept only while such steps follow one another.
+func (e *Engine) stepLogits(n int, rows bool) []float32 {
+	if !rows {
+		e.wide = nil
+		if cap(e.logits) < n {
+			e.logits = make([]float32, n)
+		}
+		return e.logits[:n]
+	}
+	if n <= cap(e.logits) {
+		return e.logits[:n]
+	}
+	if cap(e.wide) < n {
+		e.wide = make([]float32, n)
+	}
+	return e.wide[:n]
+}
+
 func (e *Engine) finishMetrics(s *sequence, reason llm.FinishReason) {
 	met := e.cfg.Metrics
 	if met == nil {
@@ -517,6 +604,7 @@ func (e *Engine) finishMetrics(s *sequence, reason llm.FinishReason) {
 			met.PrefillTime.Observe(s.firstToken.Sub(s.firstScheduled).Seconds())
 			met.DecodeTime.Observe(now.Sub(s.firstToken).Seconds())
 		}
+		met.InferenceTime.Observe(now.Sub(s.firstScheduled).Seconds())
 	}
 }
 
@@ -564,6 +652,7 @@ func (e *Engine) observe() {
 	met.Running.Set(float64(len(e.sched.Running())))
 	met.Waiting.Set(float64(len(e.sched.Waiting())))
 	met.KVUsage.Set(st.Usage())
+	met.GPUCacheUsage.Set(st.Usage())
 	met.PrefixQueries.Add(float64(st.Queries - e.last.Queries))
 	met.PrefixHits.Add(float64(st.Hits - e.last.Hits))
 	e.last = st

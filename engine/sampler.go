@@ -10,20 +10,24 @@ package engine
 //     repetition penalty (HF/vLLM: logit > 0 → logit/p, else logit·p); then,
 //     for ids generated so far (not prompt-only ids), the OpenAI frequency
 //     penalty (logit −= count·f) and presence penalty (logit −= p);
-//  3. sanitising: NaN → −Inf, +Inf → MaxFloat32; the argmax is found here
+//  3. token limits: outside AllowedTokens (when set), and, until MinTokens tokens
+//     are generated, the end tokens (end-of-generation and stop tokens), logits
+//     become −Inf; then the grammar (a constrained request, llm.Constraint): the
+//     logits of the tokens the grammar does not allow next become −Inf;
+//  4. sanitising: NaN → −Inf, +Inf → MaxFloat32; the argmax is found here
 //     (ties go to the lowest id). If every logit is −Inf the row is treated
-//     as all zeros (uniform);
-//  4. logprobs (if asked for): log-softmax of these logits — the model's
-//     distribution after bias and penalties, before temperature and the
-//     truncation filters (vLLM's default, OpenAI-compatible semantics);
-//  5. one uniform draw from the sequence's RNG (always, also when greedy);
-//  6. greedy: if Temperature < 1e-5 (vLLM's epsilon) or TopK == 1, the argmax;
-//  7. temperature: probabilities ∝ exp((logit − max)/T);
-//  8. top-k: keep the k best tokens;
-//  9. top-p: of those, keep the smallest prefix (best first) whose
+//     as all zeros (uniform; with a grammar, uniform over the allowed tokens);
+//  5. logprobs (if asked for): log-softmax of these logits — the model's
+//     distribution after bias, penalties and the grammar, before temperature
+//     and the truncation filters (vLLM's default, OpenAI-compatible semantics);
+//  6. one uniform draw from the sequence's RNG (always, also when greedy);
+//  7. greedy: if Temperature < 1e-5 (vLLM's epsilon) or TopK == 1, the argmax;
+//  8. temperature: probabilities ∝ exp((logit − max)/T);
+//  9. top-k: keep the k best tokens;
+//  10. top-p: of those, keep the smallest prefix (best first) whose
 //     cumulative probability, renormalised over what is left, is ≥ p;
-//  10. min-p: drop tokens whose probability is < min_p · p_max;
-//  11. sample from what is left, renormalised, by inverse CDF with the draw.
+//  11. min-p: drop tokens whose probability is < min_p · p_max;
+//  12. sample from what is left, renormalised, by inverse CDF with the draw.
 //
 // Tokens are ranked by logit descending, then id ascending; that ranking
 // defines the top-k set, the top-p prefix and the TopLogprobs order, so ties
@@ -39,15 +43,20 @@ package engine
 // logits give the same tokens on every platform. Because Accept also
 // consumes a draw, a sequence rebuilt after preemption (NewSampler with the
 // same prompt and seed, then Accept for each token already generated)
-// continues exactly as the original would have.
+// continues exactly as the original would have. A grammar's state advances on
+// every token recorded (Sample or Accept), so a rebuilt sequence replays its
+// tokens through the grammar too.
 
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
 	"slices"
+
+	"tandem/grammar"
 	"tandem/llm"
 )
 
@@ -112,6 +121,17 @@ type Sampler struct {
 	presence float32
 	freq     float32
 
+	// Token limits: the tokens that may be sampled (one bit per id; nil: all), and the
+	// end tokens that may not be sampled while fewer than minTokens are recorded.
+	allowed   []uint64
+	minTokens int
+	ends      []int32
+
+	// The grammar of a constrained request (nil: none), and the first error it met:
+	// a token it refused, or no token of the vocabulary allowed.
+	gram    *grammar.Matcher
+	gramErr error
+
 	sc    *sampleScratch // nil once given back to owner
 	owner *samplerBufs   // where sc and pen came from; nil: they are the sampler's own
 
@@ -173,6 +193,7 @@ type sampleScratch struct {
 	w     []float64 // weights by id when neither top-k nor top-p is on
 	topC  []cand
 	top   []TokenLogprob
+	mask  []uint64 // the grammar's allowed tokens, one bit per id
 }
 
 // fit grows sc to what s needs.
@@ -193,6 +214,9 @@ func (sc *sampleScratch) fit(s *Sampler) {
 			}
 		}
 	}
+	if s.gram != nil && len(sc.mask) < (s.vocab+63)/64 {
+		sc.mask = make([]uint64, (s.vocab+63)/64)
+	}
 	if s.nTop > 0 {
 		if cap(sc.topC) < s.nTop {
 			sc.topC = make([]cand, 0, s.nTop)
@@ -207,11 +231,12 @@ func (sc *sampleScratch) fit(s *Sampler) {
 // should have passed Validate; out-of-range values are clamped or ignored
 // rather than causing a panic. prompt feeds the repetition penalty.
 func NewSampler(p SamplingParams, vocabSize int, prompt []int32) *Sampler {
-	return newSampler(p, vocabSize, prompt, nil)
+	return newSampler(p, vocabSize, prompt, nil, nil)
 }
 
-// newSampler is NewSampler with its buffers lent by b, or its own if b is nil.
-func newSampler(p SamplingParams, vocabSize int, prompt []int32, b *samplerBufs) *Sampler {
+// newSampler is NewSampler with its buffers lent by b, or its own if b is nil, and
+// constrained by g's grammar when g is not nil (g's vocabulary must be vocabSize tokens).
+func newSampler(p SamplingParams, vocabSize int, prompt []int32, b *samplerBufs, g *grammar.Bound) *Sampler {
 	if vocabSize <= 0 {
 		panic("engine: NewSampler: vocabulary size must be positive")
 	}
@@ -270,6 +295,18 @@ func newSampler(p SamplingParams, vocabSize int, prompt []int32, b *samplerBufs)
 		}
 	}
 
+	if len(p.AllowedTokens) > 0 {
+		s.allowed = make([]uint64, (vocabSize+63)/64)
+		for _, id := range p.AllowedTokens {
+			if id >= 0 && int(id) < vocabSize {
+				s.allowed[id>>6] |= 1 << (id & 63)
+			}
+		}
+	}
+	s.minTokens = max(p.MinTokens, 0)
+	if g != nil {
+		s.gram = g.NewMatcher()
+	}
 	if b != nil {
 		s.sc, s.owner = &b.scratch, b
 	} else {
@@ -342,11 +379,19 @@ func (s *Sampler) Sample(logits []float32) Sample {
 	return out
 }
 
+// withEnds sets the end tokens (end-of-generation and stop tokens) that MinTokens holds
+// back; the sampler keeps ids.
+func (s *Sampler) withEnds(ids []int32) *Sampler {
+	s.ends = ids
+	return s
+}
+
 // resumedSampler is req's sampler, its buffers lent by b, with the Resumed tail of its
-// prompt replayed as output (see llm.Request.Resumed).
-func resumedSampler(req *llm.Request, b *samplerBufs) *Sampler {
+// prompt replayed as output (see llm.Request.Resumed); ends are the tokens MinTokens
+// holds back.
+func resumedSampler(req *llm.Request, b *samplerBufs, g *grammar.Bound, ends []int32) *Sampler {
 	orig := len(req.Prompt) - req.Resumed
-	s := newSampler(req.Sampling, b.vocab, req.Prompt[:orig], b)
+	s := newSampler(req.Sampling, b.vocab, req.Prompt[:orig], b, g).withEnds(ends)
 	for _, id := range req.Prompt[orig:] {
 		s.Accept(id)
 	}
@@ -366,6 +411,47 @@ func (s *Sampler) record(id int32) {
 	if s.pen != nil && id >= 0 && int(id) < s.vocab {
 		s.pen.addGenerated(id)
 	}
+	if s.gram != nil && s.gramErr == nil {
+		if err := s.gram.Accept(id); err != nil {
+			s.gramErr = fmt.Errorf("engine: the grammar refused a token: %w", err)
+		}
+	}
+}
+
+// constraintDone reports whether the sequence's grammar is complete: nothing may follow.
+func (s *Sampler) constraintDone() bool { return s.gram != nil && s.gram.Done() }
+
+// constraintErr is the first error of the sequence's grammar: a token it refused, or a
+// step where no token of the vocabulary could go on.
+func (s *Sampler) constraintErr() error { return s.gramErr }
+
+// applyMask sets to −Inf the logits of the tokens the grammar does not allow next, and
+// reports how many it allows.
+func (s *Sampler) applyMask(l []float32) int {
+	mask := s.sc.mask[:(s.vocab+63)/64]
+	s.gram.FillMask(mask)
+	negInf := float32(math.Inf(-1))
+	allowed := 0
+	for w, word := range mask {
+		lo := w * 64
+		hi := min(lo+64, len(l))
+		switch word {
+		case ^uint64(0):
+			allowed += hi - lo
+		case 0:
+			for i := lo; i < hi; i++ {
+				l[i] = negInf
+			}
+		default:
+			allowed += bits.OnesCount64(word)
+			for i := lo; i < hi; i++ {
+				if word&(1<<(i-lo)) == 0 {
+					l[i] = negInf
+				}
+			}
+		}
+	}
+	return allowed
 }
 
 // prepare applies bias and penalties, sanitises, and returns the argmax
@@ -391,6 +477,30 @@ func (s *Sampler) prepare(l []float32) (int32, float32) {
 			l[id] = x
 		}
 	}
+	negInf := float32(math.Inf(-1))
+	if s.allowed != nil {
+		for w, word := range s.allowed {
+			if word == ^uint64(0) {
+				continue
+			}
+			for i, hi := w*64, min(w*64+64, len(l)); i < hi; i++ {
+				if word&(1<<(i-w*64)) == 0 {
+					l[i] = negInf
+				}
+			}
+		}
+	}
+	if s.n < s.minTokens {
+		for _, id := range s.ends {
+			if id >= 0 && int(id) < len(l) {
+				l[id] = negInf
+			}
+		}
+	}
+	allowed := -1
+	if s.gram != nil {
+		allowed = s.applyMask(l)
+	}
 	best, lmax := int32(-1), float32(math.Inf(-1))
 	for i, x := range l {
 		if x <= lmax { // the common case: one comparison per token
@@ -409,10 +519,53 @@ func (s *Sampler) prepare(l []float32) (int32, float32) {
 		}
 	}
 	if best < 0 { // every logit −Inf (or NaN): no information, uniform
+		switch {
+		case allowed >= 0:
+			return s.uniformAllowed(l, allowed)
+		case s.allowed != nil: // uniform over the allowed tokens
+			for i := range l {
+				if s.allowed[i>>6]&(1<<(i&63)) != 0 {
+					l[i] = 0
+					if best < 0 {
+						best = int32(i)
+					}
+				} else {
+					l[i] = negInf
+				}
+			}
+			return best, 0
+		}
 		clear(l)
 		return 0, 0
 	}
 	return best, lmax
+}
+
+// uniformAllowed makes the logits of the tokens the grammar allows 0 and the others −Inf
+// (a uniform choice among them), and returns the first of them. With none allowed (a
+// grammar the vocabulary cannot spell on) it records the error; the engine ends the
+// sequence.
+func (s *Sampler) uniformAllowed(l []float32, allowed int) (int32, float32) {
+	if allowed == 0 {
+		if s.gramErr == nil {
+			s.gramErr = errors.New("engine: the grammar allows no token of the vocabulary here")
+		}
+		clear(l)
+		return 0, 0
+	}
+	mask := s.sc.mask
+	best := int32(-1)
+	for i := range l {
+		if mask[i>>6]&(1<<(i&63)) != 0 {
+			l[i] = 0
+			if best < 0 {
+				best = int32(i)
+			}
+		} else {
+			l[i] = float32(math.Inf(-1))
+		}
+	}
+	return best, 0
 }
 
 // uniform returns the next splitmix64 output as a float64 in [0, 1).

@@ -38,7 +38,7 @@ func TestLentBuffersMatchOwn(t *testing.T) {
 		for i := range prompt {
 			prompt[i] = int32((next*131 + i*7919) % vocab)
 		}
-		live = append(live, &seq{own: NewSampler(p, vocab, prompt), lent: newSampler(p, vocab, prompt, b), steps: 5 + next%17})
+		live = append(live, &seq{own: NewSampler(p, vocab, prompt), lent: newSampler(p, vocab, prompt, b, nil), steps: 5 + next%17})
 		next++
 	}
 	for range 4 {
@@ -98,7 +98,7 @@ func TestLentSamplerAllocs(t *testing.T) {
 		t.Run(fmt.Sprintf("%+v", p), func(t *testing.T) {
 			p := seeded(p, 1)
 			allocs := testing.AllocsPerRun(100, func() {
-				s := newSampler(p, vocab, prompt, b)
+				s := newSampler(p, vocab, prompt, b, nil)
 				copy(buf, logits)
 				s.Sample(buf)
 				b.put(s)

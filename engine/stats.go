@@ -3,22 +3,19 @@ package engine
 import (
 	"sync"
 	"time"
+
+	"tandem/sched"
 )
 
 // Stats is the scheduler's state as of its last step: what a worker's load report carries.
+// The Census is the scheduler's (sched.Census), with the requests still in the engine's
+// inbox counted as queued: Waiting and WaitingTokens include them (their tokens less the
+// hits sched.ExpectedHits found for them on arrival).
 type Stats struct {
-	Running    int // sequences admitted to the batch (decoding or prefilling)
-	Prefilling int // of those, the ones without a first token yet
-	Waiting    int // sequences queued, not admitted (new or preempted)
-	// PrefillTokens is the uncomputed prompt tokens of the admitted sequences (their prefix
-	// cache hits already subtracted); WaitingTokens the uncomputed tokens of the queued ones
-	// (before any prefix cache match, which happens at admission).
-	PrefillTokens int
-	WaitingTokens int
-	DecodeBlocks  int     // KV blocks held by the admitted sequences
-	KVUsed        int     // KV blocks referenced by any sequence (the pool's Used)
-	KVBlocks      int     // KV capacity in blocks
-	KVUsage       float64 // KVUsed / KVBlocks
+	sched.Census
+	KVUsed   int     // KV blocks referenced by any sequence (the pool's Used)
+	KVBlocks int     // KV capacity in blocks
+	KVUsage  float64 // KVUsed / KVBlocks
 	// LastStep is the duration of the last forward pass and LastStepTokens the tokens it
 	// computed (prefill chunks and decode tokens together); Steps counts forward passes.
 	LastStep       time.Duration
@@ -44,6 +41,7 @@ func (e *Engine) Stats() Stats {
 	e.stats.mu.Unlock()
 	// Requests in the inbox are waiting too; queued counts them as soon as Generate returns.
 	s.Waiting = max(int(e.queued.Load()), 0)
+	s.WaitingTokens += max(int(e.inboxTok.Load()), 0)
 	st := e.pool.Stats()
 	s.KVUsed, s.KVBlocks, s.KVUsage = st.Used, st.Blocks, st.Usage()
 	return s
@@ -55,31 +53,31 @@ func (e *Engine) publish() { e.publishSeqs(e.sched.Running(), e.sched.Waiting())
 // publishSeqs records the state of the given running and waiting sequences for Stats.
 func (e *Engine) publishSeqs(running, waiting []*sequence) {
 	var s Stats
-	s.Running = len(running)
-	for _, q := range running {
-		if q.firstToken.IsZero() {
-			s.Prefilling++
-		}
-		if q.KV == nil {
-			continue
-		}
-		s.DecodeBlocks += len(q.KV.Blocks())
-		// The last token of a decoding sequence is uncomputed too, but it is decode work.
-		if n := q.KV.Len(); n < len(q.Tokens)-1 || n < q.PromptLen {
-			s.PrefillTokens += len(q.Tokens) - n
-		}
-	}
-	for _, q := range waiting {
-		s.WaitingTokens += len(q.Tokens)
-	}
+	s.Census = e.sched.CensusOf(running, waiting)
 	e.stats.mu.Lock()
 	s.LastStep, s.LastStepTokens, s.Steps, s.StepsOverTarget = e.stats.s.LastStep, e.stats.s.LastStepTokens, e.stats.s.Steps, e.stats.s.StepsOverTarget
 	e.stats.s = s
 	e.stats.mu.Unlock()
+	e.inboxTok.Add(-int64(e.intaken))
+	e.intaken = 0
 }
 
-// stepDone records a forward pass of n tokens that took d. Called by Run's goroutine only.
+// stepDone records a forward pass of n tokens that took d, and its composition: a
+// sequence computing only its newest generated token is a decode, every other token a
+// prompt (prefill) token. Called by Run's goroutine only.
 func (e *Engine) stepDone(d time.Duration, n int) {
+	if met := e.cfg.Metrics; met != nil {
+		decode := 0
+		if e.plan != nil {
+			for _, c := range e.plan.Chunks {
+				if c.Decode() {
+					decode++
+				}
+			}
+		}
+		met.StepPrefillTokens.Observe(float64(n - decode))
+		met.StepDecodeTokens.Observe(float64(decode))
+	}
 	e.stats.mu.Lock()
 	e.stats.s.LastStep, e.stats.s.LastStepTokens = d, n
 	e.stats.s.Steps++

@@ -6,7 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"tandem/llm"
+	"tandem/metrics"
 	"tandem/model"
 	"tandem/sched"
 )
@@ -45,7 +49,7 @@ func TestStatsPublish(t *testing.T) {
 	e.stepDone(3*time.Millisecond, 17)
 
 	got := e.Stats()
-	want := Stats{Running: 2, Prefilling: 1, Waiting: 1, PrefillTokens: 24, WaitingTokens: 7, DecodeBlocks: 3 + 1,
+	want := Stats{Census: sched.Census{Running: 2, Prefilling: 1, Waiting: 1, PrefillTokens: 24, WaitingTokens: 7, DecodeBlocks: 3 + 1},
 		KVUsed: 4, KVBlocks: 64, KVUsage: 4.0 / 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1}
 	if got != want {
 		t.Errorf("stats\n got %+v\nwant %+v", got, want)
@@ -194,4 +198,38 @@ func (h *heldForwarder) Forward(b *model.Batch, logits []float32) error {
 	}
 	h.mu.Unlock()
 	return h.f.Forward(b, logits)
+}
+
+// Every step's tokens are split into prompt and decode tokens: over a run, the decode
+// tokens are each request's generated tokens but its last (which is never computed) and
+// the prompt tokens are the prompts' uncached tokens, however chunked; one observation of
+// each per step.
+func TestStepComposition(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	met := metrics.NewEngine(reg, "stories")
+	e, m := startEngine(t, Config{MaxBatchTokens: 5, Metrics: met})
+	_, last := runConcurrently(t, e, m, 12)
+	wantPrefill, wantDecode := 0, 0
+	for _, ev := range last {
+		wantPrefill += ev.Usage.PromptTokens - ev.Usage.CachedTokens
+		wantDecode += ev.Usage.CompletionTokens - 1
+	}
+	waitIdle(t, e)
+	hist := map[string]*dto.Histogram{}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if h := f.GetMetric()[0].GetHistogram(); h != nil {
+			hist[f.GetName()] = h
+		}
+	}
+	pre, dec, all := hist["tandem:iteration_prefill_tokens"], hist["tandem:iteration_decode_tokens"], hist["tandem:iteration_tokens_total"]
+	if pre.GetSampleSum() != float64(wantPrefill) || dec.GetSampleSum() != float64(wantDecode) {
+		t.Errorf("prefill tokens %v, decode tokens %v; want %d and %d", pre.GetSampleSum(), dec.GetSampleSum(), wantPrefill, wantDecode)
+	}
+	if pre.GetSampleCount() != all.GetSampleCount() || dec.GetSampleCount() != all.GetSampleCount() || all.GetSampleSum() != float64(wantPrefill+wantDecode) {
+		t.Errorf("steps: prefill %d, decode %d, all %d (%v tokens)", pre.GetSampleCount(), dec.GetSampleCount(), all.GetSampleCount(), all.GetSampleSum())
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -33,6 +34,7 @@ const (
 const (
 	HealthPath  = "/health"
 	MetricsPath = "/metrics"
+	VersionPath = "/version" // {"version": Config.Version}, when set
 )
 
 // cutGrace is how long, once the drain deadline has passed, request handlers get to end
@@ -82,6 +84,11 @@ type Config struct {
 	// server is not draining, else 503. Nil means always ready.
 	Ready func() bool
 
+	// Degraded, if set, says why the application serves in a degraded mode ("" when it
+	// does not): HealthPath then answers 200 "degraded: REASON", so that load balancers
+	// keep the server while probes and people that read the body learn why.
+	Degraded func() string
+
 	// Metrics is served at MetricsPath (e.g. promhttp.HandlerFor(reg, …)).
 	// Nil answers 404 there.
 	Metrics http.Handler
@@ -111,10 +118,23 @@ type Config struct {
 	BodyReadTimeout time.Duration
 	MinBodyRate     int64 // bytes per second
 
+	// Version, if set, is served at VersionPath as {"version": "..."} (vLLM's shape). Like
+	// HealthPath it needs no token: it names the build, nothing more.
+	Version string
+
 	// MetricsToken, if set, is the bearer token MetricsPath requires
 	// ("Authorization: Bearer TOKEN"). HealthPath never requires one: load balancers
 	// and probes must reach it, and it tells only "ok", "not ready" or "draining".
 	MetricsToken string
+
+	// AllowedOrigins turns CORS on for these origins ("*": any): their requests get
+	// Access-Control-Allow-Origin, and their preflights (OPTIONS) are answered here. Empty:
+	// CORS is off, and browsers refuse cross-origin calls.
+	AllowedOrigins []string
+
+	// OnRefused, if set, counts a request the server refused itself, by reason
+	// ("cors_origin": a preflight from an origin not allowed).
+	OnRefused func(reason string)
 
 	// Logger receives start, shutdown and server error lines. Nil means
 	// slog.Default().
@@ -306,8 +326,11 @@ func (s *Server) listen() error {
 	for range tries {
 		var ln net.Listener
 		ln, err = net.Listen("tcp", s.cfg.Addr)
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("httpserve: %s is in use by another process (choose another port): %w", s.cfg.Addr, syscall.EADDRINUSE)
+		}
 		if err != nil {
-			return fmt.Errorf("httpserve: listen tcp: %w", err)
+			return fmt.Errorf("httpserve: %w", err)
 		}
 		if !s.http3On {
 			s.tcpLn = ln
@@ -326,7 +349,7 @@ func (s *Server) listen() error {
 }
 
 func (s *Server) reportServeErr(what string, err error) {
-	if err == nil || errors.Is(err, http.ErrServerClosed) || errors.Is(err, quic.ErrServerClosed) {
+	if err == nil || errors.Is(err, http.ErrServerClosed) || errors.Is(err, quic.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
 		return
 	}
 	s.log.Error("httpserve: serving stopped", "listener", what, "err", err)
@@ -339,9 +362,20 @@ func (s *Server) routes() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.handlers.Add(1)
 		defer s.handlers.Done()
+		w.Header().Set(RequestIDHeader, RequestID(r))
+		if s.cors(w, r) {
+			return
+		}
 		switch r.URL.Path {
 		case HealthPath:
 			s.health(w)
+		case VersionPath:
+			if s.cfg.Version == "" {
+				app.ServeHTTP(w, r)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, "{\"version\":%q}\n", s.cfg.Version)
 		case MetricsPath:
 			if metrics == nil {
 				http.NotFound(w, r)
@@ -392,6 +426,12 @@ func (s *Server) health(w http.ResponseWriter) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintln(w, "not ready")
 	default:
+		if s.cfg.Degraded != nil {
+			if why := s.cfg.Degraded(); why != "" {
+				fmt.Fprintln(w, "degraded: "+why)
+				return
+			}
+		}
 		fmt.Fprintln(w, "ok")
 	}
 }

@@ -229,8 +229,14 @@ func TestHealth(t *testing.T) {
 		t.Run(p.name, func(t *testing.T) {
 			var ready atomic.Bool
 			var appHits atomic.Int32
+			var degraded atomic.Pointer[string]
 			app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { appHits.Add(1) })
-			s := start(t, Config{Handler: app, Ready: ready.Load}, p.tls)
+			s := start(t, Config{Handler: app, Ready: ready.Load, Degraded: func() string {
+				if d := degraded.Load(); d != nil {
+					return *d
+				}
+				return ""
+			}}, p.tls)
 			c := client(t, p)
 			resp, body := get(t, c, s.URL()+HealthPath)
 			if resp.StatusCode != 503 || body != "not ready\n" {
@@ -243,6 +249,12 @@ func TestHealth(t *testing.T) {
 			resp, body = get(t, c, s.URL()+HealthPath)
 			if resp.StatusCode != 200 || body != "ok\n" {
 				t.Fatalf("after ready: %d %q", resp.StatusCode, body)
+			}
+			why := "2 workers without KV events"
+			degraded.Store(&why)
+			resp, body = get(t, c, s.URL()+HealthPath)
+			if resp.StatusCode != 200 || body != "degraded: 2 workers without KV events\n" {
+				t.Fatalf("degraded: %d %q", resp.StatusCode, body)
 			}
 			if n := appHits.Load(); n != 0 {
 				t.Fatalf("app saw %d health requests", n)

@@ -114,6 +114,7 @@ type Stats struct {
 	Evictions   uint64 // cached blocks evicted to make room
 	Dropped     uint64 // events not delivered to slow subscribers
 	LastEventID uint64 // id of the last event emitted, 0 if none
+	Indexed     int    // blocks in the prefix cache (used or cached): what a router's index of the pool holds
 }
 
 // Usage returns the fraction of blocks in use: Used/Blocks. Cached blocks count
@@ -134,6 +135,7 @@ func (p *Pool) Stats() Stats {
 		Evictions:   p.evictions,
 		Dropped:     p.dropped,
 		LastEventID: p.lastID,
+		Indexed:     len(p.index),
 	}
 }
 

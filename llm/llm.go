@@ -27,11 +27,59 @@ type Request struct {
 	// them as output for penalties and replays their RNG draws, so a seeded sampled
 	// request continues exactly as it would have on one worker.
 	Resumed int
+	// Constraint limits the output to a grammar's texts (structured outputs, forced tool
+	// calls). The zero value is no constraint.
+	Constraint Constraint
 	// Session groups requests that should run on one worker (a conversation): the
 	// X-Session-Id header, else the body's "user" field. Only the router reads it; it
 	// does not travel to workers.
 	Session string
+	// PromptLogprobs asks for the log-probability of every prompt token after the first
+	// under the model's raw distribution (no bias, penalties or grammar), with
+	// PromptTopLogprobs alternatives each (0..MaxTopLogprobs); they come on the first event.
+	// Every prompt position is then computed: none is taken from the prefix cache.
+	PromptLogprobs    bool
+	PromptTopLogprobs int
+	// Pooling, when set, makes the request an embedding: the prompt's final normalised
+	// hidden states are pooled (PoolLast, PoolMean) and returned on one event
+	// (Event.Embedding, unnormalised), and nothing is generated.
+	Pooling Pooling
 }
+
+// Pooling is how an embedding is made from a prompt's hidden states.
+type Pooling string
+
+// Poolings.
+const (
+	PoolNone Pooling = ""     // not an embedding: generate
+	PoolLast Pooling = "last" // the last prompt token's hidden state
+	PoolMean Pooling = "mean" // the mean over the prompt's positions
+)
+
+// Poolings are the poolings an embedding request may name.
+var Poolings = []Pooling{PoolLast, PoolMean}
+
+// PromptLogprob is one prompt token's log-probability given the tokens before it.
+type PromptLogprob struct {
+	Logprob float32
+	Rank    int            // 1 + the number of tokens more likely
+	Top     []TokenLogprob // the most likely tokens, best first
+}
+
+// Constraint limits a generation to the texts of a grammar: before each token the
+// sampler masks the tokens that would leave the grammar, and generation ends with
+// FinishStop once the grammar's text is complete (or on an end-of-generation token,
+// which is allowed exactly where the text may end). The mask depends on the sequence
+// alone, so batch invariance holds.
+type Constraint struct {
+	// Grammar is the grammar in package grammar's GBNF dialect
+	// (docs/structured-outputs.md); "" means none. It is text so that it crosses the
+	// wire as it is; each engine compiles it against its own vocabulary.
+	Grammar string
+}
+
+// IsZero reports whether c constrains nothing.
+func (c Constraint) IsZero() bool { return c.Grammar == "" }
 
 // TokenLogprob is a token id with its log-probability.
 type TokenLogprob struct {
@@ -61,6 +109,11 @@ type SamplingParams struct {
 	HasSeed           bool // without a seed, one is drawn from crypto/rand (see Sampler.Seed)
 	TopLogprobs       int  // number of alternatives to report (0..20)
 	Logprobs          bool // report the chosen token's logprob
+	// MinTokens: until this many tokens are generated, end-of-generation and stop tokens
+	// are not sampled (their logits are −Inf).
+	MinTokens int
+	// AllowedTokens, when not empty, are the only tokens that may be sampled.
+	AllowedTokens []int32
 }
 
 // Validate reports the first invalid field, naming it as the OpenAI/vLLM API
@@ -87,6 +140,13 @@ func (p SamplingParams) Validate(vocabSize int) error {
 		return fmt.Errorf("sampling: frequency_penalty must be in [-2, 2], got %v", p.FrequencyPenalty)
 	case p.TopLogprobs < 0 || p.TopLogprobs > MaxTopLogprobs:
 		return fmt.Errorf("sampling: top_logprobs must be in [0, %d], got %d", MaxTopLogprobs, p.TopLogprobs)
+	case p.MinTokens < 0:
+		return fmt.Errorf("sampling: min_tokens must be at least 0, got %d", p.MinTokens)
+	}
+	for _, id := range p.AllowedTokens {
+		if id < 0 || int(id) >= vocabSize {
+			return fmt.Errorf("sampling: allowed_token_ids: token id %d out of range [0, %d)", id, vocabSize)
+		}
 	}
 	// Report the lowest offending id so the message does not depend on map order.
 	found, badID, badVal := false, int32(0), float32(0)
@@ -131,6 +191,12 @@ type Event struct {
 	Top     []TokenLogprob // the receiver owns it
 	Finish  FinishReason   // "" until the last event
 	Usage   Usage          // set on the last event
+	// PromptLogprobs, on the first event of a request that asked for them, are the
+	// prompt's tokens 1… (the first has none); the receiver owns them.
+	PromptLogprobs []PromptLogprob
+	// Embedding is an embedding request's pooled hidden state, unnormalised, on its one
+	// event (Token is then -1 and nothing was generated); the receiver owns it.
+	Embedding []float32
 }
 
 // Stream delivers a generation's events in order.
@@ -155,13 +221,20 @@ var (
 // (worker.Load), the wire carries (cluster.LoadReport) and the routing policy reads
 // (router.LoadReport).
 type Load struct {
-	Running       int     // sequences decoding
-	Waiting       int     // sequences accepted but without a first token yet
-	PrefillTokens int     // prompt tokens of the waiting sequences not yet computed (less those predicted cached)
+	Running int // sequences decoding
+	Waiting int // sequences accepted but without a first token yet: queued or prefilling
+	// PrefillTokens is the prompt tokens of the waiting sequences not yet computed: the
+	// admitted ones' less their prefix cache hits, the queued ones' less the hits their
+	// admission is expected to find. Queued and QueuedTokens are the queued ones' share of
+	// Waiting and PrefillTokens (not admitted yet: behind a long prompt or a full batch).
+	PrefillTokens int
+	Queued        int
+	QueuedTokens  int
 	DecodeBlocks  int     // KV blocks held by sequences
 	KVUsage       float64 // fraction of KV blocks in use, 0…1
 	KVBlocks      int     // KV capacity in blocks (0: the card's)
 	LastEventID   uint64  // the worker's last KV event id
+	CachedBlocks  int     // blocks in the worker's prefix cache: what the router's index should hold for it
 	Healthy       bool    // false while draining or failing: send nothing new
 	StepMicros    int     // duration of the last engine step, µs (0: unknown)
 	StepTokens    int     // tokens in the last engine step (0: unknown)

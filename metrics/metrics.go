@@ -30,7 +30,21 @@ type Engine struct {
 	RequestPrompt    prometheus.Observer
 	RequestGenerated prometheus.Observer
 	IterationTokens  prometheus.Observer
-	StepsOverTarget  prometheus.Counter // engine steps with decode tokens predicted past the ITL target
+	// StepPrefillTokens and StepDecodeTokens split each step's tokens into prompt tokens
+	// (prefill chunks, recomputation after a preemption) and decode tokens (one per
+	// sequence generating its next token): the batch's composition.
+	StepPrefillTokens prometheus.Observer
+	StepDecodeTokens  prometheus.Observer
+	// ConstraintFailures counts constrained sequences ended with an error because their
+	// grammar allowed no token of the vocabulary (a grammar the vocabulary cannot spell).
+	ConstraintFailures prometheus.Counter
+	// vLLM's older names, which its stock Grafana dashboard reads (see vllm.go):
+	// TPOT is observed with ITL, GPUCacheUsage set with KVUsage; InferenceTime is the
+	// time from a sequence's first step to its end (prefill and decode).
+	TPOT            prometheus.Observer
+	GPUCacheUsage   prometheus.Gauge
+	InferenceTime   prometheus.Observer
+	StepsOverTarget prometheus.Counter // engine steps with decode tokens predicted past the ITL target
 	// StepCostFactor is the live correction of the step cost profile, for prefill-only,
 	// decode-only and mixed steps (label steps), as sched.LiveCost.Correction gives them.
 	StepCostFactor [3]prometheus.Gauge
@@ -39,6 +53,8 @@ type Engine struct {
 var (
 	latencyBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
 	tokenBuckets   = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000}
+	// A step often has no prefill tokens, or no decode tokens: 0 gets a bucket of its own.
+	stepTokenBuckets = append([]float64{0}, tokenBuckets...)
 )
 
 // NewEngine registers an engine's metrics for model on reg.
@@ -57,16 +73,24 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 		RequestSuccess: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tandem:request_success_total", Help: "Count of successfully processed requests.", ConstLabels: labels,
 		}, []string{"finished_reason"})).(*prometheus.CounterVec),
-		TTFT:             f.histogram("tandem:time_to_first_token_seconds", "Histogram of time to first token in seconds.", latencyBuckets),
-		ITL:              f.histogram("tandem:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", latencyBuckets),
-		E2E:              f.histogram("tandem:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", latencyBuckets),
-		QueueTime:        f.histogram("tandem:request_queue_time_seconds", "Histogram of time spent waiting in the queue in seconds.", latencyBuckets),
-		PrefillTime:      f.histogram("tandem:request_prefill_time_seconds", "Histogram of time spent in prefill in seconds.", latencyBuckets),
-		DecodeTime:       f.histogram("tandem:request_decode_time_seconds", "Histogram of time spent in decode in seconds.", latencyBuckets),
-		RequestPrompt:    f.histogram("tandem:request_prompt_tokens", "Number of prefill tokens per request.", tokenBuckets),
-		RequestGenerated: f.histogram("tandem:request_generation_tokens", "Number of generation tokens per request.", tokenBuckets),
-		IterationTokens:  f.histogram("tandem:iteration_tokens_total", "Histogram of number of tokens per engine step.", tokenBuckets),
-		StepsOverTarget:  f.counter("tandem:steps_over_itl_target_total", "Engine steps carrying decode tokens whose predicted time exceeded the inter-token latency target: too many streams for the target."),
+		TTFT:              f.histogram("tandem:time_to_first_token_seconds", "Histogram of time to first token in seconds.", latencyBuckets),
+		ITL:               f.histogram("tandem:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", latencyBuckets),
+		E2E:               f.histogram("tandem:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", latencyBuckets),
+		QueueTime:         f.histogram("tandem:request_queue_time_seconds", "Histogram of time spent waiting in the queue in seconds.", latencyBuckets),
+		PrefillTime:       f.histogram("tandem:request_prefill_time_seconds", "Histogram of time spent in prefill in seconds.", latencyBuckets),
+		DecodeTime:        f.histogram("tandem:request_decode_time_seconds", "Histogram of time spent in decode in seconds.", latencyBuckets),
+		RequestPrompt:     f.histogram("tandem:request_prompt_tokens", "Number of prefill tokens per request.", tokenBuckets),
+		RequestGenerated:  f.histogram("tandem:request_generation_tokens", "Number of generation tokens per request.", tokenBuckets),
+		IterationTokens:   f.histogram("tandem:iteration_tokens_total", "Histogram of number of tokens per engine step.", tokenBuckets),
+		StepPrefillTokens: f.histogram("tandem:iteration_prefill_tokens", "Histogram of prompt (prefill) tokens per engine step.", stepTokenBuckets),
+		StepDecodeTokens: f.histogram("tandem:iteration_decode_tokens",
+			"Histogram of decode tokens (one per sequence generating its next token) per engine step.", stepTokenBuckets),
+		ConstraintFailures: f.counter("tandem:constrained_generation_failures_total",
+			"Constrained sequences ended with an error because their grammar allowed no token of the vocabulary."),
+		TPOT:            f.histogram("tandem:time_per_output_token_seconds", "Histogram of time per output token in seconds (the inter-token latency).", latencyBuckets),
+		GPUCacheUsage:   f.gauge("tandem:gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of kv_cache_usage_perc). 1 means 100 percent usage."),
+		InferenceTime:   f.histogram("tandem:request_inference_time_seconds", "Histogram of time spent in prefill and decode in seconds.", latencyBuckets),
+		StepsOverTarget: f.counter("tandem:steps_over_itl_target_total", "Engine steps carrying decode tokens whose predicted time exceeded the inter-token latency target: too many streams for the target."),
 	}
 	cost := f.register(prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tandem:step_cost_correction", ConstLabels: labels,

@@ -26,7 +26,15 @@ type Config struct {
 	RopeNeox    bool
 	RopeScale   float32   // linear position scale (1/factor); 0 means none
 	FreqFactors []float32 // llama3 scaling divisors, one per rotated pair
+
+	// Pooling is how the model's metadata says to pool an embedding: "mean", "last",
+	// "cls", … ("" when it says nothing): GGUF's <arch>.pooling_type, a sentence-
+	// transformers directory's 1_Pooling/config.json.
+	Pooling string
 }
+
+// ggufPoolings names llama.cpp's pooling types (LLAMA_POOLING_TYPE_*).
+var ggufPoolings = map[uint64]string{0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 func (c *Config) validate() error {
 	if _, ok := LookupArch(c.Arch); !ok {

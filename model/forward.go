@@ -14,6 +14,10 @@ type Batch struct {
 	// Outputs lists the indices into Tokens whose logits are wanted, in the
 	// order they are written to the logits slice.
 	Outputs []int
+	// Hidden, if not nil, receives the final normalised hidden state of each output row
+	// (the input of the logits), len(Outputs)×Embd values in Outputs' order: what an
+	// embedding is pooled from.
+	Hidden []float32
 }
 
 // Runner runs forward passes of a model on a backend, reusing its activation
@@ -152,6 +156,16 @@ func (r *Runner) Forward(kv hal.KVStore, b *Batch, logits []float32) error {
 	}
 	if err := r.Be.Err(); err != nil {
 		return fmt.Errorf("model: forward step on %s: %w", r.Be.Name(), err)
+	}
+	if b.Hidden != nil && len(b.Outputs) > 0 {
+		// Read after the step, outside its capture: the step's ops stay those of its shape.
+		rows := len(b.Outputs) * c.Embd
+		if len(b.Hidden) < rows {
+			return fmt.Errorf("model: hidden-state buffer holds %d values, want %d", len(b.Hidden), rows)
+		}
+		if err := r.Be.ReadBuf(b.Hidden[:rows], r.outN.Slice(0, rows)); err != nil {
+			return fmt.Errorf("model: reading the hidden states: %w", err)
+		}
 	}
 	return nil
 }

@@ -95,6 +95,9 @@ func configFromGGUF(f *gguf.File) (Config, error) {
 		RopeNeox:   arch.GGUFNeox,
 	}
 	c.Name, _ = f.String("general.name")
+	if pt, ok := f.Uint(name + ".pooling_type"); ok {
+		c.Pooling = ggufPoolings[pt]
+	}
 	if c.KVHeads == 0 {
 		c.KVHeads = c.Heads
 	}

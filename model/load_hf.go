@@ -49,6 +49,7 @@ func loadHFWeights(dir string, be hal.Backend) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
+	cfg.Pooling = hfPooling(dir)
 	set, err := safetensors.OpenDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
@@ -189,4 +190,30 @@ func (s hfSource) tensor(name string) (hal.DType, []int, []byte, error) {
 		shape[i] = int(d)
 	}
 	return ti.Type, shape, data, nil
+}
+
+// hfPooling reads a sentence-transformers directory's pooling (1_Pooling/config.json):
+// "mean", "last" or "cls", "" when there is none.
+func hfPooling(dir string) string {
+	data, err := os.ReadFile(filepath.Join(dir, "1_Pooling", "config.json"))
+	if err != nil {
+		return ""
+	}
+	var pc struct {
+		Mean bool `json:"pooling_mode_mean_tokens"`
+		Last bool `json:"pooling_mode_lasttoken"`
+		CLS  bool `json:"pooling_mode_cls_token"`
+	}
+	if json.Unmarshal(data, &pc) != nil {
+		return ""
+	}
+	switch {
+	case pc.Last:
+		return "last"
+	case pc.Mean:
+		return "mean"
+	case pc.CLS:
+		return "cls"
+	}
+	return ""
 }

@@ -22,12 +22,19 @@ import (
 	"tandem/gguf"
 	"tandem/hal"
 	"tandem/httpserve"
+	"tandem/internal/filehash"
+	"tandem/internal/version"
 	"tandem/kvcache"
+	"tandem/llm"
 	"tandem/metrics"
 	"tandem/model"
 	"tandem/modelgen"
 	"tandem/openai"
+	"tandem/orpc"
+	"tandem/respstore"
 	"tandem/sim"
+	"tandem/sla"
+	"tandem/web"
 	"tandem/worker"
 )
 
@@ -68,8 +75,31 @@ type Config struct {
 	StepCost         *sim.Timing
 
 	HTTP    HTTP
-	Cluster Cluster // no Routers: a node on its own
-	Logger  *slog.Logger
+	Cluster Cluster     // no Routers: a node on its own
+	SLA     sla.Targets // drawn on the dashboard
+	// ToolCallParser and ReasoningParser name the formats of the model's tool calls and
+	// reasoning (openai.ToolCallParsers, ReasoningParsers; "auto" or "": from the chat
+	// template); routers take them from the card.
+	ToolCallParser, ReasoningParser string
+	// Pooling is how embeddings pool the hidden states (llm.Poolings; "": last token).
+	Pooling llm.Pooling
+	// Responses configures the Responses API's store.
+	Responses Responses
+	Logger    *slog.Logger
+
+	// Weights says where the prepared weights may come from besides the model file
+	// (weights.go); Start makes them ready before the engine starts.
+	Weights Weights
+	// Started is when the process started (zero: when Start was called), OpenTime how
+	// long the caller took to open Model: the start-up's first phase.
+	Started  time.Time
+	OpenTime time.Duration
+}
+
+// Responses configures the store of the Responses API's stored responses.
+type Responses struct {
+	Path string        // the database file ("": in memory, lost at exit)
+	TTL  time.Duration // how long a response is kept (0: until deleted)
 }
 
 // HTTP configures the node's API server.
@@ -80,6 +110,8 @@ type HTTP struct {
 	PublicMetrics   bool // /metrics without the API key
 	BodyReadTimeout time.Duration
 	MinBodyRate     int64
+	AllowedOrigins  []string // CORS (httpserve.Config.AllowedOrigins)
+	MetricsPrefix   string   // an alias prefix for /metrics (metrics.Aliased), e.g. "vllm"
 }
 
 // Cluster configures the node's membership; see worker.Config.
@@ -96,14 +128,23 @@ type Cluster struct {
 	KVSendRate float64 // bytes per second a KV pull is served at (0: unlimited)
 }
 
+// deviceBackend is a backend on a device (hal/vulkan) that counts, for /metrics, the weights
+// it converted at load and the forward steps it captured and replayed.
+type deviceBackend interface {
+	ConvertedWeights() map[string]int
+	StepCounts() (captures, replays, drops int64)
+}
+
 // Node is a running engine process.
 type Node struct {
-	cfg     Config
-	log     *slog.Logger
-	reg     *prometheus.Registry
-	engines []*engine.Engine
-	workers []*worker.Worker
-	http    *httpserve.Server
+	cfg       Config
+	log       *slog.Logger
+	reg       *prometheus.Registry
+	engines   []*engine.Engine
+	workers   []*worker.Worker
+	http      *httpserve.Server
+	store     *respstore.Store
+	stopSweep context.CancelFunc
 
 	blocks     int
 	contextLen int
@@ -114,6 +155,21 @@ type Node struct {
 	fatal       chan error
 	shutOnce    sync.Once
 	shutErr     error
+
+	// Start-up and the weights (weights.go).
+	startup         cluster.Startup
+	startupFrom     string
+	startupMet      *metrics.Startup
+	total           time.Duration // process start to serving
+	fallbacks       []string
+	packed          int
+	imported        int
+	hash            filehash.Sum     // the model's content hash (zero: not computed)
+	weights         *preparedWeights // served to peers
+	identity        *orpc.Identity   // earned before a pull
+	weightsTransfer *metrics.WeightsTransfer
+	stopSave        context.CancelFunc // ends a pack cache write
+	saveDone        chan struct{}
 }
 
 // DefaultKVBudget is 40% of the memory available now (2 GiB when unknown), but no more
@@ -155,6 +211,17 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.MaxModelLen > 0 {
 		m.Config.ContextLen = cfg.MaxModelLen
 	}
+	started := cfg.Started
+	if started.IsZero() {
+		started = time.Now()
+	}
+	n := &Node{cfg: cfg, log: log, reg: metrics.NewRegistry(),
+		enginesDone: make(chan error, cfg.Replicas), fatal: make(chan error, cfg.Replicas)}
+	// The weights first: the default KV budget is a share of the memory they leave.
+	if err := n.prepareWeights(ctx); err != nil {
+		n.stopSaving()
+		return nil, err
+	}
 	perToken := m.KVBytesPerToken()
 	budget := cfg.KVBudget
 	if budget <= 0 {
@@ -166,12 +233,17 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		m.Config.ContextLen = blocks * cfg.BlockSize
 	}
 	if blocks < 1 || m.Config.ContextLen < 2 {
+		n.stopSaving()
 		return nil, fmt.Errorf("node: a KV budget of %d bytes holds no useful context (%d bytes per token)", budget, perToken)
 	}
-	n := &Node{cfg: cfg, log: log, reg: metrics.NewRegistry(), blocks: blocks, contextLen: m.Config.ContextLen,
-		enginesDone: make(chan error, cfg.Replicas), fatal: make(chan error, cfg.Replicas)}
+	n.blocks, n.contextLen = blocks, m.Config.ContextLen
+	t := time.Now()
 	if err := n.newEngines(ctx); err != nil {
+		n.stopSaving()
 		return nil, err
+	}
+	if d, ok := cfg.Backend.(deviceBackend); ok && cfg.Sim == nil {
+		metrics.RegisterDevice(n.reg, cfg.Name, metrics.DeviceCounters{Converted: d.ConvertedWeights, Steps: d.StepCounts})
 	}
 	eng := n.engines[0]
 	metrics.RegisterKVState(n.reg, cfg.Name, func() float64 { return float64(eng.Pool().Stats().Used) },
@@ -183,13 +255,20 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		go func() { n.enginesDone <- e.Run(engineCtx) }()
 	}
 	if err := n.serveHTTP(); err != nil {
+		n.closeStore()
 		n.stop()
+		n.stopSaving()
 		return nil, err
 	}
+	n.phase("engine", time.Since(t))
+	n.total = time.Since(started)
+	n.startupMet.Seconds.WithLabelValues("total").Set(n.total.Seconds())
 	if len(cfg.Cluster.Routers) > 0 {
 		if err := n.join(); err != nil {
 			n.http.Shutdown(context.Background())
+			n.closeStore()
 			n.stop()
+			n.stopSaving()
 			return nil, err
 		}
 	}
@@ -256,6 +335,13 @@ func (n *Node) newEngines(ctx context.Context) error {
 
 func (n *Node) serveHTTP() error {
 	cfg := n.cfg
+	store, err := n.openStore()
+	if err != nil {
+		return err
+	}
+	httpMet := metrics.NewHTTP(n.reg, "tandem")
+	metrics.RegisterCacheConfig(n.reg, cfg.Name, map[string]string{"block_size": strconv.Itoa(cfg.BlockSize),
+		"num_gpu_blocks": strconv.Itoa(n.blocks), "cache_dtype": cfg.Model.KVType.String(), "max_model_len": strconv.Itoa(n.contextLen)})
 	api := openai.NewHandler([]*openai.Model{{
 		ID:         cfg.Name,
 		Tokenizer:  cfg.Model.Tokenizer,
@@ -263,7 +349,16 @@ func (n *Node) serveHTTP() error {
 		Created:    time.Now().Unix(),
 		OwnedBy:    "tandem",
 		Backend:    n.engines[0],
-	}}, openai.Options{APIKey: cfg.HTTP.APIKey, Logger: n.log, Metrics: metrics.NewHTTP(n.reg, "tandem")})
+
+		ToolCallParser:  cfg.ToolCallParser,
+		ReasoningParser: cfg.ReasoningParser,
+		Pooling:         cfg.Pooling,
+	}}, openai.Options{APIKey: cfg.HTTP.APIKey, Logger: n.log, Metrics: httpMet, Responses: store})
+	dash, err := web.New(web.Config{Kind: web.Engine, Name: cfg.Name, Source: n.reg, Registerer: n.reg,
+		APIKey: cfg.HTTP.APIKey, SLA: cfg.SLA, Logger: n.log})
+	if err != nil {
+		return err
+	}
 	metricsToken := cfg.HTTP.APIKey
 	if cfg.HTTP.PublicMetrics {
 		metricsToken = ""
@@ -271,25 +366,58 @@ func (n *Node) serveHTTP() error {
 	var ready atomic.Bool
 	srv, err := httpserve.New(httpserve.Config{
 		Addr:            cfg.HTTP.Addr,
-		Handler:         api,
+		Handler:         dash.Wrap(api), // the dashboard at /dashboard, the API elsewhere
 		TLSCert:         cfg.HTTP.TLSCert,
 		TLSKey:          cfg.HTTP.TLSKey,
 		Ready:           ready.Load,
-		Metrics:         metrics.Handler(n.reg),
+		Metrics:         metrics.HandlerFor(metrics.Aliased(n.reg, "tandem", cfg.HTTP.MetricsPrefix)),
 		MetricsToken:    metricsToken,
+		Version:         version.String(),
 		BodyReadTimeout: cfg.HTTP.BodyReadTimeout,
 		MinBodyRate:     cfg.HTTP.MinBodyRate,
+		AllowedOrigins:  cfg.HTTP.AllowedOrigins,
+		OnRefused:       func(reason string) { httpMet.Refused.WithLabelValues(reason).Inc() },
 		Logger:          n.log,
 	})
 	if err != nil {
 		return err
 	}
+	dash.StopWhen(srv.Draining) // an open dashboard does not hold a drain to its deadline
 	if err := srv.Start(); err != nil {
 		return err
 	}
 	ready.Store(true)
 	n.http = srv
 	return nil
+}
+
+// closeStore stops the sweep and closes the response store.
+func (n *Node) closeStore() {
+	if n.store == nil {
+		return
+	}
+	n.stopSweep()
+	if err := n.store.Close(); err != nil {
+		n.log.Error("closing the response store", "err", err)
+	}
+	n.store = nil
+}
+
+// openStore opens the Responses API's store and starts its TTL sweep.
+func (n *Node) openStore() (*respstore.Store, error) {
+	rc := n.cfg.Responses
+	opts := respstore.Options{TTL: rc.TTL, Metrics: metrics.NewResponses(n.reg, "tandem"), Logger: n.log}
+	store := respstore.NewMemory(opts)
+	if rc.Path != "" {
+		var err error
+		if store, err = respstore.Open(rc.Path, opts); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go store.Run(ctx)
+	n.store, n.stopSweep = store, cancel
+	return store, nil
 }
 
 // join makes every engine a cluster member. A node's name is the one in its certificate,
@@ -311,6 +439,9 @@ func (n *Node) join() error {
 			Model: cfg.Name, Role: role, HashVersion: kvcache.HashVersion, BlockSize: cfg.BlockSize,
 			Salt: kvcache.Salt(cfg.Name, "", ""), KVBlocks: n.blocks, ContextLen: n.contextLen,
 			TokenizerFormat: tokFormat, TokenizerFiles: tokFiles, ChatTemplate: m.ChatTemplate,
+			GrammarFormat: cluster.GrammarGBNF, ToolCallParser: cfg.ToolCallParser, ReasoningParser: cfg.ReasoningParser,
+			RequestLevel: cluster.RequestTokens, Pooling: string(cfg.Pooling),
+			Startup: n.startup,
 		},
 		Node:       cc.NodeName,
 		Routers:    cc.Routers,
@@ -343,6 +474,9 @@ func (n *Node) join() error {
 		}
 		c.Listen = net.JoinHostPort(cc.Host, strconv.Itoa(port))
 		c.StateDir = ReplicaStateDir(base.StateDir, i)
+		if i == 0 {
+			n.serveWeights(&c)
+		}
 		if count > 1 {
 			if c.Node != "" {
 				c.Node = fmt.Sprintf("%s-%d", base.Node, i)
@@ -421,7 +555,8 @@ func (n *Node) Fatal() <-chan error { return n.fatal }
 // new (a request that races the news is refused and goes elsewhere); requests from HTTP and
 // from routers run to their end; at ctx's end the remaining ones are cut (HTTP streams with
 // an error event, router streams with an Unavailable error their router migrates); the
-// workers deregister; the engines stop. It returns ctx.Err() if requests were cut.
+// workers deregister; the engines stop; a pack cache being written is finished, or cut at
+// ctx's end. It returns ctx.Err() if requests were cut.
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.shutOnce.Do(func() {
 		var wg sync.WaitGroup
@@ -433,6 +568,8 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		wg.Wait()
 		n.workersDone.Wait()
 		n.stop()
+		n.finishSaving(ctx)
+		n.closeStore()
 		for _, err := range errs {
 			if err != nil {
 				n.shutErr = err

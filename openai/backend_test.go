@@ -52,6 +52,14 @@ func (b *engineBackend) Generate(ctx context.Context, req *llm.Request) (llm.Str
 	if err := req.Sampling.Validate(c.VocabSize); err != nil {
 		return nil, fmt.Errorf("%w: %v", llm.ErrInvalid, err)
 	}
+	if p := req.Sampling; p.MinTokens > 0 || p.AllowedTokens != nil || req.PromptLogprobs || req.Pooling != llm.PoolNone {
+		// engine.Generator has none of these; the real engine's tests (fixtureEnv) cover them.
+		return nil, fmt.Errorf("%w: this test backend has no min_tokens, allowed tokens, prompt logprobs or embeddings", llm.ErrInvalid)
+	}
+	if !req.Constraint.IsZero() {
+		// engine.Generator has no grammar; the real engine's tests cover constraints.
+		return nil, fmt.Errorf("%w: this test backend does not follow constraints", llm.ErrInvalid)
+	}
 	gctx, cancel := context.WithCancel(context.Background())
 	s := &engineStream{b: b, events: make(chan llm.Event), done: make(chan struct{}), cancel: cancel}
 	b.opened.Add(1)

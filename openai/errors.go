@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 
 	"tandem/llm"
@@ -24,6 +25,8 @@ type apiError struct {
 	param      string
 	code       string
 	retryAfter string
+	// after, if set, runs once the error is written (discarding an unread body).
+	after func()
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -58,7 +61,29 @@ func writeError(w http.ResponseWriter, e *apiError) {
 	if e.retryAfter != "" {
 		w.Header().Set("Retry-After", e.retryAfter)
 	}
-	writeJSON(w, e.status, e.body())
+	if sw, ok := w.(*statusWriter); ok && sw.anthropic {
+		writeJSON(w, e.status, e.anthropicBody())
+	} else {
+		writeJSON(w, e.status, e.body())
+	}
+	if e.after != nil {
+		e.after()
+	}
+}
+
+// drainAfterRefusal bounds how much of a refused body is read and thrown away after the
+// answer, so that a client still sending it gets to read the answer rather than a reset
+// connection; a body larger still is cut.
+const drainAfterRefusal = 8 << 20
+
+// discardRest returns a function that sends the answer written so far, then reads and
+// drops up to drainAfterRefusal bytes of r's body (under the body's deadline): the bytes
+// are consumed as the body, never parsed as requests, and the connection closes after.
+func discardRest(w http.ResponseWriter, r *http.Request) func() {
+	return func() {
+		http.NewResponseController(w).Flush()
+		io.Copy(io.Discard, io.LimitReader(r.Body, drainAfterRefusal))
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -101,6 +126,10 @@ func backendError(err error) *apiError {
 // server stops reading (too large, too slow) leaves the connection in an unknown place
 // in the client's bytes, so those answers close it: nothing after them is parsed as
 // another request.
+// embeddedPrefix matches the Go names of the request types' embedded structs in a
+// decoding error's field path.
+var embeddedPrefix = regexp.MustCompile(`\b[a-z]+Fields\.`)
+
 func (h *handler) readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, v any) *apiError {
 	if aerr := checkContentType(r); aerr != nil {
 		h.refused("unsupported_media_type")
@@ -115,7 +144,7 @@ func (h *handler) readJSON(w http.ResponseWriter, r *http.Request, maxBody int64
 		case errors.As(err, &mbe):
 			h.refused("body_too_large")
 			return &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
-				msg: fmt.Sprintf("The request body is larger than %d bytes.", mbe.Limit)}
+				msg: fmt.Sprintf("The request body is larger than %d bytes.", mbe.Limit), after: discardRest(w, r)}
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			h.refused("body_timeout")
 			return &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",
@@ -133,7 +162,7 @@ func (h *handler) readJSON(w http.ResponseWriter, r *http.Request, maxBody int64
 		case errors.As(err, &te) && te.Field == "":
 			return badRequest("", "The request body must be a JSON object, not %s.", te.Value)
 		case errors.As(err, &te):
-			field := strings.ReplaceAll(te.Field, "samplingFields.", "") // an embedded struct, not a JSON key
+			field := embeddedPrefix.ReplaceAllString(te.Field, "") // embedded structs, not JSON keys
 			return badRequest(field, "Invalid type for '%s': expected %s, got %s.", field, jsonTypeName(te.Type.String()), te.Value)
 		case errors.As(err, &se):
 			return badRequest("", "The request body is not valid JSON: %v (at byte %d).", se, se.Offset)

@@ -16,6 +16,7 @@ import (
 
 	"tandem/llm"
 	"tandem/openai"
+	"tandem/respstore"
 )
 
 // fakeBackend returns a fixed short stream, or err from Generate.
@@ -179,13 +180,33 @@ func TestErrors(t *testing.T) {
 		{"missing model, several served", "POST", chat, `{` + msgs + `}`, 400, "model", "", "model", false},
 		{"too large", "POST", chat, `{"model":"stories","messages":[{"role":"user","content":"` + huge + `"}]}`, 413, "", "request_too_large", "4096", false},
 		{"no messages", "POST", chat, `{"model":"stories","messages":[]}`, 400, "messages", "", "non-empty", false},
-		{"tool role", "POST", chat, `{"model":"stories","messages":[{"role":"tool","content":"x","tool_call_id":"1"}]}`, 400, "messages[0].role", "", "tool", false},
+		{"function role", "POST", chat, `{"model":"stories","messages":[{"role":"function","content":"x","name":"f"}]}`, 400, "messages[0].role", "", "function", false},
 		{"unknown role", "POST", chat, `{"model":"stories","messages":[{"role":"wizard","content":"x"}]}`, 400, "messages[0].role", "", "wizard", false},
 		{"image part", "POST", chat, `{"model":"stories","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "messages[0].content[0].type", "", "image_url", false},
 		{"content number", "POST", chat, `{"model":"stories","messages":[{"role":"user","content":5}]}`, 400, "messages[0].content", "", "string", false},
 		{"user content null", "POST", chat, `{"model":"stories","messages":[{"role":"user","content":null}]}`, 400, "messages[0].content", "", "required", false},
-		{"tools", "POST", chat, `{"model":"stories",` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, "tools", "", "Tool", false},
-		{"json mode", "POST", chat, `{"model":"stories",` + msgs + `,"response_format":{"type":"json_object"}}`, 400, "response_format", "", "response_format", false},
+		{"tools without a format", "POST", chat, `{"model":"stories",` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, "tools", "", "tool-call format", false},
+		{"unsupported schema", "POST", chat, `{"model":"stories",` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","not":{}}}}}`, 400, "response_format.json_schema.schema", "", `"not" is not supported`, false},
+		{"schema missing", "POST", chat, `{"model":"stories",` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"name":"x"}}}`, 400, "response_format.json_schema.schema", "", "required", false},
+		{"structural tag", "POST", chat, `{"model":"stories",` + msgs + `,"response_format":{"type":"structural_tag"}}`, 400, "response_format.type", "", "structural_tag", false},
+		{"two formats", "POST", chat, `{"model":"stories",` + msgs + `,"guided_regex":"a+","guided_choice":["a"]}`, 400, "guided_choice", "", "Only one", false},
+		{"bad regex", "POST", comp, `{"model":"stories","prompt":"x","guided_regex":"(?=a)"}`, 400, "guided_regex", "", "regular expression", false},
+		{"bad grammar", "POST", comp, `{"model":"stories","prompt":"x","guided_grammar":"root ::= ("}`, 400, "guided_grammar", "", "unclosed", false},
+		{"left recursion", "POST", comp, `{"model":"stories","prompt":"x","guided_grammar":"root ::= root \"a\" | \"b\""}`, 400, "guided_grammar", "", "left-recursive", false},
+		{"empty choice", "POST", comp, `{"model":"stories","prompt":"x","guided_choice":[]}`, 400, "guided_choice", "", "non-empty", false},
+		{"whitespace pattern", "POST", comp, `{"model":"stories","prompt":"x","guided_json":{},"guided_whitespace_pattern":" *"}`, 400, "guided_whitespace_pattern", "", "not supported", false},
+		{"structured outputs two", "POST", comp, `{"model":"stories","prompt":"x","structured_outputs":{"regex":"a","choice":["b"]}}`, 400, "structured_outputs", "", "only one", false},
+		{"stream_options without stream", "POST", comp, `{"model":"stories","prompt":"x","stream_options":{"include_usage":true}}`, 400, "stream_options", "", "stream is true", false},
+		{"prompt_logprobs out of range", "POST", comp, `{"model":"stories","prompt":"x","prompt_logprobs":50}`, 400, "prompt_logprobs", "", "between 0 and 20", false},
+		{"min_tokens negative", "POST", chat, `{"model":"stories",` + msgs + `,"min_tokens":-1}`, 400, "min_tokens", "", "at least 0", false},
+		{"min_tokens over max_tokens", "POST", chat, `{"model":"stories",` + msgs + `,"min_tokens":9,"max_tokens":3}`, 400, "min_tokens", "", "must not exceed max_tokens", false},
+		{"beam search", "POST", chat, `{"model":"stories",` + msgs + `,"use_beam_search":true}`, 400, "use_beam_search", "", "beam", false},
+		{"allowed_token_ids empty", "POST", comp, `{"model":"stories","prompt":"x","allowed_token_ids":[]}`, 400, "allowed_token_ids", "", "must not be empty", false},
+		{"allowed_token_ids outside", "POST", comp, `{"model":"stories","prompt":"x","allowed_token_ids":[1,99999]}`, 400, "allowed_token_ids", "", "outside the vocabulary", false},
+		{"continue_final_message with add_generation_prompt", "POST", chat, `{"model":"stories",` + msgs + `,"continue_final_message":true,"add_generation_prompt":true}`, 400, "continue_final_message", "", "cannot both be true", false},
+		{"legacy functions", "POST", chat, `{"model":"stories",` + msgs + `,"functions":[{"name":"f"}]}`, 400, "functions", "", "use tools", false},
+		{"required without tools", "POST", chat, `{"model":"stories",` + msgs + `,"tool_choice":"required"}`, 400, "tool_choice", "", "needs tools", false},
+		{"template kwargs messages", "POST", chat, `{"model":"stories",` + msgs + `,"chat_template_kwargs":{"messages":[]}}`, 400, "chat_template_kwargs", "", "messages", false},
 		{"temperature", "POST", chat, `{"model":"stories",` + msgs + `,"temperature":-1}`, 400, "temperature", "", "temperature", false},
 		{"top_p", "POST", chat, `{"model":"stories",` + msgs + `,"top_p":1.5}`, 400, "top_p", "", "top_p", false},
 		{"presence", "POST", chat, `{"model":"stories",` + msgs + `,"presence_penalty":3}`, 400, "presence_penalty", "", "presence_penalty", false},
@@ -211,7 +232,6 @@ func TestErrors(t *testing.T) {
 		{"prompt missing", "POST", comp, `{"model":"stories"}`, 400, "prompt", "", "required", false},
 		{"prompt mixed", "POST", comp, `{"model":"stories","prompt":["a",1]}`, 400, "prompt", "", "strings", false},
 		{"logprobs too many", "POST", comp, `{"model":"stories","prompt":"a","logprobs":21}`, 400, "logprobs", "", "logprobs", false},
-		{"echo", "POST", comp, `{"model":"stories","prompt":"a","echo":true}`, 400, "echo", "", "echo", false},
 		{"best_of", "POST", comp, `{"model":"stories","prompt":"a","best_of":3}`, 400, "best_of", "", "best_of", false},
 		{"queue full", "POST", comp, `{"model":"queue","prompt":"a"}`, 429, "", "", "busy", true},
 		{"unavailable", "POST", chat, `{"model":"down",` + msgs + `}`, 503, "", "", "unavailable", true},
@@ -249,7 +269,7 @@ func TestOddShapes(t *testing.T) {
 	ok := []struct{ name, url, body string }{
 		{"no model, one served", chat, `{"messages":[{"role":"user","content":"Hi"}],"max_tokens":3}`},
 		{"developer role and parts", chat, `{"model":"stories","max_tokens":3,"messages":[{"role":"developer","content":"Be nice."},{"role":"user","content":[{"type":"text","text":"Hi"},{"type":"text","text":"there"}]},{"role":"assistant","content":null},{"role":"user","content":"More"}]}`},
-		{"all sampling knobs", chat, `{"model":"stories","max_tokens":5,"messages":[{"role":"user","content":"Hi"}],"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"presence_penalty":0.5,"frequency_penalty":0.5,"repetition_penalty":1.1,"seed":-3,"logit_bias":{"13":-100},"user":"u","priority":2,"ignore_eos":true,"stop":["x","y","z","w","v","u"],"stop_token_ids":[13],"stream_options":{"include_usage":true},"tools":[],"tool_choice":"none","response_format":{"type":"text"},"unknown_field":{"a":[1]}}`},
+		{"all sampling knobs", chat, `{"model":"stories","max_tokens":5,"messages":[{"role":"user","content":"Hi"}],"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"presence_penalty":0.5,"frequency_penalty":0.5,"repetition_penalty":1.1,"seed":-3,"logit_bias":{"13":-100},"user":"u","priority":2,"ignore_eos":true,"stop":["x","y","z","w","v","u"],"stop_token_ids":[13],"tools":[],"tool_choice":"none","response_format":{"type":"text"},"unknown_field":{"a":[1]},"skip_special_tokens":true,"min_tokens":0,"use_beam_search":false,"length_penalty":1.0,"return_token_ids":false,"guided_decoding_backend":"xgrammar","echo":false,"modalities":["text"]}`},
 		{"top_p zero", chat, `{"model":"stories","max_tokens":5,"messages":[{"role":"user","content":"Hi"}],"top_p":0}`},
 		{"null fields", comp, `{"model":"stories","prompt":"Once","max_tokens":null,"stop":null,"n":null,"temperature":null,"logprobs":null,"seed":null}`},
 		{"empty string prompt (BOS only)", comp, `{"model":"stories","prompt":"","max_tokens":2}`},
@@ -535,6 +555,65 @@ func FuzzChatRequest(f *testing.F) {
 			}
 			var eb errBody
 			if err := json.Unmarshal(rec.Body.Bytes(), &eb); err != nil || eb.Error == nil || eb.Error.Message == "" {
+				t.Fatalf("%s %q: status %d, body %q", path, body, rec.Code, rec.Body.String())
+			}
+		}
+		if b.opened.Load() != b.closed.Load() {
+			t.Fatalf("streams opened %d, closed %d", b.opened.Load(), b.closed.Load())
+		}
+	})
+}
+
+// A handler with no model yet (a router before its first worker) answers 503 with a
+// message that says so, not a 404 about the model; every response names its request.
+func TestNoModelsYet(t *testing.T) {
+	srv := httptest.NewServer(openai.NewHandler(nil, openai.Options{Logger: discardLogger()}))
+	defer srv.Close()
+	for path, body := range map[string]string{"/v1/chat/completions": `{"model":"m","messages":[{"role":"user","content":"x"}]}`,
+		"/v1/completions": `{"model":"m","prompt":"x"}`, "/v1/embeddings": `{"model":"m","input":"x"}`, "/v1/responses": `{"model":"m","input":"x"}`} {
+		r := do(t, "POST", srv.URL+path, body)
+		checkError(t, path, r, http.StatusServiceUnavailable, "", "no_model", "no worker has joined")
+		if r.header.Get("Retry-After") == "" {
+			t.Errorf("%s: no Retry-After", path)
+		}
+	}
+	r := do(t, "GET", srv.URL+"/v1/models/m", "", "X-Request-Id", "abc-1")
+	checkError(t, "get model", r, http.StatusServiceUnavailable, "", "no_model", "")
+	if r.header.Get("X-Request-Id") != "abc-1" {
+		t.Errorf("request id %q", r.header.Get("X-Request-Id"))
+	}
+	if r := do(t, "GET", srv.URL+"/v1/models", ""); r.status != 200 || !strings.Contains(string(r.body), `"data":[]`) || len(r.header.Get("X-Request-Id")) != 24 {
+		t.Errorf("models: %d %s %v", r.status, r.body, r.header)
+	}
+}
+
+// The Responses, Messages and embeddings parsers: any body gets a 2xx or an error in the
+// endpoint's shape, never a crash, and every stream opened is closed.
+func FuzzAgentAPIs(f *testing.F) {
+	for _, s := range []string{
+		`{"input":"Hi","instructions":"x","max_output_tokens":3}`,
+		`{"input":[{"role":"user","content":[{"type":"input_text","text":"Hi"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"ok"}],"stream":true}`,
+		`{"input":"x","previous_response_id":"resp_x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"f"}}`,
+		`{"max_tokens":3,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"r"}]}],"stream":true}`,
+		`{"max_tokens":3,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":1}},{"type":"thinking","thinking":"hm"}]}]}`,
+		`{"input":["a","b"],"dimensions":4,"encoding_format":"base64"}`,
+		`{"input":[[1,2],[3]]}`, `[]`, `null`, `{"input":null}`, `{"messages":7}`,
+	} {
+		f.Add(s)
+	}
+	m := loadStories(f)
+	b := &fakeBackend{tokens: m.Tokenizer.Encode("Lily went to the park.", false, false)}
+	h := openai.NewHandler([]*openai.Model{{ID: "m", Tokenizer: m.Tokenizer, ContextLen: 128, Backend: b, ChatTemplate: testTemplate}},
+		openai.Options{MaxBodyBytes: 1 << 16, Logger: discardLogger(), Responses: respstore.NewMemory(respstore.Options{})})
+	f.Fuzz(func(t *testing.T, body string) {
+		for _, path := range []string{"/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/embeddings"} {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest("POST", path, strings.NewReader(body)))
+			if rec.Code/100 == 2 {
+				continue
+			}
+			var eb errBody
+			if err := json.Unmarshal(rec.Body.Bytes(), &eb); err != nil || eb.Error == nil || eb.Error.Message == "" || eb.Error.Type == "" {
 				t.Fatalf("%s %q: status %d, body %q", path, body, rec.Code, rec.Body.String())
 			}
 		}

@@ -1,5 +1,6 @@
-// Package openai serves the OpenAI-compatible HTTP API (chat, completions, models, tokenize)
-// over a token-level Backend: the engine in process, or the router over RPC.
+// Package openai serves the OpenAI-compatible HTTP API (chat, completions, models, tokenize,
+// with structured outputs, tool calls and reasoning) over a token-level Backend: the engine
+// in process, or the router over RPC.
 package openai
 
 import (
@@ -8,9 +9,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"tandem/httpserve"
 	"tandem/llm"
 	"tandem/metrics"
 	"tandem/tokenizer"
@@ -48,6 +52,46 @@ type Model struct {
 	Backend    Backend
 	// ChatTemplate, if set, replaces the tokenizer's own chat template.
 	ChatTemplate string
+	// ToolCallParser names the format the model writes tool calls in (ToolCallParsers):
+	// "" or "auto" chooses it from the chat template, "none" turns tool calling off.
+	ToolCallParser string
+	// ReasoningParser (ReasoningParsers): "" or "auto" splits a <think> block off the
+	// answer when the chat template writes one, "think" always, "none" never.
+	ReasoningParser string
+	// NoConstraints says the backend cannot follow grammars (a router whose workers
+	// predate constrained decoding): requests that need one are refused.
+	NoConstraints bool
+	// NoTokenControls says the backend predates min_tokens, allowed_token_ids, prompt
+	// logprobs and embeddings (a router whose workers do): requests that need them are
+	// refused rather than answered as if they were absent.
+	NoTokenControls bool
+	// Pooling is how /v1/embeddings pools the model's hidden states (llm.Poolings);
+	// "" is last-token pooling.
+	Pooling llm.Pooling
+
+	fallbackLogged atomic.Bool // a template fallback was logged once
+}
+
+// template is the model's chat template ("" when it has none).
+func (m *Model) template() string {
+	if m.ChatTemplate != "" {
+		return m.ChatTemplate
+	}
+	return m.Tokenizer.ChatTemplate()
+}
+
+// toolFormat is the tool-call format of the model's output (nil: none).
+func (m *Model) toolFormat() *toolFormat { return toolFormatFor(m.ToolCallParser, m.template()) }
+
+// thinks reports whether the model's output begins with reasoning to split off.
+func (m *Model) thinks() bool {
+	switch m.ReasoningParser {
+	case "think":
+		return true
+	case "none":
+		return false
+	}
+	return templateThinks(m.template())
 }
 
 // Options configures NewHandler.
@@ -58,6 +102,9 @@ type Options struct {
 	APIKey  string
 	Logger  *slog.Logger  // default slog.Default(); one line per request
 	Metrics *metrics.HTTP // refusals and cut streams; nil counts nothing
+	// Responses keeps the Responses API's stored responses (store, previous_response_id,
+	// GET and DELETE /v1/responses/{id}); nil: requests that would store one are refused.
+	Responses ResponseStore
 }
 
 // DefaultMaxBodyBytes is the request body limit when Options.MaxBodyBytes is 0.
@@ -77,12 +124,16 @@ type handler struct {
 	log     *slog.Logger
 	met     *metrics.HTTP
 	mem     memoryReturn
+	store   ResponseStore
 }
 
 // NewHandler returns the API's HTTP handler for models. Routes:
 //
 //	POST /v1/chat/completions
 //	POST /v1/completions
+//	POST /v1/embeddings
+//	POST /v1/responses; GET, DELETE /v1/responses/{id}; GET /v1/responses/{id}/input_items
+//	POST /v1/messages, /v1/messages/count_tokens (Anthropic's Messages API)
 //	GET  /v1/models, /v1/models/{id}
 //	POST /tokenize, /detokenize (vLLM's shapes)
 //
@@ -108,13 +159,18 @@ type handler struct {
 //   - With a seed, choice i of each prompt uses seed+i; choice indexes run
 //     prompt_index*n + i. Without temperature, 1 (OpenAI's default); top_p 0
 //     means greedy.
-//   - Tools, non-text content parts, echo, suffix and best_of other than n
-//     are refused with a 400 naming the field; unknown fields are ignored.
+//   - Structured outputs (response_format, guided_*, structured_outputs) and
+//     forced or strict tool calls constrain the output with a grammar
+//     (llm.Constraint); tool calls and reasoning are parsed out of the text in the
+//     model's format (docs/structured-outputs.md).
+//   - Fields that change the output and are not implemented (non-text content
+//     parts, suffix, best_of other than n, prompt_logprobs, min_tokens, …) are
+//     refused with a 400 naming the field; unknown fields are ignored.
 //
 // It panics if a model is nil, lacks an ID, Tokenizer or Backend, or two
 // models share an ID: those are wiring mistakes.
 func NewHandler(models []*Model, opts Options) http.Handler {
-	h := &handler{byID: map[string]*Model{}, maxBody: opts.MaxBodyBytes, apiKey: opts.APIKey, log: opts.Logger, met: opts.Metrics}
+	h := &handler{byID: map[string]*Model{}, maxBody: opts.MaxBodyBytes, apiKey: opts.APIKey, log: opts.Logger, met: opts.Metrics, store: opts.Responses}
 	if h.maxBody <= 0 {
 		h.maxBody = DefaultMaxBodyBytes
 	}
@@ -127,6 +183,10 @@ func NewHandler(models []*Model, opts Options) http.Handler {
 			panic("openai: a model needs an ID, a Tokenizer and a Backend")
 		case h.byID[m.ID] != nil:
 			panic(fmt.Sprintf("openai: model %q listed twice", m.ID))
+		case m.ToolCallParser != "" && !slices.Contains(ToolCallParsers, m.ToolCallParser):
+			panic(fmt.Sprintf("openai: model %q: unknown tool-call parser %q", m.ID, m.ToolCallParser))
+		case m.ReasoningParser != "" && !slices.Contains(ReasoningParsers, m.ReasoningParser):
+			panic(fmt.Sprintf("openai: model %q: unknown reasoning parser %q", m.ID, m.ReasoningParser))
 		}
 		h.byID[m.ID] = m
 		h.models = append(h.models, m)
@@ -144,7 +204,8 @@ type reqInfo struct {
 // statusWriter records the status written, for the log line.
 type statusWriter struct {
 	http.ResponseWriter
-	status int
+	status    int
+	anthropic bool // errors in Anthropic's shape (/v1/messages)
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -186,29 +247,49 @@ func (h *handler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		if wk := w.Header().Get(WorkerHeader); wk != "" {
 			attrs = append(attrs, "worker", wk)
 		}
+		if id := w.Header().Get(RequestIDHeader); id != "" {
+			attrs = append(attrs, "request_id", id)
+		}
 		h.log.Info("http request", attrs...)
 	}()
 
 	path := r.URL.Path
 	defer h.mem.after(r.ContentLength)
+	if w.Header().Get(RequestIDHeader) == "" { // served without httpserve (tests, embedders)
+		w.Header().Set(RequestIDHeader, httpserve.RequestID(r))
+	}
+	w.anthropic = path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/")
 	if h.apiKey != "" && !h.authorized(r) {
 		h.refused("unauthorized")
 		w.Header().Set("WWW-Authenticate", "Bearer")
 		writeError(w, &apiError{status: http.StatusUnauthorized, typ: "invalid_request_error", code: "invalid_api_key",
-			msg: "Invalid or missing API key: send \"Authorization: Bearer <key>\"."})
+			msg: "Invalid or missing API key: send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\"."})
 		return
 	}
 	var fn func(http.ResponseWriter, *http.Request, *reqInfo)
-	method := http.MethodPost
+	methods := []string{http.MethodPost}
+	get := []string{http.MethodGet}
 	switch {
 	case path == "/v1/chat/completions":
 		fn = h.chatCompletions
 	case path == "/v1/completions":
 		fn = h.completions
+	case path == "/v1/embeddings":
+		fn = h.embeddings
+	case path == "/v1/responses":
+		fn = h.responses
+	case strings.HasPrefix(path, "/v1/responses/") && strings.HasSuffix(path, "/input_items"):
+		fn, methods = h.responseInputItems, get
+	case strings.HasPrefix(path, "/v1/responses/") && len(path) > len("/v1/responses/"):
+		fn, methods = h.storedResponse, []string{http.MethodGet, http.MethodDelete}
+	case path == "/v1/messages":
+		fn = h.messages
+	case path == "/v1/messages/count_tokens":
+		fn = h.countTokens
 	case path == "/v1/models":
-		fn, method = h.listModels, http.MethodGet
+		fn, methods = h.listModels, get
 	case strings.HasPrefix(path, "/v1/models/") && len(path) > len("/v1/models/"):
-		fn, method = h.getModel, http.MethodGet
+		fn, methods = h.getModel, get
 	case path == "/tokenize":
 		fn = h.tokenize
 	case path == "/detokenize":
@@ -218,13 +299,36 @@ func (h *handler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 			msg: fmt.Sprintf("Unknown path %s %s.", r.Method, path)})
 		return
 	}
-	if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
-		w.Header().Set("Allow", method)
+	if !slices.Contains(methods, r.Method) && !(methods[0] == http.MethodGet && r.Method == http.MethodHead) {
+		allow := strings.Join(methods, ", ")
+		w.Header().Set("Allow", allow)
 		writeError(w, &apiError{status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed",
-			msg: fmt.Sprintf("Method %s is not allowed for %s; use %s.", r.Method, path, method)})
+			msg: fmt.Sprintf("Method %s is not allowed for %s; use %s.", r.Method, path, allow)})
 		return
 	}
 	fn(w, r, info)
+}
+
+// RequestIDHeader is the response header that names a request (httpserve sets it,
+// echoing the client's); the request's log line carries it.
+const RequestIDHeader = httpserve.RequestIDHeader
+
+// templateFallback counts the parts of a chat request (tools, tool_calls) the model's
+// chat template does not write, which the server wrote into the messages itself, and
+// logs the first time a model needs it.
+func (h *handler) templateFallback(m *Model, fell []string) {
+	if len(fell) == 0 {
+		return
+	}
+	if h.met != nil {
+		for _, what := range fell {
+			h.met.TemplateFallbacks.WithLabelValues(what).Inc()
+		}
+	}
+	if m.fallbackLogged.CompareAndSwap(false, true) {
+		h.log.Warn("the chat template does not write tools or tool calls; the server writes them into the messages in the model's tool-call format",
+			"model", m.ID, "missing", strings.Join(fell, ","), "format", m.toolFormat().name)
+	}
 }
 
 // refused counts a request refused before any work.
@@ -234,7 +338,12 @@ func (h *handler) refused(reason string) {
 	}
 }
 
+// authorized checks the API key: "Authorization: Bearer KEY" (OpenAI's clients) or
+// "x-api-key: KEY" (Anthropic's).
 func (h *handler) authorized(r *http.Request) bool {
+	if key := r.Header.Get("X-Api-Key"); key != "" {
+		return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(key)), []byte(h.apiKey)) == 1
+	}
 	auth := r.Header.Get("Authorization")
 	const prefix = "Bearer "
 	if len(auth) < len(prefix) || !strings.EqualFold(auth[:len(prefix)], prefix) {
@@ -259,6 +368,11 @@ func (h *handler) resolve(name string, info *reqInfo) (*Model, *apiError) {
 }
 
 func (h *handler) model(name string) (*Model, *apiError) {
+	if len(h.models) == 0 {
+		// A router before its first worker joined: nothing is wrong with the name yet.
+		return nil, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "no_model", retryAfter: "5",
+			msg: "No model is served yet: no worker has joined this router. Retry once an engine has registered."}
+	}
 	if name == "" {
 		if len(h.models) == 1 {
 			return h.models[0], nil
@@ -302,6 +416,11 @@ func (h *handler) listModels(w http.ResponseWriter, r *http.Request, info *reqIn
 func (h *handler) getModel(w http.ResponseWriter, r *http.Request, info *reqInfo) {
 	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
 	info.model = id
+	if len(h.models) == 0 {
+		_, aerr := h.model(id)
+		writeError(w, aerr)
+		return
+	}
 	m := h.byID[id]
 	if m == nil {
 		writeError(w, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", param: "model", code: "model_not_found",

@@ -5,14 +5,15 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"tandem/grammar"
 	"tandem/llm"
 	"tandem/tokenizer"
 )
@@ -39,6 +40,14 @@ type samplingFields struct {
 	User              string             `json:"user"`
 	Priority          int64              `json:"priority"`
 	AddSpecialTokens  *bool              `json:"add_special_tokens"`
+	// vLLM's token-level fields.
+	MinTokens              *int64          `json:"min_tokens"`
+	AllowedTokenIDs        []int64         `json:"allowed_token_ids"`
+	PromptLogprobs         json.RawMessage `json:"prompt_logprobs"`
+	ReturnTokenIDs         *bool           `json:"return_token_ids"`
+	ReturnTokensAsTokenIDs *bool           `json:"return_tokens_as_token_ids"`
+	formatFields
+	refusedFields
 }
 
 type streamOptions struct {
@@ -46,24 +55,33 @@ type streamOptions struct {
 }
 
 type chatMessage struct {
-	Role       string          `json:"role"`
-	Content    json.RawMessage `json:"content"`
-	Name       string          `json:"name"`
-	ToolCalls  json.RawMessage `json:"tool_calls"`
-	ToolCallID string          `json:"tool_call_id"`
+	Role             string          `json:"role"`
+	Content          json.RawMessage `json:"content"`
+	Name             string          `json:"name"`
+	ToolCalls        json.RawMessage `json:"tool_calls"`
+	ToolCallID       string          `json:"tool_call_id"`
+	ReasoningContent *string         `json:"reasoning_content"`
+	Reasoning        *string         `json:"reasoning"`
 }
 
 type chatRequest struct {
 	Model    string        `json:"model"`
 	Messages []chatMessage `json:"messages"`
 	samplingFields
-	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
-	Logprobs            *bool           `json:"logprobs"`
-	TopLogprobs         *int64          `json:"top_logprobs"`
-	Tools               json.RawMessage `json:"tools"`
-	ToolChoice          json.RawMessage `json:"tool_choice"`
-	ResponseFormat      json.RawMessage `json:"response_format"`
-	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+	chatRefusedFields
+	MaxCompletionTokens *int64                     `json:"max_completion_tokens"`
+	Logprobs            *bool                      `json:"logprobs"`
+	TopLogprobs         *int64                     `json:"top_logprobs"`
+	Tools               json.RawMessage            `json:"tools"`
+	ToolChoice          json.RawMessage            `json:"tool_choice"`
+	ParallelToolCalls   *bool                      `json:"parallel_tool_calls"`
+	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
+	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
+	ReasoningEffort     json.RawMessage            `json:"reasoning_effort"`
+	// Echo prepends the final message's content to the answer when it is the assistant's
+	// (vLLM); ContinueFinalMessage leaves the final message open for the model to go on.
+	Echo                 bool `json:"echo"`
+	ContinueFinalMessage bool `json:"continue_final_message"`
 }
 
 type completionRequest struct {
@@ -94,6 +112,25 @@ type job struct {
 	maxTokens    int // as asked; 0 when absent
 	maxParam     string
 	spacePrefix  bool // the tokenizer adds a space before text (SPM); see step
+	out          outputSpec
+
+	// vLLM's token-level answers.
+	tokenIDs       bool     // return_token_ids: the prompt's and the output's token ids
+	idsAsTokens    bool     // return_tokens_as_token_ids: logprob tokens as "token_id:N"
+	promptLogprobs int      // prompt_logprobs: alternatives per prompt token; -1: none
+	minTokens      int      // stop strings apply from this many tokens on
+	echo           []string // per prompt: the text the answer begins with (echo)
+	echoOnly       bool     // echo with max_tokens 0: the prompt alone, no generated token
+}
+
+// outputSpec is how a chat choice's text is read back: its reasoning split off, its tool
+// calls parsed, and, for constrained or tool output, its spaces kept as the tokens have
+// them (a clean-up would change what the grammar allowed).
+type outputSpec struct {
+	reasoning bool      // split a think block off
+	inside    bool      // the prompt opened the think block
+	tools     *toolPlan // parse tool calls in this format; nil: none
+	raw       bool
 }
 
 // addsSpacePrefix reports whether t encodes text with a leading space added
@@ -137,7 +174,24 @@ func newJob(m *Model, f *samplingFields, chat bool, maxTokens *int64, maxParam s
 	} else {
 		j.id = newID("cmpl-")
 	}
+	if f.StreamOptions != nil && !f.Stream {
+		return nil, badRequest("stream_options", "stream_options is only allowed when stream is true.")
+	}
+	if aerr := refuse(f.refusedFields.list()); aerr != nil {
+		return nil, aerr
+	}
 	j.includeUsage = f.Stream && f.StreamOptions != nil && f.StreamOptions.IncludeUsage
+	j.tokenIDs = f.ReturnTokenIDs != nil && *f.ReturnTokenIDs
+	j.idsAsTokens = f.ReturnTokensAsTokenIDs != nil && *f.ReturnTokensAsTokenIDs
+	j.promptLogprobs = -1
+	if !isNull(f.PromptLogprobs) {
+		var n int64
+		if json.Unmarshal(f.PromptLogprobs, &n) != nil || n < 0 || n > llm.MaxTopLogprobs {
+			return nil, badRequest("prompt_logprobs", "prompt_logprobs must be an integer between 0 and %d (alternatives per prompt token), got %s.", llm.MaxTopLogprobs, f.PromptLogprobs)
+		}
+		j.promptLogprobs = int(n)
+		j.req.PromptLogprobs, j.req.PromptTopLogprobs = true, int(n)
+	}
 	j.spacePrefix = addsSpacePrefix(m.Tokenizer)
 	vocab := m.Tokenizer.VocabSize()
 
@@ -219,6 +273,37 @@ func newJob(m *Model, f *samplingFields, chat bool, maxTokens *int64, maxParam s
 			sp.LogitBias[int32(id)] = float32(v)
 		}
 	}
+	if f.MinTokens != nil {
+		switch {
+		case *f.MinTokens < 0:
+			return nil, badRequest("min_tokens", "min_tokens must be at least 0, got %d.", *f.MinTokens)
+		case j.maxTokens > 0 && *f.MinTokens > int64(j.maxTokens):
+			return nil, badRequest("min_tokens", "min_tokens (%d) must not exceed %s (%d).", *f.MinTokens, maxParam, j.maxTokens)
+		}
+		sp.MinTokens = int(min(*f.MinTokens, math.MaxInt32))
+		j.minTokens = sp.MinTokens
+	}
+	if f.AllowedTokenIDs != nil {
+		if len(f.AllowedTokenIDs) == 0 {
+			return nil, badRequest("allowed_token_ids", "allowed_token_ids must not be empty.")
+		}
+		for _, id := range f.AllowedTokenIDs {
+			if id < 0 || id >= int64(vocab) {
+				return nil, badRequest("allowed_token_ids", "allowed_token_ids: token id %d is outside the vocabulary [0, %d).", id, vocab)
+			}
+			sp.AllowedTokens = append(sp.AllowedTokens, int32(id))
+		}
+	}
+	if (sp.MinTokens > 0 || sp.AllowedTokens != nil || j.req.PromptLogprobs) && m.NoTokenControls {
+		param := "min_tokens"
+		switch {
+		case sp.AllowedTokens != nil:
+			param = "allowed_token_ids"
+		case j.req.PromptLogprobs:
+			param = "prompt_logprobs"
+		}
+		return nil, badRequest(param, "%s: the workers serving `%s` predate it and would ignore it; upgrade them.", param, m.ID)
+	}
 	j.req.Sampling = sp
 	j.req.IgnoreEOS = f.IgnoreEOS
 	j.req.Priority = int(max(min(f.Priority, math.MaxInt32), math.MinInt32))
@@ -282,26 +367,81 @@ func chatMessages(in []chatMessage) ([]tokenizer.Message, *apiError) {
 		param := fmt.Sprintf("messages[%d]", i)
 		role := msg.Role
 		switch role {
-		case "system", "user", "assistant":
+		case "system", "user", "assistant", "tool":
 		case "developer":
 			role = "system"
-		case "tool", "function":
-			return nil, badRequest(param+".role", "%s.role: %q messages are not supported: this server does not support tool calling.", param, role)
+		case "function":
+			return nil, badRequest(param+".role", "%s.role: the legacy \"function\" role is not supported; send tool results as \"tool\" messages.", param)
 		case "":
 			return nil, badRequest(param+".role", "%s.role is required.", param)
 		default:
-			return nil, badRequest(param+".role", "%s.role: unknown role %q (use system, developer, user or assistant).", param, role)
-		}
-		if !isNull(msg.ToolCalls) && strings.TrimSpace(string(msg.ToolCalls)) != "[]" {
-			return nil, badRequest(param+".tool_calls", "%s.tool_calls: tool calling is not supported.", param)
+			return nil, badRequest(param+".role", "%s.role: unknown role %q (use system, developer, user, assistant or tool).", param, role)
 		}
 		text, err := messageContent(msg.Content, param+".content", role == "assistant")
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, tokenizer.Message{Role: role, Content: text})
+		tm := tokenizer.Message{Role: role, Content: text, Name: msg.Name}
+		if !isNull(msg.ToolCalls) && strings.TrimSpace(string(msg.ToolCalls)) != "[]" {
+			if role != "assistant" {
+				return nil, badRequest(param+".tool_calls", "%s.tool_calls: only assistant messages make tool calls.", param)
+			}
+			calls, aerr := messageToolCalls(msg.ToolCalls, param+".tool_calls")
+			if aerr != nil {
+				return nil, aerr
+			}
+			tm.ToolCalls = calls
+		}
+		if role == "tool" {
+			tm.ToolCallID = msg.ToolCallID
+		}
+		if role == "assistant" {
+			switch {
+			case msg.ReasoningContent != nil:
+				tm.Reasoning = *msg.ReasoningContent
+			case msg.Reasoning != nil:
+				tm.Reasoning = *msg.Reasoning
+			}
+		}
+		out = append(out, tm)
 	}
 	return out, nil
+}
+
+// messageToolCalls reads an assistant message's tool_calls.
+func messageToolCalls(raw json.RawMessage, param string) ([]tokenizer.ToolCall, *apiError) {
+	var list []struct {
+		ID       string `json:"id"`
+		Type     string `json:"type"`
+		Function *struct {
+			Name      string          `json:"name"`
+			Arguments json.RawMessage `json:"arguments"`
+		} `json:"function"`
+	}
+	if json.Unmarshal(raw, &list) != nil {
+		return nil, badRequest(param, "%s must be a list of {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}.", param)
+	}
+	calls := make([]tokenizer.ToolCall, 0, len(list))
+	for i, c := range list {
+		pp := fmt.Sprintf("%s[%d]", param, i)
+		if c.Type != "" && c.Type != "function" {
+			return nil, badRequest(pp+".type", "%s.type: only function calls are supported, got %q.", pp, c.Type)
+		}
+		if c.Function == nil || c.Function.Name == "" {
+			return nil, badRequest(pp+".function.name", "%s.function.name is required.", pp)
+		}
+		args := "{}"
+		if a := c.Function.Arguments; !isNull(a) {
+			var s string
+			if json.Unmarshal(a, &s) == nil {
+				args = s // OpenAI's form: the arguments' JSON as a string
+			} else {
+				args = string(a) // an object, as some clients send
+			}
+		}
+		calls = append(calls, tokenizer.ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: args})
+	}
+	return calls, nil
 }
 
 // messageContent accepts a string, a list of text parts (joined with "\n",
@@ -342,42 +482,153 @@ func messageContent(raw json.RawMessage, param string, nullOK bool) (string, *ap
 	return strings.Join(texts, "\n"), nil
 }
 
-// renderChat applies the model's chat template.
-func (m *Model) renderChat(msgs []tokenizer.Message, addGenerationPrompt bool) (string, *apiError) {
-	var text string
-	var err error
-	t := m.Tokenizer
-	if m.ChatTemplate != "" {
-		text, err = tokenizer.RenderChatTemplate(m.ChatTemplate, msgs, addGenerationPrompt, t.TokenText(t.BOS()), t.TokenText(t.EOS()))
-	} else {
-		text, err = t.ApplyChatTemplate(msgs, addGenerationPrompt)
-	}
-	switch {
-	case errors.Is(err, tokenizer.ErrNoChatTemplate):
-		return "", badRequest("messages", "The model `%s` has no chat template, so it cannot serve chat completions; use /v1/completions.", m.ID)
-	case err != nil:
-		return "", badRequest("messages", "The chat template cannot be applied to these messages: %v.", strings.TrimPrefix(err.Error(), "tokenizer: "))
-	}
-	return text, nil
+// chatInput is what a chat prompt is rendered from.
+type chatInput struct {
+	messages            []chatMessage
+	addGenerationPrompt *bool
+	continueFinal       bool // the final message is left open: the model goes on with it
+	addSpecial          *bool
+	tools               *toolPlan                  // nil: none
+	vars                map[string]json.RawMessage // chat_template_kwargs, reasoning_effort
 }
 
-// chatPrompt renders and encodes a chat request's messages.
-// With limit > 0, messages that encode to more tokens are refused (see encodeText).
-func (m *Model) chatPrompt(in []chatMessage, addGenerationPrompt, addSpecial *bool, limit int) ([]int32, *apiError) {
-	msgs, aerr := chatMessages(in)
+// renderChat applies the model's chat template. It reports what the template could not
+// write that the server wrote itself (tools, tool_calls).
+func (m *Model) renderChat(in chatInput) (string, []string, *apiError) {
+	msgs, aerr := chatMessages(in.messages)
 	if aerr != nil {
-		return nil, aerr
+		return "", nil, aerr
 	}
-	agp := addGenerationPrompt == nil || *addGenerationPrompt
-	text, aerr := m.renderChat(msgs, agp)
+	tmpl := m.template()
+	if tmpl == "" {
+		return "", nil, badRequest("messages", "The model `%s` has no chat template, so it cannot serve chat completions; use /v1/completions.", m.ID)
+	}
+	msgs, fell := in.tools.messagesForTemplate(tmpl, msgs)
+	opts := tokenizer.ChatOptions{AddGenerationPrompt: !in.continueFinal && (in.addGenerationPrompt == nil || *in.addGenerationPrompt), Vars: in.vars}
+	if in.tools != nil && !slices.Contains(fell, "tools") {
+		for _, t := range in.tools.tools {
+			opts.Tools = append(opts.Tools, t.raw)
+		}
+	}
+	t := m.Tokenizer
+	text, err := tokenizer.RenderChat(tmpl, msgs, opts, t.BOSText(), t.EOSText())
+	if err != nil {
+		return "", nil, badRequest("messages", "The chat template cannot be applied to these messages: %v.", strings.TrimPrefix(err.Error(), "tokenizer: "))
+	}
+	if in.continueFinal {
+		// The rendered text is cut right after the final message's content, so that what
+		// the template writes to close it (an end-of-turn token) is left out (vLLM's rule).
+		last := msgs[len(msgs)-1].Content
+		i := strings.LastIndex(text, last)
+		if last == "" || i < 0 {
+			return "", nil, badRequest("continue_final_message", "continue_final_message: the final message must have content that the chat template writes as it is.")
+		}
+		text = text[:i+len(last)]
+	}
+	return text, fell, nil
+}
+
+// chatPrompt renders and encodes a chat request's messages, and returns the rendered text
+// too. With limit > 0, messages that encode to more tokens are refused (see encodeText).
+func (m *Model) chatPrompt(in chatInput, limit int) ([]int32, string, []string, *apiError) {
+	text, fell, aerr := m.renderChat(in)
 	if aerr != nil {
-		return nil, aerr
+		return nil, "", nil, aerr
 	}
-	ids, ok := encodeText(m.Tokenizer, text, addSpecial, true, limit)
+	ids, ok := encodeText(m.Tokenizer, text, in.addSpecial, true, limit)
 	if !ok {
-		return nil, m.tooLong("messages")
+		return nil, "", nil, m.tooLong("messages")
 	}
-	return ids, nil
+	return ids, text, fell, nil
+}
+
+// templateVars are the template variables of a chat request: chat_template_kwargs, and
+// reasoning_effort for templates that read it.
+func (req *chatRequest) templateVars() (map[string]json.RawMessage, *apiError) {
+	vars := map[string]json.RawMessage{}
+	for k, v := range req.ChatTemplateKwargs {
+		switch k {
+		case "messages", "tools", "add_generation_prompt", "bos_token", "eos_token":
+			return nil, badRequest("chat_template_kwargs", "chat_template_kwargs may not set %q.", k)
+		}
+		vars[k] = v
+	}
+	if !isNull(req.ReasoningEffort) {
+		var effort string
+		if json.Unmarshal(req.ReasoningEffort, &effort) != nil {
+			return nil, badRequest("reasoning_effort", "reasoning_effort must be a string.")
+		}
+		if _, set := vars["reasoning_effort"]; !set {
+			vars["reasoning_effort"] = req.ReasoningEffort
+		}
+	}
+	return vars, nil
+}
+
+// toolPlan reads the request's tools, tool_choice and parallel_tool_calls.
+func (m *Model) toolPlan(req *chatRequest) (*toolPlan, *apiError) {
+	tools, aerr := parseTools(req.Tools)
+	if aerr != nil {
+		return nil, aerr
+	}
+	choice, aerr := parseToolChoice(req.ToolChoice, tools)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if len(tools) == 0 {
+		return nil, nil
+	}
+	p := &toolPlan{format: m.toolFormat(), tools: tools, choice: choice, parallel: req.ParallelToolCalls == nil || *req.ParallelToolCalls}
+	if p.format == nil && choice.mode != "none" {
+		return nil, badRequest("tools", "The model `%s` has no tool-call format: its chat template writes none that this server knows (hermes, llama3_json, mistral); start the server with --tool-call-parser.", m.ID)
+	}
+	return p, nil
+}
+
+// constrain builds the choice's grammar: the format asked for, or the tool calls a plan
+// forces or makes strict, after the reasoning block when the model thinks first.
+func (j *job) constrain(format *outputFormat, plan *toolPlan) *apiError {
+	tools := plan != nil && plan.choice.mode != "none" && plan.constrained()
+	if format == nil && !tools {
+		return nil
+	}
+	param := "tools"
+	if format != nil && !(tools && plan.forced()) {
+		param = format.param
+	}
+	if j.m.NoConstraints {
+		return badRequest(param, "%s: the workers serving `%s` cannot follow a grammar (they predate constrained decoding); upgrade them.", param, j.m.ID)
+	}
+	b := grammar.NewBuilder()
+	var content grammar.Expr
+	if format != nil && !(tools && plan.forced()) {
+		x, err := format.build(b)
+		if err != nil {
+			return badRequest(param, "%s: %v.", param, trimPrefixes(err))
+		}
+		content = x
+	}
+	body := content
+	if tools {
+		x, err := plan.grammar(b, content, format != nil && !plan.forced())
+		if err != nil {
+			return badRequest(param, "%s: %v.", param, trimPrefixes(err))
+		}
+		body = x
+	}
+	if j.out.reasoning {
+		body = grammar.Seq(thinkPrefix(b, j.out.inside), body)
+	}
+	g, err := b.Build(body)
+	if err == nil {
+		_, err = grammar.Compile(g)
+	}
+	if err != nil {
+		return badRequest(param, "%s: %v.", param, trimPrefixes(err))
+	}
+	j.req.Constraint = llm.Constraint{Grammar: g.String()}
+	j.out.raw = true
+	return nil
 }
 
 func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo) (*job, *apiError) {
@@ -385,30 +636,34 @@ func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo
 	if aerr := h.readJSON(w, r, h.maxBody, &req); aerr != nil {
 		return nil, aerr
 	}
+	return h.chatJob(r, &req, info)
+}
+
+// chatJob validates a chat request (from /v1/chat/completions, or made from a Responses
+// or Messages request) into a job.
+func (h *handler) chatJob(r *http.Request, req *chatRequest, info *reqInfo) (*job, *apiError) {
 	m, aerr := h.resolve(req.Model, info)
 	if aerr != nil {
+		return nil, aerr
+	}
+	if aerr := refuse(req.chatRefusedFields.list()); aerr != nil {
 		return nil, aerr
 	}
 	maxTokens, maxParam := req.MaxTokens, "max_tokens"
 	if req.MaxCompletionTokens != nil {
 		maxTokens, maxParam = req.MaxCompletionTokens, "max_completion_tokens"
 	}
-	if !isNull(req.Tools) && strings.TrimSpace(string(req.Tools)) != "[]" {
-		return nil, badRequest("tools", "Tool calling is not supported by this server.")
+	format, aerr := req.format()
+	if aerr != nil {
+		return nil, aerr
 	}
-	if !isNull(req.ToolChoice) {
-		var s string
-		if json.Unmarshal(req.ToolChoice, &s) != nil || (s != "none" && s != "auto") {
-			return nil, badRequest("tool_choice", "Tool calling is not supported by this server; tool_choice may only be \"none\" or \"auto\".")
-		}
+	plan, aerr := m.toolPlan(req)
+	if aerr != nil {
+		return nil, aerr
 	}
-	if !isNull(req.ResponseFormat) {
-		var rf struct {
-			Type string `json:"type"`
-		}
-		if json.Unmarshal(req.ResponseFormat, &rf) != nil || rf.Type != "text" {
-			return nil, badRequest("response_format", "Only response_format {\"type\": \"text\"} is supported.")
-		}
+	vars, aerr := req.templateVars()
+	if aerr != nil {
+		return nil, aerr
 	}
 	j, aerr := newJob(m, &req.samplingFields, true, maxTokens, maxParam)
 	if aerr != nil {
@@ -426,11 +681,30 @@ func parseChat(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo
 	if aerr := j.validateSampling("top_logprobs"); aerr != nil {
 		return nil, aerr
 	}
-	prompt, aerr := m.chatPrompt(req.Messages, req.AddGenerationPrompt, req.AddSpecialTokens, m.ContextLen)
+	in := chatInput{messages: req.Messages, addGenerationPrompt: req.AddGenerationPrompt,
+		addSpecial: req.AddSpecialTokens, tools: plan, vars: vars, continueFinal: req.ContinueFinalMessage}
+	if req.ContinueFinalMessage && req.AddGenerationPrompt != nil && *req.AddGenerationPrompt {
+		return nil, badRequest("continue_final_message", "continue_final_message and add_generation_prompt cannot both be true.")
+	}
+	prompt, text, fell, aerr := m.chatPrompt(in, m.ContextLen)
 	if aerr != nil {
 		return nil, aerr
 	}
+	if n := len(req.Messages); req.Echo && n > 0 && req.Messages[n-1].Role == "assistant" {
+		last, _ := messageContent(req.Messages[n-1].Content, "", true)
+		j.echo = []string{last}
+	}
+	h.templateFallback(m, fell)
 	j.prompts = [][]int32{prompt}
+	if m.thinks() && !promptClosesThinking(text) {
+		j.out.reasoning, j.out.inside = true, promptOpensThinking(text)
+	}
+	if plan != nil && plan.choice.mode != "none" {
+		j.out.tools, j.out.raw = plan, true
+	}
+	if aerr := j.constrain(format, plan); aerr != nil {
+		return nil, aerr
+	}
 	return j, j.checkPrompts()
 }
 
@@ -443,14 +717,26 @@ func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *r
 	if aerr != nil {
 		return nil, aerr
 	}
-	switch {
-	case req.Echo:
-		return nil, badRequest("echo", "echo is not supported.")
-	case req.Suffix != nil && *req.Suffix != "":
+	if req.Suffix != nil && *req.Suffix != "" {
 		return nil, badRequest("suffix", "suffix is not supported.")
 	}
-	j, aerr := newJob(m, &req.samplingFields, false, req.MaxTokens, "max_tokens")
+	format, aerr := req.format()
 	if aerr != nil {
+		return nil, aerr
+	}
+	maxTokens, echoOnly := req.MaxTokens, false
+	if req.Echo && maxTokens != nil && *maxTokens == 0 {
+		// The prompt alone, scored (lm-eval's loglikelihood requests): one token is
+		// generated for the prompt's logprobs to come, and left out (as vLLM does).
+		one := int64(1)
+		maxTokens, echoOnly = &one, true
+	}
+	j, aerr := newJob(m, &req.samplingFields, false, maxTokens, "max_tokens")
+	if aerr != nil {
+		return nil, aerr
+	}
+	j.echoOnly = echoOnly
+	if aerr := j.constrain(format, nil); aerr != nil {
 		return nil, aerr
 	}
 	j.req.Session = session(r, req.User)
@@ -464,22 +750,55 @@ func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *r
 		j.logprobs = true
 		j.req.Sampling.Logprobs = true
 		j.req.Sampling.TopLogprobs = int(*req.Logprobs)
+		if req.Echo && !j.req.PromptLogprobs {
+			// The echoed prompt's tokens get their logprobs too (as vLLM gives them).
+			if m.NoTokenControls {
+				return nil, badRequest("echo", "echo with logprobs: the workers serving `%s` predate prompt logprobs; upgrade them.", m.ID)
+			}
+			j.req.PromptLogprobs, j.req.PromptTopLogprobs = true, int(*req.Logprobs)
+		}
 	}
 	if aerr := j.validateSampling("logprobs"); aerr != nil {
 		return nil, aerr
 	}
-	prompts, aerr := m.completionPrompts(req.Prompt, req.AddSpecialTokens)
+	prompts, texts, aerr := m.completionPrompts(req.Prompt, req.AddSpecialTokens)
 	if aerr != nil {
 		return nil, aerr
 	}
 	j.prompts = prompts
+	if req.Echo {
+		j.echo = texts
+	}
 	return j, j.checkPrompts()
 }
 
 // completionPrompts accepts a string, a list of strings, a list of token ids,
-// or a list of lists of token ids.
-// Texts that encode to more tokens than the context holds are refused (see encodeText).
-func (m *Model) completionPrompts(raw json.RawMessage, addSpecial *bool) ([][]int32, *apiError) {
+// or a list of lists of token ids, and returns each prompt's tokens and text (token ids
+// decoded). Texts that encode to more tokens than the context holds are refused (see
+// encodeText).
+func (m *Model) completionPrompts(raw json.RawMessage, addSpecial *bool) ([][]int32, []string, *apiError) {
+	ids, aerr := m.promptIDs(raw, addSpecial)
+	if aerr != nil {
+		return nil, nil, aerr
+	}
+	texts := make([]string, len(ids))
+	var one string
+	var list []string
+	switch {
+	case json.Unmarshal(raw, &one) == nil:
+		texts[0] = one
+	case json.Unmarshal(raw, &list) == nil && len(list) == len(ids):
+		copy(texts, list)
+	default:
+		for i, p := range ids {
+			texts[i] = m.Tokenizer.Decode(p)
+		}
+	}
+	return ids, texts, nil
+}
+
+// promptIDs is completionPrompts' token ids.
+func (m *Model) promptIDs(raw json.RawMessage, addSpecial *bool) ([][]int32, *apiError) {
 	if isNull(raw) {
 		return nil, badRequest("prompt", "prompt is required.")
 	}

@@ -1,16 +1,19 @@
 package openai
 
 import (
+	"encoding/json"
 	"net/http"
 )
 
 type tokenizeRequest struct {
-	Model               string        `json:"model"`
-	Prompt              *string       `json:"prompt"`
-	Messages            []chatMessage `json:"messages"`
-	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
-	AddSpecialTokens    *bool         `json:"add_special_tokens"`
-	ReturnTokenStrs     bool          `json:"return_token_strs"`
+	Model               string                     `json:"model"`
+	Prompt              *string                    `json:"prompt"`
+	Messages            []chatMessage              `json:"messages"`
+	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
+	AddSpecialTokens    *bool                      `json:"add_special_tokens"`
+	ReturnTokenStrs     bool                       `json:"return_token_strs"`
+	Tools               json.RawMessage            `json:"tools"`
+	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
 }
 
 type tokenizeResponse struct {
@@ -46,7 +49,18 @@ func (h *handler) tokenize(w http.ResponseWriter, r *http.Request, info *reqInfo
 	case req.Prompt != nil:
 		tokens, _ = encodeText(m.Tokenizer, *req.Prompt, req.AddSpecialTokens, false, 0)
 	case req.Messages != nil:
-		tokens, aerr = m.chatPrompt(req.Messages, req.AddGenerationPrompt, req.AddSpecialTokens, 0)
+		// As vLLM's: the chat prompt as chat completions render it, tools included.
+		creq := chatRequest{Tools: req.Tools, ChatTemplateKwargs: req.ChatTemplateKwargs}
+		var plan *toolPlan
+		var vars map[string]json.RawMessage
+		if plan, aerr = m.toolPlan(&creq); aerr == nil {
+			if vars, aerr = creq.templateVars(); aerr == nil {
+				var fell []string
+				tokens, _, fell, aerr = m.chatPrompt(chatInput{messages: req.Messages, addGenerationPrompt: req.AddGenerationPrompt,
+					addSpecial: req.AddSpecialTokens, tools: plan, vars: vars}, 0)
+				h.templateFallback(m, fell)
+			}
+		}
 	default:
 		aerr = badRequest("prompt", "Send a prompt or messages to tokenize.")
 	}

@@ -54,7 +54,7 @@ func TestCheckCard(t *testing.T) {
 }
 
 func TestAddWorkerChecksCard(t *testing.T) {
-	s := newTestState(t, DefaultConfig())
+	s := newTestState(t, testConfig())
 	if _, ok := s.Card(); ok {
 		t.Fatal("card before any worker")
 	}
@@ -76,7 +76,7 @@ func TestAddWorkerChecksCard(t *testing.T) {
 		t.Fatal("refused worker registered")
 	}
 
-	cfg := DefaultConfig()
+	cfg := testConfig()
 	cfg.Card = bad
 	s = newTestState(t, cfg)
 	if err := s.AddWorker(1, testCard); !errors.Is(err, ErrCardMismatch) {

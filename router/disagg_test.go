@@ -6,10 +6,11 @@ import (
 	"tandem/kvcache"
 )
 
-// disaggState has decode workers 1 and 2 and prefill workers 3 and 4.
+// disaggState has decode workers 1 and 2 and prefill workers 3 and 4, idle but for a
+// decode block on 2 and on 4.
 func disaggState(t *testing.T) *State {
 	t.Helper()
-	s := newTestState(t, DefaultConfig())
+	s := newTestState(t, testConfig())
 	for id, role := range map[WorkerID]string{1: RoleDecode, 2: RoleDecode, 3: RolePrefill, 4: RolePrefill} {
 		c := testCard
 		c.Role = role
@@ -17,6 +18,9 @@ func disaggState(t *testing.T) *State {
 			t.Fatal(err)
 		}
 	}
+	// One decode block on 2 and 4: 1 and 3 win when nothing else differs.
+	setLoad(t, s, 2, load{decode: 1})
+	setLoad(t, s, 4, load{decode: 1})
 	return s
 }
 
@@ -90,12 +94,12 @@ func TestDecideDisagg(t *testing.T) {
 
 // Without a prefill pool, DecideDisagg is Decide; with only prefill workers, they decode.
 func TestDecideDisaggWithoutPools(t *testing.T) {
-	s := newTestState(t, DefaultConfig(), 1, 2)
+	s := newTestState(t, testConfig(), 1, 2)
 	d, err := DecideDisagg(s, req(toks(0, 40*testBlock)), DisaggConfig{MinRemoteTokens: 1})
 	if err != nil || d.Where != PrefillLocal || d.Reason != ReasonAggregated || d.Prefill != nil {
 		t.Errorf("aggregated cluster: %+v, %v", d, err)
 	}
-	s = newTestState(t, DefaultConfig())
+	s = newTestState(t, testConfig())
 	c := testCard
 	c.Role = RolePrefill
 	if err := s.AddWorker(7, c); err != nil {

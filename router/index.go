@@ -1,14 +1,17 @@
 package router
 
 import (
+	"math/bits"
 	"slices"
+	"sync"
+	"sync/atomic"
+	"unsafe"
 
 	"tandem/kvcache"
 )
 
 // WorkerID names a worker inside the router. The registry assigns it when the
-// worker registers; the core only compares and orders ids (ties go to the
-// lowest).
+// worker registers; the core only compares and orders ids.
 type WorkerID uint32
 
 // Tier bits of the index. A block's tier mask has bit t set when the worker
@@ -20,30 +23,106 @@ const (
 	usedBits = devBit | hostBit // tiers that count as cached for routing
 )
 
-// holder is one worker holding one block, in the tiers of mask.
-type holder struct {
-	w    WorkerID
-	mask uint8
+// The index's layout. Hashes are spread over shards, each an open-addressing table of
+// sequence hash → holders with its own lock. Workers are numbered by dense slots: a
+// holder is a slot and a tier mask in 32 bits, a block held by one worker (the common
+// case) is one 12-byte table entry, one held by a few a sorted list of such holders,
+// one held by many two bitmaps over the slots. A worker's slot is retired, not
+// cleaned, when it is reset from a snapshot or removed: lookups ignore retired slots,
+// and Sweep purges their entries later, a shard chunk at a time, before the slot is
+// used again.
+const (
+	shardBits  = 5
+	numShards  = 1 << shardBits
+	slotBits   = 23 // a holder: slot << 8 | tier mask
+	maxSlots   = 1 << slotBits
+	multiBit   = uint32(1) << 31 // a value naming a holder set rather than one holder
+	listMax    = 48              // holders of a set kept as a sorted list; more become bitmaps
+	sweepChunk = 4096            // table entries swept under one shard lock
+	applyChunk = 128             // blocks changed under one shard lock: a lookup waits for no more
+)
+
+// holder packs a slot and a tier mask.
+func holder(slot uint32, mask uint8) uint32 { return slot<<8 | uint32(mask) }
+
+func holderSlot(v uint32) uint32 { return v >> 8 }
+
+func holderMask(v uint32) uint8 { return uint8(v) }
+
+// A holderSet is the holders of a block held by more than one worker: a list sorted by
+// slot while small, else bitmaps of the slots holding it in the device and in the host
+// tier (the tiers that count for routing; other tiers' bits are not kept in bitmaps).
+type holderSet struct {
+	list []uint32
+	bits *setBits
+	fp   uint64 // XOR of holderFP over the holders: equal sets, equal fingerprints
 }
 
-// workerBlocks is what the index knows of one worker.
-type workerBlocks struct {
-	last   uint64           // id of the last event applied (or of the snapshot)
-	blocks map[uint64]uint8 // sequence hash → tier mask
+// holderFP is a holder's share of a set's fingerprint: its slot and its device and host
+// bits (the only tiers a lookup reads), 0 for a holder in neither.
+func holderFP(h uint32) uint64 {
+	if h&uint32(usedBits) == 0 {
+		return 0
+	}
+	x := uint64(h&^0xff|h&uint32(usedBits)) + 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
 }
 
-// A Match is one worker's share of a prompt's leading blocks.
-type Match struct {
-	Worker WorkerID
-	Device int // leading blocks held in the device tier
-	Host   int // leading blocks held in the device or the host tier (≥ Device)
+// fpOf is the fingerprint of the holders v of a block of sh.
+func fpOf(sh *shard, v uint32) uint64 {
+	if v&multiBit == 0 {
+		return holderFP(v)
+	}
+	return sh.sets[v&^multiBit].fp
 }
 
-// alive is a worker whose run of leading blocks is still unbroken while
-// Overlap walks a prompt; dev is where its device run ended, -1 if it has not.
-type alive struct {
-	w   WorkerID
-	dev int
+type setBits struct {
+	dev, host []uint64
+	n         int // slots with a bit in either
+}
+
+// workerRec is what the index knows of one worker. mu serialises the worker's events,
+// resets and removal; slot is written with the index's wmu held for writing.
+type workerRec struct {
+	mu      sync.Mutex
+	id      WorkerID
+	slot    uint32
+	last    atomic.Uint64 // id of the last event applied (or of the snapshot)
+	blocks  atomic.Int64  // blocks held, in any tier
+	tiers   uint8         // tiers it has stored blocks in since its slot was assigned
+	removed bool
+	scratch []uint64 // updateAll's
+}
+
+// An entry is a hash and its value, 12 bytes, so that a probe reads one cache line (the
+// hash split in halves keeps the entry 4-byte aligned, with no padding).
+type entry struct{ lo, hi, v uint32 }
+
+func (e *entry) key() uint64 { return uint64(e.lo) | uint64(e.hi)<<32 }
+
+func (e *entry) setKey(k uint64) { e.lo, e.hi = uint32(k), uint32(k>>32) }
+
+type shard struct {
+	mu   sync.RWMutex
+	tab  []entry // the table; a zero key is empty (hash 0 lives in zero)
+	n    int
+	zero uint32 // the value of hash 0; 0: none
+	sets []holderSet
+	free []uint32 // unused set indices
+
+	cursor int           // Sweep's position in tab
+	passes atomic.Uint64 // Sweep's completed passes over tab
+
+	_ [64]byte // keep shards' locks on separate cache lines
+}
+
+// retiredSlot is a slot whose entries Sweep must purge before it is used again: free
+// once every shard has completed a pass that started after the retirement.
+type retiredSlot struct {
+	slot uint32
+	need [numShards]uint64
 }
 
 // An Index is the router's global view of the workers' prefix caches: for every
@@ -51,29 +130,451 @@ type alive struct {
 // each worker's KV event stream (docs/kv-events.md) and answers, for a prompt's
 // block hashes, how many leading blocks each worker holds.
 //
-// An Index is not safe for concurrent use; the router serialises access to its
-// State, which owns one.
+// An Index is safe for concurrent use. Lookups take every shard's read lock and run
+// beside each other; events, resets and sweeps take one shard's write lock at a time,
+// briefly (a reset adds its snapshot a chunk at a time), so lookups do not wait for a
+// whole batch or snapshot, and events of different workers apply in parallel. One
+// worker's events, resets and removal are serialised.
 type Index struct {
-	holders map[uint64][]holder // hash → holders sorted by worker
-	workers map[WorkerID]*workerBlocks
-	scratch []alive
+	shards [numShards]shard
+
+	wmu     sync.RWMutex // guards workers, owner, live, retired, freeSlots; taken before any shard lock
+	workers map[WorkerID]*workerRec
+	owner   []WorkerID // slot → worker
+	live    []uint64   // bitmap of the slots in use
+	retired []retiredSlot
+	free    []uint32 // slots free for reuse
+
+	dead      atomic.Int64 // retired slots not freed yet: Sweep has work
+	sweepNext atomic.Uint32
+	walks     sync.Pool // *Walk, for OverlapInto
 }
 
 // NewIndex returns an empty index.
 func NewIndex() *Index {
-	return &Index{
-		holders: make(map[uint64][]holder),
-		workers: make(map[WorkerID]*workerBlocks),
+	x := &Index{workers: make(map[WorkerID]*workerRec)}
+	for i := range x.shards {
+		x.shards[i].init(16)
+	}
+	return x
+}
+
+func (sh *shard) init(capacity int) {
+	sh.tab = make([]entry, capacity)
+	sh.n = 0
+}
+
+// mix spreads a hash over shards (top bits) and table positions (middle bits); sequence
+// hashes are random already, but tests and callers may use small numbers.
+func mix(h uint64) uint64 { return h * 0x9e3779b97f4a7c15 }
+
+func (x *Index) shardOf(h uint64) *shard { return &x.shards[mix(h)>>(64-shardBits)] }
+
+// find returns the position of h in sh's table, or -1. h != 0.
+func (sh *shard) find(h uint64) int {
+	m := len(sh.tab) - 1
+	i := int(mix(h)>>24) & m
+	for {
+		k := sh.tab[i].key()
+		if k == h {
+			return i
+		}
+		if k == 0 {
+			return -1
+		}
+		i = (i + 1) & m
 	}
 }
 
-func (x *Index) worker(w WorkerID) *workerBlocks {
-	wb := x.workers[w]
-	if wb == nil {
-		wb = &workerBlocks{blocks: make(map[uint64]uint8)}
-		x.workers[w] = wb
+// get returns h's value, 0 if none.
+func (sh *shard) get(h uint64) uint32 {
+	if h == 0 {
+		return sh.zero
 	}
-	return wb
+	if i := sh.find(h); i >= 0 {
+		return sh.tab[i].v
+	}
+	return 0
+}
+
+// slotFor returns the position of h, inserting it (value 0) if absent. h != 0.
+func (sh *shard) slotFor(h uint64) int {
+	if (sh.n+1)*5 > len(sh.tab)*4 {
+		sh.grow(2 * len(sh.tab))
+	}
+	m := len(sh.tab) - 1
+	i := int(mix(h)>>24) & m
+	for {
+		k := sh.tab[i].key()
+		if k == h {
+			return i
+		}
+		if k == 0 {
+			sh.tab[i].setKey(h)
+			sh.n++
+			return i
+		}
+		i = (i + 1) & m
+	}
+}
+
+func (sh *shard) grow(capacity int) {
+	old := sh.tab
+	sh.tab = make([]entry, capacity)
+	m := capacity - 1
+	for _, e := range old {
+		k := e.key()
+		if k == 0 {
+			continue
+		}
+		i := int(mix(k)>>24) & m
+		for sh.tab[i].key() != 0 {
+			i = (i + 1) & m
+		}
+		sh.tab[i] = e
+	}
+	sh.cursor = 0
+}
+
+// del empties position i, shifting later entries of its probe run back (no tombstones).
+func (sh *shard) del(i int) {
+	m := len(sh.tab) - 1
+	sh.n--
+	for {
+		sh.tab[i] = entry{}
+		j := i
+		for {
+			j = (j + 1) & m
+			k := sh.tab[j].key()
+			if k == 0 {
+				return
+			}
+			home := int(mix(k)>>24) & m
+			// k may move to i if its home is not in (i, j] (cyclically).
+			if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
+				sh.tab[i] = sh.tab[j]
+				i = j
+				break
+			}
+		}
+	}
+}
+
+// newSet stores s and returns its value.
+func (sh *shard) newSet(s holderSet) uint32 {
+	if n := len(sh.free); n > 0 {
+		i := sh.free[n-1]
+		sh.free = sh.free[:n-1]
+		sh.sets[i] = s
+		return multiBit | i
+	}
+	sh.sets = append(sh.sets, s)
+	return multiBit | uint32(len(sh.sets)-1)
+}
+
+func (sh *shard) freeSet(v uint32) {
+	i := v &^ multiBit
+	sh.sets[i] = holderSet{}
+	sh.free = append(sh.free, i)
+}
+
+// Blocks' transitions for a worker: entered (held in no tier before) or left (in none
+// after).
+const (
+	noChange = iota
+	entered
+	left
+)
+
+// change sets slot's mask of the block whose value is v to mask(old) with set added and
+// clear removed, and returns the new value (0: nobody holds it) and the transition.
+// Retired slots met on the way are dropped. Called with the shard's write lock and the
+// index's wmu held (for reading at least).
+func (x *Index) change(sh *shard, v uint32, slot uint32, set, clear uint8) (uint32, int) {
+	switch {
+	case v == 0:
+		if set == 0 {
+			return 0, noChange
+		}
+		return holder(slot, set), entered
+	case v&multiBit == 0:
+		s, m := holderSlot(v), holderMask(v)
+		if s == slot {
+			nm := (m | set) &^ clear
+			switch {
+			case nm == 0:
+				return 0, left
+			case m == 0:
+				return holder(slot, nm), entered
+			}
+			return holder(slot, nm), noChange
+		}
+		if set == 0 {
+			return v, noChange
+		}
+		if !x.isLive(s) {
+			return holder(slot, set), entered
+		}
+		a, b := v, holder(slot, set)
+		if slot < s {
+			a, b = b, a
+		}
+		return sh.newSet(holderSet{list: []uint32{a, b}, fp: holderFP(a) ^ holderFP(b)}), entered
+	}
+	hs := &sh.sets[v&^multiBit]
+	var tr int
+	if hs.bits != nil {
+		tr = x.changeBits(hs, slot, set, clear)
+	} else {
+		tr = x.changeList(hs, slot, set, clear)
+	}
+	// Shrink: one holder left becomes a plain value, none frees the set.
+	if hs.bits == nil && len(hs.list) <= 1 {
+		nv := uint32(0)
+		if len(hs.list) == 1 {
+			nv = hs.list[0]
+		}
+		sh.freeSet(v)
+		return nv, tr
+	}
+	if hs.bits != nil && hs.bits.n == 0 {
+		sh.freeSet(v)
+		return 0, tr
+	}
+	return v, tr
+}
+
+func (x *Index) changeList(hs *holderSet, slot uint32, set, clear uint8) int {
+	// Drop retired holders while the list is being rewritten anyway.
+	if x.dead.Load() > 0 {
+		hs.list = slices.DeleteFunc(hs.list, func(h uint32) bool {
+			if holderSlot(h) != slot && !x.isLive(holderSlot(h)) {
+				hs.fp ^= holderFP(h)
+				return true
+			}
+			return false
+		})
+	}
+	i, found := slices.BinarySearchFunc(hs.list, slot, func(h uint32, s uint32) int {
+		switch hs := holderSlot(h); {
+		case hs < s:
+			return -1
+		case hs > s:
+			return 1
+		}
+		return 0
+	})
+	var m uint8
+	if found {
+		m = holderMask(hs.list[i])
+	}
+	nm := (m | set) &^ clear
+	switch {
+	case found && nm == 0:
+		hs.fp ^= holderFP(hs.list[i])
+		hs.list = slices.Delete(hs.list, i, i+1)
+		return left
+	case found:
+		hs.fp ^= holderFP(hs.list[i]) ^ holderFP(holder(slot, nm))
+		hs.list[i] = holder(slot, nm)
+		return noChange
+	case nm == 0:
+		return noChange
+	}
+	hs.fp ^= holderFP(holder(slot, nm))
+	hs.list = slices.Insert(hs.list, i, holder(slot, nm))
+	if len(hs.list) > listMax {
+		b := &setBits{}
+		for _, h := range hs.list {
+			b.put(holderSlot(h), holderMask(h))
+		}
+		hs.list, hs.bits = nil, b
+	}
+	return entered
+}
+
+// put records slot with mask m (only the device and host bits are kept) in b.
+func (b *setBits) put(slot uint32, m uint8) {
+	w := int(slot / 64)
+	for len(b.dev) <= w {
+		b.dev = append(b.dev, 0)
+		b.host = append(b.host, 0)
+	}
+	bit := uint64(1) << (slot % 64)
+	had := (b.dev[w]|b.host[w])&bit != 0
+	b.dev[w] &^= bit
+	b.host[w] &^= bit
+	if m&devBit != 0 {
+		b.dev[w] |= bit
+	}
+	if m&hostBit != 0 {
+		b.host[w] |= bit
+	}
+	switch now := m&usedBits != 0; {
+	case now && !had:
+		b.n++
+	case had && !now:
+		b.n--
+	}
+}
+
+func (b *setBits) mask(slot uint32) uint8 {
+	w := int(slot / 64)
+	if w >= len(b.dev) {
+		return 0
+	}
+	bit := uint64(1) << (slot % 64)
+	var m uint8
+	if b.dev[w]&bit != 0 {
+		m |= devBit
+	}
+	if b.host[w]&bit != 0 {
+		m |= hostBit
+	}
+	return m
+}
+
+// changeBits is changeList for a bitmap set. A bitmap keeps only the device and host
+// bits, so a block held in a bitmap set in another tier (disk, remote) is not counted
+// for the worker: such tiers emit no events yet.
+func (x *Index) changeBits(hs *holderSet, slot uint32, set, clear uint8) int {
+	b := hs.bits
+	if x.dead.Load() > 0 {
+		x.purgeBits(hs)
+	}
+	m := b.mask(slot)
+	nm := (m | set) &^ clear
+	b.put(slot, nm)
+	hs.fp ^= holderFP(holder(slot, m)) ^ holderFP(holder(slot, nm&usedBits))
+	switch {
+	case m == 0 && nm&usedBits != 0:
+		return entered
+	case m != 0 && nm&usedBits == 0:
+		return left
+	}
+	return noChange
+}
+
+// purgeBits drops retired slots from a bitmap set: one AND per word.
+func (x *Index) purgeBits(hs *holderSet) {
+	b := hs.bits
+	for w := range b.dev {
+		lv := uint64(0)
+		if w < len(x.live) {
+			lv = x.live[w]
+		}
+		for gone := (b.dev[w] | b.host[w]) &^ lv; gone != 0; gone &= gone - 1 {
+			slot := uint32(w*64 + bits.TrailingZeros64(gone))
+			hs.fp ^= holderFP(holder(slot, b.mask(slot)))
+			b.n--
+		}
+		b.dev[w] &= lv
+		b.host[w] &= lv
+	}
+}
+
+// isLive reports whether slot is in use. Called with wmu held.
+func (x *Index) isLive(slot uint32) bool {
+	w := int(slot / 64)
+	return w < len(x.live) && x.live[w]&(1<<(slot%64)) != 0
+}
+
+// update applies set/clear for slot to h. Called with wmu held for reading; takes h's
+// shard's write lock.
+func (x *Index) update(rec *workerRec, h uint64, set, clear uint8) {
+	sh := x.shardOf(h)
+	sh.mu.Lock()
+	x.updateLocked(sh, rec, h, set, clear)
+	sh.mu.Unlock()
+}
+
+func (x *Index) updateLocked(sh *shard, rec *workerRec, h uint64, set, clear uint8) {
+	var v uint32
+	i := -1
+	if h == 0 {
+		v = sh.zero
+	} else if set != 0 {
+		i = sh.slotFor(h)
+		v = sh.tab[i].v
+	} else if i = sh.find(h); i >= 0 {
+		v = sh.tab[i].v
+	} else {
+		return
+	}
+	nv, tr := x.change(sh, v, rec.slot, set, clear)
+	switch {
+	case h == 0:
+		sh.zero = nv
+	case nv == 0:
+		sh.del(i)
+	default:
+		sh.tab[i].v = nv
+	}
+	switch tr {
+	case entered:
+		rec.blocks.Add(1)
+	case left:
+		rec.blocks.Add(-1)
+	}
+}
+
+// lockRec returns worker w's record with its mu locked, creating it (with a slot) if
+// the index has not seen w.
+func (x *Index) lockRec(w WorkerID) *workerRec {
+	for {
+		x.wmu.RLock()
+		rec := x.workers[w]
+		x.wmu.RUnlock()
+		if rec == nil {
+			x.wmu.Lock()
+			if rec = x.workers[w]; rec == nil {
+				rec = &workerRec{id: w, slot: x.newSlotLocked(w)}
+				x.workers[w] = rec
+			}
+			x.wmu.Unlock()
+		}
+		rec.mu.Lock()
+		if !rec.removed {
+			return rec
+		}
+		rec.mu.Unlock() // removed meanwhile: a new record is made
+	}
+}
+
+// newSlotLocked gives w a slot. Called with wmu held for writing.
+func (x *Index) newSlotLocked(w WorkerID) uint32 {
+	var s uint32
+	if n := len(x.free); n > 0 {
+		s = x.free[n-1]
+		x.free = x.free[:n-1]
+	} else {
+		s = uint32(len(x.owner))
+		if s >= maxSlots {
+			panic("router: more than 8M worker slots in the KV index")
+		}
+		x.owner = append(x.owner, 0)
+	}
+	x.owner[s] = w
+	for int(s/64) >= len(x.live) {
+		x.live = append(x.live, 0)
+	}
+	x.live[s/64] |= 1 << (s % 64)
+	return s
+}
+
+// retireLocked takes rec's slot out of use; Sweep purges its entries. Called with wmu
+// held for writing and rec.mu.
+func (x *Index) retireLocked(rec *workerRec) {
+	s := rec.slot
+	x.live[s/64] &^= 1 << (s % 64)
+	r := retiredSlot{slot: s}
+	for i := range x.shards {
+		r.need[i] = x.shards[i].passes.Load() + 2
+	}
+	x.retired = append(x.retired, r)
+	x.dead.Add(1)
+	rec.blocks.Store(0)
+	rec.tiers = 0
 }
 
 // Apply applies worker w's event ev, following docs/kv-events.md. An event
@@ -88,32 +589,79 @@ func (x *Index) worker(w WorkerID) *workerBlocks {
 // Events of unknown kinds, and of tiers the index does not track, advance the
 // ID and change nothing.
 func (x *Index) Apply(w WorkerID, ev kvcache.Event) (gap bool) {
-	wb := x.worker(w)
-	if ev.ID <= wb.last {
+	rec := x.lockRec(w)
+	defer rec.mu.Unlock()
+	last := rec.last.Load()
+	if ev.ID <= last {
 		return false
 	}
-	if ev.ID != wb.last+1 {
+	if ev.ID != last+1 {
 		return true
 	}
-	wb.last = ev.ID
+	rec.last.Store(ev.ID)
 	if ev.Tier >= maxTiers {
 		return false
 	}
 	bit := uint8(1) << ev.Tier
 	switch ev.Kind {
 	case kvcache.EventStored:
-		for _, h := range ev.Hashes {
-			x.add(w, wb, h, bit)
-		}
+		rec.tiers |= bit
+		x.updateAll(rec, ev.Hashes, bit, 0)
 	case kvcache.EventRemoved:
-		for _, h := range ev.Hashes {
-			x.remove(w, wb, h, bit)
-		}
+		x.updateAll(rec, ev.Hashes, 0, bit)
 	case kvcache.EventCleared:
-		for h, m := range wb.blocks {
-			if m&bit != 0 {
-				x.setMask(w, wb, h, m&^bit)
+		x.clearTier(rec, bit)
+	}
+	return false
+}
+
+// clearTier drops every block rec holds in the tier of bit. Called with rec.mu held.
+func (x *Index) clearTier(rec *workerRec, bit uint8) {
+	if rec.tiers&^bit == 0 { // nothing in other tiers: a fresh slot is the same and O(1)
+		x.wmu.Lock()
+		x.retireLocked(rec)
+		rec.slot = x.newSlotLocked(rec.id)
+		x.wmu.Unlock()
+		return
+	}
+	// Blocks in other tiers too: walk the tables for rec's entries.
+	x.wmu.RLock()
+	defer x.wmu.RUnlock()
+	for si := range x.shards {
+		sh := &x.shards[si]
+		sh.mu.Lock()
+		if sh.zero != 0 {
+			x.updateLocked(sh, rec, 0, 0, bit)
+		}
+		for i := 0; i < len(sh.tab); {
+			k := sh.tab[i].key()
+			if k == 0 || !x.holds(sh, sh.tab[i].v, rec.slot) {
+				i++
+				continue
 			}
+			n := sh.n
+			x.updateLocked(sh, rec, k, 0, bit)
+			if sh.n == n || sh.tab[i].key() == k {
+				i++ // not deleted (else a later entry may have shifted into i)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	rec.tiers &^= bit
+}
+
+// holds reports whether the holders v include slot.
+func (x *Index) holds(sh *shard, v uint32, slot uint32) bool {
+	if v&multiBit == 0 {
+		return v != 0 && holderSlot(v) == slot
+	}
+	hs := &sh.sets[v&^multiBit]
+	if hs.bits != nil {
+		return hs.bits.mask(slot) != 0
+	}
+	for _, h := range hs.list {
+		if holderSlot(h) == slot {
+			return true
 		}
 	}
 	return false
@@ -121,56 +669,318 @@ func (x *Index) Apply(w WorkerID, ev kvcache.Event) (gap bool) {
 
 // Reset replaces everything the index holds for worker w by the snapshot
 // (whose blocks are all in snap.Tier) and continues from its LastID: the next
-// event applied is LastID+1.
+// event applied is LastID+1. The worker's old entries are dropped at once (its slot is
+// retired) and the snapshot's blocks are added a chunk at a time, so lookups meanwhile
+// see part of it; w's events wait until Reset returns.
 func (x *Index) Reset(w WorkerID, snap kvcache.Snapshot) {
-	wb := x.worker(w)
-	x.drop(w, wb)
-	wb.last = snap.LastID
-	if snap.Tier >= maxTiers {
+	rec := x.lockRec(w)
+	defer rec.mu.Unlock()
+	x.wmu.Lock()
+	x.retireLocked(rec)
+	rec.slot = x.newSlotLocked(w)
+	x.wmu.Unlock()
+	rec.last.Store(snap.LastID)
+	if snap.Tier >= maxTiers || len(snap.Blocks) == 0 {
 		return
 	}
 	bit := uint8(1) << snap.Tier
-	for _, b := range snap.Blocks {
-		x.add(w, wb, b.Hash, bit)
+	rec.tiers |= bit
+	hs := make([]uint64, len(snap.Blocks))
+	for i, b := range snap.Blocks {
+		hs[i] = b.Hash
+	}
+	x.updateAll(rec, hs, bit, 0)
+}
+
+// updateAll applies set/clear for rec's slot to every hash of hs, grouped by shard (a
+// counting sort into rec's scratch) so that each shard's write lock is taken once per
+// applyChunk hashes rather than once per hash. Called with rec.mu held.
+func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
+	x.wmu.RLock()
+	defer x.wmu.RUnlock()
+	if len(hs) <= 4 {
+		for _, h := range hs {
+			x.update(rec, h, set, clear)
+		}
+		return
+	}
+	var start [numShards + 1]int
+	for _, h := range hs {
+		start[mix(h)>>(64-shardBits)+1]++
+	}
+	for i := 1; i <= numShards; i++ {
+		start[i] += start[i-1]
+	}
+	if cap(rec.scratch) < len(hs) {
+		rec.scratch = make([]uint64, len(hs))
+	}
+	by := rec.scratch[:len(hs)]
+	pos := start
+	for _, h := range hs {
+		sh := mix(h) >> (64 - shardBits)
+		by[pos[sh]] = h
+		pos[sh]++
+	}
+	for si := range numShards {
+		part := by[start[si]:start[si+1]]
+		sh := &x.shards[si]
+		for len(part) > 0 {
+			n := min(len(part), applyChunk)
+			sh.mu.Lock()
+			for _, h := range part[:n] {
+				x.updateLocked(sh, rec, h, set, clear)
+			}
+			sh.mu.Unlock()
+			part = part[n:]
+		}
+	}
+	if cap(rec.scratch) > 1<<16 {
+		rec.scratch = nil // a snapshot's worth: do not keep it
 	}
 }
 
 // RemoveWorker forgets worker w: its blocks and its last event ID.
 func (x *Index) RemoveWorker(w WorkerID) {
-	if wb := x.workers[w]; wb != nil {
-		x.drop(w, wb)
-		delete(x.workers, w)
+	x.wmu.RLock()
+	rec := x.workers[w]
+	x.wmu.RUnlock()
+	if rec == nil {
+		return
 	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.removed {
+		return
+	}
+	x.wmu.Lock()
+	x.retireLocked(rec)
+	delete(x.workers, w)
+	rec.removed = true
+	x.wmu.Unlock()
+}
+
+// Reserve sizes the tables for n more entries, so that the events that fill them do not
+// grow the tables (each growth copies a shard under its lock). The router reserves a
+// worker's KV capacity when it registers.
+func (x *Index) Reserve(n int) {
+	x.wmu.RLock()
+	defer x.wmu.RUnlock()
+	per := (n + numShards - 1) / numShards
+	for i := range x.shards {
+		sh := &x.shards[i]
+		sh.mu.Lock()
+		want := sh.n + per
+		c := len(sh.tab)
+		for want*5 > c*4 {
+			c *= 2
+		}
+		if c > len(sh.tab) {
+			sh.grow(c)
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Sweep purges up to budget table entries' worth of retired slots' entries and returns
+// the entries it looked at (0 when nothing is left to purge). Call it from time to time
+// (the live router does on its heartbeat ticker); Compact sweeps until nothing is left.
+func (x *Index) Sweep(budget int) int {
+	if x.dead.Load() == 0 {
+		return 0
+	}
+	done := 0
+	for done < budget {
+		s := int(x.sweepNext.Add(1)-1) % numShards
+		n := x.sweepShard(&x.shards[s], min(sweepChunk, budget-done))
+		done += n
+		if s == numShards-1 {
+			x.freeSlots()
+			if x.dead.Load() == 0 {
+				break
+			}
+		}
+	}
+	return done
+}
+
+// Compact sweeps until every retired slot is free: Len then counts only the blocks of
+// workers in the index.
+func (x *Index) Compact() {
+	for x.dead.Load() > 0 {
+		if x.Sweep(1<<20) == 0 {
+			x.freeSlots()
+		}
+	}
+}
+
+func (x *Index) sweepShard(sh *shard, budget int) int {
+	x.wmu.RLock()
+	defer x.wmu.RUnlock()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.zero != 0 {
+		sh.zero = x.purge(sh, sh.zero)
+	}
+	n := 0
+	for n < budget {
+		if sh.cursor >= len(sh.tab) {
+			sh.cursor = 0
+			sh.passes.Add(1)
+			break
+		}
+		i := sh.cursor
+		n++
+		v := sh.tab[i].v
+		if sh.tab[i].key() == 0 {
+			sh.cursor++
+			continue
+		}
+		if nv := x.purge(sh, v); nv != 0 {
+			sh.tab[i].v = nv
+			sh.cursor++
+			continue
+		}
+		sh.del(i) // a later entry may shift into i: look at i again
+	}
+	return n
+}
+
+// purge drops retired slots from the holders v and returns what is left (0: none).
+func (x *Index) purge(sh *shard, v uint32) uint32 {
+	if v&multiBit == 0 {
+		if x.isLive(holderSlot(v)) {
+			return v
+		}
+		return 0
+	}
+	hs := &sh.sets[v&^multiBit]
+	if hs.bits != nil {
+		x.purgeBits(hs)
+		if hs.bits.n == 0 {
+			sh.freeSet(v)
+			return 0
+		}
+		return v
+	}
+	hs.list = slices.DeleteFunc(hs.list, func(h uint32) bool {
+		if !x.isLive(holderSlot(h)) {
+			hs.fp ^= holderFP(h)
+			return true
+		}
+		return false
+	})
+	switch len(hs.list) {
+	case 0:
+		sh.freeSet(v)
+		return 0
+	case 1:
+		nv := hs.list[0]
+		sh.freeSet(v)
+		return nv
+	}
+	return v
+}
+
+// freeSlots frees the retired slots every shard has swept since.
+func (x *Index) freeSlots() {
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	x.retired = slices.DeleteFunc(x.retired, func(r retiredSlot) bool {
+		for i := range x.shards {
+			if x.shards[i].passes.Load() < r.need[i] {
+				return false
+			}
+		}
+		x.free = append(x.free, r.slot)
+		x.dead.Add(-1)
+		return true
+	})
+}
+
+// rec returns worker w's record, made if the index has not seen w: the State keeps it
+// to read the worker's block count without a lookup.
+func (x *Index) rec(w WorkerID) *workerRec {
+	rec := x.lockRec(w)
+	rec.mu.Unlock()
+	return rec
 }
 
 // LastID returns the ID of the last event applied for worker w (or of the
 // snapshot it was reset from), and whether the index knows w.
 func (x *Index) LastID(w WorkerID) (uint64, bool) {
-	wb := x.workers[w]
-	if wb == nil {
+	x.wmu.RLock()
+	rec := x.workers[w]
+	x.wmu.RUnlock()
+	if rec == nil {
 		return 0, false
 	}
-	return wb.last, true
+	return rec.last.Load(), true
 }
 
 // Behind reports whether worker w has emitted events beyond those applied:
-// its load report's last event ID is greater than the index's. Once the event
-// stream is idle, that means an event at the end of a burst was lost and the
-// caller should fetch a snapshot (docs/kv-events.md).
+// its load report's last event ID is greater than the index's.
 func (x *Index) Behind(w WorkerID, reportedLastID uint64) bool {
 	last, _ := x.LastID(w)
 	return reportedLastID > last
 }
 
-// Len returns the number of distinct block hashes held by any worker.
-func (x *Index) Len() int { return len(x.holders) }
+// Len returns the number of distinct block hashes in the index. Until Sweep has purged
+// them, it counts blocks of workers reset or removed since.
+func (x *Index) Len() int {
+	n := 0
+	for i := range x.shards {
+		sh := &x.shards[i]
+		sh.mu.RLock()
+		n += sh.n
+		if sh.zero != 0 {
+			n++
+		}
+		sh.mu.RUnlock()
+	}
+	return n
+}
 
 // Blocks returns the number of blocks worker w holds, in any tier.
 func (x *Index) Blocks(w WorkerID) int {
-	if wb := x.workers[w]; wb != nil {
-		return len(wb.blocks)
+	x.wmu.RLock()
+	rec := x.workers[w]
+	x.wmu.RUnlock()
+	if rec == nil {
+		return 0
 	}
-	return 0
+	return int(rec.blocks.Load())
+}
+
+// Entries returns the number of (worker, block) entries: the sum of Blocks.
+func (x *Index) Entries() int {
+	x.wmu.RLock()
+	defer x.wmu.RUnlock()
+	n := 0
+	for _, rec := range x.workers {
+		n += int(rec.blocks.Load())
+	}
+	return n
+}
+
+// Bytes returns the memory the index's tables and holder sets take, in bytes.
+func (x *Index) Bytes() int {
+	n := int(unsafe.Sizeof(*x))
+	for i := range x.shards {
+		sh := &x.shards[i]
+		sh.mu.RLock()
+		n += cap(sh.tab)*int(unsafe.Sizeof(entry{})) + cap(sh.sets)*int(unsafe.Sizeof(holderSet{})) + cap(sh.free)*4
+		for _, s := range sh.sets {
+			n += cap(s.list) * 4
+			if s.bits != nil {
+				n += int(unsafe.Sizeof(*s.bits)) + (cap(s.bits.dev)+cap(s.bits.host))*8
+			}
+		}
+		sh.mu.RUnlock()
+	}
+	x.wmu.RLock()
+	n += len(x.workers)*(int(unsafe.Sizeof(workerRec{}))+16) + cap(x.owner)*4 + cap(x.live)*8
+	x.wmu.RUnlock()
+	return n
 }
 
 // Overlap returns, for every worker holding at least the prompt's first block
@@ -188,119 +998,307 @@ func (x *Index) Overlap(hashes []uint64) map[WorkerID]int {
 	return out
 }
 
+// A Match is one worker's share of a prompt's leading blocks.
+type Match struct {
+	Worker WorkerID
+	Device int // leading blocks held in the device tier
+	Host   int // leading blocks held in the device or the host tier (≥ Device)
+}
+
 // OverlapInto appends to dst[:0] one Match for every worker that holds the
 // prompt's first block in the device or host tier, in no particular order, and
 // returns it. Sequence hashes chain, so a worker holds a prompt's leading block
-// i only if it holds hash i: the walk stops at each worker's first miss and
-// ends when no worker is left, in O(blocks × workers still matching). It does
-// not allocate once dst and the index's scratch have grown.
+// i only if it holds hash i: the walk keeps the workers whose run is unbroken as a
+// bitmap over their slots, intersects it with each block's holders a word at a time,
+// and ends when no worker is left: O(blocks × words of the workers still matching),
+// one table lookup per block. It does not allocate once dst has grown.
 func (x *Index) OverlapInto(hashes []uint64, dst []Match) []Match {
+	wk, _ := x.walks.Get().(*Walk)
+	if wk == nil {
+		wk = new(Walk)
+	}
+	dst = x.OverlapWith(wk, hashes, dst)
+	x.walks.Put(wk)
+	return dst
+}
+
+// A Walk is the scratch of one overlap lookup at a time; a caller that looks up often
+// keeps one (OverlapWith).
+type Walk struct {
+	al, dv, hu, hd []uint64 // alive (a run in the used tiers), device run unbroken, the block's holders
+	devEnd         []int32  // per slot: where its device run ended, once it has
+}
+
+// OverlapWith is OverlapInto with the caller's scratch wk, which must not be used by
+// two lookups at once.
+func (x *Index) OverlapWith(wk *Walk, hashes []uint64, dst []Match) []Match {
 	dst = dst[:0]
 	if len(hashes) == 0 {
 		return dst
 	}
-	al := x.scratch[:0]
-	for _, h := range x.holders[hashes[0]] {
-		if h.mask&usedBits == 0 {
-			continue
-		}
-		a := alive{w: h.w, dev: -1}
-		if h.mask&devBit == 0 {
-			a.dev = 0
-		}
-		al = append(al, a)
+	x.wmu.RLock()
+	for i := range x.shards {
+		x.shards[i].mu.RLock()
 	}
-	for i := 1; i < len(hashes) && len(al) > 0; i++ {
-		hs := x.holders[hashes[i]]
-		n, j := 0, 0
-		for _, a := range al { // both sorted by worker: one merge pass
-			for j < len(hs) && hs[j].w < a.w {
-				j++
-			}
-			var m uint8
-			if j < len(hs) && hs[j].w == a.w {
-				m = hs[j].mask
-			}
-			if m&usedBits == 0 {
-				dst = append(dst, a.match(i))
-				continue
-			}
-			if a.dev < 0 && m&devBit == 0 {
-				a.dev = i
-			}
-			al[n] = a
-			n++
-		}
-		al = al[:n]
+	dst = x.walk(wk, hashes, dst)
+	for i := range x.shards {
+		x.shards[i].mu.RUnlock()
 	}
-	for _, a := range al {
-		dst = append(dst, a.match(len(hashes)))
-	}
-	x.scratch = al[:0]
+	x.wmu.RUnlock()
 	return dst
 }
 
-// match is the Match of a worker whose run ended before block end.
-func (a alive) match(end int) Match {
-	m := Match{Worker: a.w, Device: a.dev, Host: end}
-	if a.dev < 0 {
-		m.Device = end
+// walk is OverlapWith with the locks held.
+func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
+	v := x.shardOf(hashes[0]).get(hashes[0])
+	if v == 0 {
+		return dst
+	}
+	nw := len(x.live)
+	if cap(wk.al) < nw {
+		wk.al, wk.dv = make([]uint64, nw), make([]uint64, nw)
+		wk.hu, wk.hd = make([]uint64, nw), make([]uint64, nw)
+	}
+	if cap(wk.devEnd) < len(x.owner) {
+		wk.devEnd = make([]int32, len(x.owner)+64)
+	}
+	al, dv, hu, hd := wk.al[:nw], wk.dv[:nw], wk.hu[:nw], wk.hd[:nw]
+	lo, hi := x.holderWords(x.shardOf(hashes[0]), v, hu, hd, 0, nw)
+	if lo >= hi {
+		return dst
+	}
+	for j := lo; j < hi; j++ {
+		al[j] = hu[j] & x.live[j]
+		dv[j] = hd[j] & al[j]
+		for hostOnly := al[j] &^ dv[j]; hostOnly != 0; hostOnly &= hostOnly - 1 {
+			wk.devEnd[j*64+bits.TrailingZeros64(hostOnly)] = 0
+		}
+	}
+	lo, hi = trim(al, lo, hi)
+	prev := fpOf(x.shardOf(hashes[0]), v)
+	for i := 1; i < len(hashes) && lo < hi; i++ {
+		// Jump over the blocks held by the same workers as the block before (a chain on
+		// the same workers, the common case): their runs all go on.
+		var sh *shard
+		var v uint32
+		if i, sh, v = x.nextChange(hashes, i, prev); i == len(hashes) {
+			break
+		}
+		prev = fpOf(sh, v)
+		var dev, host []uint64 // the block's holders, indexed by word
+		switch {
+		case v == 0 || v&multiBit == 0 && holderMask(v)&usedBits == 0:
+			// Nobody (that counts): dev and host stay empty.
+		case v&multiBit == 0:
+			// One holder: every other worker's run ends here.
+			s, m := holderSlot(v), holderMask(v)
+			j0, bit := int(s/64), uint64(1)<<(s%64)
+			for j := lo; j < hi; j++ {
+				a := al[j]
+				if j == j0 && a&bit != 0 {
+					d := dv[j]
+					nd := d & bit
+					if m&devBit == 0 {
+						if nd != 0 {
+							wk.devEnd[int(s)] = int32(i)
+						}
+						nd = 0
+					}
+					dst = x.drop(wk, dst, j, a&^bit, d, i)
+					al[j], dv[j] = bit, nd
+					continue
+				}
+				dst = x.drop(wk, dst, j, a, dv[j], i)
+				al[j], dv[j] = 0, 0
+			}
+			lo, hi = trim(al, lo, hi)
+			continue
+		default:
+			hs := &sh.sets[v&^multiBit]
+			if b := hs.bits; b != nil {
+				dev, host = b.dev, b.host
+			} else {
+				clear(hu[lo:hi])
+				clear(hd[lo:hi])
+				for _, h := range hs.list { // hd: device bits, hu: host bits
+					s := holderSlot(h)
+					j, bit := int(s/64), uint64(1)<<(s%64)
+					if j < lo || j >= hi {
+						continue
+					}
+					if h&uint32(devBit) != 0 {
+						hd[j] |= bit
+					}
+					if h&uint32(hostBit) != 0 {
+						hu[j] |= bit
+					}
+				}
+				dev, host = hd, hu
+			}
+		}
+		for j := lo; j < hi; j++ {
+			a := al[j]
+			if a == 0 {
+				continue
+			}
+			var dw, hw uint64
+			if j < len(dev) {
+				dw, hw = dev[j], host[j]
+			}
+			nu := a & (dw | hw)
+			d := dv[j]
+			nd := d & dw
+			if nu == a && nd == d {
+				continue // nobody's run ends at this word
+			}
+			nd &= nu
+			for lost := d & nu &^ nd; lost != 0; lost &= lost - 1 { // device run ends, host continues
+				wk.devEnd[j*64+bits.TrailingZeros64(lost)] = int32(i)
+			}
+			dst = x.drop(wk, dst, j, a&^nu, d, i)
+			al[j], dv[j] = nu, nd
+		}
+		lo, hi = trim(al, lo, hi)
+	}
+	for j := lo; j < hi; j++ {
+		for rest := al[j]; rest != 0; rest &= rest - 1 {
+			dst = append(dst, x.match(wk, j, bits.TrailingZeros64(rest), dv[j], len(hashes)))
+		}
+		al[j], dv[j] = 0, 0
+	}
+	return dst
+}
+
+// nextChange returns the first block from i on whose holders' fingerprint is not fp (the
+// holders of block i-1), or len(hashes). What a worker caches of a chain is a prefix of it
+// (a pool evicts leaves first, a sequence holds its whole prefix, and the index applies a
+// worker's events in order), so along a prompt the holders only shrink: once they differ
+// from fp they stay different, and a galloping search finds the change in 2·log₂ of the
+// distance lookups instead of one per block. A worker whose cache had a hole would be
+// credited the blocks past it; the fingerprint is 64 bits, and a collision would lengthen
+// the runs in the same way.
+func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint32) {
+	n := len(hashes)
+	var csh *shard // the shard and value of the last block found different
+	var cv uint32
+	same := func(k int) bool {
+		sh := x.shardOf(hashes[k])
+		v := sh.get(hashes[k])
+		if fp != 0 && fpOf(sh, v) == fp {
+			return true
+		}
+		csh, cv = sh, v
+		return false
+	}
+	if !same(i) {
+		return i, csh, cv
+	}
+	good, step := i, 1 // blocks i … good hold the same
+	for {
+		j := good + step
+		if j >= n {
+			if same(n - 1) {
+				return n, nil, 0
+			}
+			j = n - 1
+		} else if same(j) {
+			good, step = j, 2*step
+			continue
+		}
+		// good is the same, j is not: the change is in (good, j].
+		jsh, jv := csh, cv
+		for j-good > 1 {
+			m := good + (j-good)/2
+			if same(m) {
+				good = m
+			} else {
+				j, jsh, jv = m, csh, cv
+			}
+		}
+		return j, jsh, jv
+	}
+}
+
+// drop appends the Matches of the slots of word j in gone, whose runs end at end; d is
+// the word's device-run bits before the block at end.
+func (x *Index) drop(wk *Walk, dst []Match, j int, gone, d uint64, end int) []Match {
+	for ; gone != 0; gone &= gone - 1 {
+		dst = append(dst, x.match(wk, j, bits.TrailingZeros64(gone), d, end))
+	}
+	return dst
+}
+
+// match is the Match of the slot at word j, bit b, whose used-tier run ends at end; d
+// is the word's device-run bits before the block at end.
+func (x *Index) match(wk *Walk, j, b int, d uint64, end int) Match {
+	slot := j*64 + b
+	m := Match{Worker: x.owner[slot], Host: end, Device: end}
+	if d&(1<<b) == 0 {
+		m.Device = int(wk.devEnd[slot])
 	}
 	return m
 }
 
-// add records that w holds h in the tier of bit.
-func (x *Index) add(w WorkerID, wb *workerBlocks, h uint64, bit uint8) {
-	m := wb.blocks[h]
-	if m&bit == 0 {
-		x.setMask(w, wb, h, m|bit)
+// trim narrows [lo, hi) to the words of al with bits set.
+func trim(al []uint64, lo, hi int) (int, int) {
+	for lo < hi && al[lo] == 0 {
+		lo++
 	}
+	for hi > lo && al[hi-1] == 0 {
+		hi--
+	}
+	return lo, hi
 }
 
-// remove records that w no longer holds h in the tier of bit.
-func (x *Index) remove(w WorkerID, wb *workerBlocks, h uint64, bit uint8) {
-	m, ok := wb.blocks[h]
-	if ok && m&bit != 0 {
-		x.setMask(w, wb, h, m&^bit)
+// holderWords writes the holders v of a block of sh as bitmaps (device or host tier in
+// hu, device in hd) into words [lo, hi), and returns the range of words with holders.
+func (x *Index) holderWords(sh *shard, v uint32, hu, hd []uint64, lo, hi int) (int, int) {
+	if v&multiBit != 0 {
+		if b := sh.sets[v&^multiBit].bits; b != nil {
+			for j := lo; j < hi; j++ {
+				if j < len(b.dev) {
+					hu[j], hd[j] = b.dev[j]|b.host[j], b.dev[j]
+				} else {
+					hu[j], hd[j] = 0, 0
+				}
+			}
+			return lo, min(hi, len(b.dev))
+		}
 	}
+	clear(hu[lo:hi])
+	clear(hd[lo:hi])
+	first, last := hi, lo
+	if v&multiBit != 0 {
+		for _, h := range sh.sets[v&^multiBit].list {
+			first, last = x.setHolder(h, hd, hu, lo, hi, first, last)
+		}
+	} else {
+		first, last = x.setHolder(v, hd, hu, lo, hi, first, last)
+	}
+	for j := first; j < last; j++ {
+		hu[j] |= hd[j]
+	}
+	return first, last
 }
 
-// setMask sets w's tier mask of h in both maps; mask 0 removes the entry.
-func (x *Index) setMask(w WorkerID, wb *workerBlocks, h uint64, mask uint8) {
-	hs := x.holders[h]
-	i, found := slices.BinarySearchFunc(hs, w, func(e holder, w WorkerID) int {
-		switch {
-		case e.w < w:
-			return -1
-		case e.w > w:
-			return 1
-		}
-		return 0
-	})
-	switch {
-	case mask == 0:
-		delete(wb.blocks, h)
-		if !found {
-			return
-		}
-		if len(hs) == 1 {
-			delete(x.holders, h)
-			return
-		}
-		x.holders[h] = slices.Delete(hs, i, i+1)
-	case found:
-		wb.blocks[h] = mask
-		hs[i].mask = mask
-	default:
-		wb.blocks[h] = mask
-		x.holders[h] = slices.Insert(hs, i, holder{w: w, mask: mask})
+// setHolder sets holder h's bits in dev and host (words [lo, hi) only) and widens
+// [first, last) to its word.
+func (x *Index) setHolder(h uint32, dev, host []uint64, lo, hi, first, last int) (int, int) {
+	m := holderMask(h)
+	if m&usedBits == 0 {
+		return first, last
 	}
-}
-
-// drop removes all of w's blocks from the holders map and empties wb.
-func (x *Index) drop(w WorkerID, wb *workerBlocks) {
-	for h := range wb.blocks {
-		x.setMask(w, wb, h, 0)
+	s := holderSlot(h)
+	j := int(s / 64)
+	if j < lo || j >= hi {
+		return first, last
 	}
-	clear(wb.blocks)
+	bit := uint64(1) << (s % 64)
+	if m&devBit != 0 {
+		dev[j] |= bit
+	}
+	if m&hostBit != 0 {
+		host[j] |= bit
+	}
+	return min(first, j), max(last, j+1)
 }

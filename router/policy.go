@@ -21,6 +21,9 @@ type Request struct {
 	// Pool restricts the decision to the workers of some roles (disagg.go); PoolAny, the
 	// zero value, considers every worker.
 	Pool Pool
+	// Key names the request for breaking ties between equally good workers (see
+	// State.Decide); 0 derives one from Hashes and PromptTokens.
+	Key uint64
 }
 
 // Cost is the breakdown of cost(w) = OverlapWeight·Prefill + Decode, in
@@ -67,14 +70,17 @@ func Decide(s *State, req Request) (Decision, error) { return s.Decide(req) }
 func (s *State) Decide(req Request) (Decision, error) {
 	s.seq++
 	cands := s.cands[:0]
-	healthy := 0
+	healthy, stale := 0, 0
 	for _, w := range s.workers {
-		if !w.Healthy || !req.Pool.admits(w.Card.Role) {
+		if !w.Healthy || !req.Pool.admits(w.Card.Role) || w.Stale && s.cfg.RequireKVEvents {
 			continue
 		}
 		healthy++
 		if !w.busy(&s.cfg) {
 			cands = append(cands, w)
+			if w.Stale {
+				stale++
+			}
 		}
 	}
 	s.cands = cands
@@ -91,11 +97,14 @@ func (s *State) Decide(req Request) (Decision, error) {
 		tokens = len(req.Hashes) * bs
 	}
 	promptBlocks := (tokens + bs - 1) / bs
-	s.matches = s.index.OverlapInto(req.Hashes, s.matches)
+	s.matches = s.index.OverlapWith(&s.walk, req.Hashes, s.matches)
 	for _, m := range s.matches {
-		if w := s.byID[m.Worker]; w != nil {
+		if w := s.lookup(m.Worker); w != nil {
 			w.stamp, w.ovDev, w.ovHost = s.seq, m.Device, m.Host
 		}
+	}
+	if stale > 0 {
+		s.unknownOverlap(cands)
 	}
 	blocksF := float64(tokens) / float64(bs)
 
@@ -104,7 +113,7 @@ func (s *State) Decide(req Request) (Decision, error) {
 	sticky := req.SessionID != "" && s.cfg.AffinityTTL > 0
 	if sticky {
 		if b, ok := s.sessions[req.SessionID]; ok && req.Now.Before(b.expires) {
-			if w := s.byID[b.worker]; w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) && req.Pool.admits(w.Card.Role) {
+			if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) && req.Pool.admits(w.Card.Role) {
 				pick, reason = w, ReasonAffinity
 			}
 		}
@@ -118,9 +127,9 @@ func (s *State) Decide(req Request) (Decision, error) {
 		case s.cfg.Mode == ModeRandom:
 			pick, reason = cands[s.rng.IntN(len(cands))], ReasonRandom
 		case s.cfg.Mode == ModeLeastLoaded:
-			pick, reason = leastLoaded(cands), ReasonLeastLoaded
+			pick, reason = s.leastLoaded(cands, s.tieKey(req)), ReasonLeastLoaded
 		default:
-			pick, reason = s.kv(cands, blocksF), ReasonKV
+			pick, reason = s.kv(cands, blocksF, s.tieKey(req)), ReasonKV
 		}
 		if s.cfg.Mode == ModeRoundRobin {
 			s.rrLast, s.rrValid = pick.ID, true
@@ -147,6 +156,29 @@ func (s *State) Decide(req Request) (Decision, error) {
 	return d, nil
 }
 
+// unknownOverlap gives the stale candidates, whose index entries cannot be trusted, the
+// mean overlap of the others: unknown, neither a cache hit to chase nor a miss to avoid.
+func (s *State) unknownOverlap(cands []*WorkerState) {
+	n, dev, host := 0, 0, 0
+	for _, w := range cands {
+		if w.Stale {
+			continue
+		}
+		n++
+		if w.stamp == s.seq {
+			dev, host = dev+w.ovDev, host+w.ovHost
+		}
+	}
+	if n > 0 {
+		dev, host = dev/n, host/n
+	}
+	for _, w := range cands {
+		if w.Stale {
+			w.stamp, w.ovDev, w.ovHost = s.seq, dev, host
+		}
+	}
+}
+
 // overlap returns w's device and device-or-host overlap with the prompt of the
 // current decision.
 func (s *State) overlap(w *WorkerState) (dev, host int) {
@@ -154,6 +186,18 @@ func (s *State) overlap(w *WorkerState) (dev, host int) {
 		return 0, 0
 	}
 	return w.ovDev, w.ovHost
+}
+
+// fastCost is cost(w, blocks).Total and w.Load(), with inv = 1/block size: the decision
+// loop's form, which reads the worker once.
+func (s *State) fastCost(w *WorkerState, blocks, inv float64) (total, load float64) {
+	var cached float64
+	if w.stamp == s.seq {
+		cached = float64(w.ovDev) + s.cfg.HostWeight*float64(w.ovHost-w.ovDev)
+	}
+	pre := max(0, float64(w.Report.PrefillTokens)*inv+float64(w.dPrefill))
+	dec := float64(max(0, w.Report.DecodeBlocks+w.dDecode))
+	return s.cfg.OverlapWeight*(max(0, blocks-cached)+pre) + dec, pre + dec
 }
 
 // cost is w's cost for a prompt of blocks blocks.
@@ -165,25 +209,22 @@ func (s *State) cost(w *WorkerState, blocks float64) Cost {
 	return Cost{Prefill: prefill, Decode: decode, Total: s.cfg.OverlapWeight*prefill + decode}
 }
 
-// kv picks by the cost function: the cheapest worker (ties to the lower load,
-// then the lower id) at temperature 0, else a softmax draw over the costs
-// normalised to [0, 1].
-func (s *State) kv(cands []*WorkerState, blocks float64) *WorkerState {
+// kv picks by the cost function: the cheapest worker at temperature 0 (ties broken by
+// s.tieBreak), else a softmax draw over the costs normalised to [0, 1].
+func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerState {
+	inv := 1 / float64(s.card.BlockSize)
 	if s.cfg.Temperature == 0 {
-		var best *WorkerState
-		var bestCost, bestLoad float64
-		for _, w := range cands { // in id order: a later worker wins only if strictly better
-			c, l := s.cost(w, blocks).Total, w.Load()
-			if best == nil || c < bestCost || (c == bestCost && l < bestLoad) {
-				best, bestCost, bestLoad = w, c, l
-			}
+		var t tie
+		for _, w := range cands {
+			c, l := s.fastCost(w, blocks, inv)
+			t.offerLoad(s, w, c, l, key)
 		}
-		return best
+		return t.best
 	}
 	ws := s.weights[:0]
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, w := range cands {
-		c := s.cost(w, blocks).Total
+		c, _ := s.fastCost(w, blocks, inv)
 		ws = append(ws, c)
 		lo, hi = min(lo, c), max(hi, c)
 	}
@@ -194,17 +235,28 @@ func (s *State) kv(cands []*WorkerState, blocks float64) *WorkerState {
 		if hi > lo {
 			x = (c - lo) / (hi - lo)
 		}
+		if x > 20*s.cfg.Temperature {
+			// Weight under e⁻²⁰ = 2·10⁻⁹ of the cheapest's: dropped, and no exponential to
+			// compute (a thousand such candidates are 2·10⁻⁶ of the draw).
+			ws[i] = 0
+			continue
+		}
 		ws[i] = math.Exp(-x / s.cfg.Temperature)
 		sum += ws[i]
 	}
 	r := s.rng.Float64() * sum
+	last := 0
 	for i, wt := range ws {
+		if wt == 0 {
+			continue
+		}
 		if r < wt {
 			return cands[i]
 		}
 		r -= wt
+		last = i
 	}
-	return cands[len(cands)-1]
+	return cands[last] // rounding: the last one with a weight
 }
 
 // roundRobin picks the first candidate after the last pick in id order,
@@ -220,15 +272,81 @@ func (s *State) roundRobin(cands []*WorkerState) *WorkerState {
 	return cands[0]
 }
 
-// leastLoaded picks the candidate with the least predicted load, ties to the
-// lower id.
-func leastLoaded(cands []*WorkerState) *WorkerState {
-	best := cands[0]
-	bestLoad := best.Load()
-	for _, w := range cands[1:] {
-		if l := w.Load(); l < bestLoad {
-			best, bestLoad = w, l
-		}
+// leastLoaded picks the candidate with the least predicted load, ties broken as kv's.
+func (s *State) leastLoaded(cands []*WorkerState, key uint64) *WorkerState {
+	var t tie
+	for _, w := range cands {
+		t.offer(s, w, w.Load(), key)
 	}
-	return best
+	return t.best
+}
+
+// A tie is the best worker so far of an argmin over a score. Among workers of equal score
+// the one with the lower predicted load wins, then the one whose cache the index finds
+// emptier (a new prefix there evicts the least), then the lower tie hash of (request key,
+// worker, the State's seed): a different worker for each request, so that idle workers
+// share the requests and their caches fill evenly, and, with each router's own seed, a
+// different one in each router, so that routers do not converge on the same workers.
+type tie struct {
+	best   *WorkerState
+	score  float64
+	load   float64
+	cached int // -1: not looked up yet
+	hash   uint64
+}
+
+func (t *tie) offer(s *State, w *WorkerState, score float64, key uint64) {
+	t.offerLoad(s, w, score, w.Load(), key)
+}
+
+// offerLoad is offer with w's load computed by the caller.
+func (t *tie) offerLoad(s *State, w *WorkerState, score, l float64, key uint64) {
+	if t.best == nil || score < t.score {
+		*t = tie{best: w, score: score, load: l, cached: -1}
+		return
+	}
+	if score > t.score {
+		return
+	}
+	switch {
+	case l > t.load:
+		return
+	case l == t.load:
+		if t.cached < 0 {
+			t.cached, t.hash = int(t.best.ix.blocks.Load()), s.tieHash(key, t.best.ID)
+		}
+		c := int(w.ix.blocks.Load())
+		if c > t.cached {
+			return
+		}
+		h := s.tieHash(key, w.ID)
+		if c == t.cached && h >= t.hash {
+			return
+		}
+		*t = tie{best: w, score: score, load: l, cached: c, hash: h}
+		return
+	}
+	*t = tie{best: w, score: score, load: l, cached: -1}
+}
+
+// tieKey is req's key for tie-breaking: its own, else one from its prompt.
+func (s *State) tieKey(req Request) uint64 {
+	if req.Key != 0 {
+		return req.Key
+	}
+	k := uint64(req.PromptTokens)
+	if n := len(req.Hashes); n > 0 {
+		k ^= req.Hashes[n-1] // the chain's last hash names the whole prefix
+	} else {
+		k ^= s.seq << 32 // no full block: this decision
+	}
+	return k
+}
+
+// tieHash mixes a request key, a worker and the State's seed (splitmix64's finaliser).
+func (s *State) tieHash(key uint64, w WorkerID) uint64 {
+	x := key ^ s.tieSeed ^ uint64(w)*0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
 }

@@ -93,7 +93,7 @@ func TestCostMath(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := DefaultConfig()
+			cfg := testConfig()
 			cfg.OverlapWeight, cfg.HostWeight = tt.weight, tt.hostW
 			s := newTestState(t, cfg, 1)
 			setLoad(t, s, 1, tt.l)
@@ -134,11 +134,10 @@ func TestKVDecisions(t *testing.T) {
 		{"high weight keeps the prefix", 10, []worker{{1, 0, load{decode: 3}}, {2, 8, load{decode: 60}}}, 2},
 		// cost 10 each: the lower load (2: 0 blocks) wins the tie, not the lower id
 		{"tie goes to the lower load", 1, []worker{{1, 8, load{decode: 8}}, {2, 0, load{}}}, 2},
-		{"then to the lower id", 1, []worker{{3, 0, load{}}, {2, 0, load{}}, {5, 0, load{}}}, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := DefaultConfig()
+			cfg := testConfig()
 			cfg.OverlapWeight = tt.weight
 			s := newTestState(t, cfg)
 			for _, w := range tt.workers {
@@ -156,11 +155,72 @@ func TestKVDecisions(t *testing.T) {
 	}
 }
 
+// Ties among equally good workers: the lower load, then the emptier cache, then a hash
+// of the request and the worker under the State's seed, which spreads requests over idle
+// workers and differs between routers.
+func TestTieBreak(t *testing.T) {
+	prompt := toks(0, 10*testBlock)
+	t.Run("emptier cache wins", func(t *testing.T) {
+		s := newTestState(t, testConfig(), 2, 3, 5)
+		cache(t, s, 2, kvcache.TierDevice, hashes(toks(5000, 3*testBlock)))
+		cache(t, s, 3, kvcache.TierDevice, hashes(toks(6000, 1*testBlock)))
+		cache(t, s, 5, kvcache.TierDevice, hashes(toks(7000, 2*testBlock)))
+		if d := decide(t, s, req(prompt)); d.Worker != 3 {
+			t.Fatalf("picked %d, want 3 (1 cached block against 2 and 3)", d.Worker)
+		}
+	})
+	for _, mode := range []Mode{ModeKV, ModeLeastLoaded} {
+		t.Run("different requests spread over idle workers/"+string(mode), func(t *testing.T) {
+			cfg := testConfig()
+			cfg.Mode = mode
+			s := newTestState(t, cfg, 1, 2, 3, 4, 5, 6, 7, 8)
+			used := map[WorkerID]int{}
+			for i := range 64 {
+				d := decide(t, s, req(toks(1000*(i+1), 4*testBlock)))
+				s.RemoveInflight(d.Inflight) // stay idle: every decision is a tie
+				used[d.Worker]++
+			}
+			if len(used) != 8 {
+				t.Fatalf("64 different requests over 8 idle workers went to %v", used)
+			}
+		})
+	}
+	t.Run("two routers break the same tie differently", func(t *testing.T) {
+		a, b := newTestState(t, testConfig(), 1, 2, 3, 4, 5, 6, 7, 8), newTestState(t, testConfig(), 1, 2, 3, 4, 5, 6, 7, 8)
+		b2, err := NewState(testConfig(), rand.New(rand.NewPCG(7, 7)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for id := range WorkerID(8) {
+			if err := b2.AddWorker(id+1, testCard); err != nil {
+				t.Fatal(err)
+			}
+		}
+		same, differ := 0, 0
+		for i := range 32 {
+			r := req(toks(1000*(i+1), 4*testBlock))
+			da, db, dc := decide(t, a, r), decide(t, b, r), decide(t, b2, r)
+			for _, s := range []*State{a, b, b2} {
+				s.RemoveInflight(map[*State]Inflight{a: da.Inflight, b: db.Inflight, b2: dc.Inflight}[s])
+			}
+			if da.Worker == db.Worker {
+				same++
+			}
+			if da.Worker != dc.Worker {
+				differ++
+			}
+		}
+		if same != 32 || differ < 24 {
+			t.Fatalf("same seed: %d of 32 alike (want all); other seed: %d of 32 differ (want most)", same, differ)
+		}
+	})
+}
+
 // The router's own dispatches move the next decision before any load report.
 func TestInflightShiftsDecision(t *testing.T) {
 	prompt := toks(0, 10*testBlock)
 	t.Run("identical requests spread", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1, 2, 3)
+		s := newTestState(t, testConfig(), 1, 2, 3)
 		var got []WorkerID
 		var ins []Inflight
 		for range 4 {
@@ -168,26 +228,29 @@ func TestInflightShiftsDecision(t *testing.T) {
 			got = append(got, d.Worker)
 			ins = append(ins, d.Inflight)
 		}
-		if want := []WorkerID{1, 2, 3, 1}; !equalIDs(got, want) {
-			t.Fatalf("picked %v, want %v", got, want)
+		// Each goes to an idle worker while there is one; the fourth to the first again
+		// (equal loads then, and the first's prefill will have started first).
+		if w := map[WorkerID]bool{got[0]: true, got[1]: true, got[2]: true}; len(w) != 3 || got[3] != got[0] {
+			t.Fatalf("picked %v, want three different workers, then the first again", got)
 		}
-		w, _ := s.Worker(1)
+		first := got[0]
+		w, _ := s.Worker(first)
 		if w.PrefillBlocks() != 20 || w.DecodeBlocks() != 20 || w.Waiting() != 2 || w.Inflight != 2 {
-			t.Fatalf("worker 1 predicted prefill %v decode %v waiting %d inflight %d", w.PrefillBlocks(), w.DecodeBlocks(), w.Waiting(), w.Inflight)
+			t.Fatalf("worker %d predicted prefill %v decode %v waiting %d inflight %d", first, w.PrefillBlocks(), w.DecodeBlocks(), w.Waiting(), w.Inflight)
 		}
 		s.PrefillDone(&ins[0])
 		s.PrefillDone(&ins[0]) // idempotent
-		if w, _ = s.Worker(1); w.PrefillBlocks() != 10 || w.DecodeBlocks() != 20 || w.Waiting() != 1 {
+		if w, _ = s.Worker(first); w.PrefillBlocks() != 10 || w.DecodeBlocks() != 20 || w.Waiting() != 1 {
 			t.Fatalf("after first token: prefill %v decode %v waiting %d", w.PrefillBlocks(), w.DecodeBlocks(), w.Waiting())
 		}
 		s.RemoveInflight(ins[0])
 		s.RemoveInflight(ins[3])
-		if w, _ = s.Worker(1); w.Load() != 0 || w.Waiting() != 0 || w.Inflight != 0 {
+		if w, _ = s.Worker(first); w.Load() != 0 || w.Waiting() != 0 || w.Inflight != 0 {
 			t.Fatalf("after completion: load %v waiting %d inflight %d", w.Load(), w.Waiting(), w.Inflight)
 		}
 	})
 	t.Run("prefix holder gets the second copy only while it pays", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1, 2)
+		s := newTestState(t, testConfig(), 1, 2)
 		cache(t, s, 2, kvcache.TierDevice, hashes(prompt)[:9])
 		// 1st: worker 2, cost 1. 2nd: worker 2 costs 1+1+10 = 12 > 10 on worker 1.
 		if d := decide(t, s, req(prompt)); d.Worker != 2 || d.Cost.Total != 1 {
@@ -198,7 +261,7 @@ func TestInflightShiftsDecision(t *testing.T) {
 		}
 	})
 	t.Run("a load report restarts the predictions", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1, 2)
+		s := newTestState(t, testConfig(), 1, 2)
 		d1 := decide(t, s, req(prompt))
 		setLoad(t, s, 1, load{decode: 10}) // the report includes the dispatch
 		if w, _ := s.Worker(1); w.DecodeBlocks() != 10 || w.PrefillBlocks() != 0 || w.Inflight != 1 {
@@ -210,7 +273,7 @@ func TestInflightShiftsDecision(t *testing.T) {
 		}
 	})
 	t.Run("a tracked report keeps the dispatches it has not seen", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1)
+		s := newTestState(t, testConfig(), 1)
 		d1 := decide(t, s, req(prompt)) // dispatch 1: 10 prefill, 10 decode blocks
 		d2 := decide(t, s, req(prompt)) // dispatch 2
 		d3 := decide(t, s, req(prompt)) // dispatch 3
@@ -244,7 +307,7 @@ func TestInflightShiftsDecision(t *testing.T) {
 		}
 	})
 	t.Run("records of a re-registered worker are ignored", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1)
+		s := newTestState(t, testConfig(), 1)
 		d := decide(t, s, req(prompt))
 		if err := s.AddWorker(1, testCard); err != nil {
 			t.Fatal(err)
@@ -272,7 +335,7 @@ func equalIDs(a, b []WorkerID) bool {
 func TestSoftmaxSelection(t *testing.T) {
 	prompt := toks(0, 10*testBlock)
 	run := func(temp float64, seed uint64, n int) ([]int, []WorkerID) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.Temperature = temp
 		s, err := NewState(cfg, rand.New(rand.NewPCG(seed, 1)))
 		if err != nil {
@@ -326,7 +389,7 @@ func TestSoftmaxSelection(t *testing.T) {
 func TestModes(t *testing.T) {
 	prompt := toks(0, 4*testBlock)
 	t.Run("round-robin cycles over healthy workers", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.Mode = ModeRoundRobin
 		s := newTestState(t, cfg, 4, 1, 7)
 		cache(t, s, 7, kvcache.TierDevice, hashes(prompt)) // ignored by the mode
@@ -349,7 +412,7 @@ func TestModes(t *testing.T) {
 		}
 	})
 	t.Run("least-loaded picks the least load", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.Mode = ModeLeastLoaded
 		s := newTestState(t, cfg, 1, 2, 3)
 		setLoad(t, s, 1, load{decode: 10})
@@ -370,7 +433,7 @@ func TestModes(t *testing.T) {
 		}
 	})
 	t.Run("random covers every worker reproducibly", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.Mode = ModeRandom
 		pick := func() []WorkerID {
 			s := newTestState(t, cfg, 1, 2, 3, 4)
@@ -396,7 +459,7 @@ func TestModes(t *testing.T) {
 		}
 	})
 	t.Run("a single available worker", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1, 2)
+		s := newTestState(t, testConfig(), 1, 2)
 		setLoad(t, s, 1, load{waiting: 100})
 		if d := decide(t, s, req(prompt)); d.Worker != 2 || d.Reason != ReasonOnlyWorker || d.Candidates != 1 {
 			t.Fatalf("%+v", d)
@@ -424,7 +487,7 @@ func TestParseModeAndConfig(t *testing.T) {
 		func(c *Config) { c.Card.BlockSize = -16 },
 	}
 	for i, f := range bad {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		f(&cfg)
 		if _, err := NewState(cfg, nil); err == nil {
 			t.Errorf("bad config %d accepted", i)
@@ -445,7 +508,7 @@ func TestAffinity(t *testing.T) {
 	other := toks(5000, 6*testBlock)
 
 	t.Run("sticks against the cost", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1, 2)
+		s := newTestState(t, testConfig(), 1, 2)
 		d := decide(t, s, sessReq(turn1, "s", 0))
 		if d.Worker != 1 || d.Reason != ReasonKV {
 			t.Fatalf("%+v", d)
@@ -477,7 +540,7 @@ func TestAffinity(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newTestState(t, DefaultConfig(), 1, 2)
+			s := newTestState(t, testConfig(), 1, 2)
 			setLoad(t, s, 1, load{decode: 5})
 			if d := decide(t, s, sessReq(turn1, "s", 0)); d.Worker != 2 {
 				t.Fatalf("bound to %d", d.Worker)
@@ -499,7 +562,7 @@ func TestAffinity(t *testing.T) {
 		})
 	}
 	t.Run("disabled with TTL 0", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.AffinityTTL = 0
 		s := newTestState(t, cfg, 1, 2)
 		a := decide(t, s, sessReq(turn1, "s", 0))
@@ -509,7 +572,7 @@ func TestAffinity(t *testing.T) {
 		}
 	})
 	t.Run("expired sessions are swept", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1)
+		s := newTestState(t, testConfig(), 1)
 		for i := range 3000 {
 			d := decide(t, s, sessReq(turn1, "s"+string(rune('a'+i%26))+strings.Repeat("x", i/26), time.Duration(i)*time.Second))
 			s.RemoveInflight(d.Inflight)
@@ -560,7 +623,7 @@ func TestBackpressure(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newTestState(t, DefaultConfig())
+			s := newTestState(t, testConfig())
 			tt.setup(s)
 			_, err := Decide(s, req(prompt))
 			if !errors.Is(err, tt.want) {
@@ -572,7 +635,7 @@ func TestBackpressure(t *testing.T) {
 		t.Fatal("errors do not map to 429/503")
 	}
 	t.Run("thresholds 0 disable", func(t *testing.T) {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.BusyKVUsage, cfg.BusyWaiting = 0, 0
 		s := newTestState(t, cfg, 1)
 		setLoad(t, s, 1, load{usage: 1, waiting: 1000})
@@ -582,7 +645,7 @@ func TestBackpressure(t *testing.T) {
 		decide(t, s, req(prompt))
 	})
 	t.Run("unknown workers", func(t *testing.T) {
-		s := newTestState(t, DefaultConfig(), 1)
+		s := newTestState(t, testConfig(), 1)
 		if err := s.Report(9, LoadReport{}, t0); !errors.Is(err, ErrUnknownWorker) {
 			t.Fatal(err)
 		}
@@ -603,7 +666,7 @@ func TestBackpressure(t *testing.T) {
 }
 
 func TestWorkersAndIndexLifecycle(t *testing.T) {
-	s := newTestState(t, DefaultConfig(), 3, 1, 2)
+	s := newTestState(t, testConfig(), 3, 1, 2)
 	if got := s.Workers(); !equalIDs(got, []WorkerID{1, 2, 3}) {
 		t.Fatalf("workers %v", got)
 	}
@@ -623,4 +686,55 @@ func TestWorkersAndIndexLifecycle(t *testing.T) {
 	if _, ok := s.Worker(2); ok {
 		t.Fatal("removed worker still there")
 	}
+}
+
+// A stale worker's overlap is unknown: it counts as the other candidates' mean, neither a
+// hit (its index may hold blocks it evicted long ago) nor a miss. With RequireKVEvents it
+// gets no requests at all.
+func TestStaleWorker(t *testing.T) {
+	prompt := toks(0, 10*testBlock)
+	h := hashes(prompt)
+	t.Run("overlap unknown", func(t *testing.T) {
+		s := newTestState(t, testConfig(), 1, 2, 3)
+		cache(t, s, 1, kvcache.TierDevice, h[:10]) // all of it, but 1 is stale
+		cache(t, s, 2, kvcache.TierDevice, h[:4])
+		if err := s.SetStale(1, true); err != nil {
+			t.Fatal(err)
+		}
+		// Mean of 2 and 3: (4+0)/2 = 2 blocks for 1; 2 has 4: 2 wins.
+		d := decide(t, s, req(prompt))
+		if d.Worker != 2 {
+			t.Fatalf("picked %d (cost %+v), want 2", d.Worker, d.Cost)
+		}
+		s.RemoveInflight(d.Inflight)
+		if err := s.SetStale(1, false); err != nil {
+			t.Fatal(err)
+		}
+		if d := decide(t, s, req(prompt)); d.Worker != 1 {
+			t.Fatalf("picked %d when 1 is in step again, want 1", d.Worker)
+		}
+	})
+	t.Run("require KV events", func(t *testing.T) {
+		cfg := testConfig()
+		cfg.RequireKVEvents = true
+		s := newTestState(t, cfg, 1, 2)
+		s.SetStale(1, true)
+		for range 4 {
+			if d := decide(t, s, req(prompt)); d.Worker != 2 {
+				t.Fatalf("picked stale worker %d", d.Worker)
+			}
+		}
+		s.SetStale(2, true)
+		if _, err := s.Decide(req(prompt)); !errors.Is(err, ErrNoWorkers) {
+			t.Fatalf("every worker stale: %v, want ErrNoWorkers", err)
+		}
+	})
+}
+
+// testConfig is DefaultConfig with the cost function's weight 1 and deterministic choices
+// (temperature 0), which the tests' expected picks and costs are written for.
+func testConfig() Config {
+	c := DefaultConfig()
+	c.OverlapWeight, c.Temperature = 1, 0
+	return c
 }

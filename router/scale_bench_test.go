@@ -2,7 +2,10 @@ package router
 
 import (
 	"math/rand/v2"
+	"runtime"
+	"slices"
 	"testing"
+	"time"
 
 	"tandem/kvcache"
 )
@@ -17,13 +20,16 @@ const (
 // scaleState fills s with scaleWorkers workers of scaleBlocksPerW blocks each and returns
 // a 4096-token request whose first 32 blocks every worker holds and whose next blocks one
 // worker in eight holds in part.
-func scaleState(b *testing.B, s *State) Request {
+func scaleState(b *testing.B, s *State) Request { return scaleStateN(b, s, scaleBlocksPerW) }
+
+// scaleStateN is scaleState with perWorker blocks per worker.
+func scaleStateN(b *testing.B, s *State, perWorker int) Request {
 	b.Helper()
 	rng := rand.New(rand.NewPCG(7, 7))
 	sys := toks(1, scaleSystemBlocks*testBlock)
 	prompt := cat(sys, toks(50000, 4096-len(sys)))
 	hp := hashes(prompt)
-	own := scaleBlocksPerW - scaleSystemBlocks
+	own := perWorker - scaleSystemBlocks
 	for w := range WorkerID(scaleWorkers) {
 		if err := s.AddWorker(w, testCard); err != nil {
 			b.Fatal(err)
@@ -44,32 +50,71 @@ func scaleState(b *testing.B, s *State) Request {
 			apply(stored(0, kvcache.TierDevice, hp[scaleSystemBlocks-1], hp[scaleSystemBlocks:n]...))
 		}
 	}
-	if n := s.Index().Len(); n < scaleWorkers*(scaleBlocksPerW-scaleSystemBlocks) {
+	if n := s.Index().Len(); n < scaleWorkers*(perWorker-scaleSystemBlocks) {
 		b.Fatalf("index holds %d blocks", n)
 	}
 	return Request{Hashes: hp, PromptTokens: len(prompt), Now: t0}
 }
 
 // BenchmarkDecideScale: one routing decision over 1,000 workers with ~1M indexed blocks,
-// for a 4096-token (256-block) prompt.
+// for a 4096-token (256-block) prompt; kv-28k with 28,000 blocks per worker (28M entries,
+// a full 80 GB GPU's cache each). Besides the mean it reports the decisions' latency
+// percentiles (each timed alone) and the index's bytes per (worker, block) entry.
 func BenchmarkDecideScale(b *testing.B) {
-	for _, mode := range []Mode{ModeKV, ModeLeastLoaded} {
-		b.Run(string(mode), func(b *testing.B) {
+	for _, bc := range []struct {
+		name      string
+		mode      Mode
+		perWorker int
+		argmin    bool // temperature 0 and weight 1: the defaults before 2026-12
+	}{{"kv", ModeKV, scaleBlocksPerW, false}, {"kv-argmin", ModeKV, scaleBlocksPerW, true},
+		{"least-loaded", ModeLeastLoaded, scaleBlocksPerW, false}, {"kv-28k", ModeKV, 28000, false}} {
+		b.Run(bc.name, func(b *testing.B) {
 			cfg := DefaultConfig()
-			cfg.Mode = mode
+			cfg.Mode = bc.mode
+			if bc.argmin {
+				cfg.Temperature, cfg.OverlapWeight = 0, 1
+			}
 			cfg.BusyWaiting = 0
 			s := newTestState(b, cfg)
-			r := scaleState(b, s)
-			b.ReportMetric(float64(s.Index().Len()), "index-blocks")
+			r := scaleStateN(b, s, bc.perWorker)
+			x := s.Index()
+			lat := make([]time.Duration, 0, 1<<16)
+			cpu := make([]time.Duration, 0, 1<<16)
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
+				t, c := time.Now(), threadCPU()
 				d, err := s.Decide(r)
+				if len(lat) < cap(lat) {
+					cpu = append(cpu, threadCPU()-c)
+					lat = append(lat, time.Since(t))
+				}
 				if err != nil {
 					b.Fatal(err)
 				}
 				s.RemoveInflight(d.Inflight)
 			}
+			b.StopTimer()
+			reportLatencies(b, "", lat)
+			reportLatencies(b, "cpu-", cpu)
+			b.ReportMetric(float64(x.Len()), "index-blocks")
+			b.ReportMetric(float64(x.Bytes())/float64(x.Entries()), "B/entry")
 		})
+	}
+}
+
+// reportLatencies reports the 50th, 99th and 99.9th percentiles of ds, in µs.
+func reportLatencies(b *testing.B, prefix string, ds []time.Duration) {
+	if len(ds) == 0 {
+		return
+	}
+	slices.Sort(ds)
+	for _, p := range []struct {
+		name string
+		q    float64
+	}{{"p50-µs", 0.5}, {"p99-µs", 0.99}, {"p99.9-µs", 0.999}} {
+		b.ReportMetric(float64(ds[min(len(ds)-1, int(p.q*float64(len(ds))))].Nanoseconds())/1e3, prefix+p.name)
 	}
 }

@@ -60,6 +60,10 @@ type Config struct {
 	// last request; 0 disables session affinity.
 	AffinityTTL time.Duration
 
+	// RequireKVEvents keeps requests off stale workers (SetStale: their KV events are
+	// missing) instead of counting their overlap as unknown.
+	RequireKVEvents bool
+
 	// Card is the model's card. If its BlockSize is 0 the first worker's card
 	// is adopted.
 	Card Card
@@ -69,8 +73,8 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Mode:          ModeKV,
-		OverlapWeight: 1,
-		Temperature:   0,
+		OverlapWeight: 16,
+		Temperature:   0.02,
 		HostWeight:    0.5,
 		BusyKVUsage:   0.95,
 		BusyWaiting:   16,
@@ -120,7 +124,11 @@ type WorkerState struct {
 	Report     LoadReport
 	ReportedAt time.Time // zero until the first report
 	Healthy    bool      // from the last report or SetHealthy; true at registration
-	Inflight   int       // router requests dispatched and not yet removed
+	// Stale: the worker's KV events are missing (SetStale), so the index's view of its
+	// cache cannot be trusted: its overlap counts as unknown (the other candidates' mean),
+	// or, with RequireKVEvents, it gets no requests.
+	Stale    bool
+	Inflight int // router requests dispatched and not yet removed
 
 	gen      uint64 // registration generation, matched by Inflight handles
 	sent     uint64 // dispatches numbered so far
@@ -131,6 +139,7 @@ type WorkerState struct {
 	stamp    uint64 // decision whose overlap ovDev/ovHost hold
 	ovDev    int
 	ovHost   int
+	ix       *workerRec // the index's record: its block count
 }
 
 // dispatch is a request sent to a worker that its last report did not count.
@@ -221,9 +230,12 @@ type State struct {
 	cfg      Config
 	card     Card
 	rng      *rand.Rand
+	tieSeed  uint64 // drawn from rng: each router breaks ties its own way
 	index    *Index
+	walk     Walk
 	workers  []*WorkerState // sorted by ID
 	byID     map[WorkerID]*WorkerState
+	dense    []*WorkerState // byID for ids below denseIDs: no map lookup per match
 	gen      uint64
 	sessions map[string]session
 	sweepAt  int
@@ -240,7 +252,8 @@ type State struct {
 }
 
 // NewState returns an empty State with configuration cfg. rng drives the
-// random mode and softmax sampling; nil means a fixed seed, so runs repeat.
+// random mode, softmax sampling and the seed of tie-breaking; nil means a fixed seed,
+// so runs repeat. Routers that share workers should each have their own seed.
 func NewState(cfg Config, rng *rand.Rand) (*State, error) {
 	if cfg.Mode == "" {
 		cfg.Mode = ModeKV
@@ -255,6 +268,7 @@ func NewState(cfg Config, rng *rand.Rand) (*State, error) {
 		cfg:      cfg,
 		card:     cfg.Card,
 		rng:      rng,
+		tieSeed:  rng.Uint64(),
 		index:    NewIndex(),
 		byID:     make(map[WorkerID]*WorkerState),
 		sessions: make(map[string]session),
@@ -287,10 +301,19 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 	}
 	s.RemoveWorker(id)
 	s.gen++
-	w := &WorkerState{ID: id, Card: card, Healthy: true, gen: s.gen}
+	w := &WorkerState{ID: id, Card: card, Healthy: true, gen: s.gen, ix: s.index.rec(id)}
+	if card.KVBlocks > 0 {
+		s.index.Reserve(card.KVBlocks)
+	}
 	i, _ := slices.BinarySearchFunc(s.workers, id, func(w *WorkerState, id WorkerID) int { return cmpID(w.ID, id) })
 	s.workers = slices.Insert(s.workers, i, w)
 	s.byID[id] = w
+	if id < denseIDs {
+		for int(id) >= len(s.dense) {
+			s.dense = append(s.dense, nil)
+		}
+		s.dense[id] = w
+	}
 	if card.Role == RolePrefill {
 		s.prefillers++
 	}
@@ -301,14 +324,29 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 // bindings (lazily: a session bound to it rebinds on its next request).
 func (s *State) RemoveWorker(id WorkerID) {
 	s.index.RemoveWorker(id)
-	if s.byID[id] == nil {
+	if s.lookup(id) == nil {
 		return
 	}
-	if s.byID[id].Card.Role == RolePrefill {
+	if s.lookup(id).Card.Role == RolePrefill {
 		s.prefillers--
 	}
 	delete(s.byID, id)
+	if id < denseIDs {
+		s.dense[id] = nil
+	}
 	s.workers = slices.DeleteFunc(s.workers, func(w *WorkerState) bool { return w.ID == id })
+}
+
+// denseIDs bounds the worker ids kept in State.dense (a slice indexed by id): the live
+// registry numbers workers 1, 2, … and the simulator 0, 1, …; larger ids use the map.
+const denseIDs = 1 << 20
+
+// lookup returns worker id's state, nil if it is not registered.
+func (s *State) lookup(id WorkerID) *WorkerState {
+	if int(id) < len(s.dense) {
+		return s.dense[id]
+	}
+	return s.byID[id]
 }
 
 // Workers returns the registered workers' ids in order.
@@ -322,7 +360,7 @@ func (s *State) Workers() []WorkerID {
 
 // Worker returns a copy of worker id's state.
 func (s *State) Worker(id WorkerID) (WorkerState, bool) {
-	w := s.byID[id]
+	w := s.lookup(id)
 	if w == nil {
 		return WorkerState{}, false
 	}
@@ -333,7 +371,7 @@ func (s *State) Worker(id WorkerID) (WorkerState, bool) {
 // predictions from it (see WorkerState). Its Healthy field sets the worker's
 // health.
 func (s *State) Report(id WorkerID, r LoadReport, now time.Time) error {
-	w := s.byID[id]
+	w := s.lookup(id)
 	if w == nil {
 		return fmt.Errorf("%w %d", ErrUnknownWorker, id)
 	}
@@ -358,7 +396,7 @@ func (s *State) Report(id WorkerID, r LoadReport, now time.Time) error {
 // SetHealthy marks worker id healthy or not (for example when its heartbeats
 // stop) until the next load report.
 func (s *State) SetHealthy(id WorkerID, healthy bool) error {
-	w := s.byID[id]
+	w := s.lookup(id)
 	if w == nil {
 		return fmt.Errorf("%w %d", ErrUnknownWorker, id)
 	}
@@ -366,16 +404,27 @@ func (s *State) SetHealthy(id WorkerID, healthy bool) error {
 	return nil
 }
 
+// SetStale marks worker id's index entries as untrustworthy or trustworthy again; see
+// WorkerState.Stale.
+func (s *State) SetStale(id WorkerID, stale bool) error {
+	w := s.lookup(id)
+	if w == nil {
+		return fmt.Errorf("%w %d", ErrUnknownWorker, id)
+	}
+	w.Stale = stale
+	return nil
+}
+
 // Busy reports whether worker id is over a busy threshold (predicted KV usage
 // or waiting requests). Unknown workers are not busy.
 func (s *State) Busy(id WorkerID) bool {
-	w := s.byID[id]
+	w := s.lookup(id)
 	return w != nil && w.busy(&s.cfg)
 }
 
 // ApplyEvent applies a KV event of worker id to the index; see Index.Apply.
 func (s *State) ApplyEvent(id WorkerID, ev kvcache.Event) (gap bool, err error) {
-	if s.byID[id] == nil {
+	if s.lookup(id) == nil {
 		return false, fmt.Errorf("%w %d", ErrUnknownWorker, id)
 	}
 	return s.index.Apply(id, ev), nil
@@ -384,7 +433,7 @@ func (s *State) ApplyEvent(id WorkerID, ev kvcache.Event) (gap bool, err error) 
 // ResetWorker replaces worker id's index entries by a snapshot; see
 // Index.Reset.
 func (s *State) ResetWorker(id WorkerID, snap kvcache.Snapshot) error {
-	if s.byID[id] == nil {
+	if s.lookup(id) == nil {
 		return fmt.Errorf("%w %d", ErrUnknownWorker, id)
 	}
 	s.index.Reset(id, snap)
@@ -399,7 +448,7 @@ func (s *State) ResetWorker(id WorkerID, snap kvcache.Snapshot) error {
 func (s *State) AddInflight(id WorkerID, promptBlocks, cachedBlocks int) Inflight {
 	cachedBlocks = min(max(cachedBlocks, 0), max(promptBlocks, 0))
 	in := Inflight{Worker: id, PromptBlocks: max(promptBlocks, 0), CachedBlocks: cachedBlocks}
-	w := s.byID[id]
+	w := s.lookup(id)
 	if w == nil {
 		return in
 	}
@@ -460,7 +509,7 @@ func cmpSeq(d dispatch, seq uint64) int {
 }
 
 func (s *State) live(in Inflight) *WorkerState {
-	w := s.byID[in.Worker]
+	w := s.lookup(in.Worker)
 	if w == nil || w.gen != in.gen {
 		return nil
 	}

@@ -64,11 +64,19 @@ type Seq struct {
 	// KV is the sequence's block table: made at its first admission, emptied when it is
 	// preempted or finished. Len is how many of Tokens have their KV written.
 	KV *kvcache.Seq
+	// NoPrefixMatch makes an admission compute every token, none matched in the prefix
+	// cache: the caller wants an output at each prompt position (prompt log-probabilities,
+	// a mean-pooled embedding). The caller may clear it once it has them.
+	NoPrefixMatch bool
 
 	cached   int    // prompt tokens the prefix cache held at the first admission
 	admitted bool   // admitted at least once
 	arrival  uint64 // order of the first Add
 	state    state
+
+	// While queued: the prompt tokens the prefix cache held when the census last looked
+	// the sequence up, at expectFor tokens (load.go).
+	expect, expectFor int
 }
 
 // Sched returns s; a caller's record that embeds Seq thereby satisfies Sequence.
@@ -195,6 +203,8 @@ type Scheduler[S Sequence] struct {
 	arrivals uint64
 	plan     Plan[S]
 	order    []S // Schedule's copy of running
+
+	hashes []uint64 // the census's scratch (load.go)
 }
 
 // New returns a scheduler of the sequences on pool.
@@ -397,7 +407,11 @@ func (s *Scheduler[S]) admit(p *Plan[S], budget *int) bool {
 	if seq.KV == nil {
 		seq.KV = s.pool.NewSeq(s.cfg.Salt)
 	}
-	matched := seq.KV.Match(seq.Tokens, 1)
+	keep := 1 // the last token is computed, for its logits
+	if seq.NoPrefixMatch {
+		keep = len(seq.Tokens)
+	}
+	matched := seq.KV.Match(seq.Tokens, keep)
 	n := s.fit(p, matched, min(len(seq.Tokens)-matched, *budget))
 	if n == 0 || seq.KV.Reserve(n) != nil {
 		seq.KV.Release()

@@ -47,6 +47,7 @@ type harness struct {
 //	finish id=I                                 the caller finishes I (a stop token, a client gone)
 //	state                                       the waiting and running sequences, as
 //	                                            ID(tokens with KV/tokens)
+//	census                                      the Census and the load report it makes
 func TestScripts(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
 	if err != nil || len(files) == 0 {
@@ -75,6 +76,8 @@ func TestScripts(t *testing.T) {
 					out = h.state()
 				case "state":
 					out = h.state()
+				case "census":
+					out = h.census()
 				default:
 					t.Fatalf("%s: unknown command %q", d.Pos, d.Cmd)
 				}
@@ -439,4 +442,13 @@ func TestScheduleAllocatesNothing(t *testing.T) {
 			t.Errorf("after Finish: idle %v, %d blocks used", s.Idle(), pool.Stats().Used)
 		}
 	}
+}
+
+func (h *harness) census() string {
+	c := h.s.Census()
+	l := c.Load(h.pool.Stats())
+	return fmt.Sprintf("running %d prefilling %d waiting %d prefill-tokens %d waiting-tokens %d decode-blocks %d\n"+
+		"report: running %d waiting %d prefill-tokens %d queued %d queued-tokens %d decode-blocks %d cached-blocks %d\n",
+		c.Running, c.Prefilling, c.Waiting, c.PrefillTokens, c.WaitingTokens, c.DecodeBlocks,
+		l.Running, l.Waiting, l.PrefillTokens, l.Queued, l.QueuedTokens, l.DecodeBlocks, l.CachedBlocks)
 }

@@ -595,22 +595,9 @@ func (s *sim) report() {
 	maxA, sumA := 0, 0
 	for _, w := range s.workers {
 		waiting, running := w.sched.Waiting(), w.sched.Running()
-		lr := router.LoadReport{Running: len(running), KVBlocks: s.cfg.KVBlocks, Healthy: true}
-		st := w.pool.Stats()
-		lr.KVUsage, lr.LastEventID = st.Usage(), st.LastEventID
-		for _, r := range waiting {
-			lr.Waiting++
-			lr.PrefillTokens += len(r.Tokens)
-		}
-		for _, r := range running {
-			if len(r.times) == 0 {
-				lr.Waiting++
-			}
-			if n := len(r.Tokens) - r.KV.Len(); n > 1 {
-				lr.PrefillTokens += n
-			}
-			lr.DecodeBlocks += len(r.KV.Blocks())
-		}
+		// What a live worker reports (worker.Load): the same census, the same function.
+		lr := w.sched.Census().Load(w.pool.Stats())
+		lr.Healthy = true
 		if s.cfg.ReportDelay > 0 {
 			s.send(w, delayed{t: s.now + s.cfg.ReportDelay, report: &lr})
 		} else {

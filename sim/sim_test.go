@@ -250,7 +250,7 @@ func TestMultiTurn(t *testing.T) {
 	// the first 64 (4 full blocks) are cached, 33 computed: TTFT 10 + 33 = 43 ms.
 	r := Request{Segments: []bench.Segment{{Seed: 1, Len: 64}}, OutputLen: 3, Think: 100 * time.Millisecond,
 		FollowUps: []bench.Request{{Segments: []bench.Segment{{Seed: 2, Len: 30}}, OutputLen: 2}}}
-	res := run(t, Config{Workers: 2, Timing: fixed}, []Request{r})
+	res := run(t, Config{Workers: 2, Timing: fixed, Router: router.DefaultConfig()}, []Request{r})
 	q := res.Bench.Requests
 	if len(q) != 2 || !q[0].OK() || !q[1].OK() {
 		t.Fatalf("results %+v", q)
@@ -281,7 +281,9 @@ func TestMultiTurn(t *testing.T) {
 		t.Fatalf("completed %d and %d of 64", kv.Bench.Summary.Completed, rr.Bench.Summary.Completed)
 	}
 	t.Logf("multi-turn hit rate: kv %.3f, round-robin %.3f, bound %.3f", kv.HitRate, rr.HitRate, kv.IdealHitRate)
-	if kv.HitRate <= rr.HitRate || kv.HitRate > kv.IdealHitRate {
+	// (Not held to IdealHitRate: that cache takes the prompts only, while a worker's also
+	// holds the answers, which the next turn's prompt repeats; kv can beat it here.)
+	if kv.HitRate <= rr.HitRate {
 		t.Errorf("kv hit rate %.3f, round-robin %.3f, bound %.3f", kv.HitRate, rr.HitRate, kv.IdealHitRate)
 	}
 }

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"os"
 	"strings"
 	"testing"
@@ -22,7 +23,7 @@ func TestApplyChatTemplate(t *testing.T) {
 	}{
 		{"llama-bpe", chatConversation, true, "testdata/llama3_chat.txt"},
 		{"qwen2", chatConversation, true, "testdata/qwen3_chat.txt"},
-		{"qwen2", []Message{{"user", "Why?"}, {"assistant", "<think>\nreasoning\n</think>\n\nAnswer"}}, false, "testdata/qwen3_think.txt"},
+		{"qwen2", []Message{{Role: "user", Content: "Why?"}, {Role: "assistant", Content: "<think>\nreasoning\n</think>\n\nAnswer"}}, false, "testdata/qwen3_think.txt"},
 	}
 	for _, c := range cases {
 		t.Run(c.golden, func(t *testing.T) {
@@ -74,5 +75,36 @@ func TestRenderChatTemplateFeatures(t *testing.T) {
 	want := `[1:user:"Hello!"][2:assistant:"Hi there. How can I help?"][3:user:"  What is 2+2?\n"]<s></s>>4`
 	if got != want {
 		t.Errorf("got  %q\nwant %q", got, want)
+	}
+}
+
+// Tools, assistant tool calls, tool results and template variables reach the template as
+// Hugging Face's apply_chat_template passes them (Qwen3's real template).
+func TestRenderChatTools(t *testing.T) {
+	tk, _ := loadVocab(t, "qwen2")
+	tool := []byte(`{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}`)
+	msgs := []Message{
+		{Role: "user", Content: "Weather in Paris?"},
+		{Role: "assistant", ToolCalls: []ToolCall{{ID: "call_1", Name: "get_weather", Arguments: `{"city": "Paris"}`}}},
+		{Role: "tool", Content: `{"temp": 21}`, ToolCallID: "call_1"},
+	}
+	got, err := tk.ApplyChat(msgs, ChatOptions{AddGenerationPrompt: true, Tools: []json.RawMessage{tool},
+		Vars: map[string]json.RawMessage{"enable_thinking": json.RawMessage("false")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"# Tools\n\nYou may call one or more functions",
+		"<tools>\n" + `{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}` + "\n</tools>",
+		"<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>",
+		"<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response><|im_end|>",
+		"<|im_start|>assistant\n<think>\n\n</think>\n\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("rendered prompt lacks %q:\n%s", want, got)
+		}
+	}
+	if _, err := tk.ApplyChat(msgs, ChatOptions{Vars: map[string]json.RawMessage{"messages": json.RawMessage("[]")}}); err == nil {
+		t.Error("a variable replaced messages")
 	}
 }

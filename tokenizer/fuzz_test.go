@@ -91,7 +91,7 @@ func FuzzFromHF(f *testing.F) {
 			_ = tk.Decode(ids)
 			_ = streamAll(tk, ids)
 		}
-		_, _ = tk.ApplyChatTemplate([]Message{{"user", "hi"}}, true)
+		_, _ = tk.ApplyChatTemplate([]Message{{Role: "user", Content: "hi"}}, true)
 	})
 }
 

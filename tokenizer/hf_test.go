@@ -136,7 +136,7 @@ func TestFromHFByteLevel(t *testing.T) {
 				}
 			}
 			t.Logf("%s via FromHF: %d/%d golden strings match llama.cpp; %d/%d match transformers.js", c.vocab, pass, len(v.Results), tjsAgree, tjsTotal)
-			msgs := []Message{{"user", "hi"}}
+			msgs := []Message{{Role: "user", Content: "hi"}}
 			a, err1 := hf.ApplyChatTemplate(msgs, true)
 			b, err2 := gg.ApplyChatTemplate(msgs, true)
 			if err1 != nil || err2 != nil || a != b {

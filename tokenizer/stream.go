@@ -10,6 +10,7 @@ import "unicode/utf8"
 // outputs (including Flush) equals Decode of the same ids whenever that is valid UTF-8.
 type StreamDecoder struct {
 	t     *Tokenizer
+	raw   bool // no clean-up of spaces (NewRawStreamDecoder)
 	first bool
 	pend  []byte // raw bytes not yet cleaned (clean-up vocabs only)
 	ctx   []byte // up to 3 raw bytes preceding pend
@@ -21,6 +22,13 @@ func (t *Tokenizer) NewStreamDecoder() *StreamDecoder {
 	return &StreamDecoder{t: t, first: true}
 }
 
+// NewRawStreamDecoder returns a decoder that leaves spaces as the tokens have them even
+// where Decode cleans them up, so that its text is exactly the tokens' bytes: what a
+// grammar constrained (a clean-up would change a JSON string's content).
+func (t *Tokenizer) NewRawStreamDecoder() *StreamDecoder {
+	return &StreamDecoder{t: t, first: true, raw: true}
+}
+
 // Add appends one token and returns the text that is now final.
 func (d *StreamDecoder) Add(id int32) string {
 	p := d.t.Piece(id)
@@ -30,7 +38,7 @@ func (d *StreamDecoder) Add(id int32) string {
 			p = p[1:]
 		}
 	}
-	if !d.t.cleanSpaces {
+	if !d.t.cleanSpaces || d.raw {
 		d.ready = append(d.ready, p...)
 		return d.emit(false)
 	}

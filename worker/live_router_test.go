@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -39,7 +40,7 @@ func startRouterIn(t *testing.T, dir string, cfg live.Config) *testCluster {
 	t.Helper()
 	logs := &syncBuffer{}
 	srv, err := live.StartServer(live.ServerConfig{
-		Host: "127.0.0.1", StateDir: dir, Router: cfg,
+		Host: "127.0.0.1", StateDir: dir, Router: cfg, ResponsesPath: filepath.Join(t.TempDir(), "responses.db"),
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {

@@ -35,6 +35,11 @@ type registration struct {
 	// active are the running requests the registration's router sent (bind), canceled
 	// should that router be lost (lose). Guarded by registrations.mu.
 	active map[uint64]boundRequest
+	// early marks a registration made by bind for a key add has not seen yet: the
+	// router dispatched as soon as it had replied, before the reply reached the worker's
+	// add. add adopts it; if none does, its last request's end removes it. Guarded by
+	// registrations.mu.
+	early bool
 }
 
 type boundRequest struct {
@@ -56,6 +61,10 @@ func (r *registrations) add(key uint64) *registration {
 		for r.regs[key] != nil {
 			key++
 		}
+	}
+	if early := r.regs[key]; early != nil && early.early {
+		early.early = false // requests that came before the reply: this registration's
+		return early
 	}
 	r.regs[key] = reg
 	return reg
@@ -106,7 +115,13 @@ func (r *registrations) bind(ctx context.Context, key uint64) (_ context.Context
 	defer r.mu.Unlock()
 	reg := r.regs[key]
 	if reg == nil {
-		return ctx, func() {}
+		// Not yet registered: the router may dispatch the moment it replies, before the
+		// reply is read here. Keep the binding for add to adopt.
+		if r.regs == nil {
+			r.regs = map[uint64]*registration{}
+		}
+		reg = &registration{nudge: make(chan struct{}, 1), early: true}
+		r.regs[key] = reg
 	}
 	bctx, cancel := context.WithCancelCause(ctx)
 	r.nextID++
@@ -118,6 +133,9 @@ func (r *registrations) bind(ctx context.Context, key uint64) (_ context.Context
 	return bctx, func() {
 		r.mu.Lock()
 		delete(reg.active, id)
+		if reg.early && len(reg.active) == 0 && r.regs[key] == reg {
+			delete(r.regs, key) // no registration came to adopt it
+		}
 		r.mu.Unlock()
 		cancel(nil)
 	}

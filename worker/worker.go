@@ -75,6 +75,13 @@ type Config struct {
 	Logger  *slog.Logger
 	Options []orpc.Option // for the ORPC server and clients
 
+	// Weights, if set, serves Worker.PullWeights: a new engine of the same model takes
+	// its prepared weights from this one (weights.go), at most WeightsSendRate bytes per
+	// second over all its pulls (0: unlimited); WeightsMetrics, if set, counts them.
+	Weights         WeightSource
+	WeightsSendRate float64
+	WeightsMetrics  *metrics.WeightsTransfer
+
 	// KVTransferTime is the modelled time to move n bytes of KV (the sim backend's
 	// sim.Timing.Transfer): a pull of modelled blocks (engine.KVFormat.Modelled) sends no
 	// payload and is paced to it instead. nil: such pulls take no modelled time.
@@ -106,6 +113,7 @@ type Worker struct {
 
 	regs registrations
 	kvx  kvXfer // clients to other workers, for KV pulls
+	wsrv weightsServer
 
 	drain   drain              // drain.go
 	stopRun context.CancelFunc // ends Run (Shutdown); guarded by mu
@@ -282,6 +290,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	orpc.ServerStream(w.srv, cluster.MethodGenerate, w.generate)
 	orpc.Unary(w.srv, cluster.MethodSnapshot, w.snapshot)
 	w.registerKV(w.srv)
+	w.registerWeights(w.srv)
 	defer w.closePeers()
 	l, err := w.srv.ListenPacket(pc, id.ServerTLS())
 	if err != nil {
@@ -442,12 +451,17 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	if interval <= 0 {
 		interval = 250 * time.Millisecond
 	}
-	// A heartbeat (or event batch) unanswered for as long as the router waits for our
-	// heartbeats means the router is lost (a router killed with SIGKILL says nothing, and
-	// QUIC would notice only at its idle timeout).
-	lossTimeout := time.Duration(reply.HeartbeatTimeoutMs) * time.Millisecond
+	// A heartbeat (or event batch) unanswered for three times as long as the router waits
+	// for our heartbeats means the router is lost (a router killed with SIGKILL says
+	// nothing, and QUIC would notice only at its idle timeout). Three times, not once: the
+	// router fails a lost worker's requests over to another, while a worker that gives up
+	// on its router cancels them, so a router that is only slow for a moment (its CPU taken
+	// by a burst of long prompts' JSON, a pause) must not make the fleet drop its work: in a
+	// 100-replica Mooncake run on a loaded machine, with the router's own 1 s, 99 replicas
+	// gave up their registrations at once.
+	lossTimeout := 3 * time.Duration(reply.HeartbeatTimeoutMs) * time.Millisecond
 	if lossTimeout <= 0 {
-		lossTimeout = max(4*interval, time.Second)
+		lossTimeout = 3 * max(4*interval, time.Second)
 	}
 
 	me := w.regs.add(reply.DispatchKey)
@@ -550,30 +564,23 @@ func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64, reg *
 	return nil
 }
 
-// Load returns the worker's load report now. With a StatsEngine it is the engine's state:
-// running = decoding sequences, waiting = sequences without a first token (queued, or
-// admitted and prefilling), prefill = the uncomputed prompt tokens of the admitted ones
-// (queued prompts are left out: their prefix cache hits are not known before admission,
-// and the router predicts them itself), decode blocks = the blocks
-// the admitted sequences hold, and the last step's timing. Otherwise running and waiting
-// count the requests served over ORPC. KV usage is the whole pool's either way.
+// Load returns the worker's load report now. With a StatsEngine it is the engine's
+// scheduler census (sched.Census.Load, the function the simulator's workers report
+// through too): running = decoding sequences, waiting = sequences without a first token
+// (queued, in the inbox, or admitted and prefilling), prefill = the uncomputed prompt
+// tokens of all of them (a queued prompt's less the prefix-cache hits its admission is
+// expected to find), decode blocks = the blocks the admitted sequences hold, the pool's
+// KV figures, and the last step's timing. Otherwise running and waiting count the requests
+// served over ORPC. KV usage is the whole pool's either way.
 func (w *Worker) Load() cluster.LoadReport {
 	if se, ok := w.cfg.Engine.(StatsEngine); ok {
 		st := se.Stats()
-		return cluster.LoadReport{Load: llm.Load{
-			Running:       st.Running - st.Prefilling,
-			Waiting:       st.Waiting + st.Prefilling,
-			PrefillTokens: st.PrefillTokens,
-			DecodeBlocks:  st.DecodeBlocks,
-			KVUsage:       st.KVUsage,
-			KVBlocks:      st.KVBlocks,
-			LastEventID:   w.cfg.Engine.Pool().Stats().LastEventID,
-			Healthy:       !w.Draining(),
-			StepMicros:    int(st.LastStep / time.Microsecond),
-			StepTokens:    st.LastStepTokens,
-
-			StepsOverTarget: st.StepsOverTarget,
-		}}
+		l := st.Census.Load(w.cfg.Engine.Pool().Stats())
+		l.Healthy = !w.Draining()
+		l.StepMicros = int(st.LastStep / time.Microsecond)
+		l.StepTokens = st.LastStepTokens
+		l.StepsOverTarget = st.StepsOverTarget
+		return cluster.LoadReport{Load: l}
 	}
 	st := w.cfg.Engine.Pool().Stats()
 	return cluster.LoadReport{Load: llm.Load{
@@ -584,6 +591,7 @@ func (w *Worker) Load() cluster.LoadReport {
 		KVUsage:       st.Usage(),
 		KVBlocks:      st.Blocks,
 		LastEventID:   st.LastEventID,
+		CachedBlocks:  st.Indexed,
 		Healthy:       !w.Draining(),
 	}}
 }

@@ -196,3 +196,35 @@ func TestRouterDrainTellsClients(t *testing.T) {
 		t.Fatalf("the cut stream ended with %q", last[max(0, len(last)-2):])
 	}
 }
+
+// TestStateDirOneProcess: a second engine on the state directory a live one holds exits at
+// once with an error naming the holder (three engines started without --state-dir from one
+// directory used to share one), and so does a second router.
+func TestStateDirOneProcess(t *testing.T) {
+	r := startHardenedRouter(t)
+	state := t.TempDir()
+	first := startProc(t, "engine-1", "tandem", "serve", "--backend", "sim", "--port", "0", "--join", r.orpc,
+		"--join-token", e2eToken, "--state-dir", state, "--node-name", "one")
+	first.wait(t, `tandem serve: http://`, 60*time.Second)
+	second := startProc(t, "engine-2", "tandem", "serve", "--backend", "sim", "--port", "0", "--join", r.orpc,
+		"--join-token", e2eToken, "--state-dir", state, "--node-name", "two")
+	m, exited := second.logged(`is held by process \d+; give each process its own --state-dir`, 30*time.Second)
+	if m == nil {
+		t.Fatalf("the second engine did not refuse the held state directory (exited %v):\n%s", exited, second.text())
+	}
+	select {
+	case <-second.exited:
+		if second.err == nil {
+			t.Error("the second engine exited 0")
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the second engine did not exit")
+	}
+	routerDir := t.TempDir()
+	a := startHardenedRouter(t, "--state-dir", routerDir)
+	_ = a
+	b := startProc(t, "tandem-router#2", "tandem-router", "--port", "0", "--orpc-port", "0", "--state-dir", routerDir)
+	if m, _ := b.logged(`is held by process \d+`, 30*time.Second); m == nil {
+		t.Errorf("a second router on a held state directory:\n%s", b.text())
+	}
+}

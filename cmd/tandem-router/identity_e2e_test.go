@@ -94,7 +94,7 @@ func TestSimReplicasRestartWithoutToken(t *testing.T) {
 	first.cmd.Process.Signal(syscall.SIGKILL)
 	<-first.exited
 	again := startProc(t, "sims (restarted)", "tandem", args...)
-	again.wait(t, `sim backend: 3 replica\(s\)`, 60*time.Second)
+	again.wait(t, `sim backend: 3 replicas`, 60*time.Second)
 	for i := range n {
 		again.wait(t, fmt.Sprintf(`using the identity stored in the state directory.* node=sim-%d `, i), 30*time.Second)
 		if m, _ := r.logged(fmt.Sprintf(`(?s)(worker joined.*worker=sim-%d .*){2}`, i), 30*time.Second); m == nil {

@@ -11,14 +11,25 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"tandem/httpserve"
+	"tandem/internal/statefile"
+	"tandem/internal/version"
+	"tandem/metrics"
 	"tandem/router"
 	"tandem/router/live"
+	"tandem/sla"
+	"tandem/web"
 )
 
 func main() {
@@ -34,10 +45,16 @@ func run(args []string, stderr io.Writer) error {
 	def := router.DefaultConfig()
 	fs := flag.NewFlagSet("tandem-router", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tandem-router [--host H] [--port P] [--orpc-port P] [--state-dir DIR] [--routing MODE] [flags]")
+		fmt.Fprintln(stderr, "\nServes the OpenAI API in front of the engines that join it (tandem serve --join HOST:ORPC_PORT --join-token T).")
+		fs.PrintDefaults()
+	}
+	showVersion := fs.Bool("version", false, "print the build's version and exit")
 	host := fs.String("host", "127.0.0.1", "address to listen on (HTTP and ORPC)")
 	port := fs.Int("port", 8000, "HTTP port for the OpenAI API (0 picks a free one)")
 	orpcPort := fs.Int("orpc-port", 7001, "ORPC (QUIC/UDP) port engines connect to (0 picks a free one)")
-	stateDir := fs.String("state-dir", "tandem-router-state", "directory of the cluster CA and join token (created on first start)")
+	stateDir := fs.String("state-dir", "", "directory of the cluster CA and join token, created on first start, one per process (default: $XDG_STATE_HOME/tandem/router-PORT; ~/.local/state without XDG_STATE_HOME)")
 	joinToken := fs.String("join-token", "", "join token engines must present, id.secret (default: the stored one, or a new one)")
 	routing := fs.String("routing", string(router.ModeKV), "routing mode: kv, round-robin, random or least-loaded")
 	overlap := fs.Float64("overlap-weight", def.OverlapWeight, "cost = overlap-weight × prefill blocks + decode blocks")
@@ -46,18 +63,23 @@ func run(args []string, stderr io.Writer) error {
 	busyKV := fs.Float64("busy-kv-usage", def.BusyKVUsage, "a worker at or above this predicted KV usage is busy (0 disables)")
 	busyWaiting := fs.Int("busy-waiting", def.BusyWaiting, "a worker with this many predicted waiting requests is busy (0 disables)")
 	affinity := fs.Duration("session-ttl", def.AffinityTTL, "how long a session (X-Session-Id or user) stays on its worker after its last request (0 disables)")
-	queueTimeout := fs.Duration("queue-timeout", 5*time.Second, "how long a request waits when every worker is busy before 429")
+	queueTimeout := fs.Duration("queue-timeout", 5*time.Second, "how long a request waits when every worker is busy (then 429) or none is healthy (then 503)")
 	maxQueue := fs.Int("max-queue", 1024, "most requests waiting for a worker; past it 429 at once")
 	maxMigrations := fs.Int("max-migrations", live.DefaultMaxMigrations, "most times one request moves to another worker when its worker fails mid-stream (0: never)")
 	heartbeat := fs.Duration("heartbeat", 250*time.Millisecond, "heartbeat interval asked of workers")
-	hbTimeout := fs.Duration("heartbeat-timeout", 0, "a worker whose load reports stop this long is declared dead: removed, and its requests retried or migrated elsewhere (0: 4 heartbeat intervals, at least 1s)")
+	hbTimeout := fs.Duration("heartbeat-timeout", 0, "a worker whose load reports stop this long is declared dead: removed, and its requests retried or migrated elsewhere (0: 8 heartbeat intervals, at least 2s)")
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
 	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
+	slaTargets := sla.AddFlags(fs)
 	bodyTimeout := fs.Duration("body-timeout", httpserve.DefaultBodyReadTimeout, "a request body must arrive within this, plus 1 s per --min-body-rate bytes (negative: no limit)")
 	minBodyRate := fs.Int64("min-body-rate", httpserve.DefaultMinBodyRate, "the slowest a request body may arrive, in bytes per second, after --body-timeout")
 	name := fs.String("name", "tandem-router", "this router's name in the cluster")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long running requests may take to finish")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	responseTTL := fs.Duration("response-ttl", 24*time.Hour, "how long the Responses API keeps a stored response, in --state-dir (0: until deleted)")
+	allowedOrigins := fs.String("allowed-origins", "", "comma-separated origins allowed to call the API from a browser (CORS; \"*\": any; default none)")
+	metricsPrefix := fs.String("metrics-prefix", "tandem", "also serve every tandem_router: metric under this prefix: "+strings.Join(metrics.MetricsPrefixes, ", "))
+	requireKV := fs.Bool("require-kv-events", false, "kv routing: send no requests to a worker whose KV events are missing (load but no events for a while, or a failed snapshot) instead of counting its cache as unknown")
 	dis := router.DefaultDisaggConfig()
 	fs.IntVar(&dis.MinRemoteTokens, "disagg-min-tokens", dis.MinRemoteTokens, "with prefill workers: prefill on one only when the decode worker lacks at least this many prompt tokens")
 	fs.BoolVar(&dis.Strict, "disagg-strict", dis.Strict, "fail a request whose remote prefill or KV transfer fails, instead of prefilling on the decode worker")
@@ -69,8 +91,31 @@ func run(args []string, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if *showVersion {
+		fmt.Fprintln(stderr, "tandem-router", version.String())
+		return nil
+	}
+	if *stateDir == "" {
+		if *port == 0 {
+			return errors.New("--port 0 needs --state-dir: the default state directory is named after the port")
+		}
+		dir, err := statefile.DefaultDir("router-" + strconv.Itoa(*port))
+		if err != nil {
+			return err
+		}
+		*stateDir = dir
+	}
+	// One process per state directory (several routers of one cluster each get a copy).
+	release, err := statefile.Lock(*stateDir)
+	if err != nil {
+		return fmt.Errorf("--state-dir: %w", err)
+	}
+	defer release()
 	if *minBodyRate <= 0 {
 		return fmt.Errorf("--min-body-rate %d: want a positive number of bytes per second", *minBodyRate)
+	}
+	if err := slaTargets.Check(); err != nil {
+		return err
 	}
 	if *heartbeat <= 0 {
 		return fmt.Errorf("--heartbeat %v: want a positive interval", *heartbeat)
@@ -90,7 +135,21 @@ func run(args []string, stderr io.Writer) error {
 	pol := def
 	pol.Mode, pol.OverlapWeight, pol.Temperature, pol.HostWeight = mode, *overlap, *temp, *hostWeight
 	pol.BusyKVUsage, pol.BusyWaiting, pol.AffinityTTL = *busyKV, *busyWaiting, *affinity
+	pol.RequireKVEvents = *requireKV
 
+	var dash *web.Dashboard
+	if !slices.Contains(metrics.MetricsPrefixes, *metricsPrefix) {
+		return fmt.Errorf("--metrics-prefix %q: want one of %s", *metricsPrefix, strings.Join(metrics.MetricsPrefixes, ", "))
+	}
+	if *responseTTL < 0 {
+		return fmt.Errorf("--response-ttl %v: want a duration of 0 or more", *responseTTL)
+	}
+	var origins []string
+	for _, o := range strings.Split(*allowedOrigins, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			origins = append(origins, o)
+		}
+	}
 	srv, err := live.StartServer(live.ServerConfig{
 		Host: *host, Port: *port, ORPCPort: *orpcPort, StateDir: *stateDir, JoinToken: *joinToken,
 		Router: live.Config{
@@ -102,11 +161,23 @@ func run(args []string, stderr io.Writer) error {
 		BodyReadTimeout: *bodyTimeout,
 		MinBodyRate:     *minBodyRate,
 		PublicMetrics:   *publicMetrics,
+		ResponseTTL:     *responseTTL,
+		AllowedOrigins:  origins,
+		MetricsPrefix:   *metricsPrefix,
 		Logger:          log,
+		WrapHandler: func(api http.Handler, reg *prometheus.Registry) (http.Handler, error) {
+			var err error
+			dash, err = web.New(web.Config{Kind: web.Router, Name: *name, Source: reg, Registerer: reg, APIKey: *apiKey, SLA: *slaTargets, Logger: log})
+			if err != nil {
+				return nil, err
+			}
+			return dash.Wrap(api), nil // the dashboard at /dashboard, the API elsewhere
+		},
 	})
 	if err != nil {
 		return err
 	}
+	dash.StopWhen(srv.HTTP.Draining) // open dashboards must not hold the drain
 	created := ""
 	if srv.CACreated {
 		created = " (new cluster CA)"
@@ -115,8 +186,8 @@ func run(args []string, stderr io.Writer) error {
 	if srv.TokCreated {
 		tokNote = " (generated; stored in " + *stateDir + ")"
 	}
-	fmt.Fprintf(stderr, "tandem-router: %s\n  ORPC for engines: %s%s\n  routing: %s\n  join token: %s%s\n  engines join with: tandem serve --join %s --join-token %s\n",
-		srv.URL(), srv.ORPCAddr, created, mode, srv.Token, tokNote, srv.ORPCAddr, srv.Token)
+	fmt.Fprintf(stderr, "tandem-router: %s\n  version: %s\n  state: %s\n  ORPC for engines: %s%s\n  routing: %s\n  join token: %s%s\n  engines join with: tandem serve --join %s --join-token %s\n",
+		srv.URL(), version.String(), *stateDir, srv.ORPCAddr, created, mode, srv.Token, tokNote, srv.ORPCAddr, srv.Token)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -20,4 +20,7 @@ func TestBadFlags(t *testing.T) {
 	if err := run([]string{"--heartbeat", "0s"}, &stderr); err == nil || !strings.Contains(err.Error(), "positive interval") {
 		t.Errorf("--heartbeat 0: %v", err)
 	}
+	if err := run([]string{"--sla-itl", "0s"}, &stderr); err == nil || !strings.Contains(err.Error(), "--sla-itl 0s") {
+		t.Errorf("--sla-itl 0: %v", err)
+	}
 }

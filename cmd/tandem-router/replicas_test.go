@@ -26,7 +26,7 @@ func TestSimReplicasBehindRouter(t *testing.T) {
 			sims := startProc(t, "sims", "tandem", "serve", "--backend", "sim", "--replicas", fmt.Sprint(n), "--sim-profile", "gpu",
 				"--served-model-name", "stories", "--node-name", "sim", "--kv-cache-memory", "64MiB",
 				"--port", "0", "--join", r.orpc, "--join-token", e2eToken, "--state-dir", t.TempDir())
-			sims.wait(t, `sim backend: 8 replica\(s\)`, 60*time.Second)
+			sims.wait(t, `sim backend: 8 replicas`, 60*time.Second)
 			for i := range n {
 				r.wait(t, fmt.Sprintf(`worker joined.*worker=sim-%d `, i), 30*time.Second)
 			}

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"tandem/internal/version"
 )
 
 type command struct {
@@ -20,10 +22,12 @@ func commands() []command {
 		{"tokenize", "print a text's token ids as JSON", tokenizeCmd},
 		{"gen-model", "write a random-weight GGUF model of a given shape and type", genModelCmd},
 		{"serve", "serve the OpenAI-compatible API", serveCmd},
+		{"cluster", "run a router and its engines on this machine: one command, one URL", clusterCmd},
 		{"bench-engine", "time prompt processing, generation and batched decode (like llama-bench)", benchEngineCmd},
 		{"bench", "load-test an OpenAI-compatible server", benchCmd},
 		{"simulate", "replay a trace over simulated workers with the router's own decisions", simulateCmd},
 		{"profile", "time an engine's forward pass and fit the simulator's timing model", profileCmd},
+		{"devices", "list the devices --device can name (the CPU, Vulkan devices)", devicesCmd},
 	}
 }
 
@@ -32,6 +36,10 @@ func main() {
 }
 
 func mainWithArgs(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version" || args[0] == "version") {
+		fmt.Fprintln(stdout, "tandem", version.String())
+		return 0
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)
 		if len(args) == 0 {
@@ -62,6 +70,6 @@ func usage(w io.Writer) {
 	for _, c := range commands() {
 		fmt.Fprintf(&b, "  %-10s %s\n", c.name, c.usage)
 	}
-	b.WriteString("\nRun 'tandem <command> -h' for a command's flags.\n")
+	b.WriteString("\nRun 'tandem <command> -h' for a command's flags, 'tandem --version' for the build.\n")
 	io.WriteString(w, b.String())
 }

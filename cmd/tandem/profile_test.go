@@ -67,7 +67,7 @@ func TestProfileAndServeSim(t *testing.T) {
 	if texts[0] != texts[1] {
 		t.Errorf("outputs differ: %q, %q", texts[0], texts[1])
 	}
-	if !strings.Contains(s.log(), "sim backend: 1 replica(s)") {
+	if !strings.Contains(s.log(), "sim backend: 1 replica,") {
 		t.Errorf("serve did not say it runs the sim backend:\n%s", s.log())
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,9 +20,16 @@ import (
 	"tandem/cluster"
 	"tandem/engine"
 	"tandem/httpserve"
+	"tandem/internal/statefile"
+	"tandem/internal/version"
+	"tandem/llm"
+	"tandem/metrics"
 	"tandem/node"
+	"tandem/openai"
 	"tandem/orpc"
+	"tandem/respstore"
 	"tandem/sim"
+	"tandem/sla"
 	"tandem/worker"
 )
 
@@ -30,7 +38,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	modelPath := fs.String("model", "", "GGUF file or Hugging Face model directory (default: the built-in demo model)")
 	host := fs.String("host", "127.0.0.1", "address to listen on")
 	port := fs.Int("port", 8080, "port to listen on (0 picks a free one)")
-	servedName := fs.String("served-model-name", "", "model name in the API (default: the model's name)")
+	servedName := fs.String("served-model-name", "", "model id in the API (default: the model file's or directory's name, without .gguf)")
 	kvMem := fs.String("kv-cache-memory", "", "KV cache budget, e.g. 4GiB (default: 40% of available memory, at most what --max-seqs full contexts need)")
 	maxModelLen := fs.Int("max-model-len", 0, "context length (default: the model's)")
 	maxBatch := fs.Int("max-batch-tokens", engine.DefaultMaxBatchTokens, "token budget of one engine step")
@@ -41,8 +49,10 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	stepProfile := fs.String("step-profile", "", "with --itl-target: the forward step's cost, a JSON file from tandem profile (default: measured at start, in a few seconds; with --backend sim, its --sim-profile), corrected live")
 	kvt := addKVTypeFlag(fs)
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
+	dev := addDeviceFlag(fs)
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
 	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
+	slaTargets := sla.AddFlags(fs)
 	bodyTimeout := fs.Duration("body-timeout", httpserve.DefaultBodyReadTimeout, "a request body must arrive within this, plus 1 s per --min-body-rate bytes (negative: no limit)")
 	minBodyRate := fs.Int64("min-body-rate", httpserve.DefaultMinBodyRate, "the slowest a request body may arrive, in bytes per second, after --body-timeout")
 	tlsCert := fs.String("tls-cert", "", "TLS certificate file: serve HTTPS, HTTP/2 and HTTP/3")
@@ -53,13 +63,20 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&joins, "join", "a tandem-router's ORPC address HOST:PORT to register with (repeatable)")
 	joinToken := fs.String("join-token", "", "the cluster's join token (printed by tandem-router)")
 	orpcPort := fs.Int("orpc-port", 0, "ORPC (QUIC/UDP) port routers call this engine on, with --join (0 picks a free one)")
-	stateDir := fs.String("state-dir", "tandem-state", "where the cluster identity earned with --join-token is kept")
+	stateDir := fs.String("state-dir", "", "where the stored responses and the cluster identity earned with --join-token are kept, one per process (default: $XDG_STATE_HOME/tandem/serve-NAME, NAME the --node-name, else the --port; ~/.local/state without XDG_STATE_HOME; with --port 0 and neither, responses are kept in memory)")
+	responseTTL := fs.Duration("response-ttl", 24*time.Hour, "how long the Responses API keeps a stored response (0: until deleted)")
+	pooling := fs.String("pooling", "auto", "how /v1/embeddings pools the hidden states: auto (the model's metadata, else last), last or mean")
+	allowedOrigins := fs.String("allowed-origins", "", "comma-separated origins allowed to call the API from a browser (CORS; \"*\": any; default none)")
+	metricsPrefix := fs.String("metrics-prefix", "tandem", "also serve every tandem: metric under this prefix, for dashboards made for it: "+strings.Join(metrics.MetricsPrefixes, ", "))
 	role := fs.String("role", cluster.RoleBoth, "cluster role: both, prefill or decode")
 	nodeName := fs.String("node-name", "", "this engine's name in the cluster (default: host name and ORPC port)")
 	kvHold := fs.Duration("kv-hold", worker.DefaultKVHold, "prefill role: the longest prefilled KV blocks wait for the decode worker's pull (the router may ask for less)")
 	kvSendRate := fs.String("kv-send-rate", "", "cap on the bandwidth KV pulls are served at, per pull, e.g. 1GB (bytes per second; default unlimited)")
 	advertise := fs.String("advertise", "", "ORPC address routers dial (default: --host and the ORPC port; an unspecified host means the address used to reach the router)")
+	toolParser := fs.String("tool-call-parser", "auto", "the format the model writes tool calls in: "+strings.Join(openai.ToolCallParsers, ", ")+" (auto: chosen from the chat template)")
+	reasoningParser := fs.String("reasoning-parser", "auto", "split the reasoning off the answer: "+strings.Join(openai.ReasoningParsers, ", ")+" (auto: when the chat template writes <think>)")
 	bk := addBackendFlags(fs)
+	wf := addWeightsFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem serve [--model PATH] [--host H] [--port P] [flags]")
 		fs.PrintDefaults()
@@ -83,6 +100,9 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if *minBodyRate <= 0 {
 		return fmt.Errorf("--min-body-rate %d: want a positive number of bytes per second", *minBodyRate)
 	}
+	if err := slaTargets.Check(); err != nil {
+		return err
+	}
 	if *port < 0 || *port > 65535 {
 		return fmt.Errorf("--port %d out of range", *port)
 	}
@@ -94,12 +114,50 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	default:
 		return fmt.Errorf("--role %q: want both, prefill or decode", *role)
 	}
+	if !slices.Contains(openai.ToolCallParsers, *toolParser) {
+		return fmt.Errorf("--tool-call-parser %q: want one of %s", *toolParser, strings.Join(openai.ToolCallParsers, ", "))
+	}
+	if !slices.Contains(openai.ReasoningParsers, *reasoningParser) {
+		return fmt.Errorf("--reasoning-parser %q: want one of %s", *reasoningParser, strings.Join(openai.ReasoningParsers, ", "))
+	}
+	if *pooling != "auto" && !slices.Contains(llm.Poolings, llm.Pooling(*pooling)) {
+		return fmt.Errorf("--pooling %q: want auto, last or mean", *pooling)
+	}
+	if !slices.Contains(metrics.MetricsPrefixes, *metricsPrefix) {
+		return fmt.Errorf("--metrics-prefix %q: want one of %s", *metricsPrefix, strings.Join(metrics.MetricsPrefixes, ", "))
+	}
+	if *responseTTL < 0 {
+		return fmt.Errorf("--response-ttl %v: want a duration of 0 or more", *responseTTL)
+	}
 	var sendRate int64
 	if *kvSendRate != "" {
 		var err error
 		if sendRate, err = parseBytes(*kvSendRate); err != nil {
 			return fmt.Errorf("--kv-send-rate: %w", err)
 		}
+	}
+	if len(joins) > 0 && *stateDir == "" && *nodeName == "" && *port == 0 {
+		return errors.New("--join with --port 0 and no --node-name needs --state-dir: the default state directory is named after the node or the port")
+	}
+	if *stateDir == "" && (*nodeName != "" || *port != 0) {
+		name := *nodeName
+		if name == "" {
+			name = strconv.Itoa(*port)
+		}
+		dir, err := statefile.DefaultDir("serve-" + name)
+		if err != nil {
+			return err
+		}
+		*stateDir = dir
+	}
+	if *stateDir != "" {
+		// One process per state directory: two engines in one would take each other's
+		// identity and name.
+		release, err := statefile.Lock(*stateDir)
+		if err != nil {
+			return fmt.Errorf("--state-dir: %w", err)
+		}
+		defer release()
 	}
 	if len(joins) > 0 && *joinToken == "" {
 		if _, err := os.Stat(filepath.Join(*stateDir, orpc.NodeCertFile)); err != nil {
@@ -122,6 +180,16 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		stepCost = &t
 	}
+	if _, _, err := dev.parse(); err != nil {
+		return err
+	}
+	if bk.sim() && dev.vulkan() {
+		return errors.New("--device vulkan runs the forward pass; --backend sim models it instead")
+	}
+	weights, err := wf.parse(joins, bk.sim())
+	if err != nil {
+		return err
+	}
 	kvType, err := kvt.parse()
 	if err != nil {
 		return err
@@ -131,21 +199,43 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 
 	t0 := time.Now()
-	be, m, closeModel, err := openModel(*modelPath, bk.threads(*threads))
+	be, m, closeModel, err := openModel(*modelPath, dev, bk.threads(*threads), log)
 	if err != nil {
 		return err
 	}
 	defer closeModel()
-	if !bk.sim() { // the sim backend never reads the weights
-		m.Prefault(be, progressPrinter(stderr, "loading weights"))
-	}
-	loadTime := time.Since(t0)
+	openTime := time.Since(t0) // node.Start prepares the weights (the sim backend never reads them)
+	weights.Progress = progressPrinters(stderr)
 
 	name := *servedName
 	if name == "" {
-		name = m.Config.Name
-		if *modelPath == "" || name == "" {
-			name = modelName(*modelPath, m.Config.Name)
+		// As vLLM names a model by its path: the file's or directory's name, not the
+		// GGUF's general.name (which many files share: "llama").
+		name = modelName(*modelPath, "")
+	}
+	pool := llm.Pooling(*pooling)
+	if pool == "auto" {
+		switch p := m.Config.Pooling; p {
+		case "last", "mean":
+			pool = llm.Pooling(p)
+		case "", "none":
+			pool = llm.PoolLast
+		default:
+			log.Warn("the model's metadata asks for a pooling this server lacks; embeddings pool the last token (set --pooling)", "pooling", p)
+			pool = llm.PoolLast
+		}
+	}
+	responses := node.Responses{TTL: *responseTTL}
+	if *stateDir != "" {
+		if err := os.MkdirAll(*stateDir, 0o700); err != nil {
+			return fmt.Errorf("--state-dir: %w", err)
+		}
+		responses.Path = filepath.Join(*stateDir, respstore.FileName)
+	}
+	var origins []string
+	for _, o := range strings.Split(*allowedOrigins, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			origins = append(origins, o)
 		}
 	}
 	m.KVType = kvType
@@ -154,36 +244,54 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		if budget, err = parseBytes(*kvMem); err != nil {
 			return fmt.Errorf("--kv-cache-memory: %w", err)
 		}
+	} else {
+		ctxLen := m.Config.ContextLen
+		if *maxModelLen > 0 {
+			ctxLen = *maxModelLen
+		}
+		seqs := *maxSeqs
+		if seqs <= 0 {
+			seqs = engine.DefaultMaxSeqs
+		}
+		budget = deviceKVBudget(be, m.KVBytesPerToken(), seqs*ctxLen) // the device's memory, not the host's
 	}
 	n, err := node.Start(ctx, node.Config{
 		Model: m, Backend: be, ModelPath: *modelPath, Name: name,
 		KVBudget: budget, MaxModelLen: *maxModelLen, BlockSize: *blockSize,
 		MaxBatchTokens: *maxBatch, MaxSeqs: *maxSeqs, MaxQueue: *maxQueue,
-		Sim: bk.simTiming(), Replicas: *bk.replicas, ITLTarget: itl.abs, ITLTargetDecodes: itl.decodes, StepCost: stepCost,
+		Sim: bk.simTiming(), Replicas: *bk.replicas, SLA: *slaTargets, ITLTarget: itl.abs, ITLTargetDecodes: itl.decodes, StepCost: stepCost,
+		ToolCallParser: *toolParser, ReasoningParser: *reasoningParser, Pooling: pool, Responses: responses,
 		HTTP: node.HTTP{
 			Addr: net.JoinHostPort(*host, strconv.Itoa(*port)), TLSCert: *tlsCert, TLSKey: *tlsKey,
 			APIKey: *apiKey, PublicMetrics: *publicMetrics, BodyReadTimeout: *bodyTimeout, MinBodyRate: *minBodyRate,
+			AllowedOrigins: origins, MetricsPrefix: *metricsPrefix,
 		},
 		Cluster: node.Cluster{
 			Routers: joins, Token: *joinToken, StateDir: *stateDir, Role: *role, NodeName: *nodeName,
 			Host: *host, ORPCPort: *orpcPort, Advertise: *advertise, KVHold: *kvHold, KVSendRate: float64(sendRate),
 		},
-		Logger: log,
+		Logger: log, Weights: weights, Started: processStart, OpenTime: openTime,
 	})
 	if err != nil {
 		return err
 	}
+	st := n.Startup()
 	blocks, perToken := n.KVBlocks(), m.KVBytesPerToken()
 	itlText := "none"
 	if itl.abs > 0 || itl.decodes > 0 {
 		itlText = *itlFlag
 	}
-	fmt.Fprintf(stderr, "tandem serve: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s, ITL target %s\n",
-		n.URL(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
+	fmt.Fprintf(stderr, "tandem serve: %s\n  version: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s, ITL target %s\n  weights: %s\n  start-up: %s\n",
+		n.URL(), version.String(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
 		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), kvType, n.ContextLen(),
-		loadTime.Round(time.Millisecond), be.Name(), itlText)
+		st.Total.Round(time.Millisecond), be.Name(), itlText, weightsLine(st), phasesLine(st))
+	if responses.Path != "" {
+		fmt.Fprintf(stderr, "  responses: stored in %s (TTL %v)\n", responses.Path, *responseTTL)
+	} else {
+		fmt.Fprintf(stderr, "  responses: kept in memory only (--port 0 without --state-dir or --node-name)\n")
+	}
 	if bk.sim() {
-		fmt.Fprintf(stderr, "  sim backend: %d replica(s), modelled compute %+v\n", len(n.Engines()), bk.timing)
+		fmt.Fprintf(stderr, "  sim backend: %d replica%s, modelled compute %+v\n", len(n.Engines()), plural(len(n.Engines())), bk.timing)
 	}
 
 	var fatal error

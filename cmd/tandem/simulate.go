@@ -38,6 +38,10 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	numPrompts := fs.Int("num-prompts", 0, "replay the first N rows of the trace (0: all)")
 	traceBlock := fs.Int("trace-block-size", bench.MooncakeBlockSize, "tokens per trace hash id; less than 512 scales prompts down, keeping their reuse")
 	maxOut := fs.Int("max-output-len", 0, "cap the trace's output lengths (0: none)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tandem simulate [--trace FILE | --workload shared-prefix|multi-turn] [--workers N] [--routing MODE] [flags]")
+		fs.PrintDefaults()
+	}
 	blockSize := fs.Int("block-size", 16, "KV block size of the simulated workers and the router, in tokens")
 	kvBlocks := fs.Int("kv-blocks", 28672, "KV blocks per worker")
 	budget := fs.Int("max-num-batched-tokens", 8192, "token budget of a step")
@@ -47,7 +51,7 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	reportDelay := fs.Duration("report-delay", 0, "how long a load report takes to reach the router")
 	eventDelay := fs.Duration("event-delay", 0, "how long a KV event takes to reach the router")
 	overlapW := fs.Float64("overlap-weight", router.DefaultConfig().OverlapWeight, "kv: weight of prefill blocks against decode blocks")
-	temp := fs.Float64("router-temperature", 0, "kv: softmax temperature (0: cheapest worker)")
+	temp := fs.Float64("router-temperature", router.DefaultConfig().Temperature, "kv: softmax temperature over normalised costs (0: cheapest worker)")
 	busyWaiting := fs.Int("busy-waiting", router.DefaultConfig().BusyWaiting, "a worker with this many requests before their first token takes no more (0: no limit)")
 	seed := fs.Int64("seed", 0, "seed of the router's RNG (random mode, softmax) and of the trace's tokens")
 	pcts := fs.String("metric-percentiles", "90,99", "percentiles to report, comma-separated")

@@ -120,6 +120,16 @@ func (s *Step) Forward(b *model.Batch, logits []float32) error {
 		clear(row)
 		row[s.choose(b.Tokens[i], b.Attn.Pos[i])] = chosenLogit
 	}
+	if n := len(b.Outputs); b.Hidden != nil && n > 0 {
+		// Deterministic hidden states of the token and its position, in [-1, 1).
+		width := len(b.Hidden) / n
+		for o, i := range b.Outputs {
+			seed := s.cfg.Seed ^ uint64(uint32(b.Tokens[i]))<<32 ^ uint64(uint32(b.Attn.Pos[i]))
+			for j, row := 0, b.Hidden[o*width:(o+1)*width]; j < width; j++ {
+				row[j] = float32(splitmix(seed+uint64(j))>>40)/(1<<23) - 1
+			}
+		}
+	}
 	if d := s.cfg.Timing.Step(s.shape) - s.cfg.Clock.Now().Sub(t0); d > 0 {
 		s.cfg.Clock.Sleep(d)
 	}

@@ -57,7 +57,11 @@ func (b *Backend) Err() error { return nil }
 
 // Name describes the backend.
 func (b *Backend) Name() string {
-	return fmt.Sprintf("cpu (%d threads, %s kernels)", b.pool.n, kern.isa)
+	threads := "threads"
+	if b.pool.n == 1 {
+		threads = "thread"
+	}
+	return fmt.Sprintf("cpu (%d %s, %s kernels)", b.pool.n, threads, kern.isa)
 }
 
 // Threads is the number of workers.

@@ -16,13 +16,19 @@ var allowed = map[string][]string{
 	// Leaves: the standard library and the third-party modules below.
 	"dtype": {}, "llm": {}, "kvcache": {}, "tokenizer": {}, "httpserve": {}, "metrics": {},
 	"bench": {}, "bench/benchtest": {},
-	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {},
+	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {}, "internal/version": {}, "sla": {}, "grammar": {}, "internal/schematest": {},
+	"internal/vulkantest": {"hal/vulkan"},
+	"internal/filehash":   {"internal/statefile"},
 
 	// File formats and the device contract.
 	"gguf": {"dtype"}, "safetensors": {"dtype"}, "hal": {"dtype"}, "hal/cpu": {"hal"},
+	// The Vulkan backend: hal/cpu's host code (dequantization at load, the KV format's name).
+	// Only cmd/tandem links it; node takes a hal.Backend, and tests of model, node and
+	// cmd/tandem reach it through internal/vulkantest.
+	"hal/vulkan": {"hal", "hal/cpu"},
 
 	// Pure cores: no I/O of their own.
-	"sched":  {"kvcache"},
+	"sched":  {"kvcache", "llm"},
 	"router": {"kvcache", "llm"},
 	"sim":    {"bench", "kvcache", "router", "sched"},
 
@@ -33,18 +39,21 @@ var allowed = map[string][]string{
 	// The engine and its model.
 	"model":          {"gguf", "hal", "safetensors", "tokenizer"},
 	"modelgen":       {"gguf", "hal", "hal/cpu", "model", "tokenizer"},
-	"engine":         {"hal", "kvcache", "llm", "metrics", "model", "sched", "tokenizer"},
+	"engine":         {"grammar", "hal", "kvcache", "llm", "metrics", "model", "sched", "tokenizer"},
 	"engine/simstep": {"engine", "hal", "model", "sim"},
+	"packcache":      {"hal", "internal/filehash", "internal/statefile"},
 
 	// Serving.
-	"openai":        {"httpserve", "llm", "metrics", "tokenizer"},
+	"openai":        {"grammar", "httpserve", "llm", "metrics", "tokenizer"},
+	"respstore":     {"metrics"},
 	"bench/loadgen": {"bench"},
+	"web":           {"metrics", "sla"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
-	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "kvcache", "metrics", "model", "modelgen", "openai", "sim", "worker"},
-	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "kvcache", "llm", "metrics", "openai", "orpc", "router", "tokenizer"},
+	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/filehash", "internal/version", "kvcache", "llm", "metrics", "model", "modelgen", "openai", "orpc", "packcache", "respstore", "sim", "sla", "web", "worker"},
+	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "respstore", "router", "tokenizer"},
 
 	// Binaries: flags and wiring.
-	"cmd/tandem-router": {"httpserve", "router", "router/live"},
+	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "metrics", "router", "router/live", "sla", "web"},
 	"cmd/tandem":        nil, // nil: may import any package of the module
 }
 
@@ -52,8 +61,14 @@ var allowed = map[string][]string{
 // (tests may import others: the OpenAI SDK, chromedp).
 var thirdParty = map[string][]string{
 	"github.com/quic-go/quic-go":          {"orpc", "httpserve"},
-	"github.com/prometheus/client_golang": {"metrics", "router/live", "node"},
+	"github.com/prometheus/client_golang": {"metrics", "router/live", "node", "web", "cmd/tandem-router"},
+	"github.com/prometheus/client_model":  {"metrics", "web"},
 	"github.com/ardanlabs/jinja":          {"tokenizer"},
+	// The response store alone opens the database file; the API reaches it through
+	// openai.ResponseStore, so that the format and its locking stay in one package.
+	"go.etcd.io/bbolt": {"respstore"},
+	// The Vulkan loader, opened at run time (no cgo, no headers to build).
+	"github.com/ebitengine/purego": {"hal/vulkan"},
 }
 
 // never lists what a package must not link at all, directly or through others.
@@ -67,19 +82,35 @@ var never = map[string][]string{
 	"bench":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"kvcache": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"llm":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"sla":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"grammar": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	// The router binary: pure Go, no engine.
-	"cmd/tandem-router": {"tandem/hal", "tandem/hal/cpu", "tandem/model", "tandem/engine", "tandem/modelgen", "C"},
+	"cmd/tandem-router": {"tandem/hal", "tandem/hal/cpu", "tandem/hal/vulkan", "tandem/model", "tandem/engine", "tandem/modelgen", "github.com/ebitengine/purego", "C"},
+	// The engine's own packages take a hal.Backend; only the binary chooses the device.
+	"node":   {"tandem/hal/vulkan"},
+	"engine": {"tandem/hal/vulkan"},
+	"model":  {"tandem/hal/vulkan"},
+}
+
+// testedWith lists, for packages only some tests may reach, the packages whose tests may
+// import them: the Vulkan backend is held to the CPU's results in model's and node's tests
+// and end to end in cmd/tandem's, nowhere else (the other packages' tests stay on hal/cpu).
+var testedWith = map[string][]string{
+	"tandem/hal/vulkan":          {"hal/vulkan", "internal/vulkantest", "model", "node", "cmd/tandem"},
+	"tandem/internal/vulkantest": {"model", "node", "cmd/tandem"},
 }
 
 type listed struct {
-	ImportPath string
-	Imports    []string
-	Deps       []string
+	ImportPath   string
+	Imports      []string
+	Deps         []string
+	TestImports  []string
+	XTestImports []string
 }
 
 func goList(t *testing.T) []listed {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,Deps", "tandem/...")
+	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,Deps,TestImports,XTestImports", "tandem/...")
 	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.Output()
 	if err != nil {
@@ -119,6 +150,11 @@ func TestDependencyPolicy(t *testing.T) {
 				if !thirdPartyAllowed(imp, name) {
 					t.Errorf("%s imports %s: only %v may import it", p.ImportPath, imp, thirdPartyOwners(imp))
 				}
+			}
+		}
+		for _, imp := range append(append(slices.Clone(p.Imports), p.TestImports...), p.XTestImports...) {
+			if who, ok := testedWith[imp]; ok && !slices.Contains(who, name) {
+				t.Errorf("%s (or its tests) imports %s: only %v may", p.ImportPath, imp, who)
 			}
 		}
 		for _, bad := range never[name] {

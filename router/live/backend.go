@@ -104,25 +104,36 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 	}()
 	for attempt := 0; attempt < l.cfg.MaxAttempts; {
 		t0 := time.Now()
+		changed := l.changedCh() // before the state is read: a later change wakes us
 		l.mu.Lock()
+		l.drainLocked()
 		d, err := s.decide(router.Request{Hashes: hashes, PromptTokens: len(req.Prompt), SessionID: s.session, Now: t0})
 		var w *liveWorker
 		if err == nil {
 			w = l.workers[d.Worker]
 		}
-		changed := l.changed
-		if errors.Is(err, router.ErrAllBusy) && !queued {
+		// No worker free (all busy) or none healthy (all suspect, or all gone for a moment):
+		// the request waits in the router's queue, up to QueueTimeout.
+		wait := errors.Is(err, router.ErrAllBusy) || errors.Is(err, router.ErrNoWorkers)
+		l.noneLocked(errors.Is(err, router.ErrNoWorkers), t0)
+		if wait && !queued {
 			if l.cfg.QueueTimeout < 0 || l.queued >= l.cfg.MaxQueue {
 				l.mu.Unlock()
+				l.met.decision(d, err, time.Since(t0))
 				return err
 			}
 			queued = true
 			l.queued++
 			deadline = t0.Add(l.cfg.QueueTimeout)
+			cause := "busy"
+			if errors.Is(err, router.ErrNoWorkers) {
+				cause = "no_workers"
+			}
+			l.met.Queued.WithLabelValues(cause).Inc()
 		}
 		l.mu.Unlock()
 		l.met.decision(d, err, time.Since(t0))
-		if errors.Is(err, router.ErrAllBusy) {
+		if wait {
 			wait := time.Until(deadline)
 			if wait <= 0 {
 				return err
@@ -144,6 +155,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 		attempt++
 		if w == nil { // removed between Decide and here
 			l.mu.Lock()
+			l.drainLocked() // reports received before this change first
 			m.state.RemoveInflight(d.Inflight)
 			l.mu.Unlock()
 			lastErr = fmt.Errorf("worker %d left", d.Worker)
@@ -178,6 +190,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 			return nil
 		}
 		l.mu.Lock()
+		l.drainLocked() // reports received before this change first
 		m.state.RemoveInflight(d.Inflight)
 		l.signal()
 		if ctx.Err() == nil && workerFailed(err) {
@@ -220,6 +233,7 @@ func (s *liveStream) release() {
 	}
 	l := s.b.l
 	l.mu.Lock()
+	l.drainLocked() // reports received before this change first
 	w.model.state.RemoveInflight(in)
 	l.signal()
 	l.mu.Unlock()
@@ -259,6 +273,7 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 				l.mu.Lock()
 				s.mu.Lock()
 				if s.w != nil {
+					l.drainLocked() // reports received before this change first
 					s.w.model.state.PrefillDone(&s.in)
 				}
 				s.mu.Unlock()
@@ -268,6 +283,7 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 				s.done = true
 				s.release()
 				s.fixUsage(&ev.Usage)
+				s.b.l.met.usage(ev.Usage)
 			}
 			return ev, nil
 		}
@@ -296,6 +312,9 @@ func (s *liveStream) migrate(cause error) error {
 	req := s.orig
 	req.Prompt = append(append([]int32(nil), s.orig.Prompt...), s.generated...)
 	req.Resumed = s.orig.Resumed + len(s.generated)
+	if len(s.generated) > 0 {
+		req.PromptLogprobs = false // they came with the first token
+	}
 	if s.orig.MaxTokens > 0 {
 		req.MaxTokens = s.orig.MaxTokens - len(s.generated)
 		if req.MaxTokens <= 0 {
@@ -303,6 +322,7 @@ func (s *liveStream) migrate(cause error) error {
 		}
 	}
 	l.met.Migrations.Inc()
+	l.met.WorkerMigrations.WithLabelValues(s.worker).Inc()
 	l.log.Warn("worker failed mid-stream; migrating the request", "from", s.worker, "generated", len(s.generated), "err", cause)
 	if err := s.dispatch(s.ctx, &req); err != nil {
 		return fmt.Errorf("migrating after %v: %w", cause, err)

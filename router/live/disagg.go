@@ -52,6 +52,10 @@ type prefillResult struct {
 // waits for P's first token (awaitPrefill).
 func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 	l, m := s.b.l, s.b.m
+	if s.orig.Pooling != llm.PoolNone || s.orig.PromptLogprobs {
+		// Outputs at prompt positions come from the worker that computes them: one worker.
+		return &s.orig, nil
+	}
 	cfg := l.cfg.Disagg
 	l.mu.Lock()
 	c, _ := m.state.Card()
@@ -68,6 +72,7 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 	t0 := time.Now()
 	hashes := kvcache.HashBlocks(c.Salt, s.orig.Prompt, c.BlockSize, nil)
 	l.mu.Lock()
+	l.drainLocked()
 	dd, err := router.DecideDisagg(m.state, router.Request{Hashes: hashes, PromptTokens: len(s.orig.Prompt), SessionID: s.session, Now: t0}, cfg)
 	var pw *liveWorker
 	if err == nil && dd.Prefill != nil {
@@ -111,6 +116,7 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 func (s *liveStream) prefillDone() {
 	l := s.b.l
 	l.mu.Lock()
+	l.drainLocked() // reports received before this change first
 	s.b.m.state.RemoveInflight(s.dis.pinfl)
 	l.signal()
 	l.mu.Unlock()
@@ -150,6 +156,7 @@ func (s *liveStream) awaitPrefill(ctx context.Context) error {
 		}
 		if workerFailed(err) {
 			l.mu.Lock()
+			l.drainLocked()                  // reports received before this change first
 			m.state.SetHealthy(pw.id, false) // until its next report, if any
 			l.mu.Unlock()
 		}
@@ -188,6 +195,7 @@ func (s *liveStream) awaitPrefill(ctx context.Context) error {
 	l.mu.Lock()
 	s.mu.Lock()
 	if s.w != nil {
+		l.drainLocked()            // reports received before this change first
 		m.state.PrefillDone(&s.in) // D's prefill is done elsewhere
 	}
 	s.mu.Unlock()
@@ -215,6 +223,7 @@ func (s *liveStream) dropPre() {
 	}
 	l := s.b.l
 	l.mu.Lock()
+	l.drainLocked() // reports received before this change first
 	s.b.m.state.RemoveInflight(s.dis.pre.Inflight)
 	l.signal()
 	l.mu.Unlock()

@@ -26,14 +26,16 @@ import (
 
 // MinHeartbeatTimeout is the least default heartbeat timeout, whatever the interval: a
 // worker is not declared dead for missing reports over less than this (a garbage
-// collection pause, a busy host, a retransmitted packet).
-const MinHeartbeatTimeout = time.Second
+// collection pause, a busy host, a retransmitted packet). It was 1 s until 2026-12: on a
+// busy host (a hundred sim replicas and the router on two cores, a burst of long prompts)
+// reports ran a second late often enough to declare healthy replicas dead in every run.
+const MinHeartbeatTimeout = 2 * time.Second
 
 // DefaultHeartbeatTimeout is the heartbeat timeout for workers reporting every interval:
-// four intervals (three reports missed in a row), at least MinHeartbeatTimeout. With the
-// default 250 ms interval a dead worker is declared dead after 1 s, against QUIC's 5 s.
+// eight intervals, at least MinHeartbeatTimeout. With the default 250 ms interval a dead
+// worker is declared dead after 2 s, against QUIC's 5 s.
 func DefaultHeartbeatTimeout(interval time.Duration) time.Duration {
-	return max(4*interval, MinHeartbeatTimeout)
+	return max(8*interval, MinHeartbeatTimeout)
 }
 
 // declareDeadLocked removes w, whose load reports stopped: its registration ends, which
@@ -44,6 +46,7 @@ func (l *Router) declareDeadLocked(w *liveWorker, silent time.Duration) {
 		return // on its way out already
 	default:
 	}
+	l.drainLocked() // reports received before this change first
 	w.model.state.SetHealthy(w.id, false)
 	l.met.DeadWorkers.Inc()
 	l.log.Warn("worker declared dead: its load reports stopped; failing its requests over", "worker", w.node,
@@ -66,6 +69,7 @@ func (s *liveStream) failover(failed *liveWorker, err error) error {
 		return err
 	case failed != nil:
 		l.mu.Lock()
+		l.drainLocked() // reports received before this change first
 		failed.model.state.SetHealthy(failed.id, false)
 		l.mu.Unlock()
 	}

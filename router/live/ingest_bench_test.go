@@ -68,7 +68,9 @@ func BenchmarkEventIngest(b *testing.B) {
 	l.models["m"] = m
 	fillIndex(b, st)
 	for w := range router.WorkerID(benchWorkers) {
-		l.workers[w] = &liveWorker{id: w, node: "w", model: m, kick: make(chan struct{})}
+		lw := &liveWorker{id: w, node: "w", model: m, kick: make(chan struct{})}
+		l.workers[w] = lw
+		l.byID.Store(w, lw)
 	}
 	const batch, blocks = 32, 16
 	chains := make([][]uint64, 64)

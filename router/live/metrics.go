@@ -1,11 +1,14 @@
 package live
 
 import (
+	"cmp"
 	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"tandem/cluster"
+	"tandem/llm"
 	"tandem/metrics"
 	"tandem/router"
 )
@@ -41,8 +44,14 @@ func (m *liveMetrics) decision(d router.Decision, err error, took time.Duration)
 // Describe implements prometheus.Collector for the scrape-time gauges.
 func (m *liveMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.WorkerLoad
+	ch <- m.WorkerInfo
 	ch <- m.QueueDepth
 	ch <- m.IndexBlocks
+	ch <- m.IndexEntries
+	ch <- m.IndexBytes
+	ch <- m.StaleWorkers
+	ch <- m.KVIndexGapWorkers
+	ch <- m.WorkerStartup
 }
 
 // Collect implements prometheus.Collector.
@@ -50,9 +59,29 @@ func (m *liveMetrics) Collect(ch chan<- prometheus.Metric) {
 	l := m.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.drainLocked()
 	ch <- prometheus.MustNewConstMetric(m.QueueDepth, prometheus.GaugeValue, float64(l.queued))
 	for _, md := range l.models {
-		ch <- prometheus.MustNewConstMetric(m.IndexBlocks, prometheus.GaugeValue, float64(md.state.Index().Len()), md.name)
+		x := md.state.Index()
+		ch <- prometheus.MustNewConstMetric(m.IndexBlocks, prometheus.GaugeValue, float64(x.Len()), md.name)
+		ch <- prometheus.MustNewConstMetric(m.IndexEntries, prometheus.GaugeValue, float64(x.Entries()), md.name)
+		ch <- prometheus.MustNewConstMetric(m.IndexBytes, prometheus.GaugeValue, float64(x.Bytes()), md.name)
+		stale, resyncing := 0, 0
+		for _, w := range l.workers {
+			if w.model != md {
+				continue
+			}
+			if w.staleFlag.Load() {
+				stale++
+			}
+			w.kv.Lock()
+			if w.kvs.resyncing {
+				resyncing++
+			}
+			w.kv.Unlock()
+		}
+		ch <- prometheus.MustNewConstMetric(m.StaleWorkers, prometheus.GaugeValue, float64(stale), md.name)
+		ch <- prometheus.MustNewConstMetric(m.KVIndexGapWorkers, prometheus.GaugeValue, float64(resyncing), md.name)
 	}
 	for _, w := range l.workers {
 		st, ok := w.model.state.Worker(w.id)
@@ -69,8 +98,20 @@ func (m *liveMetrics) Collect(ch chan<- prometheus.Metric) {
 		g("kv_usage", st.KVUsage())
 		g("inflight", float64(st.Inflight))
 		g("index_blocks", float64(w.model.state.Index().Blocks(w.id)))
+		g("queued", float64(st.Report.Queued))
 		g("healthy", boolFloat(st.Healthy))
+		ch <- prometheus.MustNewConstMetric(m.WorkerInfo, prometheus.GaugeValue, 1, w.node, w.model.name, cmp.Or(st.Card.Role, cluster.RoleBoth))
+		g("kv_stale", boolFloat(st.Stale))
+		for _, ph := range w.startup.Phases {
+			ch <- prometheus.MustNewConstMetric(m.WorkerStartup, prometheus.GaugeValue, ph.Seconds, w.node, w.model.name, w.startup.Weights, ph.Name)
+		}
 	}
+}
+
+// usage counts a finished request's usage as its worker reported it.
+func (m *liveMetrics) usage(u llm.Usage) {
+	m.PromptTokens.Add(float64(u.PromptTokens))
+	m.CachedPromptTokens.Add(float64(u.CachedTokens))
 }
 
 func boolFloat(b bool) float64 {

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"tandem/cluster"
-	"tandem/kvcache"
+	"tandem/llm"
 	"tandem/metrics"
 	"tandem/openai"
 	"tandem/orpc"
@@ -50,12 +50,18 @@ type Config struct {
 	// MaxMigrations bounds how often one request moves to another worker when its worker
 	// fails mid-stream (0: DefaultMaxMigrations; negative: never).
 	MaxMigrations int
+	// StaleAfter: a worker with load whose KV event ids do not move for this long is
+	// marked stale (default max(20 heartbeats, 5 s)); see kvsync.go.
+	StaleAfter time.Duration
 	// KnownCards are the cards of models this router served before (its state directory
 	// keeps them): a worker of such a model is held to that card from its first
 	// registration. NewModel is called with the card of a model seen for the first time.
 	KnownCards map[string]router.Card
 	NewModel   func(router.Card)
 	APIKey     string
+	// Responses keeps the Responses API's stored responses, for every model and worker:
+	// the router's API stores them itself, so a response is found whatever worker served it.
+	Responses openai.ResponseStore
 	// Disagg configures disaggregated prefill and decode, for models with prefill workers.
 	Disagg  router.DisaggConfig
 	Logger  *slog.Logger
@@ -71,13 +77,22 @@ type Router struct {
 	met *liveMetrics
 	dis *metrics.Disagg
 
-	mu      sync.Mutex
+	mu      sync.Mutex // the registry and the policy States: decisions
 	models  map[string]*liveModel
 	workers map[router.WorkerID]*liveWorker
 	byNode  map[string]router.WorkerID
 	nextID  router.WorkerID
-	changed chan struct{} // closed (and replaced) when load may have dropped
 	queued  int
+	noneAt  time.Time // since when requests have found no healthy worker (zero: they do)
+
+	// changed is closed (and replaced) when load may have dropped: waiting requests look
+	// again. Lock-free, so that heartbeats need not take mu.
+	changed atomic.Pointer[chan struct{}]
+	// byID is the registry for the heartbeat and event handlers, which do not take mu.
+	byID sync.Map // router.WorkerID → *liveWorker
+	// Workers with policy updates (a load report, a stale flag) for the next decision.
+	mailMu sync.Mutex
+	mail   []*liveWorker
 
 	api     atomic.Pointer[http.Handler]
 	httpMet *metrics.HTTP
@@ -92,18 +107,20 @@ type liveModel struct {
 }
 
 type liveWorker struct {
-	id       router.WorkerID
-	node     string
-	addr     string
-	model    *liveModel
-	client   *orpc.Client
-	joined   time.Time
-	lastBeat time.Time
-	// Behind detection: the last event id a report claimed while the index was behind it.
-	behindAt uint64
-	// While a snapshot is being fetched, events wait here.
-	resyncing bool
-	pending   []kvcache.Event
+	id     router.WorkerID
+	node   string
+	addr   string
+	model  *liveModel
+	client *orpc.Client
+	joined time.Time
+	beat   atomic.Int64 // unix nanoseconds of the last load report, less the router's own stalls
+	// The worker's KV sync (kvsync.go): its own lock, never held while taking l.mu.
+	kv  sync.Mutex
+	kvs kvSync
+	// Policy updates waiting for the next decision (Router.post).
+	report    atomic.Pointer[mailReport]
+	staleFlag atomic.Bool
+	dirty     atomic.Bool
 	kick      chan struct{}
 	kickOnce  sync.Once
 	reason    string
@@ -115,7 +132,22 @@ type liveWorker struct {
 	// while that one was still reporting, and when (see nameConflictLocked).
 	displaced   string
 	displacedAt time.Time
+	// From the card: the model's content hash and the backend's prepared-weights key (a
+	// new engine of the same hash may pull its weights from this one: weights.go), and
+	// how it started.
+	contentHash []byte
+	prepared    string
+	startup     cluster.Startup
 }
+
+// mailReport is a load report waiting for the next decision.
+type mailReport struct {
+	load llm.Load
+	at   time.Time
+}
+
+// lastBeat is when w's last load report came, as the heartbeat watch counts it.
+func (w *liveWorker) lastBeat() time.Time { return time.Unix(0, w.beat.Load()) }
 
 func (w *liveWorker) remove(reason string) {
 	w.kickOnce.Do(func() {
@@ -174,8 +206,9 @@ func New(cfg Config) (*Router, error) {
 		models:  map[string]*liveModel{},
 		workers: map[router.WorkerID]*liveWorker{},
 		byNode:  map[string]router.WorkerID{},
-		changed: make(chan struct{}),
 	}
+	ch := make(chan struct{})
+	l.changed.Store(&ch)
 	reg := cfg.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -193,36 +226,159 @@ func (l *Router) Register(srv *orpc.Server) {
 	orpc.ServerStream(srv, cluster.MethodRegister, l.register)
 	orpc.Unary(srv, cluster.MethodHeartbeat, l.heartbeat)
 	orpc.Unary(srv, cluster.MethodEvents, l.events)
+	orpc.Unary(srv, cluster.MethodWeightPeers, l.weightPeers)
 }
 
 // Run watches heartbeats until ctx is done: a worker silent for half of HeartbeatTimeout
 // (four intervals at most) is marked unhealthy (no new requests) until its next report, one
-// silent for HeartbeatTimeout is declared dead and removed (live_failover.go).
+// silent for HeartbeatTimeout is declared dead and removed (live_failover.go). The router
+// judges its own lateness too: when a check runs late (its host stalled: a pause, CPU
+// starvation), the lateness is credited to every worker, since their reports could not be
+// taken meanwhile; and when most workers cross the timeout at once, none is declared dead
+// (a whole fleet dying in the same instant is far less likely than the router's host or
+// network failing, and with no worker left there is nothing to fail over to), counted and
+// logged once, until some report comes again or the silence lasts three timeouts. It also
+// sweeps the KV index's retired entries a chunk at a time.
 func (l *Router) Run(ctx context.Context) {
 	t := time.NewTicker(l.cfg.Heartbeat)
 	defer t.Stop()
 	suspect := l.suspectAfter()
+	prev := time.Now()
+	holding := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-t.C:
-			l.mu.Lock()
-			for _, w := range l.workers {
-				silent := now.Sub(w.lastBeat)
-				switch {
-				case silent > l.cfg.HeartbeatTimeout:
-					l.declareDeadLocked(w, silent)
-				case silent > suspect:
-					w.model.state.SetHealthy(w.id, false)
-				}
+		case <-t.C:
+		}
+		now := time.Now() // not the tick's time: a starved goroutine receives it late
+		if late := now.Sub(prev) - l.cfg.Heartbeat; late > l.cfg.Heartbeat/2 {
+			l.creditStall(late)
+		}
+		prev = now
+		l.mu.Lock()
+		l.drainLocked()
+		// Most workers silent past suspicion at once: hold the deaths (see above).
+		silentN, dead := 0, 0
+		for _, w := range l.workers {
+			switch silent := now.Sub(w.lastBeat()); {
+			case silent > l.cfg.HeartbeatTimeout:
+				dead++
+				silentN++
+			case silent > suspect:
+				silentN++
 			}
-			for _, m := range l.models {
-				m.state.Sweep(now)
+		}
+		hold := dead > 0 && silentN >= 2 && 2*silentN > len(l.workers) && !l.longSilence(now)
+		if hold && !holding {
+			l.met.MassSilenceHolds.Inc()
+			l.log.Warn("most workers silent at once; declaring none dead (this router's host or network is the likelier cause)",
+				"silent", silentN, "workers", len(l.workers), "heartbeat_timeout", l.cfg.HeartbeatTimeout)
+		}
+		holding = hold
+		for _, w := range l.workers {
+			silent := now.Sub(w.lastBeat())
+			switch {
+			case silent > l.cfg.HeartbeatTimeout && !hold:
+				l.declareDeadLocked(w, silent)
+			case silent > suspect:
+				w.model.state.SetHealthy(w.id, false)
 			}
-			l.mu.Unlock()
+		}
+		for _, m := range l.models {
+			m.state.Sweep(now)
+		}
+		models := make([]*liveModel, 0, len(l.models))
+		for _, m := range l.models {
+			models = append(models, m)
+		}
+		l.mu.Unlock()
+		for _, m := range models {
+			m.state.Index().Sweep(1 << 16) // retired slots' entries, a shard chunk per lock
 		}
 	}
+}
+
+// creditStall adds the router's own lateness to every worker's last report time: their
+// reports could not be taken while it stalled.
+func (l *Router) creditStall(late time.Duration) {
+	l.met.RouterStalls.Inc()
+	l.met.RouterStallTime.Add(late.Seconds())
+	l.log.Debug("heartbeat check ran late; not counting the stall against the workers", "late", late.Round(time.Millisecond))
+	l.byID.Range(func(_, v any) bool {
+		w := v.(*liveWorker)
+		for {
+			b := w.beat.Load()
+			nb := min(b+int64(late), time.Now().UnixNano())
+			if w.beat.CompareAndSwap(b, nb) {
+				break
+			}
+		}
+		return true
+	})
+}
+
+// longSilence reports whether every worker has been silent for three heartbeat timeouts:
+// then it is the fleet, not a stall. Called with l.mu held.
+func (l *Router) longSilence(now time.Time) bool {
+	for _, w := range l.workers {
+		if now.Sub(w.lastBeat()) < 3*l.cfg.HeartbeatTimeout {
+			return false
+		}
+	}
+	return true
+}
+
+// noneLocked logs, once per episode, that requests find no healthy worker (they wait in
+// the queue meanwhile), and that they find one again. Called with l.mu held.
+func (l *Router) noneLocked(none bool, now time.Time) {
+	switch {
+	case none && l.noneAt.IsZero():
+		l.noneAt = now
+		l.log.Warn("no healthy worker: requests wait in the router's queue", "queue_timeout", l.cfg.QueueTimeout, "workers", len(l.workers))
+	case !none && !l.noneAt.IsZero():
+		l.log.Info("a healthy worker is back: queued requests are dispatched", "after", now.Sub(l.noneAt).Round(time.Millisecond))
+		l.noneAt = time.Time{}
+	}
+}
+
+// post queues w's policy updates for the next decision.
+func (l *Router) post(w *liveWorker) {
+	if !w.dirty.Swap(true) {
+		l.mailMu.Lock()
+		l.mail = append(l.mail, w)
+		l.mailMu.Unlock()
+	}
+}
+
+// drainLocked applies the load reports and stale flags posted since the last decision to
+// the policy: before every decision, and before every change to a worker's in-flight
+// records (a first token, an end), so that a report received before the change is applied
+// before it, as it would have been under one lock. Called with l.mu held.
+func (l *Router) drainLocked() {
+	l.mailMu.Lock()
+	mail := l.mail
+	l.mail = nil
+	l.mailMu.Unlock()
+	for _, w := range mail {
+		w.dirty.Store(false)
+		if l.workers[w.id] != w {
+			continue
+		}
+		st := w.model.state
+		if r := w.report.Swap(nil); r != nil {
+			st.Report(w.id, r.load, r.at)
+		}
+		st.SetStale(w.id, w.staleFlag.Load())
+	}
+}
+
+// lookupFast finds a registered worker without the router's lock.
+func (l *Router) lookupFast(id uint64) (*liveWorker, error) {
+	if v, ok := l.byID.Load(router.WorkerID(id)); ok && uint64(router.WorkerID(id)) == id {
+		return v.(*liveWorker), nil
+	}
+	return nil, orpc.Errorf(orpc.NotFound, "router: worker %d is not registered here (register again)", id)
 }
 
 // WorkerInfo describes a registered worker.
@@ -234,27 +390,45 @@ type WorkerInfo struct {
 	Healthy bool
 	Blocks  int     // blocks the index holds for it
 	Load    float64 // predicted load in blocks (prefill + decode)
+	Startup cluster.Startup
 }
 
 // Workers returns the registered workers, by id.
 func (l *Router) Workers() []WorkerInfo {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.drainLocked()
 	var out []WorkerInfo
 	for _, w := range l.workers {
 		st, _ := w.model.state.Worker(w.id)
 		out = append(out, WorkerInfo{ID: w.id, Node: w.node, Addr: w.addr, Model: w.model.name, Healthy: st.Healthy,
-			Blocks: w.model.state.Index().Blocks(w.id), Load: st.Load()})
+			Blocks: w.model.state.Index().Blocks(w.id), Load: st.Load(), Startup: w.startup})
 	}
 	slices.SortFunc(out, func(a, b WorkerInfo) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 
-// signal wakes requests waiting for a worker. Called with l.mu held.
-func (l *Router) signal() {
-	close(l.changed)
-	l.changed = make(chan struct{})
+// Policy returns the policy's view of the worker named node serving model.
+func (l *Router) Policy(model, node string) (router.WorkerState, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.drainLocked()
+	id, ok := l.byNode[node]
+	w := l.workers[id]
+	if !ok || w == nil || w.model.name != model {
+		return router.WorkerState{}, false
+	}
+	return w.model.state.Worker(w.id)
 }
+
+// signal wakes requests waiting for a worker.
+func (l *Router) signal() {
+	ch := make(chan struct{})
+	close(*l.changed.Swap(&ch))
+}
+
+// changedCh is the channel the next signal closes: read it before looking at the state.
+func (l *Router) changedCh() <-chan struct{} { return *l.changed.Load() }
 
 // workerAddr is the address to dial a worker at: its card's, with an empty or unspecified
 // host replaced by the address it connected from.
@@ -350,7 +524,8 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 		if remembered {
 			pol.Card = known
 		}
-		st, err := router.NewState(pol, nil)
+		// A seed of its own: two routers over the same workers break ties differently.
+		st, err := router.NewState(pol, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 		if err != nil {
 			l.mu.Unlock()
 			return orpc.Errorf(orpc.Internal, "router: %v", err)
@@ -370,11 +545,11 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	var displaced string
 	if old, ok := l.byNode[card.Node]; ok {
 		if ow := l.workers[old]; ow != nil {
-			if ow.cert == cert && ow.addr != addr && now.Sub(ow.lastBeat) < l.suspectAfter() {
+			if ow.cert == cert && ow.addr != addr && now.Sub(ow.lastBeat()) < l.suspectAfter() {
 				displaced = ow.addr
 			}
 			log.Info("replacing the previous registration of this node", "previous_addr", ow.addr,
-				"same_identity", ow.cert == cert, "silent", now.Sub(ow.lastBeat).Round(time.Millisecond))
+				"same_identity", ow.cert == cert, "silent", now.Sub(ow.lastBeat()).Round(time.Millisecond))
 			ow.remove("replaced by a new registration of the same node")
 			l.dropLocked(ow)
 		}
@@ -395,8 +570,11 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	}
 	_, remembered := l.cfg.KnownCards[card.Model]
 	persist := newModel && !remembered && l.cfg.NewModel != nil
-	w := &liveWorker{id: id, node: card.Node, addr: addr, model: m, client: client, joined: now, lastBeat: now,
-		resyncing: true, kick: make(chan struct{}), key: rand.Uint64() | 1, cert: cert}
+	w := &liveWorker{id: id, node: card.Node, addr: addr, model: m, client: client, joined: now,
+		kick: make(chan struct{}), key: rand.Uint64() | 1, cert: cert,
+		contentHash: card.ContentHash, prepared: card.Prepared, startup: card.Startup}
+	w.beat.Store(now.UnixNano())
+	w.kvs.resyncing = true // until the first snapshot: events wait for it
 	if displaced != "" {
 		w.displaced, w.displacedAt = displaced, now
 	}
@@ -406,6 +584,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	}
 	l.workers[id] = w
 	l.byNode[card.Node] = id
+	l.byID.Store(id, w)
 	l.signal()
 	l.mu.Unlock()
 	if persist {
@@ -427,6 +606,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 		w.remove("registration reply failed: " + err.Error())
 		return err
 	}
+	l.met.KVResyncs.WithLabelValues(w.node, "join").Inc()
 	go l.resync(w) // a new member starts from a snapshot
 	select {
 	case <-ctx.Done():
@@ -468,7 +648,7 @@ func (l *Router) nameConflictLocked(node string, cert [sha256.Size]byte, addr st
 		return nil // on its way out
 	default:
 	}
-	silent := now.Sub(ow.lastBeat)
+	silent := now.Sub(ow.lastBeat())
 	if silent >= l.suspectAfter() {
 		return nil
 	}
@@ -502,105 +682,34 @@ func (l *Router) dropLocked(w *liveWorker) {
 		return
 	}
 	delete(l.workers, w.id)
+	l.byID.Delete(w.id)
 	if l.byNode[w.node] == w.id {
 		delete(l.byNode, w.node)
 	}
+	w.kv.Lock() // after this no event, resync or check touches the index for w
+	w.kvs.gone = true
+	w.kvs.backlog = nil
+	w.kv.Unlock()
 	w.model.state.RemoveWorker(w.id)
+	for _, c := range []interface{ DeleteLabelValues(...string) bool }{l.met.KVGaps, l.met.KVResyncFailures, l.met.KVDrift, l.met.KVStale, l.met.KVEventsDropped} {
+		c.DeleteLabelValues(w.node)
+	}
 	l.signal()
 }
 
-// resync replaces w's index entries by a snapshot of its cache, then applies the events that
-// arrived meanwhile. Called with w.resyncing set.
-func (l *Router) resync(w *liveWorker) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var snap cluster.Snapshot
-	err := w.client.Call(ctx, cluster.MethodSnapshot, &cluster.SnapshotRequest{}, &snap)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.workers[w.id] != w {
-		return
-	}
-	if err != nil {
-		w.remove("snapshot failed: " + err.Error())
-		return
-	}
-	l.met.Snapshots.Inc()
-	w.model.state.ResetWorker(w.id, snap.Snapshot)
-	pending := w.pending
-	w.pending, w.resyncing = nil, false
-	l.applyLocked(w, pending)
-}
-
-// applyLocked applies events of w to the index, starting a resync on a gap.
-func (l *Router) applyLocked(w *liveWorker, evs []kvcache.Event) {
-	for i, ev := range evs {
-		if w.resyncing {
-			w.pending = append(w.pending, evs[i:]...)
-			return
-		}
-		gap, err := w.model.state.ApplyEvent(w.id, ev)
-		if err != nil {
-			return
-		}
-		l.met.Events.Inc()
-		if gap {
-			last, _ := w.model.state.Index().LastID(w.id)
-			l.log.Info("KV event gap; fetching a snapshot", "worker", w.node, "last", last, "got", ev.ID)
-			w.resyncing = true
-			w.pending = append(w.pending[:0], evs[i:]...)
-			go l.resync(w)
-			return
-		}
-	}
-}
-
-func (l *Router) lookup(id uint64) (*liveWorker, error) {
-	w := l.workers[router.WorkerID(id)]
-	if w == nil || uint64(router.WorkerID(id)) != id {
-		return nil, orpc.Errorf(orpc.NotFound, "router: worker %d is not registered here (register again)", id)
-	}
-	return w, nil
-}
-
-// heartbeat serves Router.Heartbeat.
+// heartbeat serves Router.Heartbeat without the router's lock: the report waits for the
+// next decision (post), the KV checks take only the worker's own lock.
 func (l *Router) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster.Ack, error) {
+	w, err := l.lookupFast(r.WorkerID)
+	if err != nil {
+		return nil, err
+	}
 	now := time.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	w, err := l.lookup(r.WorkerID)
-	if err != nil {
-		return nil, err
-	}
-	w.lastBeat = now
-	st := w.model.state
-	st.Report(w.id, r.Load, now)
-	// An event lost at the end of a burst shows only here: the report's last id stays ahead
-	// of the index across two reports (the first may race with events still on their way).
-	if !w.resyncing && st.Index().Behind(w.id, r.LastEventID) {
-		if w.behindAt == r.LastEventID {
-			l.log.Info("KV index behind the worker's reports; fetching a snapshot", "worker", w.node, "reported", r.LastEventID)
-			w.resyncing, w.behindAt = true, 0
-			go l.resync(w)
-		} else {
-			w.behindAt = r.LastEventID
-		}
-	} else {
-		w.behindAt = 0
-	}
+	w.beat.Store(now.UnixNano())
+	w.report.Store(&mailReport{load: r.Load, at: now})
+	l.post(w)
+	l.checkReport(w, r.Load, now)
 	l.signal()
-	return &cluster.Ack{}, nil
-}
-
-// events serves Router.Events.
-func (l *Router) events(ctx context.Context, b *cluster.KVEvents) (*cluster.Ack, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	w, err := l.lookup(b.WorkerID)
-	if err != nil {
-		return nil, err
-	}
-	l.applyLocked(w, b.Events)
 	return &cluster.Ack{}, nil
 }
 
@@ -619,11 +728,27 @@ func (l *Router) rebuildAPILocked() {
 		models = append(models, &openai.Model{
 			ID: m.name, Tokenizer: m.tok, ContextLen: m.card.ContextLen, Created: m.created, OwnedBy: "tandem",
 			Backend: &liveBackend{l: l, m: m}, ChatTemplate: m.card.ChatTemplate,
+			// The worker's output parsers, and whether it follows grammars at all.
+			ToolCallParser:  knownOr(m.card.ToolCallParser, openai.ToolCallParsers, l.log, "tool-call parser", m.name),
+			ReasoningParser: knownOr(m.card.ReasoningParser, openai.ReasoningParsers, l.log, "reasoning parser", m.name),
+			NoConstraints:   m.card.GrammarFormat < cluster.GrammarGBNF,
+			NoTokenControls: m.card.RequestLevel < cluster.RequestTokens,
+			Pooling:         llm.Pooling(m.card.Pooling),
 		})
 	}
 	slices.SortFunc(models, func(a, b *openai.Model) int { return cmp.Compare(a.ID, b.ID) })
-	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet})
+	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet, Responses: l.cfg.Responses})
 	l.api.Store(&h)
+}
+
+// knownOr is a parser name from a worker's card when the router knows it, else "" (chosen
+// from the chat template), which it logs.
+func knownOr(name string, known []string, log *slog.Logger, what, model string) string {
+	if name == "" || slices.Contains(known, name) {
+		return name
+	}
+	log.Warn("a worker's "+what+" is unknown to this router; choosing it from the chat template", "model", model, "parser", name)
+	return ""
 }
 
 // SessionHeader carries a session id; requests of one session stay on one worker.

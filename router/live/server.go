@@ -7,12 +7,18 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"path/filepath"
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"tandem/httpserve"
+	"tandem/internal/version"
 	"tandem/metrics"
 	"tandem/orpc"
+	"tandem/respstore"
 	"tandem/router"
 )
 
@@ -35,7 +41,19 @@ type ServerConfig struct {
 	// PublicMetrics serves /metrics without the API key (Router.APIKey); /health never
 	// needs it.
 	PublicMetrics bool
-	Logger        *slog.Logger
+	// WrapHandler, if set, wraps the API handler with the binary's own paths (its
+	// dashboard), given the registry of the router's metrics.
+	WrapHandler func(api http.Handler, reg *prometheus.Registry) (http.Handler, error)
+	// ResponseTTL is how long a stored response (the Responses API) is kept in the
+	// response store (0: until deleted), a file in the state directory unless
+	// ResponsesPath says where (two routers in one process share no such file).
+	ResponseTTL   time.Duration
+	ResponsesPath string
+	// AllowedOrigins turns CORS on (httpserve.Config.AllowedOrigins); MetricsPrefix adds
+	// an alias prefix to /metrics (metrics.Aliased), e.g. "vllm".
+	AllowedOrigins []string
+	MetricsPrefix  string
+	Logger         *slog.Logger
 }
 
 // Server is a running tandem-router.
@@ -50,6 +68,7 @@ type Server struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
+	store  *respstore.Store
 }
 
 // StartServer loads or creates the cluster CA and join token, then serves ORPC and HTTP in
@@ -88,7 +107,22 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	reg := metrics.NewRegistry()
+	if cfg.ResponsesPath == "" {
+		cfg.ResponsesPath = filepath.Join(cfg.StateDir, respstore.FileName)
+	}
+	store, err := respstore.Open(cfg.ResponsesPath,
+		respstore.Options{TTL: cfg.ResponseTTL, Metrics: metrics.NewResponses(reg, "tandem_router"), Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	started := false
+	defer func() {
+		if !started {
+			store.Close()
+		}
+	}()
 	lc := cfg.Router
+	lc.Responses = store
 	if lc.KnownCards == nil {
 		lc.KnownCards = known
 	}
@@ -125,15 +159,26 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("router: ORPC listen: %w", err)
 	}
 
+	handler := live.Handler()
+	if cfg.WrapHandler != nil {
+		if handler, err = cfg.WrapHandler(handler, reg); err != nil {
+			ol.Close()
+			return nil, err
+		}
+	}
 	metricsToken := cfg.Router.APIKey
 	if cfg.PublicMetrics {
 		metricsToken = ""
 	}
 	hs, err := httpserve.New(httpserve.Config{
 		Addr:            net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)),
-		Handler:         live.Handler(),
-		Metrics:         metrics.Handler(reg),
+		Handler:         handler,
+		Degraded:        live.Degraded,
+		Metrics:         metrics.HandlerFor(metrics.Aliased(reg, "tandem_router", cfg.MetricsPrefix)),
+		AllowedOrigins:  cfg.AllowedOrigins,
+		OnRefused:       func(reason string) { live.httpMet.Refused.WithLabelValues(reason).Inc() },
 		MetricsToken:    metricsToken,
+		Version:         version.String(),
 		DrainTimeout:    cfg.DrainTimeout,
 		BodyReadTimeout: cfg.BodyReadTimeout,
 		MinBodyRate:     cfg.MinBodyRate,
@@ -149,8 +194,10 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Router: live, HTTP: hs, ORPC: srv, ORPCAddr: ol.Addr().String(), Token: tok, CACreated: caCreated,
-		TokCreated: tokCreated, cancel: cancel, done: make(chan struct{})}
+		TokCreated: tokCreated, cancel: cancel, done: make(chan struct{}), store: store}
+	started = true
 	go live.Run(ctx)
+	go store.Run(ctx)
 	go func() {
 		defer close(s.done)
 		srv.Serve(ctx, ol)
@@ -167,5 +214,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.HTTP.Shutdown(ctx)
 	s.cancel()
 	<-s.done
+	if cerr := s.store.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("router: closing the response store: %w", cerr)
+	}
 	return err
 }
