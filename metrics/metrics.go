@@ -48,6 +48,10 @@ type Engine struct {
 	// StepCostFactor is the live correction of the step cost profile, for prefill-only,
 	// decode-only and mixed steps (label steps), as sched.LiveCost.Correction gives them.
 	StepCostFactor [3]prometheus.Gauge
+	// StepCostProfile is 1 for the source of the step cost profile the ITL target starts
+	// from (label source: file, sim, measured, or builtin when a quick profile could not be
+	// fitted and the built-in CPU profile stands in); none without a target.
+	StepCostProfile *prometheus.GaugeVec
 }
 
 var (
@@ -99,6 +103,10 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 	for i, kind := range []string{"prefill", "decode", "mixed"} {
 		e.StepCostFactor[i] = cost.WithLabelValues(kind)
 	}
+	e.StepCostProfile = f.register(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tandem:step_cost_profile", ConstLabels: labels,
+		Help: "1 for where the step cost profile the ITL target starts from came from: file (--step-profile), sim (the sim backend's timing), measured (a quick profile at start), builtin (the built-in CPU profile: the quick profile could not be fitted).",
+	}, []string{"source"})).(*prometheus.GaugeVec)
 	return e
 }
 

@@ -289,18 +289,20 @@ func (n *Node) newEngines(ctx context.Context) error {
 	}
 	if cfg.ITLTarget > 0 || cfg.ITLTargetDecodes > 0 {
 		ecfg.ITLTarget = cfg.ITLTarget
+		source := "file"
 		switch {
 		case cfg.StepCost != nil:
 			ecfg.Cost = *cfg.StepCost
 		case cfg.Sim != nil:
-			ecfg.Cost = *cfg.Sim
+			ecfg.Cost, source = *cfg.Sim, "sim"
 		default:
-			t, err := n.measureStepCost(ctx)
+			t, src, err := n.measureStepCost(ctx)
 			if err != nil {
 				return err
 			}
-			ecfg.Cost = t
+			ecfg.Cost, source = t, src
 		}
+		ecfg.Metrics.StepCostProfile.WithLabelValues(source).Set(1)
 		ecfg.ITLDecodes = cfg.ITLTargetDecodes
 	}
 	if cfg.Sim == nil {

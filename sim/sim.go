@@ -598,6 +598,7 @@ func (s *sim) report() {
 		// What a live worker reports (worker.Load): the same census, the same function.
 		lr := w.sched.Census().Load(w.pool.Stats())
 		lr.Healthy = true
+		lr.StepsOverTarget = uint64(w.stats.OverTarget)
 		if s.cfg.ReportDelay > 0 {
 			s.send(w, delayed{t: s.now + s.cfg.ReportDelay, report: &lr})
 		} else {

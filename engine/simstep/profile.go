@@ -60,16 +60,37 @@ func DefaultPlan(contextLen, maxBatchTokens, maxSeqs, reps int) Plan {
 // other work runs on the cores gets its scale wrong, which the engine's live correction
 // mends, but a median of one or two runs got its shape wrong too (a quadratic prefill
 // term 28 times too large, on a machine with 12 runnable threads to its 2 cores), which
-// no correction of scale mends. For a 0.5B model on 2 cores it takes about 4 s.
+// no correction of scale mends. For a 0.5B model on 2 cores it takes about 4 s. A model
+// whose context is shorter than a shape scales the prefill or the decode shapes down
+// together, so that they still fit and keep their terms apart (a 128-token context kept
+// two prefill shapes and one decode one of nine, too few to fit).
 func QuickPlan(contextLen, maxBatchTokens, maxSeqs int) Plan {
 	p := Plan{Reps: 3, Fastest: true}
-	for _, s := range []PrefillShape{{1, 64, 0}, {1, 256, 0}, {1, 128, 512}, {1, 32, 0}} {
-		if s.Tokens <= maxBatchTokens && s.Context+s.Tokens <= contextLen {
+	prefill := []PrefillShape{{1, 64, 0}, {1, 256, 0}, {1, 128, 512}, {1, 32, 0}}
+	longest := 0
+	for _, s := range prefill {
+		longest = max(longest, s.Context+s.Tokens)
+	}
+	for _, s := range prefill {
+		if longest > contextLen {
+			s.Tokens, s.Context = max(2, s.Tokens*contextLen/longest), s.Context*contextLen/longest
+		}
+		s.Tokens = min(s.Tokens, maxBatchTokens)
+		if s.Tokens >= 2 && s.Context+s.Tokens <= contextLen && !slices.Contains(p.Prefill, s) {
 			p.Prefill = append(p.Prefill, s)
 		}
 	}
-	for _, s := range []DecodeShape{{1, 128}, {8, 256}, {16, 128}, {2, 1024}, {4, 64}} {
-		if s.Context+1 <= contextLen && s.Seqs <= maxSeqs && s.Seqs <= maxBatchTokens {
+	decode := []DecodeShape{{1, 128}, {8, 256}, {16, 128}, {2, 1024}, {4, 64}}
+	longest = 0
+	for _, s := range decode {
+		longest = max(longest, s.Context+1)
+	}
+	for _, s := range decode {
+		if longest > contextLen {
+			s.Context = max(1, s.Context*(contextLen-1)/(longest-1))
+		}
+		s.Seqs = min(s.Seqs, maxSeqs, maxBatchTokens)
+		if s.Seqs >= 1 && s.Context+1 <= contextLen && !slices.Contains(p.Decode, s) {
 			p.Decode = append(p.Decode, s)
 		}
 	}
