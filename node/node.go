@@ -66,13 +66,15 @@ type Config struct {
 	// (engine.Config.ITLTarget); 0: none. ITLTargetDecodes, when positive, sets it instead,
 	// at every step, to that many times what the step's decodes alone take, as the
 	// engine's corrected step cost predicts them (engine.Config.ITLDecodes). StepCost is
-	// the forward step's profile the target
-	// reads (tandem profile's fit); nil: the sim backend's timing, or, for a real backend,
-	// a quick profile measured at start (simstep.QuickPlan). Either way the engine
-	// corrects it with every step it measures.
-	ITLTarget        time.Duration
-	ITLTargetDecodes float64
-	StepCost         *sim.Timing
+	// the forward step's profile the target reads (tandem profile's fit); nil: the sim
+	// backend's timing, or, for a real backend, a quick profile measured at start
+	// (simstep.QuickPlan), within StepProfileBudget (0: DefaultStepProfileBudget; past it
+	// the built-in CPU profile stands in). Either way the engine corrects it with every
+	// step it measures.
+	ITLTarget         time.Duration
+	ITLTargetDecodes  float64
+	StepCost          *sim.Timing
+	StepProfileBudget time.Duration
 
 	HTTP    HTTP
 	Cluster Cluster     // no Routers: a node on its own

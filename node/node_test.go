@@ -102,15 +102,25 @@ func TestShutdown(t *testing.T) {
 
 // With an ITL target and no step profile, a node on a real backend measures its forward
 // step at start (and says what it found); with a profile (and a target of 2.5 times the
-// decodes) it measures nothing. Either way it serves.
+// decodes) it measures nothing; a quick profile past its budget gives way to the built-in
+// one, said in the log and on /metrics. Either way it serves.
 func TestITLTargetStepCost(t *testing.T) {
 	m, be := demoModel(t)
-	for _, profile := range []*sim.Timing{nil, {PrefillPerToken: 1, DecodeBase: 5, DecodePerSeq: 1}} {
+	for _, c := range []struct {
+		profile *sim.Timing
+		budget  time.Duration
+		source  string // of the profile, on /metrics
+		log     string
+	}{
+		{nil, 0, "measured", "measured the step cost"},
+		{&sim.Timing{PrefillPerToken: 1, DecodeBase: 5, DecodePerSeq: 1}, 0, "file", ""},
+		{nil, time.Nanosecond, "builtin", "the quick profile of the step cost took too long"},
+	} {
 		var logs bytes.Buffer
 		cfg := Config{Model: m, Backend: be, Name: "tandem-demo", KVBudget: 256 * 16 * m.KVBytesPerToken(),
-			BlockSize: 16, HTTP: HTTP{Addr: "127.0.0.1:0"}, ITLTarget: 50 * time.Millisecond, StepCost: profile,
-			Logger: slog.New(slog.NewTextHandler(&logs, nil))}
-		if profile != nil {
+			BlockSize: 16, HTTP: HTTP{Addr: "127.0.0.1:0"}, ITLTarget: 50 * time.Millisecond, StepCost: c.profile,
+			StepProfileBudget: c.budget, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+		if c.profile != nil {
 			cfg.ITLTarget, cfg.ITLTargetDecodes = 0, 2.5
 		}
 		n, err := Start(context.Background(), cfg)
@@ -122,12 +132,24 @@ func TestITLTargetStepCost(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
+		mresp, err := http.Get(n.URL() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		scrape, _ := io.ReadAll(mresp.Body)
+		mresp.Body.Close()
 		n.Shutdown(context.Background())
 		if resp.StatusCode != http.StatusOK {
-			t.Errorf("profile %v: status %d", profile, resp.StatusCode)
+			t.Errorf("%s: status %d", c.source, resp.StatusCode)
 		}
-		if measured := strings.Contains(logs.String(), "measured the step cost"); measured != (profile == nil) {
-			t.Errorf("profile %v: measured at start %v:\n%s", profile, measured, logs.String())
+		if measured := strings.Contains(logs.String(), "measured the step cost"); measured != (c.source == "measured") {
+			t.Errorf("%s: measured at start %v:\n%s", c.source, measured, logs.String())
+		}
+		if c.log != "" && !strings.Contains(logs.String(), c.log) {
+			t.Errorf("%s: the log lacks %q:\n%s", c.source, c.log, logs.String())
+		}
+		if want := `tandem:step_cost_profile{model_name="tandem-demo",source="` + c.source + `"} 1`; !strings.Contains(string(scrape), want) {
+			t.Errorf("/metrics lacks %s", want)
 		}
 	}
 }
