@@ -277,6 +277,7 @@ func (r *LoadReport) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(r.Queued))
 	e.Uvarint(uint64(r.QueuedTokens))
 	e.Uvarint(uint64(r.CachedBlocks))
+	e.Uvarint(r.StepsOverTarget)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -300,6 +301,9 @@ func (r *LoadReport) UnmarshalORPC(d *orpc.Decoder) error {
 		r.Queued = uvint(d)
 		r.QueuedTokens = uvint(d)
 		r.CachedBlocks = uvint(d)
+	}
+	if d.Len() > 0 { // trailing, as Received: an older worker's report ends before it
+		r.StepsOverTarget = d.Uvarint()
 	}
 	return d.Err()
 }

@@ -39,7 +39,7 @@ func TestRoundTrip(t *testing.T) {
 	roundTrip(t, &RegisterReply{WorkerID: 3, HeartbeatMs: 250, Router: "r", DispatchKey: 0x1234567890abcdef, HeartbeatTimeoutMs: 1000})
 	roundTrip(t, &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
 		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
-		Queued: 11, QueuedTokens: 12, CachedBlocks: 13}})
+		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, StepsOverTarget: 14}})
 	roundTrip(t, &KVEvents{WorkerID: 2, Events: []kvcache.Event{
 		{ID: 1, Kind: kvcache.EventStored, Parent: 0, Hashes: []uint64{1, 2}},
 		{ID: 2, Kind: kvcache.EventRemoved, Tier: kvcache.TierHost, Hashes: []uint64{2}},
@@ -92,6 +92,29 @@ func TestErrorEvents(t *testing.T) {
 	}
 	if err := ErrorEvent(errors.New("boom")).Error(); err == nil || errors.Is(err, llm.ErrUnavailable) {
 		t.Errorf("other error: %v", err)
+	}
+}
+
+// A report from a worker that predates a trailing field decodes with the field zero: one
+// without the steps over the ITL target, one without the queued prompts and the cache size
+// too, and one without the dispatch number too.
+func TestLoadReportFromOlderWorkers(t *testing.T) {
+	now := LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
+		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
+		Queued: 11, QueuedTokens: 12, CachedBlocks: 13}}
+	b := orpc.Marshal(&now) // StepsOverTarget 0 is its last byte; the three before it one byte each, as Received and Tracked
+	noQueue := now
+	noQueue.Queued, noQueue.QueuedTokens, noQueue.CachedBlocks = 0, 0, 0
+	older := noQueue
+	older.Received, older.Tracked = 0, false
+	for _, c := range []struct {
+		drop int
+		want LoadReport
+	}{{1, now}, {4, noQueue}, {6, older}} {
+		var got LoadReport
+		if err := orpc.Unmarshal(b[:len(b)-c.drop], &got); err != nil || got != c.want {
+			t.Errorf("without the last %d bytes: %+v (%v), want %+v", c.drop, got, err, c.want)
+		}
 	}
 }
 

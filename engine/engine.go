@@ -27,8 +27,22 @@ type Config struct {
 	BlockSize      int    // KV positions per block
 	KVBlocks       int    // blocks in the KV pool
 	Salt           uint64 // block hash salt (kvcache.Salt of model, namespace, LoRA)
-	Metrics        *metrics.Engine
-	Logger         *slog.Logger
+	// ITLTarget, with Cost, bounds the predicted time of a step that carries decode tokens
+	// (sched.Config.ITLTarget): prompts are read in the chunks that keep the streams at
+	// their pace. ITLDecodes, when positive, sets the target at every step to that many
+	// times what the step's decodes alone take, as the corrected cost predicts them
+	// (sched.Config.ITLDecodes). Cost is the forward step's profile (a sim.Timing fitted
+	// by tandem profile, or at start); the engine corrects it with every step it measures
+	// (sched.LiveCost). No target or no Cost: the token budget alone cuts prompt chunks.
+	ITLTarget  time.Duration
+	ITLDecodes float64
+	Cost       sched.CostModel
+	// StepClock times the forward passes (the cost model's correction and Stats' last
+	// step); nil is the wall clock. Tests whose forward step runs on a virtual clock give
+	// it here.
+	StepClock interface{ Now() time.Time }
+	Metrics   *metrics.Engine
+	Logger    *slog.Logger
 	// OnPlan, if set, is called by Run's goroutine with each step's plan (its String is
 	// what package sched's tests print) before the forward pass, when the plan runs or
 	// preempts or drops a sequence; the plan is valid during the call only. Tests compare
@@ -70,17 +84,19 @@ type Engine struct {
 	nextID    uint64
 
 	// Owned by Run.
-	sched *sched.Scheduler[*sequence]
-	plan  *sched.Plan[*sequence] // the step being run
+	sched  *sched.Scheduler[*sequence]
+	plan   *sched.Plan[*sequence] // the step being run
+	gone   []*sequence            // reap's list of abandoned sequences
+	logits []float32
+	wide   []float32 // logits of steps with prompt rows (promptrows.go), dropped after them
+	hidden []float32 // hidden states of steps with an embedding
+	batch  model.Batch
+	last   kvcache.Stats
+	cost   *sched.LiveCost // the step cost the ITL target reads, corrected by each step; nil without one
+	drift  [2]bool         // costDrift's warnings given, for prefill-only and decode-only steps
 	// With micro-batches: the steps in flight, a ring of pipe.InFlight() from first.
 	flights       []flight
 	first, flying int
-	gone          []*sequence // reap's list of abandoned sequences
-	logits        []float32
-	wide          []float32 // logits of steps with prompt rows (promptrows.go), dropped after them
-	hidden        []float32 // hidden states of steps with an embedding
-	batch         model.Batch
-	last          kvcache.Stats
 	// intaken is the tokens of the requests intake moved into the scheduler since the
 	// last publish, which then counts them in the census instead of inboxTok.
 	intaken int
@@ -161,8 +177,19 @@ func newEngine(m *model.Model, cfg Config, micro int) *Engine {
 		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
 		grammars: newGrammarCache(m.Tokenizer, m.Config.VocabSize),
 	}
+	sc := sched.Config{MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Salt: cfg.Salt}
+	if (cfg.ITLTarget > 0 || cfg.ITLDecodes > 0) && cfg.Cost != nil {
+		e.cost = sched.NewLiveCost(cfg.Cost)
+		sc.ITLTarget, sc.ITLDecodes, sc.Cost = cfg.ITLTarget, cfg.ITLDecodes, e.cost
+		if cfg.Metrics != nil {
+			for _, g := range cfg.Metrics.StepCostFactor {
+				g.Set(1)
+			}
+		}
+	}
 	var err error
-	e.sched, err = sched.New[*sequence](sched.Config{MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Salt: cfg.Salt, MicroBatches: micro}, e.pool)
+	sc.MicroBatches = micro
+	e.sched, err = sched.New[*sequence](sc, e.pool)
 	if err != nil {
 		panic("engine: " + err.Error()) // fill made the sizes positive
 	}
@@ -439,9 +466,11 @@ func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 	b := &e.batch
 	rows := e.buildBatch(b, plan.Chunks, &e.hidden)
 	logits := e.stepLogits(len(b.Outputs)*e.m.Config.VocabSize, rows)
-	t0 := time.Now()
+	t0 := e.now()
 	err := e.fwd.Forward(b, logits)
-	e.stepDone(time.Since(t0), len(b.Tokens))
+	took := e.now().Sub(t0)
+	e.stepDone(took, len(b.Tokens))
+	e.timed(plan.Shape, plan.OverTarget, took, err)
 	if err != nil {
 		e.stepFailed(plan.Chunks, err)
 		return nil
@@ -486,6 +515,21 @@ func (e *Engine) buildBatch(b *model.Batch, chunks []sched.Chunk[*sequence], hid
 		b.Hidden = (*hidden)[:len(b.Outputs)*e.m.Config.Embd]
 	}
 	return rows
+}
+
+// timed records a step's time against the ITL target and corrects the live step cost by
+// it (shape and over are the plan's Shape and OverTarget).
+func (e *Engine) timed(shape sched.StepShape, over bool, took time.Duration, err error) {
+	if over {
+		e.overTarget()
+		if e.cfg.Metrics != nil {
+			e.cfg.Metrics.StepsOverTarget.Inc()
+		}
+	}
+	if err == nil && e.cost != nil {
+		e.cost.Observe(shape, took)
+		e.costDrift()
+	}
 }
 
 // stepFailed ends the sequences of a step whose forward pass failed.
@@ -627,6 +671,40 @@ func (e *Engine) finishMetrics(s *sequence, reason llm.FinishReason) {
 			met.DecodeTime.Observe(now.Sub(s.firstToken).Seconds())
 		}
 		met.InferenceTime.Observe(now.Sub(s.firstScheduled).Seconds())
+	}
+}
+
+// now is the step clock's time.
+func (e *Engine) now() time.Time {
+	if e.cfg.StepClock != nil {
+		return e.cfg.StepClock.Now()
+	}
+	return time.Now()
+}
+
+// costKinds name the kinds of step the correction tells apart (sched.LiveCost).
+var costKinds = [3]string{"prefill", "decode", "mixed"}
+
+// costDriftFactor is how far the live correction of the step cost may move from the
+// profile before the engine says, once per kind of step, that the profile is stale.
+const costDriftFactor = 2.0
+
+// costDrift exports the correction of the step cost and logs, once per kind of step
+// (prefill-only, decode-only), a factor beyond costDriftFactor: the profile no longer
+// describes the machine (or never did), and the target is held by the correction alone.
+// The mixed steps' fit is not warned about: on a CPU it sits well under the profile's
+// additive prediction by nature (the weights are read once for both parts).
+func (e *Engine) costDrift() {
+	p, d, m := e.cost.Correction()
+	for i, f := range [3]float64{p, d, m} {
+		if e.cfg.Metrics != nil {
+			e.cfg.Metrics.StepCostFactor[i].Set(f)
+		}
+		if i < 2 && !e.drift[i] && (f > costDriftFactor || f < 1/costDriftFactor) {
+			e.drift[i] = true
+			e.log.Warn("the step cost profile is off for the steps the engine measures; correcting it live",
+				"steps", costKinds[i], "factor", f)
+		}
 	}
 }
 

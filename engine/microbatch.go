@@ -31,6 +31,8 @@ type flight struct {
 	hidden []float32
 	failed error // the launch failed: land ends the step's sequences with it
 	t0     time.Time
+	shape  sched.StepShape // the plan's, for the ITL target's live cost
+	over   bool            // the plan went over the ITL target
 }
 
 // pipelined reports whether the engine runs micro-batches.
@@ -70,7 +72,8 @@ func (e *Engine) launch(plan *sched.Plan[*sequence]) {
 		f.logits = make([]float32, n)
 	}
 	f.logits = f.logits[:n]
-	f.t0 = time.Now()
+	f.shape, f.over = plan.Shape, plan.OverTarget
+	f.t0 = e.now()
 	f.failed = e.pipe.Launch(&f.batch)
 }
 
@@ -83,7 +86,9 @@ func (e *Engine) land() {
 	if err == nil {
 		err = e.pipe.Land(&f.batch, f.logits)
 	}
-	e.stepDoneChunks(time.Since(f.t0), len(f.batch.Attn.Pos), f.chunks)
+	took := e.now().Sub(f.t0) // launch to land: the step's time through every stage
+	e.stepDoneChunks(took, len(f.batch.Attn.Pos), f.chunks)
+	e.timed(f.shape, f.over, took, err)
 	if err != nil {
 		e.sched.Land(f.chunks) // nothing was written; the sequences are aborted below
 		e.stepFailed(f.chunks, err)

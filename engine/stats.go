@@ -21,6 +21,9 @@ type Stats struct {
 	LastStep       time.Duration
 	LastStepTokens int
 	Steps          uint64
+	// StepsOverTarget counts the forward passes that carried decode tokens and were
+	// predicted past the ITL target (sched.Plan.OverTarget).
+	StepsOverTarget uint64
 }
 
 // statsBox holds the published Stats. The scheduler goroutine writes it once per loop
@@ -52,7 +55,7 @@ func (e *Engine) publishSeqs(running, waiting []*sequence) {
 	var s Stats
 	s.Census = e.sched.CensusOf(running, waiting)
 	e.stats.mu.Lock()
-	s.LastStep, s.LastStepTokens, s.Steps = e.stats.s.LastStep, e.stats.s.LastStepTokens, e.stats.s.Steps
+	s.LastStep, s.LastStepTokens, s.Steps, s.StepsOverTarget = e.stats.s.LastStep, e.stats.s.LastStepTokens, e.stats.s.Steps, e.stats.s.StepsOverTarget
 	e.stats.s = s
 	e.stats.mu.Unlock()
 	e.inboxTok.Add(-int64(e.intaken))
@@ -85,5 +88,13 @@ func (e *Engine) stepDoneChunks(d time.Duration, n int, chunks []sched.Chunk[*se
 	e.stats.mu.Lock()
 	e.stats.s.LastStep, e.stats.s.LastStepTokens = d, n
 	e.stats.s.Steps++
+	e.stats.mu.Unlock()
+}
+
+// overTarget counts a forward pass predicted past the ITL target. Called by Run's
+// goroutine only.
+func (e *Engine) overTarget() {
+	e.stats.mu.Lock()
+	e.stats.s.StepsOverTarget++
 	e.stats.mu.Unlock()
 }

@@ -244,4 +244,9 @@ type Load struct {
 	// the report counts every dispatch.
 	Received uint64
 	Tracked  bool
+	// StepsOverTarget counts the engine steps, since it started, that carried decode tokens
+	// and were predicted past its inter-token latency target: the worker has more streams
+	// than it can keep at the target. The router and the planner difference it between
+	// reports.
+	StepsOverTarget uint64
 }

@@ -41,9 +41,17 @@ type Engine struct {
 	// vLLM's older names, which its stock Grafana dashboard reads (see vllm.go):
 	// TPOT is observed with ITL, GPUCacheUsage set with KVUsage; InferenceTime is the
 	// time from a sequence's first step to its end (prefill and decode).
-	TPOT          prometheus.Observer
-	GPUCacheUsage prometheus.Gauge
-	InferenceTime prometheus.Observer
+	TPOT            prometheus.Observer
+	GPUCacheUsage   prometheus.Gauge
+	InferenceTime   prometheus.Observer
+	StepsOverTarget prometheus.Counter // engine steps with decode tokens predicted past the ITL target
+	// StepCostFactor is the live correction of the step cost profile, for prefill-only,
+	// decode-only and mixed steps (label steps), as sched.LiveCost.Correction gives them.
+	StepCostFactor [3]prometheus.Gauge
+	// StepCostProfile is 1 for the source of the step cost profile the ITL target starts
+	// from (label source: file, sim, measured, or builtin when a quick profile could not be
+	// fitted and the built-in CPU profile stands in); none without a target.
+	StepCostProfile *prometheus.GaugeVec
 }
 
 var (
@@ -57,7 +65,7 @@ var (
 func NewEngine(reg prometheus.Registerer, model string) *Engine {
 	labels := prometheus.Labels{"model_name": model}
 	f := factory{reg: reg, labels: labels}
-	return &Engine{
+	e := &Engine{
 		Running:          f.gauge("tandem:num_requests_running", "Number of requests in model execution batches."),
 		Waiting:          f.gauge("tandem:num_requests_waiting", "Number of requests waiting to be processed."),
 		KVUsage:          f.gauge("tandem:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
@@ -83,10 +91,23 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 			"Histogram of decode tokens (one per sequence generating its next token) per engine step.", stepTokenBuckets),
 		ConstraintFailures: f.counter("tandem:constrained_generation_failures_total",
 			"Constrained sequences ended with an error because their grammar allowed no token of the vocabulary."),
-		TPOT:          f.histogram("tandem:time_per_output_token_seconds", "Histogram of time per output token in seconds (the inter-token latency).", latencyBuckets),
-		GPUCacheUsage: f.gauge("tandem:gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of kv_cache_usage_perc). 1 means 100 percent usage."),
-		InferenceTime: f.histogram("tandem:request_inference_time_seconds", "Histogram of time spent in prefill and decode in seconds.", latencyBuckets),
+		TPOT:            f.histogram("tandem:time_per_output_token_seconds", "Histogram of time per output token in seconds (the inter-token latency).", latencyBuckets),
+		GPUCacheUsage:   f.gauge("tandem:gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of kv_cache_usage_perc). 1 means 100 percent usage."),
+		InferenceTime:   f.histogram("tandem:request_inference_time_seconds", "Histogram of time spent in prefill and decode in seconds.", latencyBuckets),
+		StepsOverTarget: f.counter("tandem:steps_over_itl_target_total", "Engine steps carrying decode tokens whose predicted time exceeded the inter-token latency target: too many streams for the target."),
 	}
+	cost := f.register(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tandem:step_cost_correction", ConstLabels: labels,
+		Help: "The engine's live correction of its step cost profile: the factor for prefill-only and decode-only steps, and for a mixed step the fitted prompt part of a 64-token chunk over the profile's prefill prediction; 1 until corrected.",
+	}, []string{"steps"})).(*prometheus.GaugeVec)
+	for i, kind := range []string{"prefill", "decode", "mixed"} {
+		e.StepCostFactor[i] = cost.WithLabelValues(kind)
+	}
+	e.StepCostProfile = f.register(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tandem:step_cost_profile", ConstLabels: labels,
+		Help: "1 for where the step cost profile the ITL target starts from came from: file (--step-profile), sim (the sim backend's timing), measured (a quick profile at start), builtin (the built-in CPU profile: the quick profile could not be fitted).",
+	}, []string{"source"})).(*prometheus.GaugeVec)
+	return e
 }
 
 type factory struct {

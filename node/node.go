@@ -63,6 +63,20 @@ type Config struct {
 	Sim      *sim.Timing
 	Replicas int
 
+	// ITLTarget bounds the predicted time of an engine step that carries decode tokens
+	// (engine.Config.ITLTarget); 0: none. ITLTargetDecodes, when positive, sets it instead,
+	// at every step, to that many times what the step's decodes alone take, as the
+	// engine's corrected step cost predicts them (engine.Config.ITLDecodes). StepCost is
+	// the forward step's profile the target reads (tandem profile's fit); nil: the sim
+	// backend's timing, or, for a real backend, a quick profile measured at start
+	// (simstep.QuickPlan), within StepProfileBudget (0: DefaultStepProfileBudget; past it
+	// the built-in CPU profile stands in). Either way the engine corrects it with every
+	// step it measures.
+	ITLTarget         time.Duration
+	ITLTargetDecodes  float64
+	StepCost          *sim.Timing
+	StepProfileBudget time.Duration
+
 	// Pipeline, when set, makes the node the head of a pipeline replica (package
 	// pipeline): Model is stage 0 of it (model.LoadStage), and the engine's forward
 	// passes go through the other stages, each a process of its own. Start fills its
@@ -196,6 +210,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
+	if cfg.Pipeline != nil && (cfg.ITLTarget > 0 || cfg.ITLTargetDecodes > 0) {
+		return nil, errors.New("node: a pipeline replica has no step profile for an ITL target yet (the quick profile runs the whole model)")
+	}
 	if cfg.Pipeline != nil && (cfg.Sim != nil || cfg.Replicas > 1 || cfg.Cluster.Role != "" && cfg.Cluster.Role != cluster.RoleBoth) {
 		// A replica's KV lives in its stages: moving it for disaggregation (stage by
 		// stage) is not built yet.
@@ -293,6 +310,24 @@ func (n *Node) newEngines(ctx context.Context) error {
 		Salt:           kvcache.Salt(cfg.Name, "", ""),
 		Metrics:        metrics.NewEngine(n.reg, cfg.Name),
 		Logger:         n.log,
+	}
+	if cfg.ITLTarget > 0 || cfg.ITLTargetDecodes > 0 {
+		ecfg.ITLTarget = cfg.ITLTarget
+		source := "file"
+		switch {
+		case cfg.StepCost != nil:
+			ecfg.Cost = *cfg.StepCost
+		case cfg.Sim != nil:
+			ecfg.Cost, source = *cfg.Sim, "sim"
+		default:
+			t, src, err := n.measureStepCost(ctx)
+			if err != nil {
+				return err
+			}
+			ecfg.Cost, source = t, src
+		}
+		ecfg.Metrics.StepCostProfile.WithLabelValues(source).Set(1)
+		ecfg.ITLDecodes = cfg.ITLTargetDecodes
 	}
 	if cfg.Pipeline != nil {
 		hc := *cfg.Pipeline

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"time"
 
 	"tandem/kvcache"
 )
@@ -13,6 +14,17 @@ type Config struct {
 	MaxBatchTokens int    // token budget of one step: decode tokens and prefill chunks together
 	MaxSeqs        int    // most sequences running at once
 	Salt           uint64 // block hash salt of the sequences' KV (kvcache.Salt of model, namespace, LoRA)
+	// ITLTarget, with Cost, bounds the time of a step that carries decode tokens: its
+	// prefill chunks are cut so that Cost predicts the step within the target (see
+	// Schedule). A step with no decode gives prefill the whole token budget. ITLDecodes,
+	// when positive, sets the target instead, at every step, to that many times Cost's
+	// prediction for the step's decodes alone: a step that reads prompts takes at most
+	// that many times what its streams need, however fast or slow the machine and the
+	// batch are (a LiveCost follows the machine as it slows or speeds up). Neither, or no
+	// Cost: the token budget alone cuts chunks.
+	ITLTarget  time.Duration
+	ITLDecodes float64
+	Cost       CostModel
 	// MicroBatches is how many steps may be in flight at once: a pipeline's stages, each
 	// running another step (a micro-batch) at the same time. A plan then takes at most
 	// 1/MicroBatches of the running sequences (rounded up), so that the steps in flight
@@ -20,6 +32,23 @@ type Config struct {
 	// until the caller lands that step (Land, instead of Commit). 0 or 1: one step at a time.
 	MicroBatches int
 }
+
+// overloadFactor bounds a timed step whose decode tokens alone take more than a half of
+// the target: its prompt chunks may take it to this many times the decodes' time (as long
+// again as the decodes), past the target. A stream's tokens then come at most twice as
+// slowly while a prompt is read, and prompts are still read at the pace of the decodes,
+// however slow the machine has become (other work on its cores, more streams than it can
+// serve): a fixed share of the target would all but stop them.
+const overloadFactor = 2
+
+// minPromptShare sets the prompt tokens a step reads at least when a prompt is waiting,
+// whatever the time: a sixty-fourth of the token budget (8 of 512), so that prompts move
+// even when the cost model prices a step's fixed prefill cost above what the decodes
+// leave (until the live correction learns what a mixed step costs).
+const minPromptShare = 64
+
+// minPrompt is the prompt tokens a timed step reads at least (see minPromptShare).
+func (c Config) minPrompt() int { return max(1, c.MaxBatchTokens/minPromptShare) }
 
 // where a Seq is.
 type state uint8
@@ -121,6 +150,20 @@ type Plan[S Sequence] struct {
 	Dropped []S
 	// KV is the pool after the step's reservations.
 	KV kvcache.Stats
+	// Shape is what the chunks compute, in a step cost's terms; Predicted is the cost
+	// model's time for it (0 without one). OverTarget reports that the step carries decode
+	// tokens and its predicted time exceeds the ITL target: the running streams alone
+	// leave prefill less than its share (too many streams for the machine), or they
+	// exceed the target by themselves.
+	Shape      StepShape
+	Predicted  time.Duration
+	OverTarget bool
+	// Target is the ITL target the step was held to (0: none, or no decode in the step).
+	Target time.Duration
+
+	streaming bool          // a chunk is a decode
+	limit     time.Duration // the predicted time a timed step's prompts may fill it up to (0: not set yet)
+	full      bool          // a prompt chunk was cut to the limit: no more prompt tokens this step
 }
 
 func (p *Plan[S]) reset() {
@@ -130,6 +173,25 @@ func (p *Plan[S]) reset() {
 	clear(p.Preempted)
 	clear(p.Dropped)
 	p.Chunks, p.Admitted, p.Resumed, p.Preempted, p.Dropped = p.Chunks[:0], p.Admitted[:0], p.Resumed[:0], p.Preempted[:0], p.Dropped[:0]
+	p.Shape, p.Predicted, p.OverTarget, p.Target = StepShape{}, 0, false, 0
+	p.streaming, p.limit, p.full = false, 0, false
+}
+
+// add appends a chunk to the plan.
+func (p *Plan[S]) add(c Chunk[S]) {
+	p.Chunks = append(p.Chunks, c)
+	p.Shape.Add(c.N, c.From+c.N)
+	p.streaming = p.streaming || c.Decode()
+}
+
+// remove takes chunk i out of the plan.
+func (p *Plan[S]) remove(i int) {
+	p.Chunks = slices.Delete(p.Chunks, i, i+1)
+	p.Shape, p.streaming, p.limit, p.Target = StepShape{}, false, 0, 0
+	for _, c := range p.Chunks {
+		p.Shape.Add(c.N, c.From+c.N)
+		p.streaming = p.streaming || c.Decode()
+	}
 }
 
 // A Scheduler holds the waiting and running sequences of one KV pool. It is not safe for
@@ -162,6 +224,9 @@ func New[S Sequence](cfg Config, pool *kvcache.Pool) (*Scheduler[S], error) {
 	}
 	if pool == nil {
 		return nil, fmt.Errorf("sched: no KV pool")
+	}
+	if cfg.ITLTarget < 0 || cfg.ITLDecodes < 0 {
+		return nil, fmt.Errorf("sched: a negative ITL target (%v, %v decodes)", cfg.ITLTarget, cfg.ITLDecodes)
 	}
 	return &Scheduler[S]{cfg: cfg, pool: pool}, nil
 }
@@ -221,16 +286,25 @@ func left[S Sequence](q S) int {
 	return len(seq.Tokens) - seq.KV.Len()
 }
 
-// Schedule plans the next step. Running sequences come first, fewest tokens left first, so
-// that decode tokens go before prefill chunks and streams keep flowing while long prompts
-// are read; each takes what is left of its tokens, up to the remaining token budget, and
-// reserves KV blocks for them. When the pool has no blocks for one, the running sequence of
-// the lowest priority and latest arrival is preempted (possibly the one asking), and its
-// share of the step, if it had one, goes back to the budget. Then waiting sequences are
-// admitted in order while the budget and the sequence cap allow: each matches its tokens
-// against the prefix cache (the last token is always computed, for its logits) and takes a
-// chunk of the rest. The first waiting sequence that does not fit stops the admissions, so
-// that a long prompt is not overtaken for ever.
+// Schedule plans the next step. Running sequences come first: those with one token left
+// (decodes), then those reading their prompt, by priority and then fewest tokens left, so
+// that streams keep flowing while long prompts are read. Each takes what is left of its
+// tokens, up to the remaining token budget, and reserves KV blocks for them. When the pool
+// has no blocks for one, the running sequence of the lowest priority and latest arrival is
+// preempted (possibly the one asking), and its share of the step, if it had one, goes back
+// to the budget. Waiting sequences are admitted in order while the budget and the sequence
+// cap allow, before any running prompt of a lower priority (a higher Priority) and after
+// the others: each matches its tokens against the prefix cache (the last token is always
+// computed, for its logits) and takes a chunk of the rest. The first waiting sequence that
+// does not fit stops the admissions, so that a long prompt is not overtaken for ever.
+//
+// With an ITL target and a cost model (Config), a step that carries decode tokens also
+// has a time budget: prefill chunks, in the order above, take the tokens that keep the
+// step's predicted time within the target, and the first one cut short ends the step's
+// prefill. When the decodes alone take more than half the target, prefill may take as
+// long as they do, and the step goes over the target (Plan.OverTarget); and a waiting
+// prompt reads at least a sixty-fourth of the token budget a step. A step without decode
+// tokens has the token budget alone: no stream waits on it.
 //
 // The plan is valid until the next Schedule. A plan with no chunks means nothing can run
 // now.
@@ -238,8 +312,9 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 	p := &s.plan
 	p.reset()
 	budget := s.cfg.MaxBatchTokens
-	slices.SortStableFunc(s.running, func(a, b S) int { return cmp.Compare(left(a), left(b)) })
+	slices.SortStableFunc(s.running, runOrder[S])
 	s.order = append(s.order[:0], s.running...)
+	admitting := true
 	share := s.share()
 	for _, q := range s.order {
 		if budget == 0 || share == 0 {
@@ -249,8 +324,20 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 		if seq.state != running || seq.inFlight {
 			continue // preempted to make room for an earlier one, or in another step
 		}
-		n := min(left(q), budget)
+		if left(q) > 1 {
+			// A prompt chunk: waiting sequences of a higher priority start first.
+			for admitting && budget > 0 && len(s.waiting) > 0 && s.waiting[0].Sched().Priority < seq.Priority {
+				admitting = s.admit(p, &budget)
+			}
+			if budget == 0 || p.full {
+				break // the running sequences left read their prompts too
+			}
+		}
+		n := s.fit(p, seq.KV.Len(), min(left(q), budget))
 		for n > 0 && seq.KV.Reserve(n) != nil {
+			// Sequences started this step are never the victim: they go before q in
+			// priority, and the running ones after q are no earlier. Nor is one in a step
+			// in flight, whose KV that step is writing (q itself is not).
 			v := s.victim()
 			if v == q && len(s.running) == 1 {
 				// Alone and still out of blocks: the sequence has outgrown the pool.
@@ -262,8 +349,11 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 			}
 			if i := slices.IndexFunc(p.Chunks, func(c Chunk[S]) bool { return c.Seq == v }); i >= 0 {
 				budget += p.Chunks[i].N
-				p.Chunks = slices.Delete(p.Chunks, i, i+1)
+				p.remove(i)
 				share++
+				if v != q { // the step changed: q's share is weighed again
+					n = s.fit(p, seq.KV.Len(), min(left(q), budget))
+				}
 			}
 			s.preempt(v)
 			p.Preempted = append(p.Preempted, v)
@@ -272,46 +362,23 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 			}
 		}
 		if n > 0 {
-			p.Chunks = append(p.Chunks, Chunk[S]{Seq: q, From: seq.KV.Len(), N: n})
+			p.add(Chunk[S]{Seq: q, From: seq.KV.Len(), N: n})
 			budget -= n
 			share--
 		}
 	}
-	bs := s.pool.BlockSize()
-	for budget > 0 && len(s.waiting) > 0 && len(s.running) < s.cfg.MaxSeqs {
-		q := s.waiting[0]
-		seq := q.Sched()
-		// Look before matching, so that a sequence that cannot start yet does not count
-		// prefix-cache queries on every step.
-		if st := s.pool.Stats(); st.Free+st.Cached < (min(len(seq.Tokens), budget)+bs-1)/bs+1 {
-			break
-		}
-		if seq.KV == nil {
-			seq.KV = s.pool.NewSeq(s.cfg.Salt)
-		}
-		keep := 1 // the last token is computed, for its logits
-		if seq.NoPrefixMatch {
-			keep = len(seq.Tokens)
-		}
-		matched := seq.KV.Match(seq.Tokens, keep)
-		n := min(len(seq.Tokens)-matched, budget)
-		if err := seq.KV.Reserve(n); err != nil {
-			seq.KV.Release()
-			break
-		}
-		if seq.admitted {
-			p.Resumed = append(p.Resumed, q)
-		} else {
-			seq.admitted, seq.cached = true, matched
-			p.Admitted = append(p.Admitted, q)
-		}
-		s.waiting = slices.Delete(s.waiting, 0, 1)
-		seq.state = running
-		s.running = append(s.running, q)
-		p.Chunks = append(p.Chunks, Chunk[S]{Seq: q, From: matched, N: n})
-		budget -= n
+	for admitting && budget > 0 && len(s.waiting) > 0 {
+		admitting = s.admit(p, &budget)
 	}
 	p.KV = s.pool.Stats()
+	if s.cfg.Cost != nil && len(p.Chunks) > 0 {
+		p.Predicted = s.cfg.Cost.Step(p.Shape)
+		if s.targeted() && p.streaming {
+			s.limit(p) // set, unless no prompt asked for time
+
+			p.OverTarget = p.Predicted > p.Target
+		}
+	}
 	if s.cfg.MicroBatches > 1 {
 		for _, c := range p.Chunks {
 			c.Seq.Sched().inFlight = true
@@ -343,6 +410,124 @@ func (s *Scheduler[S]) victim() S {
 		}
 	}
 	return v
+}
+
+// runOrder orders the running sequences for a step: one token left first (decodes), then
+// prompts by priority; within each, fewest tokens left first.
+func runOrder[S Sequence](a, b S) int {
+	la, lb := left(a), left(b)
+	if pa, pb := la > 1, lb > 1; pa != pb {
+		if pb {
+			return -1
+		}
+		return 1
+	} else if pa {
+		if c := cmp.Compare(a.Sched().Priority, b.Sched().Priority); c != 0 {
+			return c
+		}
+	}
+	return cmp.Compare(la, lb)
+}
+
+// admit starts the first waiting sequence with a chunk of its tokens, if the sequence
+// cap, the budget, the pool and the step's time allow; false when it cannot start (then
+// none behind it starts this step).
+func (s *Scheduler[S]) admit(p *Plan[S], budget *int) bool {
+	if len(s.running) >= s.cfg.MaxSeqs || p.full {
+		return false
+	}
+	q := s.waiting[0]
+	seq := q.Sched()
+	// Look before matching, so that a sequence that cannot start yet does not count
+	// prefix-cache queries on every step.
+	bs := s.pool.BlockSize()
+	if st := s.pool.Stats(); st.Free+st.Cached < (min(len(seq.Tokens), *budget)+bs-1)/bs+1 {
+		return false
+	}
+	if s.timed(p) && p.Shape.PrefillTokens >= s.cfg.minPrompt() && s.cfg.Cost.Step(p.Shape) >= s.limit(p) {
+		p.full = true
+		return false
+	}
+	if seq.KV == nil {
+		seq.KV = s.pool.NewSeq(s.cfg.Salt)
+	}
+	keep := 1 // the last token is computed, for its logits
+	if seq.NoPrefixMatch {
+		keep = len(seq.Tokens)
+	}
+	matched := seq.KV.Match(seq.Tokens, keep)
+	n := s.fit(p, matched, min(len(seq.Tokens)-matched, *budget))
+	if n == 0 || seq.KV.Reserve(n) != nil {
+		seq.KV.Release()
+		return false
+	}
+	if seq.admitted {
+		p.Resumed = append(p.Resumed, q)
+	} else {
+		seq.admitted, seq.cached = true, matched
+		p.Admitted = append(p.Admitted, q)
+	}
+	s.waiting = slices.Delete(s.waiting, 0, 1)
+	seq.state = running
+	s.running = append(s.running, q)
+	p.add(Chunk[S]{Seq: q, From: matched, N: n})
+	*budget -= n
+	return true
+}
+
+// targeted reports whether the scheduler has an ITL target and a cost model.
+func (s *Scheduler[S]) targeted() bool {
+	return (s.cfg.ITLTarget > 0 || s.cfg.ITLDecodes > 0) && s.cfg.Cost != nil
+}
+
+// timed reports whether the step has a time budget: a target, a cost model, and a decode
+// in the step.
+func (s *Scheduler[S]) timed(p *Plan[S]) bool { return p.streaming && s.targeted() }
+
+// limit sets the step's target, from the chunks planned before its prompts (the
+// decodes), and returns the predicted time its prompt chunks may fill it up to: the
+// target, or, when the decodes take more than half of it, twice their time (see
+// overloadFactor).
+func (s *Scheduler[S]) limit(p *Plan[S]) time.Duration {
+	if p.limit == 0 {
+		d := s.cfg.Cost.Step(p.Shape.decodePart())
+		p.Target = s.cfg.ITLTarget
+		if k := s.cfg.ITLDecodes; k > 0 {
+			p.Target = max(time.Duration(k*float64(d)), 1)
+		}
+		p.limit = max(p.Target, overloadFactor*d)
+	}
+	return p.limit
+}
+
+// fit is how many of n tokens, starting at position from, a sequence may compute in the
+// step: all of them, unless the step is timed and they would take its predicted time past
+// the limit; then the most that keep it within, or what the step's minimum of prompt
+// tokens still asks for if that is more, and the step's prompt reading is full.
+func (s *Scheduler[S]) fit(p *Plan[S], from, n int) int {
+	if n <= 1 || !s.timed(p) {
+		return n
+	}
+	limit := s.limit(p)
+	fits := func(m int) bool {
+		sh := p.Shape
+		sh.Add(m, from+m)
+		return s.cfg.Cost.Step(sh) <= limit
+	}
+	m := n
+	if !fits(n) {
+		p.full = true
+		lo, hi := 0, n // fits(lo) or lo = 0, !fits(hi)
+		for hi-lo > 1 {
+			if mid := (lo + hi) / 2; fits(mid) {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		m = max(lo, min(n, s.cfg.minPrompt()-p.Shape.PrefillTokens))
+	}
+	return m
 }
 
 // preempt releases a running sequence's blocks and queues it again; it will recompute its

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"tandem/internal/datadriven"
 	"tandem/kvcache"
@@ -34,7 +35,13 @@ type harness struct {
 
 // TestScripts runs the scripts in testdata. Commands:
 //
-//	new budget=B seqs=S blocks=K block-size=N   a scheduler of budget B, cap S, pool of K blocks
+//	new budget=B seqs=S blocks=K block-size=N [itl=T prefill=A+B decode=C+D]
+//	                                            a scheduler of budget B, cap S, pool of K blocks;
+//	                                            with itl, an ITL target of T ms (Kx: K times
+//	                                            the step's decodes alone) over a cost
+//	                                            model of A ms + B ms a prefill token and C ms
+//	                                            + D ms a decoding sequence (steps then print
+//	                                            their predicted time)
 //	add id=I prompt=P out=O [prio=R] [prefix=J:L]
 //	                                            a sequence of P prompt tokens (the first L
 //	                                            of them sequence J's) that generates O tokens
@@ -108,10 +115,51 @@ func TestScripts(t *testing.T) {
 	}
 }
 
+// linearCost is a test's step cost in ms: a base, a cost per prompt token and one per
+// Σ nᵢ·ctxᵢ for the prefill part, a base and a cost per sequence for the decode part.
+type linearCost struct{ prefillBase, perToken, perQuad, decodeBase, perSeq float64 }
+
+func (c linearCost) Step(s StepShape) time.Duration {
+	ms := 0.0
+	if s.PrefillTokens > 0 {
+		ms += c.prefillBase + c.perToken*float64(s.PrefillTokens) + c.perQuad*s.PrefillQuad
+	}
+	if s.DecodeSeqs > 0 {
+		ms += c.decodeBase + c.perSeq*float64(s.DecodeSeqs)
+	}
+	return time.Duration(ms * float64(time.Millisecond))
+}
+
+// pair parses "A+B" as two numbers.
+func pair(t *testing.T, d *datadriven.TestData, key string) (float64, float64) {
+	a, b, ok := strings.Cut(d.Str(key, "0+0"), "+")
+	x, err1 := strconv.ParseFloat(a, 64)
+	y, err2 := strconv.ParseFloat(b, 64)
+	if !ok || err1 != nil || err2 != nil {
+		t.Fatalf("%s: %s=%q, want A+B", d.Pos, key, d.Str(key, ""))
+	}
+	return x, y
+}
+
 func newHarness(t *testing.T, d *datadriven.TestData) *harness {
 	pool := kvcache.NewPool(d.Int(t, "blocks", 64), d.Int(t, "block-size", 4))
-	s, err := New[*testSeq](Config{MaxBatchTokens: d.Int(t, "budget", 16), MaxSeqs: d.Int(t, "seqs", 8), Salt: 7,
-		MicroBatches: d.Int(t, "micro", 0)}, pool)
+	cfg := Config{MaxBatchTokens: d.Int(t, "budget", 16), MaxSeqs: d.Int(t, "seqs", 8), Salt: 7, MicroBatches: d.Int(t, "micro", 0)}
+	if d.Has("itl") {
+		var c linearCost
+		c.prefillBase, c.perToken = pair(t, d, "prefill")
+		c.decodeBase, c.perSeq = pair(t, d, "decode")
+		cfg.Cost = c
+		if k, ok := strings.CutSuffix(d.Str("itl", ""), "x"); ok {
+			f, err := strconv.ParseFloat(k, 64)
+			if err != nil {
+				t.Fatalf("%s: itl=%sx", d.Pos, k)
+			}
+			cfg.ITLDecodes = f
+		} else {
+			cfg.ITLTarget = time.Duration(d.Int(t, "itl", 0)) * time.Millisecond
+		}
+	}
+	s, err := New[*testSeq](cfg, pool)
 	if err != nil {
 		t.Fatalf("%s: %v", d.Pos, err)
 	}
@@ -180,7 +228,11 @@ func (h *harness) step(n int) string {
 	for range n {
 		h.steps++
 		p := h.s.Schedule()
-		fmt.Fprintf(&b, "step %d: %s\n", h.steps, p)
+		if h.s.Config().Cost != nil {
+			fmt.Fprintf(&b, "step %d: %s (%v)\n", h.steps, p, p.Predicted)
+		} else {
+			fmt.Fprintf(&b, "step %d: %s\n", h.steps, p)
+		}
 		h.s.Commit()
 		b.WriteString(h.sample(p.Chunks))
 	}
@@ -265,15 +317,25 @@ func (h *harness) state() string {
 
 // A random workload keeps the scheduler's promises: every step stays within the budget and
 // the sequence cap, a sequence is never in a plan twice, decode tokens come before prefill
-// chunks of running sequences, every sequence finishes with all its tokens, and at the end
-// no block is in use.
+// chunks of running sequences (those by priority, then fewest tokens left), a step with
+// decode tokens stays within the ITL target's limit, every sequence finishes with all its
+// tokens, and at the end no block is in use. Odd seeds schedule with an ITL target.
 func TestRandomWorkload(t *testing.T) {
-	for seed := range uint64(20) {
+	for seed := range uint64(40) {
 		rng := rand.New(rand.NewPCG(seed, 1))
 		budget, maxSeqs := 1+rng.IntN(64), 1+rng.IntN(8)
 		bs := 1 + rng.IntN(8)
 		pool := kvcache.NewPool(8+rng.IntN(64), bs)
-		s, err := New[*testSeq](Config{MaxBatchTokens: budget, MaxSeqs: maxSeqs}, pool)
+		cfg := Config{MaxBatchTokens: budget, MaxSeqs: maxSeqs}
+		if seed%2 == 1 {
+			cfg.Cost = linearCost{prefillBase: rng.Float64() * 5, perToken: rng.Float64(), perQuad: rng.Float64() / 1000, decodeBase: rng.Float64() * 10, perSeq: rng.Float64() * 3}
+			if seed%4 == 1 {
+				cfg.ITLTarget = time.Duration(5+rng.IntN(40)) * time.Millisecond
+			} else {
+				cfg.ITLDecodes = 1 + 4*rng.Float64()
+			}
+		}
+		s, err := New[*testSeq](cfg, pool)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -298,28 +360,56 @@ func TestRandomWorkload(t *testing.T) {
 				s.Add(q)
 			}
 			p := s.Schedule()
-			total, seen, lastLeft := 0, map[*testSeq]bool{}, 0
+			total, seen, last, prompt := 0, map[*testSeq]bool{}, (*testSeq)(nil), 0
+			var running, singles StepShape
 			for _, c := range p.Chunks {
 				if seen[c.Seq] || c.N < 1 || c.From != c.Seq.KV.Len() || !c.Seq.Running() {
 					t.Fatalf("seed %d: bad chunk %+v (twice %v, KV %d)", seed, c, seen[c.Seq], c.Seq.KV.Len())
 				}
 				seen[c.Seq] = true
 				total += c.N
-				if slices.Contains(p.Admitted, c.Seq) || slices.Contains(p.Resumed, c.Seq) {
+				started := slices.Contains(p.Admitted, c.Seq) || slices.Contains(p.Resumed, c.Seq)
+				if c.N > 1 || c.From+1 < len(c.Seq.Tokens) {
+					prompt += c.N // a prompt chunk, possibly cut to one token
+				} else {
+					// The target is set from the last tokens planned before the first
+					// prompt asks for time: the running ones at least, all at most.
+					if !started {
+						running.Add(1, c.From+1)
+					}
+					singles.Add(1, c.From+1)
+				}
+				if started {
 					continue
 				}
-				// Running sequences go fewest tokens left first: decodes before prefill chunks.
-				if l := len(c.Seq.Tokens) - c.From; l < lastLeft {
-					t.Fatalf("seed %d: a chunk with %d tokens left after one with %d: %s", seed, l, lastLeft, p)
-				} else {
-					lastLeft = l
+				// Running sequences: one token left first (decodes), then prompts by priority,
+				// then fewest tokens left.
+				if last != nil && runOrder(c.Seq, last) < 0 {
+					t.Fatalf("seed %d: sequence %d's chunk after %d's: %s", seed, c.Seq.ID, last.ID, p)
 				}
+				last = c.Seq
 			}
-			if total > budget || len(s.Running()) > maxSeqs {
-				t.Fatalf("seed %d: %d tokens of %d, %d running of %d", seed, total, budget, len(s.Running()), maxSeqs)
-			}
-			if len(p.Dropped) > 0 {
-				t.Fatalf("seed %d: dropped %v although every sequence fits the pool", seed, p)
+			if cfg.Cost != nil {
+				if p.Predicted != cfg.Cost.Step(p.Shape) {
+					t.Fatalf("seed %d: predicted %v, the cost model says %v", seed, p.Predicted, cfg.Cost.Step(p.Shape))
+				}
+				// Decodes are never cut; prompts fill a step up to the target (or twice the
+				// decodes' time), or read a step's minimum past it.
+				lo, hi := cfg.ITLTarget, cfg.ITLTarget
+				if k := cfg.ITLDecodes; k > 0 {
+					lo = max(time.Duration(k*float64(cfg.Cost.Step(running))), 1)
+					hi = max(time.Duration(k*float64(cfg.Cost.Step(singles))), 1)
+				}
+				if p.streaming && (p.Target < lo || p.Target > hi) {
+					t.Fatalf("seed %d: target %v, want %v to %v: %s", seed, p.Target, lo, hi, p)
+				}
+				limit := max(p.Target, overloadFactor*cfg.Cost.Step(singles))
+				if p.streaming && p.Predicted > limit && prompt > cfg.minPrompt() {
+					t.Fatalf("seed %d: predicted %v past the limit %v with %d prompt tokens: %s", seed, p.Predicted, limit, prompt, p)
+				}
+				if p.OverTarget != (p.streaming && p.Predicted > p.Target) {
+					t.Fatalf("seed %d: over target %v at %v of %v: %s", seed, p.OverTarget, p.Predicted, p.Target, p)
+				}
 			}
 			s.Commit()
 			for _, c := range p.Chunks {
@@ -343,43 +433,70 @@ func TestRandomWorkload(t *testing.T) {
 }
 
 // In a steady decode, a step (plan, commit, finish of the sequences that end) allocates
-// nothing.
+// nothing, with an ITL target over a live cost model (observed each step) too.
 func TestScheduleAllocatesNothing(t *testing.T) {
-	pool := kvcache.NewPool(64, 256) // one block each: no block table grows
-	s, err := New[*testSeq](Config{MaxBatchTokens: 128, MaxSeqs: 8}, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var qs []*testSeq
-	for i := range 8 {
-		q := &testSeq{Seq: Seq{ID: uint64(i + 1), PromptLen: 10, Tokens: make([]int32, 10, 250)}, out: 1 << 30}
-		for p := range q.Tokens {
-			q.Tokens[p] = token(q.ID, p, false)
+	for _, timed := range []bool{false, true} {
+		pool := kvcache.NewPool(64, 256) // one block each: no block table grows
+		cfg := Config{MaxBatchTokens: 128, MaxSeqs: 9}
+		var live *LiveCost
+		if timed {
+			live = NewLiveCost(linearCost{prefillBase: 5, perToken: 1, decodeBase: 10, perSeq: 1})
+			cfg.Cost, cfg.ITLTarget = live, 30*time.Millisecond
 		}
-		qs = append(qs, q)
-		s.Add(q)
-	}
-	step := func() {
-		p := s.Schedule()
-		s.Commit()
-		for _, c := range p.Chunks {
-			if c.Samples() {
-				c.Seq.Tokens = append(c.Seq.Tokens, 1)
+		s, err := New[*testSeq](cfg, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var qs []*testSeq
+		for i := range 8 {
+			q := &testSeq{Seq: Seq{ID: uint64(i + 1), PromptLen: 10, Tokens: make([]int32, 10, 250)}, out: 1 << 30}
+			for p := range q.Tokens {
+				q.Tokens[p] = token(q.ID, p, false)
+			}
+			qs = append(qs, q)
+			s.Add(q)
+		}
+		step := func() {
+			p := s.Schedule()
+			s.Commit()
+			if live != nil {
+				live.Observe(p.Shape, 20*time.Millisecond)
+			}
+			for _, c := range p.Chunks {
+				if c.Samples() {
+					c.Seq.Tokens = append(c.Seq.Tokens, 1)
+				}
 			}
 		}
-	}
-	step() // the prefills
-	if n := testing.AllocsPerRun(100, step); n != 0 {
-		t.Errorf("%v allocations per decode step", n)
-	}
-	for _, q := range qs {
-		if !q.Running() || q.Generated() != 102 {
-			t.Fatalf("sequence %d: running %v, %d generated", q.ID, q.Running(), q.Generated())
+		step() // the prefills
+		if timed {
+			// A long prompt read in chunks under the target, beside the decodes.
+			q := &testSeq{Seq: Seq{ID: 9, PromptLen: 200, Tokens: make([]int32, 200, 250)}, out: 1 << 30}
+			for p := range q.Tokens {
+				q.Tokens[p] = token(q.ID, p, false)
+			}
+			qs = append(qs, q)
+			s.Add(q)
+			step() // its admission (grows the running list)
 		}
-		s.Finish(q)
-	}
-	if !s.Idle() || pool.Stats().Used != 0 {
-		t.Errorf("after Finish: idle %v, %d blocks used", s.Idle(), pool.Stats().Used)
+		if n := testing.AllocsPerRun(100, step); n != 0 {
+			t.Errorf("timed %v: %v allocations per step", timed, n)
+		}
+		want := 102 // the prefill step and 101 decodes
+		if timed {
+			want++ // the long prompt's first step
+		}
+		for _, q := range qs[:8] {
+			if !q.Running() || q.Generated() != want {
+				t.Fatalf("timed %v: sequence %d: running %v, %d generated", timed, q.ID, q.Running(), q.Generated())
+			}
+		}
+		for _, q := range qs {
+			s.Finish(q)
+		}
+		if !s.Idle() || pool.Stats().Used != 0 {
+			t.Errorf("after Finish: idle %v, %d blocks used", s.Idle(), pool.Stats().Used)
+		}
 	}
 }
 

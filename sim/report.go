@@ -23,6 +23,17 @@ func (r *Result) WriteTable(w io.Writer) error {
 	row("Imbalance, tokens (CV):", fmt.Sprintf("%.3f", r.TokenCV))
 	row("Imbalance, active requests (max/mean):", fmt.Sprintf("%.3f", r.ActiveImbalance))
 	row("Requests queued in the router:", r.RouterQueued)
+	if c := r.Config; c.ITLTarget > 0 || c.ITLDecodes > 0 {
+		over := 0
+		for _, ws := range r.Workers {
+			over += ws.OverTarget
+		}
+		target := c.ITLTarget.String()
+		if c.ITLDecodes > 0 {
+			target = fmt.Sprintf("%gx the decodes", c.ITLDecodes)
+		}
+		row("Steps over the ITL target:", fmt.Sprintf("%d (target %s)", over, target))
+	}
 	b.WriteString("worker  requests  prefill_tok  decode_tok  cached_tok  preempt   busy_s  mean_active\n")
 	for i, ws := range r.Workers {
 		fmt.Fprintf(&b, "%6d  %8d  %11d  %10d  %10d  %7d  %7.1f  %11.2f\n", i, ws.Requests, ws.PrefillTokens,
@@ -51,7 +62,7 @@ func (r *Result) JSON() map[string]any {
 	c := r.Config
 	m["sim_config"] = map[string]any{
 		"timing": c.Timing, "block_size": c.BlockSize, "kv_blocks": c.KVBlocks,
-		"max_num_batched_tokens": c.TokenBudget, "max_num_seqs": c.MaxSeqs,
+		"max_num_batched_tokens": c.TokenBudget, "max_num_seqs": c.MaxSeqs, "itl_target_ms": c.ITLTarget.Seconds() * 1000, "itl_target_decodes": c.ITLDecodes,
 		"report_interval_ms": c.ReportInterval.Seconds() * 1000, "seed": c.Seed,
 		"report_delay_ms": c.ReportDelay.Seconds() * 1000, "event_delay_ms": c.EventDelay.Seconds() * 1000,
 		"overlap_weight": c.Router.OverlapWeight, "temperature": c.Router.Temperature,
@@ -60,7 +71,7 @@ func (r *Result) JSON() map[string]any {
 	for i, w := range r.Workers {
 		ws[i] = map[string]any{
 			"requests": w.Requests, "prefill_tokens": w.PrefillTokens, "decode_tokens": w.DecodeTokens,
-			"cached_tokens": w.CachedTokens, "preemptions": w.Preemptions, "steps": w.Steps,
+			"cached_tokens": w.CachedTokens, "preemptions": w.Preemptions, "steps": w.Steps, "steps_over_itl_target": w.OverTarget,
 			"busy_s": w.Busy.Seconds(), "mean_active": w.MeanActive,
 		}
 	}

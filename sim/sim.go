@@ -35,6 +35,13 @@ type Config struct {
 	// sched package's tests print), when the plan runs or preempts or drops a sequence;
 	// the plan is valid during the call only.
 	OnPlan func(worker int, plan fmt.Stringer)
+	// ITLTarget is the engine's inter-token latency target (tandem serve --itl-target):
+	// a step with decode tokens reads only the prompt tokens that Timing predicts within
+	// it (package sched's policy, with Timing as its cost model); 0: none. ITLDecodes, when
+	// positive, sets it at each step to that many times the step's decodes alone, as
+	// sched.Config.ITLDecodes.
+	ITLTarget  time.Duration
+	ITLDecodes float64
 }
 
 func (c *Config) defaults() error {
@@ -53,8 +60,8 @@ func (c *Config) defaults() error {
 	if c.Workers < 1 || c.BlockSize < 1 || c.KVBlocks < 1 || c.TokenBudget < 1 || c.MaxSeqs < 1 || c.ReportInterval < 0 {
 		return fmt.Errorf("sim: workers, block size, KV blocks, token budget, max seqs and report interval must be positive")
 	}
-	if c.ReportDelay < 0 || c.EventDelay < 0 {
-		return fmt.Errorf("sim: report and event delays must be ≥ 0")
+	if c.ReportDelay < 0 || c.EventDelay < 0 || c.ITLTarget < 0 || c.ITLDecodes < 0 {
+		return fmt.Errorf("sim: report and event delays and the ITL target must be ≥ 0")
 	}
 	return c.Timing.validate()
 }
@@ -117,6 +124,7 @@ type WorkerStats struct {
 	CachedTokens  int           // prompt tokens served from its prefix cache
 	Preemptions   int           // sequences preempted for lack of KV blocks
 	Steps         int           // forward passes
+	OverTarget    int           // of those, the ones with decode tokens predicted past the ITL target
 	Busy          time.Duration // time spent in steps
 	MeanActive    float64       // requests on the worker (waiting or running), time-averaged
 }
@@ -262,7 +270,11 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 	for i := range cfg.Workers {
 		w := &worker{id: i, pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize)}
 		w.events, _ = w.pool.Subscribe(1 << 16)
-		if w.sched, err = sched.New[*sreq](sched.Config{MaxBatchTokens: cfg.TokenBudget, MaxSeqs: cfg.MaxSeqs, Salt: s.salt}, w.pool); err != nil {
+		sc := sched.Config{MaxBatchTokens: cfg.TokenBudget, MaxSeqs: cfg.MaxSeqs, Salt: s.salt}
+		if cfg.ITLTarget > 0 || cfg.ITLDecodes > 0 {
+			sc.ITLTarget, sc.ITLDecodes, sc.Cost = cfg.ITLTarget, cfg.ITLDecodes, cfg.Timing
+		}
+		if w.sched, err = sched.New[*sreq](sc, w.pool); err != nil {
 			return nil, err
 		}
 		if err := s.state.AddWorker(router.WorkerID(i), rc.Card); err != nil {
@@ -482,13 +494,12 @@ func (s *sim) schedule(w *worker) (time.Duration, bool) {
 	if len(p.Chunks) == 0 {
 		return 0, false
 	}
-	var shape StepShape
-	for _, c := range p.Chunks {
-		shape.Add(c.N, c.From+c.N)
+	if p.OverTarget {
+		w.stats.OverTarget++
 	}
-	w.stats.PrefillTokens += shape.PrefillTokens
-	w.stats.DecodeTokens += shape.DecodeSeqs
-	return max(s.cfg.Timing.Step(shape), 1), true
+	w.stats.PrefillTokens += p.Shape.PrefillTokens
+	w.stats.DecodeTokens += p.Shape.DecodeSeqs
+	return max(s.cfg.Timing.Step(p.Shape), 1), true
 }
 
 // stepEnd commits the step's KV, emits tokens and finishes requests.
@@ -587,6 +598,7 @@ func (s *sim) report() {
 		// What a live worker reports (worker.Load): the same census, the same function.
 		lr := w.sched.Census().Load(w.pool.Stats())
 		lr.Healthy = true
+		lr.StepsOverTarget = uint64(w.stats.OverTarget)
 		if s.cfg.ReportDelay > 0 {
 			s.send(w, delayed{t: s.now + s.cfg.ReportDelay, report: &lr})
 		} else {

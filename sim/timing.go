@@ -6,6 +6,8 @@ import (
 	"io"
 	"math"
 	"time"
+
+	"tandem/sched"
 )
 
 // Timing is a worker's compute-time model, in milliseconds. A step that
@@ -38,26 +40,9 @@ type Timing struct {
 	TransferPerMiB   float64 `json:"transfer_per_mib_ms"`
 }
 
-// A StepShape is what one forward step computes, in the timing model's terms.
-type StepShape struct {
-	PrefillTokens int     // N: prompt tokens computed by sequences with more than one token in the step
-	PrefillQuad   float64 // Σ nᵢ·ctxᵢ over those sequences
-	DecodeSeqs    int     // B: sequences computing one token
-	KVTokens      int     // K: Σ ctxᵢ over those sequences
-}
-
-// Add counts a sequence that computes n tokens and has ctx tokens of context
-// after the step. A single token is a decode (it costs what a decode costs,
-// whether or not it was sampled: a fully cached prompt's last token is one).
-func (s *StepShape) Add(n, ctx int) {
-	if n == 1 {
-		s.DecodeSeqs++
-		s.KVTokens += ctx
-		return
-	}
-	s.PrefillTokens += n
-	s.PrefillQuad += float64(n) * float64(ctx)
-}
+// A StepShape is what one forward step computes, in the timing model's terms. It is
+// package sched's, whose ITL target reads a Timing (a sched.CostModel) too.
+type StepShape = sched.StepShape
 
 // Step is the modelled time of a step of shape s.
 func (t Timing) Step(s StepShape) time.Duration {

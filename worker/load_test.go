@@ -40,7 +40,7 @@ func newWorker(t *testing.T, e worker.Engine) *worker.Worker {
 
 // The load report carries the engine's own state: sequences without a first token count
 // as waiting, the uncomputed prompt tokens of the admitted and the queued ones as prefill,
-// the pool's KV figures, and the last step's timing.
+// the pool's KV figures, the last step's timing, and the steps over the ITL target.
 func TestLoadFromEngineStats(t *testing.T) {
 	pool := kvcache.NewPool(100, 16)
 	seq := pool.NewSeq(0)
@@ -50,10 +50,12 @@ func TestLoadFromEngineStats(t *testing.T) {
 	f := &fakeStats{pool: pool, st: engine.Stats{
 		Census: sched.Census{Running: 5, Prefilling: 2, Waiting: 3, PrefillTokens: 70, WaitingTokens: 30, DecodeBlocks: 12},
 		KVUsed: 15, KVBlocks: 100, KVUsage: 0.15, LastStep: 2500 * time.Microsecond, LastStepTokens: 42, Steps: 9,
+		StepsOverTarget: 4,
 	}}
 	got := newWorker(t, f).Load()
 	want := cluster.LoadReport{Load: llm.Load{Running: 3, Waiting: 5, PrefillTokens: 100, Queued: 3, QueuedTokens: 30,
-		DecodeBlocks: 12, KVUsage: 0.15, KVBlocks: 100, Healthy: true, StepMicros: 2500, StepTokens: 42}}
+		DecodeBlocks: 12, KVUsage: 0.15, KVBlocks: 100, Healthy: true, StepMicros: 2500, StepTokens: 42,
+		StepsOverTarget: 4}}
 	if got != want {
 		t.Errorf("load\n got %+v\nwant %+v", got, want)
 	}

@@ -605,6 +605,7 @@ func (w *Worker) Load() cluster.LoadReport {
 		l.Healthy = w.healthy()
 		l.StepMicros = int(st.LastStep / time.Microsecond)
 		l.StepTokens = st.LastStepTokens
+		l.StepsOverTarget = st.StepsOverTarget
 		return cluster.LoadReport{Load: l}
 	}
 	st := w.cfg.Engine.Pool().Stats()

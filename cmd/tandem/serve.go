@@ -30,6 +30,7 @@ import (
 	"tandem/orpc"
 	"tandem/pipeline"
 	"tandem/respstore"
+	"tandem/sim"
 	"tandem/sla"
 	"tandem/worker"
 )
@@ -46,6 +47,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	maxSeqs := fs.Int("max-seqs", engine.DefaultMaxSeqs, "most sequences running at once")
 	maxQueue := fs.Int("max-queue", engine.DefaultMaxQueue, "most requests waiting; past it 429")
 	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "KV cache block size in tokens")
+	itlFlag := fs.String("itl-target", defaultITLTarget, "inter-token latency target: a step that carries the streams' next tokens reads only the prompt tokens that keep its predicted time within it; a duration (100ms), a multiple of the time the step's decodes alone take (2.5x), or 0 (none: prompts are read --max-batch-tokens at a time)")
+	stepProfile := fs.String("step-profile", "", "with --itl-target: the forward step's cost, a JSON file from tandem profile (default: measured at start, in a few seconds; with --backend sim, its --sim-profile), corrected live")
 	kvt := addKVTypeFlag(fs)
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
 	dev := addDeviceFlag(fs)
@@ -175,6 +178,18 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if _, err := bk.check(joins, *advertise, *orpcPort); err != nil {
 		return err
 	}
+	itl, err := parseITLTarget(*itlFlag)
+	if err != nil {
+		return err
+	}
+	var stepCost *sim.Timing
+	if *stepProfile != "" {
+		t, err := loadTiming(*stepProfile)
+		if err != nil {
+			return fmt.Errorf("--step-profile: %w", err)
+		}
+		stepCost = &t
+	}
 	if _, _, err := dev.parse(); err != nil {
 		return err
 	}
@@ -283,7 +298,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		Model: m, Backend: be, ModelPath: *modelPath, Name: name,
 		KVBudget: budget, MaxModelLen: *maxModelLen, BlockSize: *blockSize,
 		MaxBatchTokens: *maxBatch, MaxSeqs: *maxSeqs, MaxQueue: *maxQueue,
-		Sim: bk.simTiming(), Replicas: *bk.replicas, SLA: *slaTargets, Pipeline: headCfg,
+		Sim: bk.simTiming(), Replicas: *bk.replicas, SLA: *slaTargets, ITLTarget: itl.abs, ITLTargetDecodes: itl.decodes, StepCost: stepCost,
+		Pipeline:       headCfg,
 		ToolCallParser: *toolParser, ReasoningParser: *reasoningParser, Pooling: pool, Responses: responses,
 		HTTP: node.HTTP{
 			Addr: net.JoinHostPort(*host, strconv.Itoa(*port)), TLSCert: *tlsCert, TLSKey: *tlsKey,
@@ -301,10 +317,14 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	st := n.Startup()
 	blocks, perToken := n.KVBlocks(), m.KVBytesPerToken()
-	fmt.Fprintf(stderr, "tandem serve: %s\n  version: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s\n  weights: %s\n  start-up: %s\n",
+	itlText := "none"
+	if itl.abs > 0 || itl.decodes > 0 {
+		itlText = *itlFlag
+	}
+	fmt.Fprintf(stderr, "tandem serve: %s\n  version: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s, ITL target %s\n  weights: %s\n  start-up: %s\n",
 		n.URL(), version.String(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
 		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), kvType, n.ContextLen(),
-		st.Total.Round(time.Millisecond), be.Name(), weightsLine(st), phasesLine(st))
+		st.Total.Round(time.Millisecond), be.Name(), itlText, weightsLine(st), phasesLine(st))
 	if responses.Path != "" {
 		fmt.Fprintf(stderr, "  responses: stored in %s (TTL %v)\n", responses.Path, *responseTTL)
 	} else {

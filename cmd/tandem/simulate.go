@@ -46,6 +46,7 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	kvBlocks := fs.Int("kv-blocks", 28672, "KV blocks per worker")
 	budget := fs.Int("max-num-batched-tokens", 8192, "token budget of a step")
 	maxSeqs := fs.Int("max-num-seqs", 256, "running sequences per worker")
+	itlFlag := fs.String("itl-target", "0", "the workers' inter-token latency target, as tandem serve --itl-target (default there: "+defaultITLTarget+"): a step with decode tokens reads only the prompt tokens the timing model predicts within it; a duration, a multiple of the step's decodes alone, or 0 (none, as the vLLM defaults this simulator's other defaults follow)")
 	reportEvery := fs.Duration("report-interval", 100*time.Millisecond, "load report interval (virtual time)")
 	reportDelay := fs.Duration("report-delay", 0, "how long a load report takes to reach the router")
 	eventDelay := fs.Duration("event-delay", 0, "how long a KV event takes to reach the router")
@@ -63,6 +64,10 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--trace is required (or --workload shared-prefix or multi-turn)")
 	}
 	mode, err := router.ParseMode(*routing)
+	if err != nil {
+		return err
+	}
+	itl, err := parseITLTarget(*itlFlag)
 	if err != nil {
 		return err
 	}
@@ -140,7 +145,7 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	start := time.Now()
 	res, err := sim.Run(sim.Config{
 		Workers: *workers, Router: rc, Timing: timing, BlockSize: *blockSize, KVBlocks: *kvBlocks,
-		TokenBudget: *budget, MaxSeqs: *maxSeqs, ReportInterval: *reportEvery, ReportDelay: *reportDelay, EventDelay: *eventDelay, Seed: *seed, Percentiles: percentiles,
+		TokenBudget: *budget, MaxSeqs: *maxSeqs, ITLTarget: itl.abs, ITLDecodes: itl.decodes, ReportInterval: *reportEvery, ReportDelay: *reportDelay, EventDelay: *eventDelay, Seed: *seed, Percentiles: percentiles,
 	}, reqs)
 	if err != nil {
 		return err

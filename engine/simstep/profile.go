@@ -19,11 +19,14 @@ type PrefillShape struct{ Seqs, Tokens, Context int }
 // DecodeShape is a step of Seqs sequences each decoding one token after Context tokens.
 type DecodeShape struct{ Seqs, Context int }
 
-// A Plan lists the step shapes a profile times, each Reps times after a warm-up.
+// A Plan lists the step shapes a profile times, each Reps times after a warm-up; a shape's
+// time is the median of its repetitions, or with Fastest the least (what a machine shared
+// with other work takes when that work leaves it be: other work only adds time).
 type Plan struct {
 	Prefill []PrefillShape
 	Decode  []DecodeShape
 	Reps    int
+	Fastest bool
 }
 
 // DefaultPlan covers prompt chunks of 16 to 512 tokens (alone, batched, and on top of a
@@ -44,6 +47,51 @@ func DefaultPlan(contextLen, maxBatchTokens, maxSeqs, reps int) Plan {
 			if ctx+1 <= contextLen && n <= maxSeqs && n <= maxBatchTokens {
 				p.Decode = append(p.Decode, DecodeShape{n, ctx})
 			}
+		}
+	}
+	return p
+}
+
+// QuickPlan is the few shapes an engine times at start to fit the step cost its ITL
+// target starts from (the engine corrects it with every step after): prompt chunks of 64
+// and 256 tokens, 128 on top of 512 cached, and decode batches of 1 to 16 sequences at
+// 128 to 1024 tokens of context, which keep the fit's terms apart; within the limits
+// given. The fastest of three repetitions each (after a warm-up): a profile taken while
+// other work runs on the cores gets its scale wrong, which the engine's live correction
+// mends, but a median of one or two runs got its shape wrong too (a quadratic prefill
+// term 28 times too large, on a machine with 12 runnable threads to its 2 cores), which
+// no correction of scale mends. For a 0.5B model on 2 cores it takes about 4 s. A model
+// whose context is shorter than a shape scales the prefill or the decode shapes down
+// together, so that they still fit and keep their terms apart (a 128-token context kept
+// two prefill shapes and one decode one of nine, too few to fit).
+func QuickPlan(contextLen, maxBatchTokens, maxSeqs int) Plan {
+	p := Plan{Reps: 3, Fastest: true}
+	prefill := []PrefillShape{{1, 64, 0}, {1, 256, 0}, {1, 128, 512}, {1, 32, 0}}
+	longest := 0
+	for _, s := range prefill {
+		longest = max(longest, s.Context+s.Tokens)
+	}
+	for _, s := range prefill {
+		if longest > contextLen {
+			s.Tokens, s.Context = max(2, s.Tokens*contextLen/longest), s.Context*contextLen/longest
+		}
+		s.Tokens = min(s.Tokens, maxBatchTokens)
+		if s.Tokens >= 2 && s.Context+s.Tokens <= contextLen && !slices.Contains(p.Prefill, s) {
+			p.Prefill = append(p.Prefill, s)
+		}
+	}
+	decode := []DecodeShape{{1, 128}, {8, 256}, {16, 128}, {2, 1024}, {4, 64}}
+	longest = 0
+	for _, s := range decode {
+		longest = max(longest, s.Context+1)
+	}
+	for _, s := range decode {
+		if longest > contextLen {
+			s.Context = max(1, s.Context*(contextLen-1)/(longest-1))
+		}
+		s.Seqs = min(s.Seqs, maxSeqs, maxBatchTokens)
+		if s.Seqs >= 1 && s.Context+1 <= contextLen && !slices.Contains(p.Decode, s) {
+			p.Decode = append(p.Decode, s)
 		}
 	}
 	return p
@@ -130,7 +178,11 @@ func Profile(ctx context.Context, f engine.Forwarder, vocab, blockSize int, p Pl
 		}
 		slices.Sort(times)
 		st, _, _ := Shape(&b, nil, nil)
-		out = append(out, sim.Sample{Shape: st, Time: times[len(times)/2]})
+		took := times[len(times)/2]
+		if p.Fastest {
+			took = times[0]
+		}
+		out = append(out, sim.Sample{Shape: st, Time: took})
 		if progress != nil {
 			progress(k+1, len(shapes))
 		}

@@ -19,12 +19,18 @@ import (
 	"tandem/sim"
 )
 
-// scriptWorkload is what a sched script asks for: the scheduler's sizes, the arrivals and
-// the plans the script expects, one "step N: …" line each.
+// scriptWorkload is what a sched script's scheduler (a new and what follows it) asks for:
+// the scheduler's sizes, its ITL target and step cost (itl: none), the arrivals, and the
+// plans the script expects, one "step N: …" line each, with each step's predicted time
+// when the script has a cost model.
 type scriptWorkload struct {
 	budget, seqs, blocks, blockSize int
+	itl                             time.Duration
+	itlDecodes                      float64 // a relative target instead (itl=Kx)
+	timing                          sim.Timing
 	arrivals                        []scriptArrival
 	plans                           []string
+	times                           []time.Duration
 }
 
 // scriptArrival is one add of the script: it arrives once after steps have run.
@@ -42,21 +48,51 @@ func (a scriptArrival) promptLen() int {
 	return n
 }
 
-// readScript reads the workload of a sched script that uses new, add (ids 1, 2, … in
-// order), step and run.
-func readScript(t *testing.T, path string) scriptWorkload {
+// pair parses a script's "A+B" (ms).
+func pair(t *testing.T, d *datadriven.TestData, key string) (float64, float64) {
+	a, b, ok := strings.Cut(d.Str(key, "0+0"), "+")
+	x, err1 := strconv.ParseFloat(a, 64)
+	y, err2 := strconv.ParseFloat(b, 64)
+	if !ok || err1 != nil || err2 != nil {
+		t.Fatalf("%s: %s=%q, want A+B", d.Pos, key, d.Str(key, ""))
+	}
+	return x, y
+}
+
+// readScript reads the workloads of a sched script that uses new, add (ids 1, 2, … in
+// order after each new), step and run: one per new. The script's cost model (itl=,
+// prefill=A+B, decode=C+D) is the Timing of A ms + B ms a prompt token and C ms + D ms a
+// decoding sequence.
+func readScript(t *testing.T, path string) []scriptWorkload {
 	t.Helper()
 	cases, err := datadriven.ParseFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var w scriptWorkload
+	var ws []scriptWorkload
+	var w *scriptWorkload
 	steps := 0
 	for _, d := range cases {
+		if d.Cmd != "new" && w == nil {
+			t.Fatalf("%s: %s before new", d.Pos, d.Cmd)
+		}
 		switch d.Cmd {
 		case "new":
+			ws = append(ws, scriptWorkload{})
+			w, steps = &ws[len(ws)-1], 0
 			w.budget, w.seqs = d.Int(t, "budget", 16), d.Int(t, "seqs", 8)
 			w.blocks, w.blockSize = d.Int(t, "blocks", 64), d.Int(t, "block-size", 4)
+			if d.Has("itl") {
+				w.timing.PrefillBase, w.timing.PrefillPerToken = pair(t, d, "prefill")
+				w.timing.DecodeBase, w.timing.DecodePerSeq = pair(t, d, "decode")
+				if k, ok := strings.CutSuffix(d.Str("itl", ""), "x"); ok {
+					if w.itlDecodes, err = strconv.ParseFloat(k, 64); err != nil {
+						t.Fatalf("%s: itl=%sx", d.Pos, k)
+					}
+				} else {
+					w.itl = time.Duration(d.Int(t, "itl", 0)) * time.Millisecond
+				}
+			}
 		case "add":
 			a := scriptArrival{id: d.Int(t, "id", 0), out: d.Int(t, "out", 1), prio: d.Int(t, "prio", 0), after: steps}
 			if a.id != len(w.arrivals)+1 {
@@ -79,7 +115,7 @@ func readScript(t *testing.T, path string) scriptWorkload {
 				}
 			}
 			if n > shared {
-				a.segs = append(a.segs, bench.Segment{Seed: uint64(1000 + a.id), Len: n - shared})
+				a.segs = append(a.segs, bench.Segment{Seed: uint64(1000*len(ws) + a.id), Len: n - shared})
 			}
 			w.arrivals = append(w.arrivals, a)
 		case "step", "run":
@@ -89,9 +125,19 @@ func readScript(t *testing.T, path string) scriptWorkload {
 				steps = 1 << 30 // nothing may arrive after a run
 			}
 			for _, l := range strings.Split(d.Expected, "\n") {
-				if strings.HasPrefix(l, "step ") {
-					w.plans = append(w.plans, l)
+				if !strings.HasPrefix(l, "step ") {
+					continue
 				}
+				if w.itl > 0 || w.itlDecodes > 0 { // "step N: PLAN (TIME)"
+					i := strings.LastIndex(l, " (")
+					dur, err := time.ParseDuration(strings.TrimSuffix(l[i+2:], ")"))
+					if i < 0 || err != nil {
+						t.Fatalf("%s: %q has no predicted time", d.Pos, l)
+					}
+					l = l[:i]
+					w.times = append(w.times, dur)
+				}
+				w.plans = append(w.plans, l)
 			}
 		case "state":
 		default:
@@ -99,44 +145,67 @@ func readScript(t *testing.T, path string) scriptWorkload {
 		}
 		d.CheckArgs(t)
 	}
-	if w.blocks == 0 || len(w.arrivals) == 0 || len(w.plans) == 0 {
-		t.Fatalf("%s: no new, add or step", path)
+	for _, w := range ws {
+		if w.blocks == 0 || len(w.arrivals) == 0 || len(w.plans) == 0 {
+			t.Fatalf("%s: a new without add or step", path)
+		}
 	}
-	return w
+	return ws
 }
 
 // TestEngineAndSimulatorScheduleAlike is the check that the simulator schedules as the
-// engine does: one sched script's workload through the engine (on a sim Step, on a virtual
-// clock) and through the simulator's worker (every step 1 ns of virtual time) gives, step
-// by step, the plans the script prints, preemption and resume included.
+// engine does: sched scripts' workloads through the engine (on a sim Step, on a virtual
+// clock) and through the simulator's worker give, step by step, the plans the script
+// prints: preemption and resume (parity.txt), and prompt chunks cut to an ITL target by
+// the step cost, with the steps over it (itl.txt), which the engine also counts in its
+// Stats.
 func TestEngineAndSimulatorScheduleAlike(t *testing.T) {
-	w := readScript(t, filepath.Join("..", "..", "sched", "testdata", "parity.txt"))
-	fromEngine, fromSim := engineSchedule(t, w), simSchedule(t, w)
-	for i := range max(len(w.plans), len(fromEngine), len(fromSim)) {
-		at := func(p []string) string {
-			if i < len(p) {
-				return p[i]
+	preempted, over := false, false
+	for _, name := range []string{"parity.txt", "itl.txt"} {
+		for k, w := range readScript(t, filepath.Join("..", "..", "sched", "testdata", name)) {
+			fromEngine, overs := engineSchedule(t, w)
+			fromSim := simSchedule(t, w)
+			for i := range max(len(w.plans), len(fromEngine), len(fromSim)) {
+				at := func(p []string) string {
+					if i < len(p) {
+						return p[i]
+					}
+					return "(none)"
+				}
+				if at(fromEngine) != at(w.plans) || at(fromSim) != at(w.plans) {
+					t.Errorf("%s, scheduler %d, step %d:\n script    %s\n engine    %s\n simulator %s", name, k+1, i+1, at(w.plans), at(fromEngine), at(fromSim))
+				}
 			}
-			return "(none)"
-		}
-		if at(fromEngine) != at(w.plans) || at(fromSim) != at(w.plans) {
-			t.Errorf("step %d:\n script    %s\n engine    %s\n simulator %s", i+1, at(w.plans), at(fromEngine), at(fromSim))
+			want := uint64(0)
+			for _, p := range w.plans {
+				preempted = preempted || strings.Contains(p, "preempt")
+				if strings.Contains(p, "over target") {
+					want++
+				}
+			}
+			over = over || want > 0
+			if overs != want {
+				t.Errorf("%s, scheduler %d: the engine counts %d steps over the target, the script %d", name, k+1, overs, want)
+			}
 		}
 	}
-	preempted := false
-	for _, p := range w.plans {
-		preempted = preempted || strings.Contains(p, "preempt")
-	}
-	if !preempted {
-		t.Error("the script preempts nothing; the test does not compare preemptions")
+	if !preempted || !over {
+		t.Errorf("the scripts preempt (%v) or go over the target (%v) nowhere; the test does not compare them", preempted, over)
 	}
 }
 
-// engineSchedule runs w through an engine on a Step and returns its plans.
-func engineSchedule(t *testing.T, w scriptWorkload) []string {
+// engineSchedule runs w through an engine on a Step and returns its plans and the steps
+// over the target its Stats count. The engine's step cost is the Step's timing, and it
+// times the Step on the Step's virtual clock, so its live correction stays 1.
+func engineSchedule(t *testing.T, w scriptWorkload) ([]string, uint64) {
 	m := demoModel(t)
 	vocab := m.Config.VocabSize
-	step, err := New(Config{Timing: sim.Timing{DecodeBase: 1, PrefillPerToken: 0.1}, Vocab: vocab, Clock: &virtualClock{t: time.Unix(0, 0)}})
+	timing := sim.Timing{DecodeBase: 1, PrefillPerToken: 0.1}
+	if w.itl > 0 || w.itlDecodes > 0 {
+		timing = w.timing
+	}
+	clock := &virtualClock{t: time.Unix(0, 0)}
+	step, err := New(Config{Timing: timing, Vocab: vocab, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,6 +241,7 @@ func engineSchedule(t *testing.T, w scriptWorkload) []string {
 	}
 	e, err = engine.NewWithForwarder(m, step, engine.Config{
 		MaxBatchTokens: w.budget, MaxSeqs: w.seqs, KVBlocks: w.blocks, BlockSize: w.blockSize,
+		ITLTarget: w.itl, ITLDecodes: w.itlDecodes, Cost: timing, StepClock: clock,
 		// Called on Run's goroutine before the step's forward pass: requests sent now are
 		// taken in before the next step, as the script's arrivals after this step.
 		OnPlan: func(p fmt.Stringer) {
@@ -194,6 +264,7 @@ func engineSchedule(t *testing.T, w scriptWorkload) []string {
 			stop()
 			<-done
 			t.Fatalf("the engine did not take every request (%v); its plans:\n%s", submitErr, strings.Join(plans, "\n"))
+			return nil, 0
 		}
 		n := 0
 		for {
@@ -215,23 +286,34 @@ func engineSchedule(t *testing.T, w scriptWorkload) []string {
 	if submitErr != nil {
 		t.Fatal(submitErr)
 	}
-	return plans
+	return plans, e.Stats().StepsOverTarget
 }
 
 // simSchedule runs w through the simulator's one worker and returns its plans.
 func simSchedule(t *testing.T, w scriptWorkload) []string {
 	var reqs []sim.Request
+	timing := sim.Timing{TransferBase: 1}
 	for _, a := range w.arrivals {
-		// Every step takes 1 ns (a timing model that is zero for compute), so the arrival
-		// after step k comes at k ns, before the step's end is handled.
-		reqs = append(reqs, sim.Request{At: time.Duration(a.after), Segments: a.segs, OutputLen: a.out, Priority: a.prio})
+		// Without a cost model every step takes 1 ns (a timing model that is zero for
+		// compute), so the arrival after step k comes at k ns, before the step's end is
+		// handled. With one, steps take their predicted time and the arrival after step k
+		// comes 1 ns before its end.
+		at := time.Duration(a.after)
+		if w.itl > 0 || w.itlDecodes > 0 {
+			timing, at = w.timing, 0
+			for _, d := range w.times[:min(a.after, len(w.times))] {
+				at += d
+			}
+			at = max(at-1, 0)
+		}
+		reqs = append(reqs, sim.Request{At: at, Segments: a.segs, OutputLen: a.out, Priority: a.prio})
 	}
 	rc := router.DefaultConfig()
 	rc.Mode, rc.BusyKVUsage, rc.BusyWaiting = router.ModeRoundRobin, 0, 0 // nothing waits in the router
 	var plans []string
 	res, err := sim.Run(sim.Config{
-		Workers: 1, Router: rc, Timing: sim.Timing{TransferBase: 1}, BlockSize: w.blockSize, KVBlocks: w.blocks,
-		TokenBudget: w.budget, MaxSeqs: w.seqs,
+		Workers: 1, Router: rc, Timing: timing, BlockSize: w.blockSize, KVBlocks: w.blocks,
+		TokenBudget: w.budget, MaxSeqs: w.seqs, ITLTarget: w.itl, ITLDecodes: w.itlDecodes,
 		OnPlan: func(_ int, p fmt.Stringer) { plans = append(plans, fmt.Sprintf("step %d: %s", len(plans)+1, p)) },
 	}, reqs)
 	if err != nil {

@@ -321,3 +321,42 @@ func BenchmarkForward(b *testing.B) {
 		}
 	}
 }
+
+// The quick profile an engine takes at start fits a step cost within the model's context
+// and the engine's limits, however short the context: a 128-token one (the fixture's) once
+// left too few shapes, and the engine fell back to the built-in profile.
+func TestQuickPlanFitsWithinLimits(t *testing.T) {
+	tm := sim.Timing{PrefillBase: 3, PrefillPerToken: 0.4, PrefillPerToken2: 0.002, DecodeBase: 12, DecodePerSeq: 0.7, DecodePerKVToken: 0.01}
+	for _, c := range []struct{ context, batch, seqs int }{{32768, 512, 64}, {2048, 512, 64}, {128, 512, 64}, {128, 48, 4}, {64, 512, 64}} {
+		plan := QuickPlan(c.context, c.batch, c.seqs)
+		for _, s := range plan.Prefill {
+			if s.Tokens < 2 || s.Tokens > c.batch || s.Context+s.Tokens > c.context {
+				t.Errorf("%+v: prefill shape %+v outside the limits", c, s)
+			}
+		}
+		for _, s := range plan.Decode {
+			if s.Seqs > min(c.seqs, c.batch) || s.Context+1 > c.context {
+				t.Errorf("%+v: decode shape %+v outside the limits", c, s)
+			}
+		}
+		clock := &virtualClock{t: time.Unix(0, 0)}
+		step, err := New(Config{Timing: tm, Vocab: 300, Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		samples, err := Profile(context.Background(), step, 300, 16, plan, clock, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fit, err := sim.Fit(samples, nil, sim.CPUTiming())
+		if err != nil {
+			t.Errorf("%+v: %d prefill and %d decode shapes: %v", c, len(plan.Prefill), len(plan.Decode), err)
+			continue
+		}
+		for _, s := range samples {
+			if p := fit.Step(s.Shape); math.Abs(float64(p-s.Time)) > 0.05*float64(s.Time) {
+				t.Errorf("%+v: shape %+v: the fit predicts %v, the step took %v", c, s.Shape, p, s.Time)
+			}
+		}
+	}
+}

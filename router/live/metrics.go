@@ -102,6 +102,10 @@ func (m *liveMetrics) Collect(ch chan<- prometheus.Metric) {
 		g("healthy", boolFloat(st.Healthy))
 		ch <- prometheus.MustNewConstMetric(m.WorkerInfo, prometheus.GaugeValue, 1, w.node, w.model.name, cmp.Or(st.Card.Role, cluster.RoleBoth))
 		g("kv_stale", boolFloat(st.Stale))
+		// A count since the worker started, not a load: the steps whose decodes its engine
+		// predicted past its ITL target (too many streams for it); rate() over it says how
+		// often a worker cannot keep its streams smooth.
+		g("steps_over_itl_target", float64(st.Report.StepsOverTarget))
 		for _, ph := range w.startup.Phases {
 			ch <- prometheus.MustNewConstMetric(m.WorkerStartup, prometheus.GaugeValue, ph.Seconds, w.node, w.model.name, w.startup.Weights, ph.Name)
 		}
