@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -455,6 +456,27 @@ func TestStageFlags(t *testing.T) {
 			t.Errorf("%+v: %v, want %q", tc.f, err, tc.want)
 		case tc.want == "" && (sp.Count > 1) != (tc.f.count > 1):
 			t.Errorf("%+v: spec %+v", tc.f, sp)
+		}
+	}
+}
+
+// TestServeStagesRefusals: serve refuses what a pipeline replica cannot do yet, saying so,
+// before it loads anything.
+func TestServeStagesRefusals(t *testing.T) {
+	ca := filepath.Join(t.TempDir(), "ca")
+	base := []string{"serve", "--port", "0", "--stages", "2", "--stage-next", "127.0.0.1:1", "--stage-ca", ca}
+	for _, tc := range []struct {
+		extra []string
+		want  string
+	}{
+		{[]string{"--itl-target", "2x"}, "--itl-target with --stages"},
+		{[]string{"--role", "prefill"}, "serves as role both for now"},
+		{[]string{"--backend", "sim"}, "--backend sim models a forward pass"},
+		{[]string{"--pack-cache", t.TempDir()}, "--pack-cache and --weights-from"},
+	} {
+		_, stderr, code := runMain(t, append(slices.Clone(base), tc.extra...)...)
+		if code == 0 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: exit %d, %q, want %q", tc.extra, code, stderr, tc.want)
 		}
 	}
 }

@@ -208,6 +208,16 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if sf.count > 1 && (itl.abs > 0 || itl.decodes > 0) {
+		explicit := false
+		fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "itl-target" })
+		if explicit {
+			return errors.New("--itl-target with --stages: a pipeline replica has no step profile yet (the quick profile runs the whole model); drop it or give 0")
+		}
+		// The default target needs that profile too: a replica reads prompts by the token
+		// budget alone, as with --itl-target 0.
+		itl = itlTarget{}
+	}
 	if sf.count > 1 {
 		switch {
 		case bk.sim():
