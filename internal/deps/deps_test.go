@@ -23,8 +23,9 @@ var allowed = map[string][]string{
 
 	// Pure cores: no I/O of their own.
 	"sched":  {"kvcache", "llm"},
-	"router": {"kvcache", "llm"},
-	"sim":    {"bench", "kvcache", "router", "sched"},
+	"router":  {"kvcache", "llm"},
+	"planner": {"sla"},
+	"sim":     {"bench", "kvcache", "planner", "router", "sched"},
 
 	// The wire.
 	"orpc":    {"internal/statefile"},
@@ -69,6 +70,7 @@ var never = map[string][]string{
 	// the simulator, and the router binary stays small.
 	"sched":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
 	"router":  {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
+	"planner": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go", "os/exec"},
 	"sim":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
 	"bench":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"kvcache": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
