@@ -22,7 +22,7 @@ var allowed = map[string][]string{
 	"gguf": {"dtype"}, "safetensors": {"dtype"}, "hal": {"dtype"}, "hal/cpu": {"hal"},
 
 	// Pure cores: no I/O of their own.
-	"sched":  {"kvcache", "llm"},
+	"sched":   {"kvcache", "llm"},
 	"router":  {"kvcache", "llm"},
 	"planner": {"sla"},
 	"sim":     {"bench", "kvcache", "planner", "router", "sched"},
