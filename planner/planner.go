@@ -304,8 +304,9 @@ func (p *Planner) throughput(s State, d *Decision) {
 		p.pred[2].Observe(obs.Output)
 		p.pred[3].Observe(w.Uncached.Mean())
 	}
+	prevRate := p.observed.Rate
 	p.observed = obs
-	p.correct(&w, obs, s.Ready)
+	p.correct(&w, obs, s.Ready, prevRate)
 
 	// Size for the most the next intervals may bring, and never less than the interval
 	// just measured: a falling trend's forecast undershoots, and replicas removed on it
@@ -378,8 +379,13 @@ func scaled(shape []Weighted, mean float64) []Weighted {
 // from what the interval measured: the factor that makes the model's mean TTFT (and ITL)
 // at the pools' ready sizes under the observed load equal the measured mean. A pool the
 // model takes for saturated, or too few samples, teach nothing.
-func (p *Planner) correct(w *Counters, obs Workload, ready [NumPools]int) {
+func (p *Planner) correct(w *Counters, obs Workload, ready [NumPools]int, prevRate float64) {
 	if obs.Rate <= 0 || w.Finished < int64(p.cfg.MinSamples) {
+		return
+	}
+	// While the load moves, latency is a transient's (a queue building up behind a rise),
+	// which the model's steady state does not describe: learn only from steady intervals.
+	if prevRate <= 0 || math.Abs(obs.Rate-prevRate) > 0.2*prevRate {
 		return
 	}
 	ttftPool, tpotPool := Aggregated, Aggregated
@@ -394,7 +400,7 @@ func (p *Planner) correct(w *Counters, obs Workload, ready [NumPools]int) {
 	}
 }
 
-// fit finds the value of *factor (in [1/4, 4]) at which modelled equals measured, by
+// fit finds the value of *factor (in [1/2, 2]) at which modelled equals measured, by
 // bisection (the model's latency grows with the factor), and returns the geometric mean
 // of it and the old value; the old value when the model is saturated at 1.
 func (p *Planner) fit(factor *float64, measured float64, modelled func() float64) float64 {
@@ -404,7 +410,7 @@ func (p *Planner) fit(factor *float64, measured float64, modelled func() float64
 	if v := modelled(); math.IsInf(v, 0) || v > 1e6 || measured <= 0 {
 		return old
 	}
-	lo, hi := 0.25, 4.0
+	lo, hi := 0.5, 2.0
 	for range 40 {
 		*factor = math.Sqrt(lo * hi)
 		if modelled() < measured {
@@ -452,7 +458,13 @@ func (p *Planner) load(s State, d *Decision) {
 		case miss && s.Replicas[pool] > s.Ready[pool]:
 			d.Reason[pool] = "hold: over target, replicas are starting"
 		case miss && p.target[pool] < p.cfg.Bounds[pool].Max:
-			p.target[pool]++
+			// One more, or what the model sizes for the load of the window if that is more:
+			// a sudden rise is met within a window, not an interval.
+			n := p.target[pool] + 1
+			if short, _ := p.m.size(pool, p.windowLoad(&w, s.Now), p.cfg.Bounds[pool].Min, p.cfg.Bounds[pool].Max); short > n {
+				n = short
+			}
+			p.target[pool] = n
 			p.lastUp[pool] = s.Now
 			d.Reason[pool] = fmt.Sprintf("up: measured TTFT %.1f%%, ITL %.1f%% within target (goal %.1f%%)", 100*m.TTFT, 100*m.TPOT, 100*p.m.goal)
 		case well && p.target[pool] > max(p.need[pool], p.cfg.Bounds[pool].Min) && s.Now-p.lastUp[pool] >= p.cfg.DownCooldown:
@@ -460,6 +472,20 @@ func (p *Planner) load(s State, d *Decision) {
 			d.Reason[pool] = fmt.Sprintf("down: measured TTFT p%.1f %v, ITL %v: well under target", 100*p.m.goal, m.TTFTq.Round(time.Millisecond), m.TPOTq.Round(time.Millisecond))
 		}
 	}
+}
+
+// windowLoad is the load the load loop's window saw: its arrival rate, with the
+// lengths and shape of the last throughput interval (or the window's, when that had none).
+func (p *Planner) windowLoad(w *Counters, now time.Duration) Workload {
+	wl := p.observed
+	if dt := (now - p.ring[0].at).Seconds(); dt > 0 {
+		wl.Rate = float64(w.Arrived) / dt
+	}
+	if wl.Input == 0 && w.Finished > 0 {
+		f := float64(w.Finished)
+		wl.Input, wl.Output, wl.Uncached = w.Input/f, w.Output/f, w.Uncached.Dist()
+	}
+	return wl
 }
 
 // budget holds the pools' total to MaxTotal, taking replicas first from the pools most

@@ -36,7 +36,8 @@ func (c *constant) Observe(x float64)    { c.last = x }
 func (c *constant) Forecast(int) float64 { return c.last }
 
 // holt is double exponential smoothing: level ← αx + (1−α)(level + trend), trend ←
-// β(level − previous level) + (1−β)trend; the forecast h ahead is level + h·trend.
+// β(level − previous level) + (1−β)trend; the forecast h ahead is level + the trend
+// damped over h intervals.
 type holt struct {
 	alpha, beta  float64
 	level, trend float64
@@ -58,7 +59,21 @@ func (p *holt) Observe(x float64) {
 	p.n++
 }
 
-func (p *holt) Forecast(h int) float64 { return max(0, p.level+float64(h)*p.trend) }
+func (p *holt) Forecast(h int) float64 { return max(0, p.level+damped(h)*p.trend) }
+
+// damping is the trend's damping per interval ahead (Gardner's damped trend): a trend is
+// extrapolated as Σ φⁱ, not h, intervals, so that the step from a load change is not taken
+// for a slope that lasts.
+const damping = 0.9
+
+func damped(h int) float64 {
+	s, f := 0.0, 1.0
+	for range h {
+		f *= damping
+		s += f
+	}
+	return s
+}
 
 // kalman filters the state (level, slope) of x_{t+1} = level + slope + noise. The process
 // noise is a fixed fraction of the measurement noise (qLevel, qSlope), so the gains do
@@ -104,4 +119,4 @@ func (k *kalman) Observe(x float64) {
 	}
 }
 
-func (k *kalman) Forecast(h int) float64 { return max(0, k.level+float64(h)*k.slope) }
+func (k *kalman) Forecast(h int) float64 { return max(0, k.level+damped(h)*k.slope) }

@@ -18,9 +18,9 @@ func TestPredictors(t *testing.T) {
 		{"constant/flat", flat, 3, func(int, int) float64 { return 7 }, 0},
 		{"constant/ramp", ramp, 1, func(n, h int) float64 { return ramp(n - 1) }, 0}, // the last value
 		{"holt/flat", flat, 3, func(int, int) float64 { return 7 }, 1e-9},
-		{"holt/ramp", ramp, 3, func(n, h int) float64 { return ramp(n - 1 + h) }, 0.01},
+		{"holt/ramp", ramp, 3, func(n, h int) float64 { return ramp(n-1) + 2*damped(h) }, 0.01},
 		{"kalman/flat", flat, 3, func(int, int) float64 { return 7 }, 1e-6},
-		{"kalman/ramp", ramp, 3, func(n, h int) float64 { return ramp(n - 1 + h) }, 0.01},
+		{"kalman/ramp", ramp, 3, func(n, h int) float64 { return ramp(n-1) + 2*damped(h) }, 0.01},
 	}
 	for _, tc := range tests {
 		name := tc.name[:len(tc.name)-len("/flat")]
@@ -61,6 +61,9 @@ func TestPredictorsFollowAStep(t *testing.T) {
 		}
 		if f := p.Forecast(1); f < 3.5 {
 			t.Errorf("%s: four intervals after a step to 4, forecast %v", name, f)
+		}
+		if f := p.Forecast(3); f > 6 {
+			t.Errorf("%s: a step to 4 taken for a lasting slope: forecast %v three intervals ahead", name, f)
 		}
 		for range 3 {
 			p.Observe(0)
