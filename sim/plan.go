@@ -22,7 +22,7 @@ import (
 // PlanResult is what the planner did in a simulation.
 type PlanResult struct {
 	Config    planner.Config
-	Decisions []planner.Decision // every loop run that changed a target
+	Decisions []planner.Decision // every throughput loop run, and the load loop's that changed a target
 	Loops     int                // loop runs
 	Timeline  []PoolSizes        // the pools at every tick
 	// MeanReplicas and PeakReplicas are the replicas paid for (starting, serving or
@@ -172,8 +172,10 @@ func (s *sim) planTick() {
 		s.plan.Loops++
 	}
 	changed := ran && d.Changed()
-	if changed {
+	if changed || ran && d.Loop == "throughput" {
 		s.plan.Decisions = append(s.plan.Decisions, d)
+	}
+	if changed {
 		for _, pool := range planner.Pools(s.cfg.disaggregated()) {
 			s.resize(pool, st.Replicas[pool], d.Target[pool])
 		}
