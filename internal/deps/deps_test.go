@@ -44,10 +44,13 @@ var allowed = map[string][]string{
 	"web":           {"metrics", "sla"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
 	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/version", "kvcache", "llm", "metrics", "model", "modelgen", "openai", "respstore", "sim", "sla", "web", "worker"},
-	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "respstore", "router", "tokenizer"},
+	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "planner", "respstore", "router", "tokenizer"},
+	// The planner's connectors: engines as processes on this machine, engines in this process.
+	"planner/local":     {"planner"},
+	"planner/inprocess": {"planner"},
 
 	// Binaries: flags and wiring.
-	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "metrics", "router", "router/live", "sla", "web"},
+	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "metrics", "planner", "planner/local", "router", "router/live", "sim", "sla", "web"},
 	"cmd/tandem":        nil, // nil: may import any package of the module
 }
 
