@@ -75,6 +75,13 @@ type Config struct {
 	Logger  *slog.Logger
 	Options []orpc.Option // for the ORPC server and clients
 
+	// Weights, if set, serves Worker.PullWeights: a new engine of the same model takes
+	// its prepared weights from this one (weights.go), at most WeightsSendRate bytes per
+	// second over all its pulls (0: unlimited); WeightsMetrics, if set, counts them.
+	Weights         WeightSource
+	WeightsSendRate float64
+	WeightsMetrics  *metrics.WeightsTransfer
+
 	// KVTransferTime is the modelled time to move n bytes of KV (the sim backend's
 	// sim.Timing.Transfer): a pull of modelled blocks (engine.KVFormat.Modelled) sends no
 	// payload and is paced to it instead. nil: such pulls take no modelled time.
@@ -106,6 +113,7 @@ type Worker struct {
 
 	regs registrations
 	kvx  kvXfer // clients to other workers, for KV pulls
+	wsrv weightsServer
 
 	drain   drain              // drain.go
 	stopRun context.CancelFunc // ends Run (Shutdown); guarded by mu
@@ -282,6 +290,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	orpc.ServerStream(w.srv, cluster.MethodGenerate, w.generate)
 	orpc.Unary(w.srv, cluster.MethodSnapshot, w.snapshot)
 	w.registerKV(w.srv)
+	w.registerWeights(w.srv)
 	defer w.closePeers()
 	l, err := w.srv.ListenPacket(pc, id.ServerTLS())
 	if err != nil {
