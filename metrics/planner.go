@@ -31,10 +31,15 @@ type Planner struct {
 	// measured (registration less start) when a replica has joined, else configured.
 	Startup prometheus.Gauge
 	// ScaleDowns counts removed workers by pool and result: drained (it left with no
-	// request in flight) or migrated (its drain ran out; its requests moved elsewhere).
+	// request in flight), migrated (its drain ran out; its requests moved elsewhere) or
+	// unstarted (stopped before it had registered).
 	ScaleDowns *prometheus.CounterVec
 	// ConnectorErrors counts failed scale requests by pool.
 	ConnectorErrors *prometheus.CounterVec
+	// Refused counts decisions that left a pool short of what it needs, by pool and
+	// reason: max (the pool's upper bound), budget (the total bound) or connector (the
+	// connector declined the request).
+	Refused *prometheus.CounterVec
 }
 
 // NewPlanner registers the router's planner metrics on reg.
@@ -55,7 +60,8 @@ func NewPlanner(reg prometheus.Registerer) *Planner {
 		Measured:         gv("tandem_router:planner_measured", "The load loop's window by pool and quantity (ttft_attainment, itl_attainment as fractions; ttft_quantile, itl_quantile in seconds).", "pool", "quantity"),
 		Correction:       gv("tandem_router:planner_correction", "Factor on the model's prefill work and decode step, learned from measured latency, by phase.", "phase"),
 		Startup:          f.gauge("tandem_router:planner_startup_seconds", "Start-up time of a new replica the planner plans with (measured, else configured)."),
-		ScaleDowns:       cv("tandem_router:planner_scale_downs_total", "Workers removed by the planner, by pool and result: drained, or migrated (requests moved on).", "pool", "result"),
+		ScaleDowns:       cv("tandem_router:planner_scale_downs_total", "Workers removed by the planner, by pool and result: drained, migrated (requests moved on), unstarted (stopped while starting).", "pool", "result"),
+		Refused:          cv("tandem_router:planner_refused_total", "Planner decisions that left a pool short of what it needs, by pool and reason: max (its bound), budget (the total bound), connector (declined).", "pool", "reason"),
 		ConnectorErrors:  cv("tandem_router:planner_connector_errors_total", "Scale requests the connector failed, by pool.", "pool"),
 	}
 }

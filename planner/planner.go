@@ -148,6 +148,10 @@ type Decision struct {
 	Was    [NumPools]int // State.Replicas
 	Target [NumPools]int // what each pool should have
 	Reason [NumPools]string
+	// Held says why a pool's target is less than the pool needs ("": it is not): "max",
+	// its upper bound (the targets are not met within it), or "budget", the total bound
+	// over all pools. A held pool misses its targets: the caller counts and reports it.
+	Held [NumPools]string
 	// Observed is the last adjustment interval's load and Predicted the load sized for:
 	// the largest forecast over Horizon intervals (the start-up time and one interval).
 	Observed, Predicted Workload
@@ -346,6 +350,7 @@ func (p *Planner) throughput(s State, d *Decision) {
 			d.Reason[pool] = fmt.Sprintf("up: %.3g req/s predicted needs %d", pred.Rate, need)
 			if !ok {
 				d.Reason[pool] += " (at most: the targets are not met within bounds)"
+				d.Held[pool] = "max"
 			}
 		case down < cur && s.Now-p.lastUp[pool] >= p.cfg.DownCooldown:
 			step := max(1, cur/4)
@@ -355,6 +360,9 @@ func (p *Planner) throughput(s State, d *Decision) {
 			d.Reason[pool] = "hold: in the cooldown after growing"
 		default:
 			d.Reason[pool] = fmt.Sprintf("hold: %.3g req/s predicted needs %d", pred.Rate, need)
+		}
+		if !ok && p.target[pool] >= b.Max {
+			d.Held[pool] = "max"
 		}
 	}
 }
@@ -467,6 +475,10 @@ func (p *Planner) load(s State, d *Decision) {
 			p.target[pool] = n
 			p.lastUp[pool] = s.Now
 			d.Reason[pool] = fmt.Sprintf("up: measured TTFT %.1f%%, ITL %.1f%% within target (goal %.1f%%)", 100*m.TTFT, 100*m.TPOT, 100*p.m.goal)
+		case miss:
+			// Over target and the pool at its bound.
+			d.Reason[pool] = fmt.Sprintf("hold: over target at the pool's maximum of %d", p.cfg.Bounds[pool].Max)
+			d.Held[pool] = "max"
 		case well && p.target[pool] > max(p.need[pool], p.cfg.Bounds[pool].Min) && s.Now-p.lastUp[pool] >= p.cfg.DownCooldown:
 			p.target[pool]--
 			d.Reason[pool] = fmt.Sprintf("down: measured TTFT p%.1f %v, ITL %v: well under target", 100*p.m.goal, m.TTFTq.Round(time.Millisecond), m.TPOTq.Round(time.Millisecond))
@@ -516,6 +528,11 @@ func (p *Planner) budget(d *Decision) {
 			return
 		}
 		p.target[best]--
-		d.Reason[best] += fmt.Sprintf("; held to the budget of %d workers", p.cfg.MaxTotal)
+		if p.target[best] < p.need[best] || d.Loop == "load" {
+			d.Held[best] = "budget"
+		}
+		if !strings.Contains(d.Reason[best], "held to the budget") {
+			d.Reason[best] += fmt.Sprintf("; held to the budget of %d workers", p.cfg.MaxTotal)
+		}
 	}
 }

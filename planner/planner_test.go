@@ -264,6 +264,18 @@ func TestBoundsBudgetAndFixedPools(t *testing.T) {
 	if !strings.Contains(last.Reason[Prefill]+last.Reason[Decode], "budget") {
 		t.Errorf("the budget is not named: %q / %q", last.Reason[Prefill], last.Reason[Decode])
 	}
+	if last.Held[Prefill]+last.Held[Decode] == "" {
+		t.Errorf("a pool held to the budget is not marked held: %q", last.Held)
+	}
+	// A pool at its maximum that needs more is held by it.
+	small := cfg
+	small.MaxTotal = 0
+	small.Bounds[Prefill] = Bounds{Min: 1, Max: 2}
+	d = newDrive(t, small, [NumPools]int{Prefill: 1, Decode: 1})
+	decs = d.run(2*time.Minute, 200, 4000, 300, ttft, tpot, true)
+	if last := decs[len(decs)-1]; last.Target[Prefill] != 2 || last.Held[Prefill] != "max" {
+		t.Errorf("prefill bounded at 2 under 200 req/s: target %d, held %q; want 2, max", last.Target[Prefill], last.Held[Prefill])
+	}
 	// A fixed pool keeps its size.
 	cfg.Fixed[Decode] = true
 	cfg.MaxTotal = 0

@@ -41,6 +41,11 @@ type livePlanner struct {
 	joined   map[string]time.Time // when each replica (by name) first registered
 	startup  time.Duration        // mean measured start-up time (0: none yet)
 	measured int
+
+	// Owned by the loop's goroutine: what was last logged, so that a state that lasts is
+	// logged once when it begins and once when it ends, not every step.
+	held    [planner.NumPools]string
+	failing [planner.NumPools]bool
 }
 
 func (lp *livePlanner) observes(model string) bool { return lp.model == "" || lp.model == model }
@@ -152,6 +157,19 @@ func (l *Router) RunPlanner(ctx context.Context, cfg PlannerConfig) error {
 	pc := pl.Config()
 	l.log.Info("planner: running", "pools", fmt.Sprint(planner.Pools(pc.Disaggregated)), "sla_ttft", pc.SLA.TTFT, "sla_itl", pc.SLA.ITL,
 		"goal", pc.Goal, "interval", pc.Interval, "load_interval", pc.LoadInterval, "predictor", pc.Predictor, "startup", pc.Startup)
+	// The pools start at their minimums; from there the planner sizes them.
+	for _, pool := range planner.Pools(pc.Disaggregated) {
+		have := 0
+		for _, r := range cfg.Connector.Replicas(pool) {
+			if !r.Draining {
+				have++
+			}
+		}
+		if min := pc.Bounds[pool].Min; have < min {
+			l.log.Info("planner: starting the pool at its minimum", "pool", pool, "from", have, "to", min)
+			l.applyScale(ctx, lp, cfg.Connector, pool, min, nil)
+		}
+	}
 	start := time.Now()
 	t := time.NewTicker(pc.LoadInterval)
 	defer t.Stop()
@@ -206,6 +224,7 @@ func (l *Router) planStep(ctx context.Context, pl *planner.Planner, lp *livePlan
 		lp.mu.Unlock()
 	}
 	l.mu.Unlock()
+	l.forgetGone(lp, nodes)
 
 	lp.mu.Lock()
 	counters := lp.counters
@@ -222,6 +241,7 @@ func (l *Router) planStep(ctx context.Context, pl *planner.Planner, lp *livePlan
 		return
 	}
 	l.planMetrics(&d, pools)
+	l.planHeld(lp, &d, pools)
 	if !d.Changed() {
 		l.log.Debug("planner: hold", "loop", d.Loop, "replicas", fmt.Sprint(d.Was), "observed_rate", d.Observed.Rate, "predicted_rate", d.Predicted.Rate)
 		return
@@ -242,9 +262,120 @@ func (l *Router) planStep(ctx context.Context, pl *planner.Planner, lp *livePlan
 			l.retire(lp, pool, victims)
 		}
 		l.log.Info("planner: scaling", attrs...)
-		if err := conn.Scale(ctx, pool, want, victims); err != nil && ctx.Err() == nil {
-			l.planMet.ConnectorErrors.WithLabelValues(pool.String()).Inc()
-			l.log.Error("planner: the connector failed to scale", "pool", pool, "to", want, "err", err)
+		l.applyScale(ctx, lp, conn, pool, want, victims)
+	}
+}
+
+// applyScale asks the connector for n workers in pool, counting and logging a refusal or
+// a failure (once while it lasts: the next decision asks again).
+func (l *Router) applyScale(ctx context.Context, lp *livePlanner, conn planner.Connector, pool planner.Pool, n int, victims []string) {
+	err := conn.Scale(ctx, pool, n, victims)
+	if err != nil && ctx.Err() != nil {
+		return // shutting down
+	}
+	if err == nil {
+		if lp.failing[pool] {
+			lp.failing[pool] = false
+			l.log.Info("planner: the connector scales again", "pool", pool, "to", n)
+		}
+		return
+	}
+	if errors.Is(err, planner.ErrRefused) {
+		l.planMet.Refused.WithLabelValues(pool.String(), "connector").Inc()
+	} else {
+		l.planMet.ConnectorErrors.WithLabelValues(pool.String()).Inc()
+	}
+	// The workers named to go stay out of rotation only if they are going.
+	if len(victims) > 0 {
+		l.unretire(lp, conn, pool)
+	}
+	if !lp.failing[pool] {
+		lp.failing[pool] = true
+		l.log.Error("planner: the connector did not scale (counted on /metrics; asked again at the next decision)",
+			"pool", pool, "to", n, "refused", errors.Is(err, planner.ErrRefused), "err", err)
+	}
+}
+
+// unretire returns to rotation the retiring workers of pool the connector does not list
+// as draining: a scale-down that was refused or failed left them serving.
+func (l *Router) unretire(lp *livePlanner, conn planner.Connector, pool planner.Pool) {
+	draining := map[string]bool{}
+	for _, r := range conn.Replicas(pool) {
+		if r.Draining {
+			draining[r.Name] = true
+		}
+	}
+	var back []string
+	lp.mu.Lock()
+	for name, p := range lp.retiring {
+		if p == pool && !draining[name] {
+			delete(lp.retiring, name)
+			back = append(back, name)
+		}
+	}
+	lp.mu.Unlock()
+	l.mu.Lock()
+	for _, n := range back {
+		if id, ok := l.byNode[n]; ok {
+			if w := l.workers[id]; w != nil {
+				w.retiring.Store(false) // healthy again at its next load report
+			}
+		}
+	}
+	l.mu.Unlock()
+}
+
+// planHeld counts and logs (once, when it begins) a pool held below what it needs.
+func (l *Router) planHeld(lp *livePlanner, d *planner.Decision, pools []planner.Pool) {
+	for _, pool := range pools {
+		h := d.Held[pool]
+		if h != "" {
+			l.planMet.Refused.WithLabelValues(pool.String(), h).Inc()
+		}
+		// The throughput loop sizes against the bounds; a load loop that found nothing to
+		// add says nothing about them.
+		if h == lp.held[pool] || h == "" && d.Loop != "throughput" {
+			continue
+		}
+		if h != "" {
+			l.log.Warn("planner: a pool is held below what it needs (counted on /metrics)", "pool", pool, "bound", h,
+				"target", d.Target[pool], "reason", d.Reason[pool])
+		} else {
+			l.log.Info("planner: the pool is no longer held by a bound", "pool", pool, "bound", lp.held[pool], "target", d.Target[pool])
+		}
+		lp.held[pool] = h
+	}
+}
+
+// forgetGone drops the retiring workers that the connector no longer runs and that never
+// registered (stopped while starting): they had nothing to drain.
+func (l *Router) forgetGone(lp *livePlanner, nodes []planNode) {
+	runs := map[string]bool{}
+	for _, n := range nodes {
+		runs[n.rep.Name] = true
+	}
+	var gone []string
+	lp.mu.Lock()
+	for name := range lp.retiring {
+		if !runs[name] {
+			gone = append(gone, name)
+		}
+	}
+	lp.mu.Unlock()
+	for _, name := range gone {
+		l.mu.Lock()
+		_, registered := l.byNode[name]
+		l.mu.Unlock()
+		if registered {
+			continue // it leaves the registry soon; dropLocked counts it
+		}
+		lp.mu.Lock()
+		pool, ok := lp.retiring[name]
+		delete(lp.retiring, name)
+		lp.mu.Unlock()
+		if ok {
+			l.planMet.ScaleDowns.WithLabelValues(pool.String(), "unstarted").Inc()
+			l.log.Info("planner: retired worker left", "worker", name, "pool", pool, "result", "unstarted")
 		}
 	}
 }
