@@ -685,7 +685,7 @@ func (p *plan) run(mode string, ups []time.Duration) (*report, error) {
 		}
 	case agg != nil:
 		rep.verdict = fmt.Sprintf("several aggregated engines behind the router: %d meet the SLA at peak (%.1f%% attainment); KV-aware routing saves %.0f%% of mean TTFT against round robin at that size",
-			nAgg, 100*agg.Attainment, 100*rep.kvSaves)
+			nAgg, 100*agg.Attainment, math.Round(100*rep.kvSaves)+0) // +0: no "-0 %"
 		if aggPlan != nil && p.meetsOverall(aggPlan) {
 			rep.verdict += fmt.Sprintf("; with the planner, %.2f worker-hours (%.0f%% of the fixed pool's) at %.1f%% attainment", aggPlan.WorkerSeconds/3600, 100*aggPlan.WorkerSeconds/agg.WorkerSeconds, 100*aggPlan.Attainment)
 		}

@@ -44,8 +44,10 @@ func (c *stubbornConnector) count() int {
 // flatPerf is a worker that prefills 0.1 ms a token and decodes a step in 10 ms.
 type flatPerf struct{}
 
-func (flatPerf) Prefill(n int, _ float64) time.Duration { return time.Duration(n) * 100 * time.Microsecond }
-func (flatPerf) Decode(int, int) time.Duration          { return 10 * time.Millisecond }
+func (flatPerf) Prefill(n int, _ float64) time.Duration {
+	return time.Duration(n) * 100 * time.Microsecond
+}
+func (flatPerf) Decode(int, int) time.Duration { return 10 * time.Millisecond }
 
 // syncBuffer is a bytes.Buffer the router's goroutines may log to.
 type syncBuffer struct {
