@@ -474,7 +474,14 @@ func (p *Planner) load(s State, d *Decision) {
 			}
 			p.target[pool] = n
 			p.lastUp[pool] = s.Now
-			d.Reason[pool] = fmt.Sprintf("up: measured TTFT %.1f%%, ITL %.1f%% within target (goal %.1f%%)", 100*m.TTFT, 100*m.TPOT, 100*p.m.goal)
+			var parts []string
+			if m.NTTFT > 0 {
+				parts = append(parts, fmt.Sprintf("TTFT %.1f%%", 100*m.TTFT))
+			}
+			if m.NTPOT > 0 {
+				parts = append(parts, fmt.Sprintf("ITL %.1f%%", 100*m.TPOT))
+			}
+			d.Reason[pool] = fmt.Sprintf("up: measured %s within target (goal %.1f%%)", strings.Join(parts, ", "), 100*p.m.goal)
 		case miss:
 			// Over target and the pool at its bound.
 			d.Reason[pool] = fmt.Sprintf("hold: over target at the pool's maximum of %d", p.cfg.Bounds[pool].Max)
