@@ -257,8 +257,9 @@ func (l *Router) planStep(ctx context.Context, pl *planner.Planner, lp *livePlan
 			"correction_prefill", round3(d.Correction[0]), "correction_decode", round3(d.Correction[1]), "startup", d.Startup.Round(time.Millisecond)}
 		var victims []string
 		if want < have {
-			victims = l.victims(lp, pool, nodes, have-want)
-			attrs = append(attrs, "victims", fmt.Sprint(victims))
+			var inflight []int
+			victims, inflight = l.victims(lp, pool, nodes, have-want)
+			attrs = append(attrs, "victims", fmt.Sprint(victims), "victims_in_flight", fmt.Sprint(inflight))
 			l.retire(lp, pool, victims)
 		}
 		l.log.Info("planner: scaling", attrs...)
@@ -386,8 +387,9 @@ type planNode struct {
 	rep  planner.Replica
 }
 
-// victims chooses k workers of pool to remove.
-func (l *Router) victims(lp *livePlanner, pool planner.Pool, nodes []planNode, k int) []string {
+// victims chooses k workers of pool to remove, and says how many requests each has in
+// flight (they finish, or migrate, before it goes).
+func (l *Router) victims(lp *livePlanner, pool planner.Pool, nodes []planNode, k int) ([]string, []int) {
 	var cands []planner.Candidate
 	l.mu.Lock()
 	lp.mu.Lock()
@@ -410,7 +412,16 @@ func (l *Router) victims(lp *livePlanner, pool planner.Pool, nodes []planNode, k
 	}
 	lp.mu.Unlock()
 	l.mu.Unlock()
-	return planner.Victims(cands, k)
+	names := planner.Victims(cands, k)
+	inflight := make([]int, len(names))
+	for i, n := range names {
+		for _, c := range cands {
+			if c.Name == n {
+				inflight[i] = c.Inflight
+			}
+		}
+	}
+	return names, inflight
 }
 
 func (l *Router) planMetrics(d *planner.Decision, pools []planner.Pool) {
