@@ -165,9 +165,9 @@ func (l *Router) RunPlanner(ctx context.Context, cfg PlannerConfig) error {
 				have++
 			}
 		}
-		if min := pc.Bounds[pool].Min; have < min {
-			l.log.Info("planner: starting the pool at its minimum", "pool", pool, "from", have, "to", min)
-			l.applyScale(ctx, lp, cfg.Connector, pool, min, nil)
+		if least := pc.Bounds[pool].Min; have < least {
+			l.log.Info("planner: starting the pool at its minimum", "pool", pool, "from", have, "to", least)
+			l.applyScale(ctx, lp, cfg.Connector, pool, least, nil)
 		}
 	}
 	start := time.Now()
