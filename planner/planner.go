@@ -434,6 +434,7 @@ func (p *Planner) fit(factor *float64, measured float64, modelled func() float64
 func (p *Planner) load(s State, d *Decision) {
 	w := s.Counters.sub(&p.ring[0].c)
 	t := p.cfg.SLA
+	gT := p.ttftGoal(p.windowLoad(&w, s.Now))
 	for _, pool := range p.pools {
 		var ttft, tpot *Hist
 		switch pool {
@@ -449,7 +450,7 @@ func (p *Planner) load(s State, d *Decision) {
 		if ttft != nil && ttft.Count >= int64(p.cfg.MinSamples) {
 			any = true
 			m.NTTFT, m.TTFT, m.TTFTq = ttft.Count, ttft.Below(t.TTFT.Seconds()), seconds(ttft.Quantile(p.m.goal))
-			miss = miss || m.TTFT < p.m.goal && pool != Decode // a decode pool's own prefills are short
+			miss = miss || m.TTFT < gT && pool != Decode // a decode pool's own prefills are short
 			well = well && m.TTFTq.Seconds() < p.cfg.DownFraction*t.TTFT.Seconds()
 		}
 		if tpot != nil && tpot.Count >= int64(p.cfg.MinSamples) {
@@ -481,7 +482,7 @@ func (p *Planner) load(s State, d *Decision) {
 			if m.NTPOT > 0 {
 				parts = append(parts, fmt.Sprintf("ITL %.1f%%", 100*m.TPOT))
 			}
-			d.Reason[pool] = fmt.Sprintf("up: measured %s within target (goal %.1f%%)", strings.Join(parts, ", "), 100*p.m.goal)
+			d.Reason[pool] = fmt.Sprintf("up: measured %s within target (goals %.1f%%, %.1f%%)", strings.Join(parts, ", "), 100*gT, 100*p.m.goal)
 		case miss:
 			// Over target and the pool at its bound.
 			d.Reason[pool] = fmt.Sprintf("hold: over target at the pool's maximum of %d", p.cfg.Bounds[pool].Max)
@@ -491,6 +492,20 @@ func (p *Planner) load(s State, d *Decision) {
 			d.Reason[pool] = fmt.Sprintf("down: measured TTFT p%.1f %v, ITL %v: well under target", 100*p.m.goal, m.TTFTq.Round(time.Millisecond), m.TPOTq.Round(time.Millisecond))
 		}
 	}
+}
+
+// ttftGoal is the TTFT attainment the load loop holds the pools to: the goal, but no more
+// than wl's prompts can attain (those that alone take longer than the target miss it at
+// any size, and must not ask for replicas that cannot help).
+func (p *Planner) ttftGoal(wl Workload) float64 {
+	ps := p.m.points(wl)
+	if p.cfg.Disaggregated {
+		ps, _, _ = p.m.split(ps)
+	}
+	if len(ps) == 0 || wl.Rate <= 0 {
+		return p.m.goal
+	}
+	return p.m.ttftGoal(p.m.attainable(ps))
 }
 
 // windowLoad is the load the load loop's window saw: its arrival rate, with the

@@ -324,3 +324,34 @@ func TestVictims(t *testing.T) {
 		t.Error("victims beyond the candidates")
 	}
 }
+
+// TestLoadLoopIgnoresUnattainableMisses: when a tenth of the prompts take longer than the
+// TTFT target on an idle worker, no pool size meets them; the load loop must not add
+// replicas for those misses (it did: it held measured TTFT to the full goal).
+func TestLoadLoopIgnoresUnattainableMisses(t *testing.T) {
+	cfg := Config{Perf: linear{pTok: 1, dBase: 10, dSeq: 0.1}, SLA: sla.Targets{TTFT: time.Second, ITL: 50 * time.Millisecond},
+		Interval: 20 * time.Second, LoadInterval: 5 * time.Second, NoThroughputLoop: false}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c Counters
+	st := State{Counters: &c, Replicas: [NumPools]int{Aggregated: 2}, Ready: [NumPools]int{Aggregated: 2}}
+	p.Step(st)
+	for i := 1; i <= 24; i++ { // two minutes
+		for j := range 10 { // 2 requests/s
+			c.Arrive()
+			input, ttft := 100, 150*time.Millisecond
+			if j%10 == 0 {
+				input, ttft = 5000, 5200*time.Millisecond // 5 s of prefill alone
+			}
+			c.FirstToken(Aggregated, ttft)
+			c.Finish(Aggregated, input, 0, 50, 20*time.Millisecond)
+		}
+		st.Now = time.Duration(i) * 5 * time.Second
+		d, ran := p.Step(st)
+		if ran && d.Loop == "load" && strings.HasPrefix(d.Reason[Aggregated], "up") {
+			t.Fatalf("at %v the load loop grew the pool for prompts no size can serve in time: %s", st.Now, d.Reason[Aggregated])
+		}
+	}
+}
