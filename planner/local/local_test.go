@@ -37,7 +37,10 @@ func engine(args []string) {
 	}
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
-	os.WriteFile(filepath.Join(dir, "args"), []byte(strings.Join(args, " ")), 0o600)
+	// Written whole, then renamed: the test polls for the file and reads it at once.
+	tmp := filepath.Join(dir, "args.tmp")
+	os.WriteFile(tmp, []byte(strings.Join(args, " ")), 0o600)
+	os.Rename(tmp, filepath.Join(dir, "args"))
 	fmt.Fprintln(os.Stderr, "tandem serve: http://127.0.0.1:1 (test engine)")
 	select {
 	case <-term:
