@@ -26,6 +26,7 @@ import (
 	"tandem/internal/statefile"
 	"tandem/internal/version"
 	"tandem/metrics"
+	"tandem/planner"
 	"tandem/router"
 	"tandem/router/live"
 	"tandem/sla"
@@ -85,6 +86,7 @@ func run(args []string, stderr io.Writer) error {
 	fs.BoolVar(&dis.Strict, "disagg-strict", dis.Strict, "fail a request whose remote prefill or KV transfer fails, instead of prefilling on the decode worker")
 	fs.DurationVar(&dis.Hold, "kv-hold", dis.Hold, "how long a prefill worker keeps a prompt's KV blocks for the decode worker's pull")
 	fs.DurationVar(&dis.TransferTimeout, "kv-transfer-timeout", dis.TransferTimeout, "deadline of a KV pull, which overlaps the prefill it pulls from; past it the transfer is abandoned and the decode worker computes")
+	plan := addPlannerFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -122,6 +124,12 @@ func run(args []string, stderr io.Writer) error {
 	}
 	if *hbTimeout != 0 && *hbTimeout < 2**heartbeat {
 		return fmt.Errorf("--heartbeat-timeout %v is under two heartbeat intervals (%v): workers would be declared dead between two reports", *hbTimeout, *heartbeat)
+	}
+	var planCfg planner.Config
+	if *plan.on {
+		if planCfg, err = plan.config(*slaTargets, dis.MinRemoteTokens); err != nil {
+			return err
+		}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -191,7 +199,15 @@ func run(args []string, stderr io.Writer) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	stopPlanner := func() {}
+	if *plan.on {
+		if stopPlanner, err = plan.start(ctx, planCfg, srv, *stateDir, stderr, log); err != nil {
+			srv.Shutdown(context.Background())
+			return err
+		}
+	}
 	<-ctx.Done()
+	stopPlanner() // its engines drain while the router still routes their requests
 	log.Info("shutting down: finishing running requests", "deadline", *drain)
 	dctx, cancel := context.WithTimeout(context.Background(), *drain)
 	defer cancel()

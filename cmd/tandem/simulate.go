@@ -31,7 +31,11 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	mtIn := fs.Int("multi-turn-input-len", 256, "multi-turn: new user tokens per turn")
 	mtOut := fs.Int("multi-turn-output-len", 128, "multi-turn: output tokens per turn")
 	mtThink := fs.Duration("multi-turn-think-time", 0, "multi-turn: pause between an answer and the next turn")
-	workers := fs.Int("workers", 4, "simulated workers")
+	workers := fs.Int("workers", 4, "simulated workers (role both)")
+	prefillWorkers := fs.Int("prefill-workers", 0, "disaggregated: workers of role prefill (with --decode-workers, instead of --workers)")
+	decodeWorkers := fs.Int("decode-workers", 0, "disaggregated: workers of role decode (with --prefill-workers)")
+	disaggMin := fs.Int("disagg-min-tokens", router.DefaultDisaggConfig().MinRemoteTokens, "disaggregated: prefill on a prefill worker only when the decode worker lacks at least this many prompt tokens")
+	kvPerToken := fs.Int64("kv-bytes-per-token", 131072, "disaggregated: the model's KV bytes per token, which a transfer moves (131072: an 8B model in bf16)")
 	routing := fs.String("routing", "kv", "routing mode: kv, round-robin, random or least-loaded")
 	jsonOut := fs.String("json-out", "", "write the JSON report (tandem bench's, plus hit rate and imbalance) here")
 	timingPath := fs.String("timing", "gpu", "timing model: gpu (≈8B on an H100), cpu (≈0.5B on 2 cores) or a JSON file of sim.Timing (absent fields: gpu)")
@@ -39,7 +43,7 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	traceBlock := fs.Int("trace-block-size", bench.MooncakeBlockSize, "tokens per trace hash id; less than 512 scales prompts down, keeping their reuse")
 	maxOut := fs.Int("max-output-len", 0, "cap the trace's output lengths (0: none)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: tandem simulate [--trace FILE | --workload shared-prefix|multi-turn] [--workers N] [--routing MODE] [flags]")
+		fmt.Fprintln(stderr, "usage: tandem simulate [--trace FILE | --workload shared-prefix|multi-turn] [--workers N | --prefill-workers P --decode-workers D] [--routing MODE] [flags]")
 		fs.PrintDefaults()
 	}
 	blockSize := fs.Int("block-size", 16, "KV block size of the simulated workers and the router, in tokens")
@@ -99,8 +103,19 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	if *reportDelay < 0 || *eventDelay < 0 {
 		return fmt.Errorf("--report-delay and --event-delay must be ≥ 0")
 	}
-	if *workers < 1 || *blockSize < 1 || *kvBlocks < 1 || *budget < 1 || *maxSeqs < 1 || *reportEvery <= 0 || *traceBlock < 1 {
-		return fmt.Errorf("--workers, --block-size, --kv-blocks, --max-num-batched-tokens, --max-num-seqs, --report-interval and --trace-block-size must be positive")
+	if (*prefillWorkers > 0) != (*decodeWorkers > 0) || *prefillWorkers < 0 || *decodeWorkers < 0 {
+		return fmt.Errorf("--prefill-workers and --decode-workers go together: a disaggregated cluster needs both pools")
+	}
+	if *prefillWorkers > 0 {
+		*workers = 0
+		if *disaggMin < 0 || *kvPerToken < 1 {
+			return fmt.Errorf("--disagg-min-tokens must be ≥ 0 and --kv-bytes-per-token positive")
+		}
+	} else if *workers < 1 {
+		return fmt.Errorf("--workers must be positive")
+	}
+	if *blockSize < 1 || *kvBlocks < 1 || *budget < 1 || *maxSeqs < 1 || *reportEvery <= 0 || *traceBlock < 1 {
+		return fmt.Errorf("--block-size, --kv-blocks, --max-num-batched-tokens, --max-num-seqs, --report-interval and --trace-block-size must be positive")
 	}
 
 	var wl bench.Workload
@@ -143,8 +158,11 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	rc := router.DefaultConfig()
 	rc.Mode, rc.OverlapWeight, rc.Temperature, rc.BusyWaiting = mode, *overlapW, *temp, *busyWaiting
 	start := time.Now()
+	dis := router.DefaultDisaggConfig()
+	dis.MinRemoteTokens = max(*disaggMin, 1)
 	res, err := sim.Run(sim.Config{
-		Workers: *workers, Router: rc, Timing: timing, BlockSize: *blockSize, KVBlocks: *kvBlocks,
+		Workers: *workers, PrefillWorkers: *prefillWorkers, DecodeWorkers: *decodeWorkers, Disagg: dis, KVBytesPerToken: *kvPerToken,
+		Router: rc, Timing: timing, BlockSize: *blockSize, KVBlocks: *kvBlocks,
 		TokenBudget: *budget, MaxSeqs: *maxSeqs, ITLTarget: itl.abs, ITLDecodes: itl.decodes, ReportInterval: *reportEvery, ReportDelay: *reportDelay, EventDelay: *eventDelay, Seed: *seed, Percentiles: percentiles,
 	}, reqs)
 	if err != nil {

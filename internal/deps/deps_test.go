@@ -28,9 +28,10 @@ var allowed = map[string][]string{
 	"hal/vulkan": {"hal", "hal/cpu"},
 
 	// Pure cores: no I/O of their own.
-	"sched":  {"kvcache", "llm"},
-	"router": {"kvcache", "llm"},
-	"sim":    {"bench", "kvcache", "router", "sched"},
+	"sched":   {"kvcache", "llm"},
+	"router":  {"kvcache", "llm"},
+	"planner": {"sla"},
+	"sim":     {"bench", "kvcache", "planner", "router", "sched"},
 
 	// The wire.
 	"orpc":    {"internal/statefile"},
@@ -50,10 +51,12 @@ var allowed = map[string][]string{
 	"web":           {"metrics", "sla"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
 	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/filehash", "internal/version", "kvcache", "llm", "metrics", "model", "modelgen", "openai", "orpc", "packcache", "respstore", "sim", "sla", "web", "worker"},
-	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "respstore", "router", "tokenizer"},
+	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "planner", "respstore", "router", "tokenizer"},
+	// The planner's connectors: engines as processes on this machine.
+	"planner/local": {"planner"},
 
 	// Binaries: flags and wiring.
-	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "metrics", "router", "router/live", "sla", "web"},
+	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "metrics", "planner", "planner/local", "router", "router/live", "sim", "sla", "web"},
 	"cmd/tandem":        nil, // nil: may import any package of the module
 }
 
@@ -78,6 +81,7 @@ var never = map[string][]string{
 	// the simulator, and the router binary stays small.
 	"sched":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
 	"router":  {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
+	"planner": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go", "os/exec"},
 	"sim":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
 	"bench":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"kvcache": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},

@@ -35,6 +35,7 @@ func (b *liveBackend) Generate(ctx context.Context, req *llm.Request) (llm.Strea
 		return nil, fmt.Errorf("%w: empty prompt", llm.ErrInvalid)
 	}
 	start := time.Now()
+	b.l.planArrive(b.m.name)
 	s := &liveStream{b: b, orig: *req, session: req.Session, ctx: ctx}
 	s.orig.Prompt = req.Prompt
 	if p := &s.orig.Sampling; !p.HasSeed && p.Temperature > 0 {
