@@ -716,6 +716,7 @@ func (l *Router) dropLocked(w *liveWorker) {
 	for _, c := range []interface{ DeleteLabelValues(...string) bool }{l.met.KVGaps, l.met.KVResyncFailures, l.met.KVDrift, l.met.KVStale, l.met.KVEventsDropped} {
 		c.DeleteLabelValues(w.node)
 	}
+	l.met.KVResyncs.DeletePartialMatch(prometheus.Labels{"worker": w.node}) // labelled by cause too
 	l.signal()
 }
 
