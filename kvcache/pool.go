@@ -38,6 +38,7 @@ type block struct {
 
 	prev, next int32  // evictable list links
 	lastUse    uint64 // pool tick of the last release
+	uses       uint32 // commit and prefix-cache hits since it was cached (lower tiers' frequency filter)
 }
 
 // list is an intrusive doubly linked list of blocks, oldest first.
@@ -71,6 +72,17 @@ type Pool struct {
 
 	// statistics
 	queries, hits, evictions, dropped uint64
+
+	// lower tiers (tier.go)
+	lower   []*lowerTier
+	byTier  [numTiers]*lowerTier
+	opts    Options
+	saves   []saveJob     // chosen under the lock, run by the caller that chose them
+	xfers   []Transfer    // queued for the caller (TakeTransfers)
+	xferN   int           // transfers queued or running
+	work    chan struct{} // a transfer was queued
+	loaded  uint64        // tokens onboarded from lower tiers
+	scratch []uint64      // emitStored's
 }
 
 // NewPool returns a pool of numBlocks blocks of blockSize token positions, all
@@ -115,6 +127,10 @@ type Stats struct {
 	Dropped     uint64 // events not delivered to slow subscribers
 	LastEventID uint64 // id of the last event emitted, 0 if none
 	Indexed     int    // blocks in the prefix cache (used or cached): what a router's index of the pool holds
+	// Onboarded is the prompt tokens loaded from lower tiers into the device (Seq.OnboardDone),
+	// hits that Hits does not count; LowerIndexed the blocks the lower tiers hold (ready).
+	Onboarded    uint64
+	LowerIndexed int
 }
 
 // Usage returns the fraction of blocks in use: Used/Blocks. Cached blocks count
@@ -126,17 +142,28 @@ func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return Stats{
-		Blocks:      len(p.blocks),
-		Used:        p.used,
-		Cached:      p.leaves.n + p.inner.n,
-		Free:        len(p.free),
-		Queries:     p.queries,
-		Hits:        p.hits,
-		Evictions:   p.evictions,
-		Dropped:     p.dropped,
-		LastEventID: p.lastID,
-		Indexed:     len(p.index),
+		Blocks:       len(p.blocks),
+		Used:         p.used,
+		Cached:       p.leaves.n + p.inner.n,
+		Free:         len(p.free),
+		Queries:      p.queries,
+		Hits:         p.hits,
+		Evictions:    p.evictions,
+		Dropped:      p.dropped,
+		LastEventID:  p.lastID,
+		Indexed:      len(p.index),
+		Onboarded:    p.loaded,
+		LowerIndexed: p.lowerReady(),
 	}
+}
+
+// lowerReady is the blocks the lower tiers hold, ready. Called with p.mu held.
+func (p *Pool) lowerReady() int {
+	n := 0
+	for _, t := range p.lower {
+		n += t.ready
+	}
+	return n
 }
 
 // Usage returns the fraction of blocks in use, as [Stats.Usage].
@@ -190,6 +217,7 @@ func (p *Pool) take() int32 {
 		id = p.evict()
 	}
 	p.blocks[id].ref = 1
+	p.blocks[id].uses = 0
 	p.used++
 	return id
 }
@@ -205,6 +233,7 @@ func (p *Pool) evict() int32 {
 	id := l.head
 	p.unlink(l, id)
 	p.pending = append(p.pending, p.blocks[id].hash)
+	p.offloadEvicted(id)
 	p.uncache(id)
 	p.evictions++
 	return id
@@ -242,6 +271,9 @@ func (p *Pool) commit(id int32, hash, parent uint64, up int32) bool {
 	b.cached = true
 	b.hash = hash
 	b.parent = parent
+	if b.uses == 0 { // an onboarded block carries the uses its lower tier counted
+		b.uses = 1
+	}
 	if up == none || !p.blocks[up].cached || p.blocks[up].hash != parent {
 		up = none
 		if parent != 0 {
