@@ -19,9 +19,9 @@ package kvcache
 type Seq struct {
 	pool   *Pool
 	salt   uint64
-	blocks []int32  // block table
-	hashes []uint64 // sequence hashes of known full blocks: ≥ the committed ones
-	n      int      // tokens whose KV is written
+	blocks []int32   // block table
+	hashes []uint64  // sequence hashes of known full blocks: ≥ the committed ones
+	n      int       // tokens whose KV is written
 	saves  []saveJob // copies down chosen by this sequence's last operation (tier.go)
 }
 
