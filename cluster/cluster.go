@@ -241,6 +241,13 @@ func (r *LoadReport) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(r.Queued))
 	e.Uvarint(uint64(r.QueuedTokens))
 	e.Uvarint(uint64(r.CachedBlocks))
+	// Lower tiers (docs/kv-tiers.md).
+	e.Uvarint(uint64(r.Onboarding))
+	for _, us := range r.TierLoadMicros[1:] {
+		e.Uvarint(uint64(max(us, 0)))
+	}
+	e.Uvarint(uint64(max(r.BlockPrefillMicros, 0)))
+	e.Uvarint(uint64(max(r.PullMicros, 0)))
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -264,6 +271,14 @@ func (r *LoadReport) UnmarshalORPC(d *orpc.Decoder) error {
 		r.Queued = uvint(d)
 		r.QueuedTokens = uvint(d)
 		r.CachedBlocks = uvint(d)
+	}
+	if d.Len() > 0 { // since lower tiers' load costs were reported
+		r.Onboarding = uvint(d)
+		for i := 1; i < len(r.TierLoadMicros); i++ {
+			r.TierLoadMicros[i] = uvint(d)
+		}
+		r.BlockPrefillMicros = uvint(d)
+		r.PullMicros = uvint(d)
 	}
 	return d.Err()
 }
@@ -358,6 +373,18 @@ func (s *Snapshot) MarshalORPC(e *orpc.Encoder) {
 	}
 	e.FixedUint64s(hashes)
 	e.FixedUint64s(parents)
+	// The lower tiers (docs/kv-tiers.md), trailing: an older router reads the device's.
+	e.Uvarint(uint64(len(s.Lower)))
+	for _, t := range s.Lower {
+		e.Uint8(uint8(t.Tier))
+		hs := make([]uint64, len(t.Blocks))
+		ps := make([]uint64, len(t.Blocks))
+		for i, b := range t.Blocks {
+			hs[i], ps[i] = b.Hash, b.Parent
+		}
+		e.FixedUint64s(hs)
+		e.FixedUint64s(ps)
+	}
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -373,11 +400,36 @@ func (s *Snapshot) UnmarshalORPC(d *orpc.Decoder) error {
 		d.Fail(fmt.Errorf("cluster: snapshot with %d hashes and %d parents", len(hashes), len(parents)))
 		return d.Err()
 	}
-	s.Blocks = make([]kvcache.CachedBlock, len(hashes))
-	for i := range hashes {
-		s.Blocks[i] = kvcache.CachedBlock{Hash: hashes[i], Parent: parents[i]}
+	s.Blocks = blocksOf(hashes, parents)
+	if d.Len() == 0 {
+		return nil // from a worker that predates lower tiers
 	}
-	return nil
+	n := d.Uvarint()
+	if n > 8 {
+		d.Fail(fmt.Errorf("cluster: snapshot of %d lower tiers", n))
+		return d.Err()
+	}
+	for range n {
+		t := kvcache.Tier(d.Uint8())
+		hs, ps := d.FixedUint64s(), d.FixedUint64s()
+		if d.Err() != nil {
+			return d.Err()
+		}
+		if len(hs) != len(ps) {
+			d.Fail(fmt.Errorf("cluster: snapshot of tier %v with %d hashes and %d parents", t, len(hs), len(ps)))
+			return d.Err()
+		}
+		s.Lower = append(s.Lower, kvcache.TierSnapshot{Tier: t, Blocks: blocksOf(hs, ps)})
+	}
+	return d.Err()
+}
+
+func blocksOf(hashes, parents []uint64) []kvcache.CachedBlock {
+	bs := make([]kvcache.CachedBlock, len(hashes))
+	for i := range hashes {
+		bs[i] = kvcache.CachedBlock{Hash: hashes[i], Parent: parents[i]}
+	}
+	return bs
 }
 
 // GenerateRequest is an llm.Request on the wire.

@@ -39,12 +39,15 @@ func TestRoundTrip(t *testing.T) {
 	roundTrip(t, &RegisterReply{WorkerID: 3, HeartbeatMs: 250, Router: "r", DispatchKey: 0x1234567890abcdef, HeartbeatTimeoutMs: 1000})
 	roundTrip(t, &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
 		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
-		Queued: 11, QueuedTokens: 12, CachedBlocks: 13}})
+		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, Onboarding: 14, TierLoadMicros: [4]int{0, 15, 16, 17},
+		BlockPrefillMicros: 18, PullMicros: 19}})
 	roundTrip(t, &KVEvents{WorkerID: 2, Events: []kvcache.Event{
 		{ID: 1, Kind: kvcache.EventStored, Parent: 0, Hashes: []uint64{1, 2}},
 		{ID: 2, Kind: kvcache.EventRemoved, Tier: kvcache.TierHost, Hashes: []uint64{2}},
 		{ID: 3, Kind: kvcache.EventCleared}}})
 	roundTrip(t, &Snapshot{kvcache.Snapshot{LastID: 9, Blocks: []kvcache.CachedBlock{{Hash: 5, Parent: 0}, {Hash: 6, Parent: 5}}}})
+	roundTrip(t, &Snapshot{kvcache.Snapshot{LastID: 9, Blocks: []kvcache.CachedBlock{{Hash: 5, Parent: 0}},
+		Lower: []kvcache.TierSnapshot{{Tier: kvcache.TierHost, Blocks: []kvcache.CachedBlock{{Hash: 6, Parent: 5}}}, {Tier: kvcache.TierDisk, Blocks: []kvcache.CachedBlock{}}}}})
 	roundTrip(t, &GenerateRequest{Request: llm.Request{ID: "r", Model: "m", Prompt: []int32{1, 2, 3}, MaxTokens: 5,
 		StopTokens: []int32{9}, IgnoreEOS: true, Priority: -1, Arrival: time.Unix(0, 12345),
 		Sampling: llm.SamplingParams{Temperature: 0.5, TopK: 4, TopP: 0.9, MinP: 0.1, RepetitionPenalty: 1.1,
@@ -57,6 +60,25 @@ func TestRoundTrip(t *testing.T) {
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, PromptLogprobs: []llm.PromptLogprob{
 		{Logprob: -1, Rank: 2, Top: []llm.TokenLogprob{{ID: 3, Logprob: -0.1}}}, {Logprob: -2, Rank: 1}}}})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: -1, Finish: llm.FinishStop, Embedding: []float32{0.5, -1, 2}}})
+}
+
+// The lower tiers' fields are trailing: a load report or snapshot from a worker that
+// predates them decodes with none, and an older router reads what it knew.
+func TestTierFieldsWireCompatibility(t *testing.T) {
+	lr := &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, CachedBlocks: 13, Onboarding: 4, TierLoadMicros: [4]int{0, 100, 2000, 3000},
+		BlockPrefillMicros: 900000, PullMicros: 500}}
+	b := orpc.Marshal(lr)
+	tail := 1 + 1 + 2 + 2 + 3 + 2 // the uvarints of the six new fields
+	var old LoadReport
+	if err := orpc.Unmarshal(b[:len(b)-tail], &old); err != nil || old.CachedBlocks != 13 || old.Onboarding != 0 || old.TierLoadMicros != [4]int{} {
+		t.Errorf("report without the tier fields: %+v, %v", old, err)
+	}
+	snap := &Snapshot{kvcache.Snapshot{LastID: 3, Blocks: []kvcache.CachedBlock{{Hash: 5}}}}
+	b = orpc.Marshal(snap)
+	var s Snapshot
+	if err := orpc.Unmarshal(b[:len(b)-1], &s); err != nil || len(s.Blocks) != 1 || s.Lower != nil {
+		t.Errorf("snapshot without the lower tiers: %+v, %v", s, err)
+	}
 }
 
 // The RequestTokens fields are trailing: a request or card from a process that predates

@@ -82,6 +82,7 @@ type Pool struct {
 	xferN   int           // transfers queued or running
 	work    chan struct{} // a transfer was queued
 	loaded  uint64        // tokens onboarded from lower tiers
+	held    int           // distinct hashes in any tier, announced (what a router's index holds)
 	scratch []uint64      // emitStored's
 }
 
@@ -131,6 +132,9 @@ type Stats struct {
 	// hits that Hits does not count; LowerIndexed the blocks the lower tiers hold (ready).
 	Onboarded    uint64
 	LowerIndexed int
+	// Held is the distinct blocks the pool holds in any tier, announced: what a router's
+	// index holds for it (Indexed without lower tiers).
+	Held int
 }
 
 // Usage returns the fraction of blocks in use: Used/Blocks. Cached blocks count
@@ -154,6 +158,7 @@ func (p *Pool) Stats() Stats {
 		Indexed:      len(p.index),
 		Onboarded:    p.loaded,
 		LowerIndexed: p.lowerReady(),
+		Held:         p.held,
 	}
 }
 
@@ -188,6 +193,9 @@ func (p *Pool) Clear() {
 		b.gen++
 		b.children = 0
 		b.up = none
+		if !p.heldElsewhere(b.hash, p.tier) {
+			p.held--
+		}
 		if b.ref == 0 {
 			b.list = onNone
 			b.prev, b.next = none, none
@@ -201,6 +209,24 @@ func (p *Pool) Clear() {
 }
 
 // The methods below are called with p.mu held.
+
+// heldElsewhere reports whether a tier other than except holds hash (the device in its
+// prefix cache, a lower tier ready).
+func (p *Pool) heldElsewhere(h uint64, except Tier) bool {
+	if except != p.tier {
+		if _, ok := p.index[h]; ok {
+			return true
+		}
+	}
+	for _, t := range p.lower {
+		if t.cfg.Tier != except {
+			if _, ok := t.lookup(h); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // available returns the number of blocks a reservation may take.
 func (p *Pool) available() int { return len(p.free) + p.leaves.n + p.inner.n }
@@ -243,6 +269,9 @@ func (p *Pool) evict() int32 {
 func (p *Pool) uncache(id int32) {
 	b := &p.blocks[id]
 	delete(p.index, b.hash)
+	if !p.heldElsewhere(b.hash, p.tier) {
+		p.held--
+	}
 	b.cached = false
 	b.gen++
 	b.children = 0
@@ -265,6 +294,9 @@ func (p *Pool) uncache(id int32) {
 func (p *Pool) commit(id int32, hash, parent uint64, up int32) bool {
 	if _, dup := p.index[hash]; dup {
 		return false
+	}
+	if !p.heldElsewhere(hash, p.tier) {
+		p.held++
 	}
 	p.index[hash] = id
 	b := &p.blocks[id]

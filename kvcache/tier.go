@@ -91,6 +91,7 @@ type Saver interface {
 type Transfer struct {
 	From, To     Loc
 	Hash, Parent uint64
+	Uses         uint32 // the block's uses when queued (a disk file records it)
 }
 
 // A Load is one block of an onboarding: copy the block with sequence hash Hash from From
@@ -137,6 +138,7 @@ type lent struct {
 
 // lowerTier is the books of one lower tier.
 type lowerTier struct {
+	p        *Pool
 	cfg      TierConfig
 	async    bool // fed by Transfers, not by the Saver
 	writable bool // new blocks may enter (the caller turns it off while the store fails)
@@ -191,7 +193,7 @@ func NewPoolWith(numBlocks, blockSize int, o Options) (*Pool, error) {
 			return nil, fmt.Errorf("%w: tier %v: min uses %d", ErrTierConfig, c.Tier, c.MinUses)
 		}
 		seen |= 1 << c.Tier
-		t := &lowerTier{cfg: c, async: i > 0, writable: true, index: make(map[uint64]int32), head: none, tail: none}
+		t := &lowerTier{p: p, cfg: c, async: i > 0, writable: true, index: make(map[uint64]int32), head: none, tail: none}
 		p.lower = append(p.lower, t)
 		p.byTier[c.Tier] = t
 	}
@@ -317,6 +319,9 @@ func (p *Pool) Restore(t Tier, blocks []Restored) int {
 		}
 		e := &lt.ents[slot]
 		*e = lent{hash: b.Hash, parent: b.Parent, uses: b.Uses, state: entReady, prev: none, next: none}
+		if !p.heldElsewhere(b.Hash, t) {
+			p.held++
+		}
 		lt.index[b.Hash] = slot
 		lt.ready++
 		lt.stored++
@@ -462,6 +467,9 @@ func (p *Pool) finishFill(loc Loc, err error) {
 		return
 	}
 	e.state = entReady
+	if !p.heldElsewhere(e.hash, t.cfg.Tier) {
+		p.held++
+	}
 	t.ready++
 	t.stored++
 	t.pushLRU(loc.Slot)
@@ -496,7 +504,7 @@ func (p *Pool) queueDown(t *lowerTier, s int32) {
 		e.down |= bit
 		t.pin(s)
 		p.xferN++
-		p.xfers = append(p.xfers, Transfer{From: Loc{t.cfg.Tier, s}, To: Loc{d.cfg.Tier, ds}, Hash: e.hash, Parent: e.parent})
+		p.xfers = append(p.xfers, Transfer{From: Loc{t.cfg.Tier, s}, To: Loc{d.cfg.Tier, ds}, Hash: e.hash, Parent: e.parent, Uses: e.uses})
 		select {
 		case p.work <- struct{}{}:
 		default:
@@ -626,6 +634,9 @@ func (t *lowerTier) drop(s int32) {
 		t.unlinkLRU(s)
 	}
 	delete(t.index, e.hash)
+	if !t.p.heldElsewhere(e.hash, t.cfg.Tier) {
+		t.p.held--
+	}
 	t.removed = append(t.removed, e.hash)
 	t.ready--
 	*e = lent{prev: none, next: none}

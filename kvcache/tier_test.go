@@ -476,6 +476,20 @@ func checkTiers(t *testing.T, p *Pool, slots map[Loc]uint64, transfers int) {
 			t.Fatalf("%v: ready %d/%d filling %d/%d pinned %d/%d lru %d/%d index %d", lt.cfg.Tier, ready, lt.ready, filling, lt.filling, pinned, lt.pinned, lru, lt.lruN, len(lt.index))
 		}
 	}
+	union := map[uint64]bool{}
+	for h := range p.index {
+		union[h] = true
+	}
+	for _, lt := range p.lower {
+		for s := range lt.ents {
+			if lt.ents[s].state == entReady {
+				union[lt.ents[s].hash] = true
+			}
+		}
+	}
+	if len(union) != p.held {
+		t.Fatalf("the pool holds %d distinct blocks, its count says %d", len(union), p.held)
+	}
 	transfers += len(p.xfers) // queued, not taken yet
 	if pins != transfers || p.xferN != transfers {
 		t.Fatalf("%d pins and %d transfers in the books, %d transfers pending", pins, p.xferN, transfers)

@@ -11,8 +11,11 @@ import (
 // Config sizes a step.
 type Config struct {
 	MaxBatchTokens int    // token budget of one step: decode tokens and prefill chunks together
-	MaxSeqs        int    // most sequences running at once
+	MaxSeqs        int    // most sequences running (or onboarding) at once
 	Salt           uint64 // block hash salt of the sequences' KV (kvcache.Salt of model, namespace, LoRA)
+	// OnboardMin is the fewest blocks worth loading from the pool's lower tiers instead of
+	// computing them (onboard.go); 0 is 1.
+	OnboardMin int
 }
 
 // where a Seq is.
@@ -22,6 +25,7 @@ const (
 	detached state = iota // not added yet, or finished
 	waiting
 	running
+	onboarding // loading its prompt's blocks from lower tiers (onboard.go)
 )
 
 // Seq is the scheduler's record of one sequence. The caller's own record embeds it (see
@@ -44,6 +48,8 @@ type Seq struct {
 	admitted bool   // admitted at least once
 	arrival  uint64 // order of the first Add
 	state    state
+
+	onboard onboardState // while loading from lower tiers (onboard.go)
 
 	// While queued: the prompt tokens the prefix cache held when the census last looked
 	// the sequence up, at expectFor tokens (load.go).
@@ -109,6 +115,10 @@ type Plan[S Sequence] struct {
 	// Dropped are the running sequences that ran out of blocks alone: they no longer fit
 	// the pool and were finished, their blocks released. The caller fails them.
 	Dropped []S
+	// Onboard are the sequences admitted (or resumed) this step whose prompt continues in
+	// the pool's lower tiers: they wait, out of the batch, while the caller copies their
+	// Loads and reports with Onboarded (onboard.go). They are in Admitted or Resumed too.
+	Onboard []S
 	// KV is the pool after the step's reservations.
 	KV kvcache.Stats
 }
@@ -119,7 +129,9 @@ func (p *Plan[S]) reset() {
 	clear(p.Resumed)
 	clear(p.Preempted)
 	clear(p.Dropped)
+	clear(p.Onboard)
 	p.Chunks, p.Admitted, p.Resumed, p.Preempted, p.Dropped = p.Chunks[:0], p.Admitted[:0], p.Resumed[:0], p.Preempted[:0], p.Dropped[:0]
+	p.Onboard = p.Onboard[:0]
 }
 
 // A Scheduler holds the waiting and running sequences of one KV pool. It is not safe for
@@ -141,6 +153,7 @@ type Scheduler[S Sequence] struct {
 	arrivals uint64
 	plan     Plan[S]
 	order    []S // Schedule's copy of running
+	loading  []S // sequences onboarding (onboard.go)
 
 	hashes []uint64 // the census's scratch (load.go)
 }
@@ -175,8 +188,10 @@ func (s *Scheduler[S]) Waiting() []S { return s.waiting }
 // scheduler.
 func (s *Scheduler[S]) Running() []S { return s.running }
 
-// Idle reports whether no sequence waits or runs.
-func (s *Scheduler[S]) Idle() bool { return len(s.waiting) == 0 && len(s.running) == 0 }
+// Idle reports whether no sequence waits, runs or onboards.
+func (s *Scheduler[S]) Idle() bool {
+	return len(s.waiting) == 0 && len(s.running) == 0 && len(s.loading) == 0
+}
 
 // Add queues q, a new sequence with a non-empty prompt. It panics if q was added already.
 func (s *Scheduler[S]) Add(q S) {
@@ -265,7 +280,7 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 		}
 	}
 	bs := s.pool.BlockSize()
-	for budget > 0 && len(s.waiting) > 0 && len(s.running) < s.cfg.MaxSeqs {
+	for budget > 0 && len(s.waiting) > 0 && len(s.running)+len(s.loading) < s.cfg.MaxSeqs {
 		q := s.waiting[0]
 		seq := q.Sched()
 		// Look before matching, so that a sequence that cannot start yet does not count
@@ -281,6 +296,9 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 			keep = len(seq.Tokens)
 		}
 		matched := seq.KV.Match(seq.Tokens, keep)
+		if !seq.NoPrefixMatch && s.startOnboard(q, matched, keep) {
+			continue // it waits for its loads, out of the batch
+		}
 		n := min(len(seq.Tokens)-matched, budget)
 		if err := seq.KV.Reserve(n); err != nil {
 			seq.KV.Release()
@@ -333,8 +351,13 @@ func (s *Scheduler[S]) Commit() {
 // Finish takes q out of the scheduler, waiting or running, and releases its blocks: it
 // completed, failed, or its caller went away. A caller that keeps q's blocks (a KV transfer
 // pins them) takes KV first. Finishing a sequence that is not in the scheduler does nothing.
+// An onboarding sequence keeps its blocks, which its loads are writing, until Onboarded
+// reports them (onboard.go).
 func (s *Scheduler[S]) Finish(q S) {
 	switch q.Sched().state {
+	case onboarding:
+		s.finishOnboarding(q)
+		return
 	case waiting:
 		s.waiting = slices.DeleteFunc(s.waiting, func(r S) bool { return r == q })
 	case running:

@@ -30,7 +30,9 @@ type harness struct {
 
 // TestScripts runs the scripts in testdata. Commands:
 //
-//	new budget=B seqs=S blocks=K block-size=N   a scheduler of budget B, cap S, pool of K blocks
+//	new budget=B seqs=S blocks=K block-size=N [host=H]
+//	                                            a scheduler of budget B, cap S, pool of K blocks
+//	                                            (and a host tier of H blocks, bytes modelled)
 //	add id=I prompt=P out=O [prio=R] [prefix=J:L]
 //	                                            a sequence of P prompt tokens (the first L
 //	                                            of them sequence J's) that generates O tokens
@@ -41,6 +43,8 @@ type harness struct {
 //	state                                       the waiting and running sequences, as
 //	                                            ID(tokens with KV/tokens)
 //	census                                      the Census and the load report it makes
+//	loads id=I                                  an onboarding sequence's loads, as tier:slot→block
+//	onboarded id=I ok=K [bad]                   the caller reports I's loads: K done (then a bad one)
 func TestScripts(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
 	if err != nil || len(files) == 0 {
@@ -71,6 +75,17 @@ func TestScripts(t *testing.T) {
 					out = h.state()
 				case "census":
 					out = h.census()
+				case "loads":
+					out = h.loads(h.seq(t, d, d.Int(t, "id", 0)))
+				case "onboarded":
+					q := h.seq(t, d, d.Int(t, "id", 0))
+					if ok := d.Int(t, "ok", 0); ok > len(q.Loads()) || !q.Onboarding() {
+						out = fmt.Sprintf("error: %d loads done of %d (onboarding %v)\n", ok, len(q.Loads()), q.Onboarding())
+						d.Has("bad")
+						break
+					}
+					h.s.Onboarded(q, d.Int(t, "ok", 0), d.Has("bad"))
+					out = h.state()
 				default:
 					t.Fatalf("%s: unknown command %q", d.Pos, d.Cmd)
 				}
@@ -83,6 +98,13 @@ func TestScripts(t *testing.T) {
 
 func newHarness(t *testing.T, d *datadriven.TestData) *harness {
 	pool := kvcache.NewPool(d.Int(t, "blocks", 64), d.Int(t, "block-size", 4))
+	if host := d.Int(t, "host", 0); host > 0 {
+		var err error
+		pool, err = kvcache.NewPoolWith(d.Int(t, "blocks", 64), d.Int(t, "block-size", 4), kvcache.Options{Tiers: []kvcache.TierConfig{{Tier: kvcache.TierHost, Blocks: host}}})
+		if err != nil {
+			t.Fatalf("%s: %v", d.Pos, err)
+		}
+	}
 	s, err := New[*testSeq](Config{MaxBatchTokens: d.Int(t, "budget", 16), MaxSeqs: d.Int(t, "seqs", 8), Salt: 7}, pool)
 	if err != nil {
 		t.Fatalf("%s: %v", d.Pos, err)
@@ -203,7 +225,19 @@ func (h *harness) state() string {
 		}
 		return strings.Join(parts, " ")
 	}
-	return "waiting " + list(h.s.Waiting()) + "; running " + list(h.s.Running())
+	out := "waiting " + list(h.s.Waiting()) + "; running " + list(h.s.Running())
+	if len(h.s.Onboarding()) > 0 {
+		out += "; onboarding " + list(h.s.Onboarding())
+	}
+	return out
+}
+
+func (h *harness) loads(q *testSeq) string {
+	var parts []string
+	for _, l := range q.Loads() {
+		parts = append(parts, fmt.Sprintf("%v:%d→%d", l.From.Tier, l.From.Slot, l.Block))
+	}
+	return strings.Join(parts, " ") + "\n"
 }
 
 // A random workload keeps the scheduler's promises: every step stays within the budget and
@@ -216,12 +250,20 @@ func TestRandomWorkload(t *testing.T) {
 		budget, maxSeqs := 1+rng.IntN(64), 1+rng.IntN(8)
 		bs := 1 + rng.IntN(8)
 		pool := kvcache.NewPool(8+rng.IntN(64), bs)
+		if seed%2 == 1 { // with a host tier: sequences onboard, and their loads end at random
+			var err error
+			pool, err = kvcache.NewPoolWith(pool.NumBlocks(), bs, kvcache.Options{Tiers: []kvcache.TierConfig{{Tier: kvcache.TierHost, Blocks: 4 + rng.IntN(64)}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
 		s, err := New[*testSeq](Config{MaxBatchTokens: budget, MaxSeqs: maxSeqs}, pool)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var all []*testSeq
 		finished := map[*testSeq]bool{}
+		onboarded := 0
 		for step := 0; step < 5000 && (len(all) < 40 || !s.Idle()); step++ {
 			if len(all) < 40 && rng.IntN(3) == 0 {
 				id := uint64(len(all) + 1)
@@ -258,7 +300,7 @@ func TestRandomWorkload(t *testing.T) {
 					lastLeft = l
 				}
 			}
-			if total > budget || len(s.Running()) > maxSeqs {
+			if total > budget || len(s.Running())+len(s.Onboarding()) > maxSeqs {
 				t.Fatalf("seed %d: %d tokens of %d, %d running of %d", seed, total, budget, len(s.Running()), maxSeqs)
 			}
 			if len(p.Dropped) > 0 {
@@ -275,6 +317,17 @@ func TestRandomWorkload(t *testing.T) {
 					}
 				}
 			}
+			for _, q := range slices.Clone(s.Onboarding()) {
+				if rng.IntN(3) == 0 {
+					n := len(q.Loads())
+					ok := rng.IntN(n + 1)
+					s.Onboarded(q, ok, ok < n && rng.IntN(2) == 0)
+					onboarded++
+				}
+			}
+		}
+		if seed%2 == 1 && onboarded == 0 {
+			t.Errorf("seed %d: nothing onboarded", seed)
 		}
 		if len(finished) != len(all) {
 			t.Fatalf("seed %d: %d of %d finished", seed, len(finished), len(all))
@@ -329,8 +382,12 @@ func TestScheduleAllocatesNothing(t *testing.T) {
 func (h *harness) census() string {
 	c := h.s.Census()
 	l := c.Load(h.pool.Stats())
-	return fmt.Sprintf("running %d prefilling %d waiting %d prefill-tokens %d waiting-tokens %d decode-blocks %d\n"+
+	out := fmt.Sprintf("running %d prefilling %d waiting %d prefill-tokens %d waiting-tokens %d decode-blocks %d\n"+
 		"report: running %d waiting %d prefill-tokens %d queued %d queued-tokens %d decode-blocks %d cached-blocks %d\n",
 		c.Running, c.Prefilling, c.Waiting, c.PrefillTokens, c.WaitingTokens, c.DecodeBlocks,
 		l.Running, l.Waiting, l.PrefillTokens, l.Queued, l.QueuedTokens, l.DecodeBlocks, l.CachedBlocks)
+	if c.Onboarding > 0 {
+		out += fmt.Sprintf("onboarding %d\n", c.Onboarding)
+	}
+	return out
 }

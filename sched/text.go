@@ -12,7 +12,7 @@ import (
 // decode lists the chunks that compute one generated token; prefill the others, as
 // ID@From+N (a chunk that starts past 0 at admission found From tokens in the prefix
 // cache, or continues a chunked prefill); admit and resume the sequences that left the
-// waiting queue, preempt and drop as in Plan; kv the pool's blocks after the step's
+// waiting queue, preempt, drop and onboard as in Plan; kv the pool's blocks after the step's
 // reservations. A step with no chunks reads "idle".
 func (p *Plan[S]) String() string {
 	var b strings.Builder
@@ -59,6 +59,7 @@ func (p *Plan[S]) String() string {
 	ids("resume", p.Resumed)
 	ids("preempt", p.Preempted)
 	ids("drop", p.Dropped)
+	ids("onboard", p.Onboard)
 	part("kv used " + strconv.Itoa(p.KV.Used) + " cached " + strconv.Itoa(p.KV.Cached) + " free " + strconv.Itoa(p.KV.Free))
 	return b.String()
 }

@@ -26,6 +26,10 @@ var allowed = map[string][]string{
 	"router": {"kvcache", "llm"},
 	"sim":    {"bench", "kvcache", "router", "sched"},
 
+	// The bytes of the KV cache's lower tiers (host arena, disk block files, shared
+	// directory): files and goroutines, below the engine, beside the pool's books.
+	"kvtier": {"internal/statefile", "kvcache"},
+
 	// The wire.
 	"orpc":    {"internal/statefile"},
 	"cluster": {"gguf", "kvcache", "llm", "orpc", "tokenizer"},
@@ -72,6 +76,7 @@ var never = map[string][]string{
 	"sim":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
 	"bench":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"kvcache": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"kvtier":  {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"llm":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"sla":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"grammar": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
