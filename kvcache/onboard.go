@@ -100,7 +100,7 @@ func (s *Seq) OnboardDone(loads []Load, ok int, bad bool) {
 			t.unpin(l.From.Slot)
 		case i == ok && bad:
 			t.unpin(l.From.Slot)
-			if e.ref == 0 {
+			if e.state == entReady && e.ref == 0 {
 				t.drop(l.From.Slot)
 			}
 			t.bad++

@@ -134,6 +134,7 @@ type lent struct {
 	down         uint8 // bits of the tiers below it has been queued for
 	prev, next   int32 // LRU links, while ready and unreferenced
 	inLRU        bool
+	doomed       bool // its store lost it (ClearTier) while a reader held it: dropped when unpinned
 }
 
 // lowerTier is the books of one lower tier.
@@ -253,7 +254,7 @@ func (p *Pool) SetWritable(t Tier, writable bool) bool {
 // ClearTier forgets every block of lower tier t that no load or transfer is reading, and
 // emits an EventCleared of that tier if any was forgotten (the store lost them: a
 // directory gone). Blocks being read stay, announced again after the Cleared event, until
-// their reader reports.
+// their reader reports; then they are dropped.
 func (p *Pool) ClearTier(t Tier) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -274,10 +275,11 @@ func (p *Pool) ClearTier(t Tier) int {
 		return 0
 	}
 	p.emitHashes(EventCleared, t, 0, nil)
-	// Blocks a reader holds stay in the books (their reader finds out whether the store
-	// still has them): announce them again, so that a router's view equals a snapshot.
+	// Blocks a reader holds stay in the books until it is done (then they are dropped):
+	// announce them again, so that a router's view equals a snapshot meanwhile.
 	for s := range lt.ents {
-		if lt.ents[s].state == entReady {
+		if e := &lt.ents[s]; e.state == entReady {
+			e.doomed = true
 			lt.stored1 = append(lt.stored1, int32(s))
 		}
 	}
@@ -662,6 +664,10 @@ func (t *lowerTier) unpin(s int32) {
 		panic("kvcache: lower-tier block unpinned more often than pinned")
 	}
 	t.pinned--
+	if e.doomed {
+		t.drop(s)
+		return
+	}
 	t.pushLRU(s)
 }
 

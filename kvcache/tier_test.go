@@ -376,6 +376,9 @@ func randomTiers(t *testing.T, policy OffloadPolicy) {
 			s := p.NewSeq(testSalt)
 			hits += s.Match(prompt, 1)
 			loads := s.MatchLower(prompt, 1, 1, nil)
+			if r.IntN(30) == 0 {
+				p.ClearTier(TierDisk) // while loads hold some of its blocks
+			}
 			ok, isBad := len(loads), false
 			for i, l := range loads {
 				if got := sv.slots[l.From]; got != l.Hash {

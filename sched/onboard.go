@@ -36,6 +36,10 @@ func (s *Seq) Loads() []kvcache.Load { return s.onboard.loads }
 // Onboarding reports whether the sequence waits for its loads.
 func (s *Seq) Onboarding() bool { return s.state == onboarding }
 
+// Leaving reports whether the sequence was finished while it waits for its loads: it is
+// in Onboarding until they are reported, and must not be finished again.
+func (s *Seq) Leaving() bool { return s.state == onboarding && s.onboard.finished }
+
 // Onboarding is the sequences waiting for their loads, in no particular order. Read only;
 // valid until the next call that changes the scheduler.
 func (s *Scheduler[S]) Onboarding() []S { return s.loading }

@@ -104,8 +104,9 @@ type Worker struct {
 	mu        sync.Mutex
 	connected map[string]uint64 // router → worker id there
 
-	regs registrations
-	kvx  kvXfer // clients to other workers, for KV pulls
+	regs     registrations
+	kvx      kvXfer       // clients to other workers, for KV pulls
+	pullCost atomic.Int64 // measured µs per block of a KV pull from a peer (0: none yet)
 
 	drain   drain              // drain.go
 	stopRun context.CancelFunc // ends Run (Shutdown); guarded by mu
@@ -570,6 +571,8 @@ func (w *Worker) Load() cluster.LoadReport {
 		l.Healthy = !w.Draining()
 		l.StepMicros = int(st.LastStep / time.Microsecond)
 		l.StepTokens = st.LastStepTokens
+		l.TierLoadMicros, l.BlockPrefillMicros = st.TierLoadMicros, st.BlockPrefillMicros
+		l.PullMicros = int(w.pullCost.Load())
 		return cluster.LoadReport{Load: l}
 	}
 	st := w.cfg.Engine.Pool().Stats()
@@ -581,7 +584,7 @@ func (w *Worker) Load() cluster.LoadReport {
 		KVUsage:       st.Usage(),
 		KVBlocks:      st.Blocks,
 		LastEventID:   st.LastEventID,
-		CachedBlocks:  st.Indexed,
+		CachedBlocks:  st.Held,
 		Healthy:       !w.Draining(),
 	}}
 }

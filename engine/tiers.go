@@ -1,0 +1,240 @@
+package engine
+
+// The KV cache's lower tiers on the engine's side (docs/kv-tiers.md): the Saver that copies
+// device blocks into host memory as they leave the device (or are committed), the loaders
+// that onboard the blocks a sequence's prompt finds in lower tiers (off the scheduler's
+// goroutine, while the batch runs on), and the measured costs the load report carries.
+//
+// Safety against the forward pass: a block being saved is one the pool has just evicted
+// into a reservation (or committed, under write-through) and nothing writes before the
+// reservation returns; a block being loaded into is reserved by an onboarding sequence,
+// which is in no plan until its loads are reported. So neither races with a step.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"tandem/hal"
+	"tandem/kvcache"
+	"tandem/kvtier"
+	"tandem/metrics"
+)
+
+// tierSaver copies device blocks into the host tier's arena.
+type tierSaver struct {
+	st   hal.KVStore
+	host *kvtier.Host
+}
+
+func (s tierSaver) Save(block int32, to kvcache.Loc, hash uint64) error {
+	if err := s.st.ReadBlock(int(block), s.host.Slot(to.Slot)); err != nil {
+		return fmt.Errorf("engine: saving KV block %d to host slot %d: %w", block, to.Slot, err)
+	}
+	s.host.Seal(to.Slot, hash)
+	return nil
+}
+
+// newTieredPool opens cfg's lower tiers for blocks of the store st and returns the pool
+// over them (with the blocks the disk tier found at start entered and announced).
+func newTieredPool(cfg Config, st hal.KVStore) (*kvcache.Pool, *kvtier.Tiers, error) {
+	io, err := newBlockIO(st)
+	if err != nil {
+		return nil, nil, fmt.Errorf("engine: KV tiers: %w", err)
+	}
+	id := kvtier.Identity{Salt: cfg.Salt, Model: cfg.ModelID, Format: io.f}
+	tiers, err := kvtier.Open(cfg.Tiers, id, cfg.Logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := kvcache.NewPoolWith(cfg.KVBlocks, cfg.BlockSize, tiers.Options(tierSaver{st, tiers.Host}))
+	if err != nil {
+		tiers.Close()
+		return nil, nil, err
+	}
+	tiers.Attach(pool)
+	return pool, tiers, nil
+}
+
+// Tiers is the engine's lower tiers' stores (nil without lower tiers).
+func (e *Engine) Tiers() *kvtier.Tiers { return e.tiers }
+
+// onboard is the engine's onboarding machinery: a queue of sequences whose loads to run,
+// the loaders' results for Run, and the measured costs.
+type onboard struct {
+	queue chan *sequence
+	wg    sync.WaitGroup
+
+	mu   sync.Mutex
+	done []loadResult
+
+	inflight int // owned by Run: sequences handed to loaders, not yet reported
+
+	costs costMeter
+}
+
+type loadResult struct {
+	s       *sequence
+	ok      int
+	bad     bool
+	elapsed time.Duration
+}
+
+// startLoaders starts n loaders; they end when ctx does (after the load in hand).
+func (e *Engine) startLoaders(ctx context.Context, n int) {
+	o := &e.onboard
+	for range n {
+		o.wg.Go(func() {
+			buf := e.tiers.NewBuffer()
+			for {
+				select {
+				case s := <-o.queue:
+					t0 := time.Now()
+					ok, bad := e.load(ctx, s, buf)
+					o.mu.Lock()
+					o.done = append(o.done, loadResult{s: s, ok: ok, bad: bad, elapsed: time.Since(t0)})
+					o.mu.Unlock()
+					e.signal()
+				case <-ctx.Done():
+					return
+				}
+			}
+		})
+	}
+}
+
+// load copies s's loads into the device, checking each block (kvtier.Tiers.Read checks
+// hash, model, format and CRC). It stops at the first block that fails its checks (bad:
+// the block is dropped from its tier, and the sequence computes from there) or that the
+// device refuses, or when ctx ends.
+func (e *Engine) load(ctx context.Context, s *sequence, buf []byte) (ok int, bad bool) {
+	for i, l := range s.Loads() {
+		if ctx.Err() != nil {
+			return i, false
+		}
+		t0 := time.Now()
+		b, err := e.tiers.Read(l, buf)
+		if err != nil {
+			return i, true // counted and logged by the tiers
+		}
+		if err := e.kv.WriteBlock(int(l.Block), b); err != nil {
+			e.log.Error("onboarding: the KV store refused a block; the rest is recomputed", "block", l.Block, "err", err)
+			return i, false
+		}
+		e.onboard.costs.observeLoad(l.From.Tier, time.Since(t0))
+	}
+	return len(s.Loads()), false
+}
+
+// startOnboard hands the step's onboarding sequences to the loaders. Called by Run's
+// goroutine.
+func (e *Engine) startOnboard(plan []*sequence) {
+	for _, s := range plan {
+		e.onboard.inflight++
+		e.onboard.queue <- s // its capacity is the sequence cap: never full
+	}
+}
+
+// onboarded reports the finished loads to the scheduler: their sequences run (or, if they
+// were finished meanwhile, release their blocks). Called by Run's goroutine.
+func (e *Engine) onboarded() {
+	o := &e.onboard
+	if o.inflight == 0 {
+		return
+	}
+	o.mu.Lock()
+	done := o.done
+	o.done = o.done[len(o.done):]
+	o.mu.Unlock()
+	bs := e.cfg.BlockSize
+	for _, r := range done {
+		o.inflight--
+		e.sched.Onboarded(r.s, r.ok, r.bad)
+		if met := e.cfg.TierMetrics; met != nil {
+			met.OnboardSeconds.Observe(r.elapsed.Seconds())
+		}
+		e.log.Debug("onboarded", "seq", r.s.ID, "blocks", r.ok, "of", len(r.s.Loads()), "bad", r.bad, "tokens", r.ok*bs, "in", r.elapsed)
+	}
+	clear(done)
+}
+
+// stopLoaders waits for the loaders (ctx is done) and reports what they finished.
+func (e *Engine) stopLoaders() {
+	e.onboard.wg.Wait()
+	e.onboarded()
+}
+
+// costMeter keeps moving averages of what loading a block from each tier and computing a
+// block of prompt take, for the load report (the router charges a lower-tier block their
+// ratio of a block's prefill).
+type costMeter struct {
+	load    [4]atomic.Int64 // µs per block, by tier; 0 until measured
+	prefill atomic.Int64    // µs per block of prompt
+}
+
+// ewma folds x into the average held in v (weight 1/8), or starts it.
+func ewma(v *atomic.Int64, x int64) {
+	x = max(x, 1)
+	for {
+		old := v.Load()
+		nv := x
+		if old > 0 {
+			nv = old + (x-old)/8
+		}
+		if v.CompareAndSwap(old, nv) {
+			return
+		}
+	}
+}
+
+func (c *costMeter) observeLoad(t kvcache.Tier, d time.Duration) {
+	if int(t) < len(c.load) {
+		ewma(&c.load[t], d.Microseconds())
+	}
+}
+
+// observeStep folds a step that computed prefill prompt tokens in d into the prefill cost,
+// when the step was mostly prompt (at least a block of it).
+func (c *costMeter) observeStep(d time.Duration, prefill, blockSize int) {
+	if prefill < blockSize {
+		return
+	}
+	ewma(&c.prefill, d.Microseconds()*int64(blockSize)/int64(prefill))
+}
+
+// LoadCosts returns the measured cost of loading a block from each tier (indexed by
+// kvcache.Tier, µs, 0 until measured) and of computing a block of prompt (µs, 0 until
+// measured).
+func (e *Engine) LoadCosts() (tiers [4]int, prefillBlock int) {
+	c := &e.onboard.costs
+	for i := range tiers {
+		tiers[i] = int(c.load[i].Load())
+	}
+	return tiers, int(c.prefill.Load())
+}
+
+// TierSnapshot returns the figures of every tier, the device first, for /metrics.
+func (e *Engine) TierSnapshot() metrics.TierSnapshot {
+	st := e.pool.Stats()
+	bs := e.cfg.BlockSize
+	loads, _ := e.LoadCosts()
+	snap := metrics.TierSnapshot{Tiers: []metrics.TierFigures{{Tier: kvcache.TierDevice.String(), Blocks: st.Used + st.Cached,
+		Capacity: st.Blocks, Hits: st.Hits / uint64(bs), Evictions: st.Evictions}}}
+	var bb uint64
+	if f, err := e.KVFormat(); err == nil {
+		bb = uint64(f.BlockBytes())
+	}
+	for _, t := range e.pool.TierStats() {
+		snap.Tiers = append(snap.Tiers, metrics.TierFigures{Tier: t.Tier.String(), Blocks: t.Ready, Capacity: t.Capacity,
+			Hits: t.Onboarded, Offloaded: t.Stored, OffloadedBytes: t.Stored * bb, Onboarded: t.Onboarded, OnboardedBytes: t.Onboarded * bb,
+			Evictions: t.Evicted, Skipped: t.Skipped, Failed: t.Failed, LoadMicros: loads[t.Tier]})
+	}
+	if e.tiers != nil {
+		for _, f := range e.tiers.Faults() {
+			snap.Faults = append(snap.Faults, metrics.TierFault{Tier: f.Tier.String(), Op: f.Op, Kind: f.Kind, Count: f.Count})
+		}
+	}
+	return snap
+}
