@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -224,4 +225,44 @@ func TestTierFaultsRecompute(t *testing.T) {
 func fixHeader(b []byte) {
 	crc := kvtier.CRC(b[:4092])
 	b[4092], b[4093], b[4094], b[4095] = byte(crc), byte(crc>>8), byte(crc>>16), byte(crc>>24)
+}
+
+// A full disk: every write of a block file fails with ENOSPC (its temporary file is made
+// /dev/full, the device that is always full). The failures are counted, the disk tier
+// refuses new blocks until its probe succeeds, and requests are served as computed.
+func TestTierDiskFull(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full on this system, the one device that is always full")
+	}
+	const n = 8
+	dir := t.TempDir()
+	cfg := kvtier.Config{HostBytes: 64 * storiesBlock, DiskDir: dir, DiskBytes: 64 * storiesFile, DiskMinUses: 1}
+	e, _, _ := tierEngine(t, cfg)
+	for slot := range 64 {
+		if err := os.Symlink("/dev/full", filepath.Join(dir, fmt.Sprintf("%08d.kvb.tmp", slot))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ps := longPrompts(t, e)
+	want := reference(t, ps, n)
+	for round := range 2 {
+		for i := range ps {
+			ids, _ := collectReq(t, e, &llm.Request{Prompt: ps[i], MaxTokens: n, IgnoreEOS: true})
+			if !slices.Equal(ids, want[i]) {
+				t.Fatalf("round %d, prompt %d on a full disk: %v, computed %v", round, i, ids, want[i])
+			}
+		}
+	}
+	waitFor(t, "a full disk counted", func() bool {
+		for _, f := range e.Tiers().Faults() {
+			if f.Tier == kvcache.TierDisk && f.Op == "write" && f.Kind == "full" {
+				return true
+			}
+		}
+		return false
+	})
+	if st := tierStats(e, kvcache.TierDisk); st.Ready != 0 || st.Failed == 0 {
+		t.Fatalf("disk tier on a full disk: %+v", st)
+	}
+	waitIdle(t, e)
 }

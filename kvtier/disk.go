@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 
 	"tandem/internal/statefile"
 	"tandem/kvcache"
@@ -33,6 +34,9 @@ type Disk struct {
 	unlock   func()
 
 	Reads, ReadBytes, Writes, WriteBytes atomic.Uint64
+	// DirectRefused counts files that refused O_DIRECT although the directory took it (and
+	// were then used through the page cache).
+	DirectRefused atomic.Uint64
 }
 
 // ScanReport is what OpenDisk found in the directory.
@@ -159,10 +163,23 @@ func (d *Disk) readHeader(slot int32, buf []byte) (fileHeader, error) {
 }
 
 func (d *Disk) open(slot int32, flag int) (*os.File, error) {
+	return d.openPath(d.path(slot), flag)
+}
+
+// openPath opens name with O_DIRECT if the directory takes it; a file that refuses it is
+// opened through the page cache (and counted).
+func (d *Disk) openPath(name string, flag int) (*os.File, error) {
 	if d.direct {
-		flag |= oDirect
+		f, err := os.OpenFile(name, flag|oDirect, 0o600)
+		if !errors.Is(err, syscall.EINVAL) {
+			if err != nil {
+				return nil, d.fail(err)
+			}
+			return f, nil
+		}
+		d.DirectRefused.Add(1)
 	}
-	f, err := os.OpenFile(d.path(slot), flag, 0o600)
+	f, err := os.OpenFile(name, flag, 0o600)
 	if err != nil {
 		return nil, d.fail(err)
 	}
@@ -193,13 +210,9 @@ func (d *Disk) Write(slot int32, hash, parent uint64, uses uint32, h *Host, src 
 	putHeader(header, fileHeader{payload: d.bb, hash: hash, parent: parent, salt: d.id.Salt, model: d.id.Model,
 		crc: crc, uses: uses, format: d.id.Format.String()})
 	tmp := d.path(slot) + ".tmp"
-	flag := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
-	if d.direct {
-		flag |= oDirect
-	}
-	f, err := os.OpenFile(tmp, flag, 0o600)
+	f, err := d.openPath(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC)
 	if err != nil {
-		return d.fail(err)
+		return err
 	}
 	_, err = f.WriteAt(header[:headerSize], 0)
 	if err == nil {
@@ -244,15 +257,18 @@ func (d *Disk) Read(slot int32, hash uint64, buf []byte) ([]byte, error) {
 	return p, nil
 }
 
-// Healthy reports whether the directory is there and writable: a probe after failures.
+// Healthy reports whether the directory is there and takes a block file's worth of
+// bytes: a probe after failures.
 func (d *Disk) Healthy() error {
 	f, err := os.CreateTemp(d.dir, "probe-*.tmp")
 	if err != nil {
 		return d.fail(err)
 	}
 	name := f.Name()
-	_, err = f.Write([]byte("ok"))
-	f.Close()
+	_, err = f.Write(make([]byte, d.size))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
 	os.Remove(name)
 	return classify(err)
 }

@@ -144,7 +144,6 @@ func TestDiskFull(t *testing.T) {
 	if err := os.Symlink("/dev/full", d.path(1)+".tmp"); err != nil {
 		t.Fatal(err)
 	}
-	d.direct = false // /dev/full takes no O_DIRECT
 	host, _ := NewHost(1, testFormat.BlockBytes())
 	sealed(t, host, 0, 9)
 	err = d.Write(1, 9, 0, 1, host, 0, alignedBuf(headerSize))
@@ -153,6 +152,9 @@ func TestDiskFull(t *testing.T) {
 	}
 	if _, err := os.Lstat(d.path(1)); err == nil {
 		t.Fatal("a failed write left a block file")
+	}
+	if d.Direct() && d.DirectRefused.Load() == 0 {
+		t.Fatal("/dev/full refused O_DIRECT uncounted")
 	}
 }
 

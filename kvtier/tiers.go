@@ -53,6 +53,8 @@ type Tiers struct {
 
 	faults faultBook
 	down   [4]atomic.Bool // tiers refused writes after a full disk or a missing directory
+	downAt [4]time.Time   // when each tier last went down, under downMu: its log line once a minute
+	downMu sync.Mutex
 
 	Transfers, TransferFailures atomic.Uint64
 }
@@ -258,7 +260,15 @@ func (t *Tiers) failed(tier kvcache.Tier, op string, err error) {
 	}
 	if !t.down[tier].Swap(true) {
 		t.pool.SetWritable(tier, false)
-		t.log.Warn("KV tier refuses new blocks until its store works again", "tier", tier, "err", err)
+		t.downMu.Lock()
+		logIt := time.Since(t.downAt[tier]) > time.Minute
+		if logIt {
+			t.downAt[tier] = time.Now()
+		}
+		t.downMu.Unlock()
+		if logIt { // a store that fails again after each probe is not logged each time
+			t.log.Warn("KV tier refuses new blocks until its store works again (probed every second)", "tier", tier, "err", err)
+		}
 	}
 	if kind == "gone" {
 		if n := t.pool.ClearTier(tier); n > 0 {
@@ -283,7 +293,7 @@ func (t *Tiers) probe() {
 		if err == nil {
 			t.down[tier].Store(false)
 			t.pool.SetWritable(tier, true)
-			t.log.Info("KV tier works again: blocks go down to it", "tier", tier)
+			t.log.Debug("KV tier's store answers its probe: blocks go down to it again", "tier", tier)
 		}
 	}
 }
@@ -307,8 +317,17 @@ func (t *Tiers) scanShared() {
 	}
 }
 
-// Faults returns the errors counted, by tier, operation and kind.
-func (t *Tiers) Faults() []Fault { return t.faults.list() }
+// Faults returns the errors counted, by tier, operation and kind; files that refused
+// O_DIRECT are kind direct_refused.
+func (t *Tiers) Faults() []Fault {
+	fs := t.faults.list()
+	if t.Disk != nil {
+		if n := t.Disk.DirectRefused.Load(); n > 0 {
+			fs = append(fs, Fault{Tier: kvcache.TierDisk, Op: "open", Kind: "direct_refused", Count: n})
+		}
+	}
+	return fs
+}
 
 // Down reports whether tier refuses new blocks now (its store failed).
 func (t *Tiers) Down(tier kvcache.Tier) bool { return int(tier) < len(t.down) && t.down[tier].Load() }
