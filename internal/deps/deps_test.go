@@ -37,7 +37,7 @@ var allowed = map[string][]string{
 	// The engine and its model.
 	"model":          {"gguf", "hal", "safetensors", "tokenizer"},
 	"modelgen":       {"gguf", "hal", "hal/cpu", "model", "tokenizer"},
-	"engine":         {"grammar", "hal", "kvcache", "llm", "metrics", "model", "sched", "tokenizer"},
+	"engine":         {"grammar", "hal", "kvcache", "kvtier", "llm", "metrics", "model", "sched", "tokenizer"},
 	"engine/simstep": {"engine", "hal", "model", "sim"},
 
 	// Serving.
@@ -46,7 +46,7 @@ var allowed = map[string][]string{
 	"bench/loadgen": {"bench"},
 	"web":           {"metrics", "sla"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
-	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/version", "kvcache", "llm", "metrics", "model", "modelgen", "openai", "respstore", "sim", "sla", "web", "worker"},
+	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/version", "kvcache", "kvtier", "llm", "metrics", "model", "modelgen", "openai", "respstore", "sim", "sla", "web", "worker"},
 	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "respstore", "router", "tokenizer"},
 
 	// Binaries: flags and wiring.
