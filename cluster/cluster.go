@@ -444,6 +444,21 @@ type GenerateRequest struct {
 	// worker reports the highest number received per key.
 	DispatchKey uint64
 	DispatchSeq uint64
+	// Peer, when its Addr is set, is a worker holding the prompt's leading blocks that this
+	// worker lacks (docs/kv-tiers.md, "Peer pulls"): the router found pulling them
+	// cheaper than computing them. The worker pulls them (Worker.PullKV from the peer's
+	// cache) before it generates, and computes whatever the pull does not bring.
+	Peer KVPeer
+}
+
+// KVPeer names a worker to pull a prompt's leading blocks from.
+type KVPeer struct {
+	Addr   string // its ORPC address
+	Node   string // its name, for logs
+	Blocks int    // the prompt's leading full blocks it holds (in any of its tiers but remote)
+	// TimeoutMs bounds the pull (0: the worker's --kv-transfer-timeout); past it the
+	// worker computes the rest.
+	TimeoutMs int
 }
 
 // maxLogitBias bounds the logit bias entries decoded.
@@ -501,6 +516,11 @@ func (r *GenerateRequest) MarshalORPC(e *orpc.Encoder) {
 	e.Bool(r.PromptLogprobs)
 	e.Uvarint(uint64(max(r.PromptTopLogprobs, 0)))
 	e.String(string(r.Pooling))
+	// Peer pulls (docs/kv-tiers.md).
+	e.String(r.Peer.Addr)
+	e.String(r.Peer.Node)
+	e.Uvarint(uint64(max(r.Peer.Blocks, 0)))
+	e.Uvarint(uint64(max(r.Peer.TimeoutMs, 0)))
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -569,6 +589,12 @@ func (r *GenerateRequest) UnmarshalORPC(d *orpc.Decoder) error {
 		r.PromptLogprobs = d.Bool()
 		r.PromptTopLogprobs = uvint(d)
 		r.Pooling = llm.Pooling(d.String())
+	}
+	if d.Len() > 0 {
+		r.Peer.Addr = d.String()
+		r.Peer.Node = d.String()
+		r.Peer.Blocks = uvint(d)
+		r.Peer.TimeoutMs = durationMs(d)
 	}
 	return d.Err()
 }

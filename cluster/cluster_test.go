@@ -53,13 +53,29 @@ func TestRoundTrip(t *testing.T) {
 		Sampling: llm.SamplingParams{Temperature: 0.5, TopK: 4, TopP: 0.9, MinP: 0.1, RepetitionPenalty: 1.1,
 			PresencePenalty: 0.2, FrequencyPenalty: -0.2, LogitBias: map[int32]float32{3: 1, 7: -2}, Seed: 42,
 			HasSeed: true, TopLogprobs: 2, Logprobs: true, MinTokens: 3, AllowedTokens: []int32{1, 5}},
-		Constraint: llm.Constraint{Grammar: `root ::= "a"`}, PromptLogprobs: true, PromptTopLogprobs: 4, Pooling: llm.PoolMean}, PredictedCached: 16})
+		Constraint: llm.Constraint{Grammar: `root ::= "a"`}, PromptLogprobs: true, PromptTopLogprobs: 4, Pooling: llm.PoolMean}, PredictedCached: 16,
+		Peer: KVPeer{Addr: "127.0.0.1:7", Node: "w2", Blocks: 40, TimeoutMs: 3000}})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, Logprob: -0.5,
 		Top: []llm.TokenLogprob{{ID: 7, Logprob: -0.5}}, Finish: llm.FinishLength,
 		Usage: llm.Usage{PromptTokens: 3, CachedTokens: 1, CompletionTokens: 5}}})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, PromptLogprobs: []llm.PromptLogprob{
 		{Logprob: -1, Rank: 2, Top: []llm.TokenLogprob{{ID: 3, Logprob: -0.1}}}, {Logprob: -2, Rank: 1}}}})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: -1, Finish: llm.FinishStop, Embedding: []float32{0.5, -1, 2}}})
+}
+
+// peerTail is the bytes of a request's empty peer fields (two empty strings, two zeros).
+const peerTail = 4
+
+// The peer is a trailing field: a request from a router that predates it decodes with
+// none.
+func TestPeerWireCompatibility(t *testing.T) {
+	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Pooling: llm.PoolMean}, Peer: KVPeer{Addr: "a:1", Node: "n", Blocks: 3, TimeoutMs: 9}}
+	b := orpc.Marshal(req)
+	tail := len(orpc.Marshal(&GenerateRequest{Request: req.Request})) - peerTail
+	var old GenerateRequest
+	if err := orpc.Unmarshal(b[:tail], &old); err != nil || old.Peer != (KVPeer{}) || old.Pooling != llm.PoolMean {
+		t.Errorf("request without the peer: %+v, %v", old, err)
+	}
 }
 
 // The lower tiers' fields are trailing: a load report or snapshot from a worker that
@@ -88,7 +104,7 @@ func TestRequestTokensWireCompatibility(t *testing.T) {
 	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Constraint: llm.Constraint{Grammar: "root ::= \"x\""}}}
 	b := orpc.Marshal(req)
 	var got GenerateRequest
-	if err := orpc.Unmarshal(b[:len(b)-5], &got); err != nil || got.Constraint != req.Constraint || got.Sampling.MinTokens != 0 {
+	if err := orpc.Unmarshal(b[:len(b)-peerTail-5], &got); err != nil || got.Constraint != req.Constraint || got.Sampling.MinTokens != 0 {
 		t.Errorf("request without the RequestTokens fields: %+v, %v", got, err)
 	}
 	card := orpc.Marshal(&ModelCard{Version: Version, Model: "m", GrammarFormat: GrammarGBNF})
@@ -120,7 +136,7 @@ func TestErrorEvents(t *testing.T) {
 func TestConstraintWireCompatibility(t *testing.T) {
 	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Resumed: 0}, DispatchSeq: 3}
 	b := orpc.Marshal(req)
-	old := b[:len(b)-2-5] // uvarint format 0, empty string; the RequestTokens fields
+	old := b[:len(b)-peerTail-2-5] // the peer; uvarint format 0, empty string; the RequestTokens fields
 	var got GenerateRequest
 	if err := orpc.Unmarshal(old, &got); err != nil || !got.Constraint.IsZero() || got.DispatchSeq != 3 {
 		t.Errorf("request without the constraint field: %+v, %v", got, err)
@@ -132,7 +148,7 @@ func TestConstraintWireCompatibility(t *testing.T) {
 	}
 	// A format this worker does not know is refused, not ignored.
 	e := orpc.Marshal(&GenerateRequest{Request: llm.Request{ID: "r"}})
-	e = append(e[:len(e)-2-5], 9, 1, 'x')
+	e = append(e[:len(e)-peerTail-2-5], 9, 1, 'x')
 	if err := orpc.Unmarshal(e, new(GenerateRequest)); err == nil {
 		t.Error("an unknown constraint format decoded")
 	}

@@ -238,3 +238,52 @@ func (e *Engine) TierSnapshot() metrics.TierSnapshot {
 	}
 	return snap
 }
+
+// ExportCached calls fn, in order, with the leading run of want (sequence hashes of a
+// prompt's consecutive blocks) that this engine's cache holds: those on the device, then
+// those its host memory and disk hold (read and checked); data is in the engine's
+// KVFormat and valid only during the call. It returns the number of blocks sent, which is
+// fewer than len(want) where the cache's run ends. Blocks are pinned while they are read,
+// so nothing evicts them meanwhile. It serves a peer pull (docs/kv-tiers.md).
+func (e *Engine) ExportCached(ctx context.Context, want []uint64, fn func(hash uint64, data []byte) error) (int, error) {
+	io, err := e.blockIO()
+	if err != nil {
+		return 0, err
+	}
+	pin := e.pool.NewSeq(e.cfg.Salt)
+	n := pin.MatchHashes(want) / e.cfg.BlockSize
+	defer pin.Release()
+	buf := make([]byte, io.f.WireBytes())
+	for i := range n {
+		if err := ctx.Err(); err != nil {
+			return i, err
+		}
+		if err := io.read(pin.Blocks()[i], buf); err != nil {
+			return i, err
+		}
+		if err := fn(want[i], buf); err != nil {
+			return i, err
+		}
+	}
+	if e.tiers == nil || n == len(want) {
+		return n, nil
+	}
+	loads := e.pool.PinLower(want[n:], nil)
+	bad := -1
+	defer func() { e.pool.UnpinLower(loads, bad) }()
+	tbuf := e.tiers.NewBuffer()
+	for i, l := range loads {
+		if err := ctx.Err(); err != nil {
+			return n + i, err
+		}
+		b, err := e.tiers.Read(l, tbuf)
+		if err != nil {
+			bad = i // counted by the tiers; the peer computes from here
+			return n + i, nil
+		}
+		if err := fn(l.Hash, b); err != nil {
+			return n + i, err
+		}
+	}
+	return n + len(loads), nil
+}

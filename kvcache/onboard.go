@@ -116,3 +116,43 @@ func (s *Seq) OnboardDone(loads []Load, ok int, bad bool) {
 	}
 	s.endLocked()
 }
+
+// PinLower pins the leading run of hashes that the lower tiers hold, ready (each from
+// the fastest tier that has it), and appends their Loads (Block -1: no device block) to
+// dst: a KV export reads them for a peer. Release them with UnpinLower.
+func (p *Pool) PinLower(hashes []uint64, dst []Load) []Load {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, h := range hashes {
+		found := false
+		for _, t := range p.lower {
+			if slot, ok := t.lookup(h); ok {
+				t.pin(slot)
+				dst = append(dst, Load{Block: -1, From: Loc{t.cfg.Tier, slot}, Hash: h})
+				found = true
+				break
+			}
+		}
+		if !found {
+			break
+		}
+	}
+	return dst
+}
+
+// UnpinLower releases what PinLower pinned. If bad, loads[bad] was found unreadable or
+// wrong and is dropped from its tier (a negative bad drops nothing).
+func (p *Pool) UnpinLower(loads []Load, bad int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, l := range loads {
+		t := p.byTier[l.From.Tier]
+		e := &t.ents[l.From.Slot]
+		t.unpin(l.From.Slot)
+		if i == bad && e.state == entReady && e.ref == 0 {
+			t.drop(l.From.Slot)
+			t.bad++
+		}
+	}
+	p.flushLower()
+}

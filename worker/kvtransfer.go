@@ -31,6 +31,7 @@ type KVEngine interface {
 	BeginImport(prompt []int32) (*engine.Import, error)
 	KVFormat() (engine.KVFormat, error)
 	HeldStats() (held int, expired int64)
+	ExportCached(ctx context.Context, want []uint64, fn func(hash uint64, data []byte) error) (int, error)
 }
 
 // Defaults of the disaggregation knobs.
@@ -192,6 +193,9 @@ func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func
 	}
 	if err := f.Check(engine.KVFormat(req.Layout)); err != nil {
 		return orpc.Errorf(orpc.FailedPrecondition, "worker %s: %v", w.cfg.Card.Node, err)
+	}
+	if req.Cached {
+		return w.pullCachedKV(ctx, f, req, send) // a peer pull (peerpull.go)
 	}
 	tr := w.transferOf(req.Handle, true)
 	grace := time.NewTimer(pullGrace)

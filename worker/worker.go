@@ -600,6 +600,9 @@ func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, sen
 	defer admitted()
 	ctx, done := w.regs.bind(ctx, req.DispatchKey)
 	defer done()
+	if req.Peer.Addr != "" {
+		return w.generatePeer(ctx, req, send) // pull the prefix from a peer first (peerpull.go)
+	}
 	return w.generateBound(ctx, req, send)
 }
 
