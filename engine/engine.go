@@ -440,6 +440,9 @@ func (e *Engine) step() (progress bool, err error) {
 	if len(plan.Onboard) > 0 {
 		e.startOnboard(plan.Onboard)
 	}
+	if e.tiers != nil {
+		e.refreshLoadable(time.Now())
+	}
 	if e.cfg.OnPlan != nil && (len(plan.Chunks) > 0 || len(plan.Preempted) > 0 || len(plan.Dropped) > 0) {
 		e.cfg.OnPlan(plan)
 	}

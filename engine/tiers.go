@@ -73,6 +73,11 @@ type onboard struct {
 	inflight int // owned by Run: sequences handed to loaders, not yet reported
 
 	costs costMeter
+	// Owned by Run (refreshLoadable): tiers kept out of onboarding, since when, and when
+	// the costs were last looked at.
+	skip      [4]bool
+	skipSince [4]time.Time
+	checked   time.Time
 }
 
 type loadResult struct {
@@ -166,6 +171,36 @@ func (e *Engine) stopLoaders() {
 	e.onboarded()
 }
 
+// loadableEvery is how long a tier found slower than computing stays out of onboarding
+// before one onboarding measures it again.
+const loadableEvery = time.Minute
+
+// refreshLoadable keeps onboarding away from tiers whose measured load cost exceeds the
+// measured cost of computing a block (with those, offload would make requests slower),
+// and lets each back in after loadableEvery to measure it again. Called by Run's goroutine.
+func (e *Engine) refreshLoadable(now time.Time) {
+	o := &e.onboard
+	if e.tiers == nil || now.Sub(o.checked) < time.Second {
+		return
+	}
+	o.checked = now
+	pre := o.costs.prefill.Load()
+	for t := kvcache.TierHost; t <= kvcache.TierRemote; t++ {
+		l := o.costs.load[t].Load()
+		slow := pre > 0 && l > pre
+		switch {
+		case slow && !o.skip[t]:
+			o.skip[t], o.skipSince[t] = true, now
+			e.pool.SetLoadable(t, false)
+			e.log.Info("KV tier slower than computing: blocks are recomputed rather than loaded from it", "tier", t, "load_us", l, "prefill_us", pre)
+		case o.skip[t] && (!slow || now.Sub(o.skipSince[t]) > loadableEvery):
+			o.skip[t] = false
+			o.costs.load[t].Store(0) // measure it afresh
+			e.pool.SetLoadable(t, true)
+		}
+	}
+}
+
 // costMeter keeps moving averages of what loading a block from each tier and computing a
 // block of prompt take, for the load report (the router charges a lower-tier block their
 // ratio of a block's prefill).
@@ -221,7 +256,7 @@ func (e *Engine) TierSnapshot() metrics.TierSnapshot {
 	bs := e.cfg.BlockSize
 	loads, _ := e.LoadCosts()
 	snap := metrics.TierSnapshot{Tiers: []metrics.TierFigures{{Tier: kvcache.TierDevice.String(), Blocks: st.Used + st.Cached,
-		Capacity: st.Blocks, Hits: st.Hits / uint64(bs), Evictions: st.Evictions}}}
+		Capacity: st.Blocks, Hits: st.Hits / uint64(bs), Evictions: st.Evictions, Loadable: true}}}
 	var bb uint64
 	if f, err := e.KVFormat(); err == nil {
 		bb = uint64(f.BlockBytes())
@@ -229,7 +264,8 @@ func (e *Engine) TierSnapshot() metrics.TierSnapshot {
 	for _, t := range e.pool.TierStats() {
 		snap.Tiers = append(snap.Tiers, metrics.TierFigures{Tier: t.Tier.String(), Blocks: t.Ready, Capacity: t.Capacity,
 			Hits: t.Onboarded, Offloaded: t.Stored, OffloadedBytes: t.Stored * bb, Onboarded: t.Onboarded, OnboardedBytes: t.Onboarded * bb,
-			Evictions: t.Evicted, Skipped: t.Skipped, Failed: t.Failed, LoadMicros: loads[t.Tier]})
+			Evictions: t.Evicted, Skipped: t.Skipped, Failed: t.Failed, LoadMicros: loads[t.Tier],
+			Bypassed: t.Bypassed, Loadable: t.Loadable})
 	}
 	if e.tiers != nil {
 		for _, f := range e.tiers.Faults() {

@@ -38,7 +38,14 @@ func (s *Seq) MatchLower(prompt []int32, keep, minBlocks int, dst []Load) []Load
 	for i := m; i < limit; i++ {
 		h := s.hashes[i]
 		found := false
+		var bypassed *lowerTier
 		for _, t := range p.lower {
+			if t.skipLoad {
+				if _, ok := t.lookup(h); ok && bypassed == nil {
+					bypassed = t
+				}
+				continue
+			}
 			if slot, ok := t.lookup(h); ok {
 				dst = append(dst, Load{From: Loc{t.cfg.Tier, slot}, Hash: h})
 				found = true
@@ -46,6 +53,9 @@ func (s *Seq) MatchLower(prompt []int32, keep, minBlocks int, dst []Load) []Load
 			}
 		}
 		if !found {
+			if bypassed != nil {
+				bypassed.bypassed++ // counted once per match: the run stops here
+			}
 			break
 		}
 	}

@@ -116,6 +116,11 @@ type TierStats struct {
 	Failed    uint64 // copies into the tier that failed (the block was not stored)
 	Bad       uint64 // blocks dropped because a load found them unreadable or wrong
 	Skipped   uint64 // blocks not stored: the tier full of pinned blocks, or transfers at their bound
+	// Loadable is false while onboarding does not load from the tier (SetLoadable: it
+	// measured slower than computing); Bypassed counts the matches whose run of blocks
+	// stopped at a block the tier held, computed instead.
+	Loadable bool
+	Bypassed uint64
 }
 
 // Entry states of a lower tier.
@@ -143,6 +148,8 @@ type lowerTier struct {
 	cfg      TierConfig
 	async    bool // fed by Transfers, not by the Saver
 	writable bool // new blocks may enter (the caller turns it off while the store fails)
+	skipLoad bool // onboarding does not load from it (SetLoadable: slower than computing)
+	bypassed uint64
 	ents     []lent
 	free     []int32
 	index    map[uint64]int32 // hash → slot, filling or ready
@@ -249,6 +256,16 @@ func (p *Pool) SetWritable(t Tier, writable bool) bool {
 	}
 	lt.writable = writable
 	return true
+}
+
+// SetLoadable lets onboarding load blocks from tier t, or not (a tier whose measured load
+// cost exceeds the cost of computing a block: loading would make the request slower).
+func (p *Pool) SetLoadable(t Tier, loadable bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if lt := p.tierOf(t); lt != nil {
+		lt.skipLoad = !loadable
+	}
 }
 
 // ClearTier forgets every block of lower tier t that no load or transfer is reading, and
@@ -374,7 +391,8 @@ func (p *Pool) TierStats() []TierStats {
 	var out []TierStats
 	for _, t := range p.lower {
 		out = append(out, TierStats{Tier: t.cfg.Tier, Capacity: t.cfg.Blocks, Ready: t.ready, Filling: t.filling, Pinned: t.pinned,
-			Stored: t.stored, Evicted: t.evicted, Onboarded: t.onboarded, Failed: t.failed, Bad: t.bad, Skipped: t.skip})
+			Stored: t.stored, Evicted: t.evicted, Onboarded: t.onboarded, Failed: t.failed, Bad: t.bad, Skipped: t.skip,
+			Loadable: !t.skipLoad, Bypassed: t.bypassed})
 	}
 	return out
 }

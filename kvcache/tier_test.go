@@ -498,3 +498,44 @@ func checkTiers(t *testing.T, p *Pool, slots map[Loc]uint64, transfers int) {
 		t.Fatalf("%d pins and %d transfers in the books, %d transfers pending", pins, p.xferN, transfers)
 	}
 }
+
+func TestSetLoadableBypassesTier(t *testing.T) {
+	// A tier that measured slower than computing is not loaded from: the prompt computes
+	// the blocks it holds, the bypass is counted, and loading resumes when it is allowed.
+	device := map[int32]uint64{}
+	sv := &contentSaver{t: t, device: device, slots: map[Loc]uint64{}}
+	p := tieredPool(t, 8, Options{Tiers: []TierConfig{{Tier: TierHost, Blocks: 16}}, Saver: sv})
+	a, b := tokens(0, 17), tokens(1000, 29)
+	for _, toks := range [][]int32{a, b} { // b evicts a's blocks to host memory
+		s := p.NewSeq(testSalt)
+		s.Match(toks, 1)
+		if !compute(t, s, toks, device) {
+			t.Fatal("prompt did not fit")
+		}
+		s.Release()
+	}
+	p.SetLoadable(TierHost, false)
+	s := p.NewSeq(testSalt)
+	cached := s.Match(a, 1)
+	if loads := s.MatchLower(a, 1, 1, nil); len(loads) != 0 {
+		t.Fatalf("%d loads from a tier that is not loadable", len(loads))
+	}
+	if st := p.TierStats()[0]; st.Loadable || st.Bypassed != 1 || st.Ready == 0 {
+		t.Fatalf("host tier %+v: want not loadable, 1 bypass, blocks held", st)
+	}
+	s.Release()
+	p.SetLoadable(TierHost, true)
+	s = p.NewSeq(testSalt)
+	if c := s.Match(a, 1); c != cached {
+		t.Fatalf("matched %d, then %d", cached, c)
+	}
+	loads := s.MatchLower(a, 1, 1, nil)
+	if len(loads) == 0 {
+		t.Fatal("no loads once the tier is loadable again")
+	}
+	s.OnboardDone(loads, 0, false)
+	s.Release()
+	if st := p.TierStats()[0]; !st.Loadable || st.Bypassed != 1 {
+		t.Fatalf("host tier %+v: want loadable, still 1 bypass", st)
+	}
+}

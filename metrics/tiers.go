@@ -22,6 +22,10 @@ type TierFigures struct {
 	// failed.
 	Hits, Offloaded, OffloadedBytes, Onboarded, OnboardedBytes, Evictions, Skipped, Failed uint64
 	LoadMicros                                                                             int // measured µs to load one block from this tier into the device (0: not yet)
+	// Bypassed counts prompts that found their next block here but computed it, the tier
+	// measuring slower than computing (Loadable false while it does).
+	Bypassed uint64
+	Loadable bool
 }
 
 // TierFault is a count of one kind of store error of a tier.
@@ -50,7 +54,7 @@ func NewKVTiers(reg prometheus.Registerer, model string, snap func() TierSnapsho
 
 // tierDescs are the tier collector's metric descriptions, with the model's label.
 type tierDescs struct {
-	blocks, capacity, hits, off, offB, on, onB, evict, skip, fail, load, crc, err *prometheus.Desc
+	blocks, capacity, hits, off, offB, on, onB, evict, skip, fail, load, crc, err, bypass, loadable *prometheus.Desc
 }
 
 func newTierDescs(labels prometheus.Labels) tierDescs {
@@ -69,6 +73,8 @@ func newTierDescs(labels prometheus.Labels) tierDescs {
 		fail:     d("tandem:kv_tier_store_failures_total", "Copies of KV blocks into the tier that failed (the block was not stored).", tier),
 		load:     d("tandem:kv_tier_load_seconds_per_block", "Measured time to load one KV block from the tier into the device (moving average; 0 until measured).", tier),
 		crc:      d("tandem:kv_tier_checksum_failures_total", "KV blocks read from the tier that failed their checksum (dropped and recomputed).", tier),
+		bypass:   d("tandem:kv_tier_bypassed_total", "Prompts that found their next KV block in the tier but computed it, since loading from the tier measured slower than computing.", tier),
+		loadable: d("tandem:kv_tier_loadable", "1 while prompts load KV blocks from the tier; 0 while they compute them instead (the tier measured slower than computing; tried again each minute).", tier),
 		err: d("tandem:kv_tier_errors_total", "Errors of the tier's store, by operation and kind (corrupt, mismatch, missing, full, gone, io); the block is recomputed.",
 			[]string{"tier", "op", "kind"}),
 	}
@@ -81,7 +87,7 @@ type tierCollector struct {
 
 func (c *tierCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := &c.d
-	for _, x := range []*prometheus.Desc{d.blocks, d.capacity, d.hits, d.off, d.offB, d.on, d.onB, d.evict, d.skip, d.fail, d.load, d.crc, d.err} {
+	for _, x := range []*prometheus.Desc{d.blocks, d.capacity, d.hits, d.off, d.offB, d.on, d.onB, d.evict, d.skip, d.fail, d.load, d.crc, d.err, d.bypass, d.loadable} {
 		ch <- x
 	}
 }
@@ -115,5 +121,14 @@ func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(d.fail, t.Failed, t.Tier)
 		gauge(d.load, float64(t.LoadMicros)/1e6, t.Tier)
 		counter(d.crc, crc[t.Tier], t.Tier)
+		counter(d.bypass, t.Bypassed, t.Tier)
+		gauge(d.loadable, boolGauge(t.Loadable), t.Tier)
 	}
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

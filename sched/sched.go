@@ -285,7 +285,10 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 		seq := q.Sched()
 		// Look before matching, so that a sequence that cannot start yet does not count
 		// prefix-cache queries on every step.
-		if st := s.pool.Stats(); st.Free+st.Cached < (min(len(seq.Tokens), budget)+bs-1)/bs+1 {
+		// The first chunk and one block more, but never more than the whole prompt and its
+		// first token take: a prompt that Fits the pool exactly would otherwise wait for ever.
+		need := min((min(len(seq.Tokens), budget)+bs-1)/bs+1, (len(seq.Tokens)+bs)/bs)
+		if st := s.pool.Stats(); st.Free+st.Cached < need {
 			break
 		}
 		if seq.KV == nil {

@@ -23,6 +23,13 @@ func (r *Result) WriteTable(w io.Writer) error {
 	row("Imbalance, tokens (CV):", fmt.Sprintf("%.3f", r.TokenCV))
 	row("Imbalance, active requests (max/mean):", fmt.Sprintf("%.3f", r.ActiveImbalance))
 	row("Requests queued in the router:", r.RouterQueued)
+	if t := r.tierTotals(); t != (TierStats{}) {
+		bs := r.Config.BlockSize
+		row("Tokens loaded from host memory:", t.Onboarded[1]*bs)
+		row("Tokens loaded from disk:", t.Onboarded[2]*bs)
+		row("Tokens loaded from the shared dir:", t.Onboarded[3]*bs)
+		row("Tokens pulled from peers:", t.Pulled*bs)
+	}
 	b.WriteString("worker  requests  prefill_tok  decode_tok  cached_tok  preempt   busy_s  mean_active\n")
 	for i, ws := range r.Workers {
 		fmt.Fprintf(&b, "%6d  %8d  %11d  %10d  %10d  %7d  %7.1f  %11.2f\n", i, ws.Requests, ws.PrefillTokens,
@@ -48,6 +55,11 @@ func (r *Result) JSON() map[string]any {
 	m["imbalance_active_max_over_mean"] = r.ActiveImbalance
 	m["router_queued"] = r.RouterQueued
 	m["sim_events"] = r.Events
+	if t := r.tierTotals(); t != (TierStats{}) {
+		bs := r.Config.BlockSize
+		m["tier_loaded_tokens"] = map[string]int{"host": t.Onboarded[1] * bs, "disk": t.Onboarded[2] * bs, "remote": t.Onboarded[3] * bs}
+		m["peer_pulled_tokens"] = t.Pulled * bs
+	}
 	c := r.Config
 	m["sim_config"] = map[string]any{
 		"timing": c.Timing, "block_size": c.BlockSize, "kv_blocks": c.KVBlocks,
@@ -55,6 +67,7 @@ func (r *Result) JSON() map[string]any {
 		"report_interval_ms": c.ReportInterval.Seconds() * 1000, "seed": c.Seed,
 		"report_delay_ms": c.ReportDelay.Seconds() * 1000, "event_delay_ms": c.EventDelay.Seconds() * 1000,
 		"overlap_weight": c.Router.OverlapWeight, "temperature": c.Router.Temperature,
+		"tiers": c.Tiers, "peer_pulls": c.Router.PeerPulls,
 	}
 	ws := make([]map[string]any, len(r.Workers))
 	for i, w := range r.Workers {
@@ -71,4 +84,16 @@ func (r *Result) JSON() map[string]any {
 // WriteJSON writes JSON() on one line, keys sorted.
 func (r *Result) WriteJSON(w io.Writer) error {
 	return json.NewEncoder(w).Encode(r.JSON())
+}
+
+// tierTotals sums the workers' tier figures.
+func (r *Result) tierTotals() TierStats {
+	var t TierStats
+	for _, w := range r.Workers {
+		for i := range t.Onboarded {
+			t.Onboarded[i] += w.Tiers.Onboarded[i]
+		}
+		t.Pulled += w.Tiers.Pulled
+	}
+	return t
 }

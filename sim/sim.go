@@ -35,6 +35,9 @@ type Config struct {
 	// sched package's tests print), when the plan runs or preempts or drops a sequence;
 	// the plan is valid during the call only.
 	OnPlan func(worker int, plan fmt.Stringer)
+	// Tiers are each worker's lower KV tiers and their measured costs (tiers.go); the zero
+	// value has none.
+	Tiers TierModel
 }
 
 func (c *Config) defaults() error {
@@ -50,6 +53,7 @@ func (c *Config) defaults() error {
 	if c.Percentiles == nil {
 		c.Percentiles = []float64{90, 99}
 	}
+	c.Tiers.defaults()
 	if c.Workers < 1 || c.BlockSize < 1 || c.KVBlocks < 1 || c.TokenBudget < 1 || c.MaxSeqs < 1 || c.ReportInterval < 0 {
 		return fmt.Errorf("sim: workers, block size, KV blocks, token budget, max seqs and report interval must be positive")
 	}
@@ -119,6 +123,7 @@ type WorkerStats struct {
 	Steps         int           // forward passes
 	Busy          time.Duration // time spent in steps
 	MeanActive    float64       // requests on the worker (waiting or running), time-averaged
+	Tiers         TierStats     // lower tiers and peer pulls (tiers.go)
 }
 
 // Result is a finished simulation.
@@ -177,6 +182,8 @@ type worker struct {
 	activeAt  time.Duration // for the time-weighted active count
 	activeNs  float64
 	inTransit []delayed // KV events and load reports on their way to the router, in time order
+	tiers     tierWorker
+	pulling   []pull // requests pulling their prefix from a peer before they are queued
 }
 
 // delayed is a KV event or load report that reaches the router at t.
@@ -199,7 +206,9 @@ const (
 	evStepEnd
 	evReport
 	evKick
-	evDeliver // a worker's delayed events and reports arrive
+	evDeliver   // a worker's delayed events and reports arrive
+	evOnboarded // a sequence's loads from lower tiers are done (tiers.go)
+	evPulled    // a request's peer pull is done (tiers.go)
 )
 
 type eventQueue []event
@@ -260,7 +269,7 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 		return nil, err
 	}
 	for i := range cfg.Workers {
-		w := &worker{id: i, pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize)}
+		w := &worker{id: i, pool: s.newPool()}
 		w.events, _ = w.pool.Subscribe(1 << 16)
 		if w.sched, err = sched.New[*sreq](sched.Config{MaxBatchTokens: cfg.TokenBudget, MaxSeqs: cfg.MaxSeqs, Salt: s.salt}, w.pool); err != nil {
 			return nil, err
@@ -316,6 +325,10 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 		case evKick:
 			s.workers[e.w].kicking = false
 			s.kick(s.workers[e.w])
+		case evOnboarded:
+			s.onboarded(s.workers[e.w], s.reqs[e.r])
+		case evPulled:
+			s.pulled(s.workers[e.w], s.reqs[e.r])
 		case evReport:
 			s.report()
 			s.retryQueue()
@@ -393,6 +406,9 @@ func (s *sim) dispatch(r *sreq) bool {
 		return true
 	}
 	s.account(w)
+	if d.PeerBlocks > 0 && s.startPull(w, r, d) {
+		return true // queued when its pull is done
+	}
 	w.sched.Add(r)
 	if !w.stepping && !w.kicking { // start after the other arrivals of this instant
 		w.kicking = true
@@ -441,7 +457,7 @@ func (s *sim) followUp(r *sreq) {
 // account adds w's requests since the last call to its time-weighted count;
 // call it before a request joins or leaves the worker.
 func (s *sim) account(w *worker) {
-	n := len(w.sched.Waiting()) + len(w.sched.Running())
+	n := len(w.sched.Waiting()) + len(w.sched.Running()) + len(w.sched.Onboarding()) + len(w.pulling)
 	w.activeNs += float64(n) * float64(s.now-w.activeAt)
 	w.activeAt = s.now
 }
@@ -452,6 +468,7 @@ func (s *sim) kick(w *worker) {
 		return
 	}
 	dur, ok := s.schedule(w)
+	s.runTransfers(w)
 	s.drain(w)
 	if !ok {
 		return
@@ -468,6 +485,9 @@ func (s *sim) schedule(w *worker) (time.Duration, bool) {
 	s.account(w) // Schedule may drop a sequence
 	p := w.sched.Schedule()
 	w.plan = p
+	if len(p.Onboard) > 0 {
+		s.startOnboards(w, p.Onboard)
+	}
 	for _, r := range p.Admitted {
 		w.stats.CachedTokens += r.Cached()
 	}
@@ -587,6 +607,7 @@ func (s *sim) report() {
 		// What a live worker reports (worker.Load): the same census, the same function.
 		lr := w.sched.Census().Load(w.pool.Stats())
 		lr.Healthy = true
+		s.tierLoad(&lr)
 		if s.cfg.ReportDelay > 0 {
 			s.send(w, delayed{t: s.now + s.cfg.ReportDelay, report: &lr})
 		} else {
@@ -646,6 +667,7 @@ func (s *sim) result() *Result {
 		if dur > 0 {
 			w.stats.MeanActive = w.activeNs / float64(dur)
 		}
+		w.stats.Tiers = TierStats{Onboarded: w.tiers.onboarded, Pulled: w.tiers.pulled}
 		res.Workers = append(res.Workers, w.stats)
 		toks[i] = float64(w.stats.PrefillTokens + w.stats.DecodeTokens)
 	}
