@@ -95,6 +95,12 @@ type ModelCard struct {
 	// Pooling is how the worker pools embeddings (llm.Poolings: its --pooling, else the
 	// model's metadata).
 	Pooling string
+	// ContentHash is the SHA-256 of the model's file(s) (empty: not known), Prepared the
+	// backend's prepared-weights key (hal.WeightPorter.PreparedKey; empty: none): a new
+	// engine of the same hash may pull its prepared weights from this one (weights.go).
+	ContentHash []byte
+	Prepared    string
+	Startup     Startup // how this engine started
 }
 
 // Request levels (ModelCard.RequestLevel).
@@ -134,6 +140,9 @@ func (c *ModelCard) MarshalORPC(e *orpc.Encoder) {
 	e.String(c.ReasoningParser)
 	e.Uvarint(uint64(max(c.RequestLevel, 0)))
 	e.String(c.Pooling)
+	e.BytesField(c.ContentHash)
+	e.String(c.Prepared)
+	c.Startup.marshal(e)
 }
 
 // maxFiles bounds the tokenizer files of a card.
@@ -175,6 +184,12 @@ func (c *ModelCard) UnmarshalORPC(d *orpc.Decoder) error {
 	if d.Len() > 0 {
 		c.RequestLevel = uvint(d)
 		c.Pooling = d.String()
+	}
+	c.ContentHash, c.Prepared, c.Startup = nil, "", Startup{}
+	if d.Len() > 0 { // absent from engines before weights.go
+		c.ContentHash = cloneBytes(d.BytesField())
+		c.Prepared = d.String()
+		c.Startup.unmarshal(d)
 	}
 	return d.Err()
 }

@@ -20,6 +20,45 @@ type WeightPreparer interface {
 	PrepareWeight(w *Weight) bool
 }
 
+// Prepared is a weight's prepared form outside its backend: Format names the layout of
+// Data with a stable, versioned string ("cpu-pack/q8_0.vnni/1"), which changes whenever
+// the bytes a backend makes of a weight would change, so that two processes whose formats
+// are equal can use each other's bytes as their own.
+type Prepared struct {
+	Format string
+	Data   []byte
+}
+
+// WeightPorter is a WeightPreparer whose prepared forms can leave the process and come
+// back without being made again: a restart maps them from a file (the pack cache), a new
+// engine receives them from a running peer. Making them is what it saves: hal/cpu's packing
+// of a 1B model takes seconds, a GPU's upload would take its conversion.
+type WeightPorter interface {
+	WeightPreparer
+	// PreparedKey names everything the backend's prepared forms depend on besides the
+	// weights themselves: the backend and the features its kernels were chosen for
+	// ("cpu avx512vnni+bf16"). Caches of prepared forms are keyed by it.
+	PreparedKey() string
+	// PreparedFormat returns the format and the size in bytes of the prepared form w would
+	// have on this backend, without making it; ok is false when w has none (it is read in
+	// place).
+	PreparedFormat(w *Weight) (format string, size int, ok bool)
+	// ExportWeight returns w's prepared form, making it first if need be. Its Data is the
+	// backend's memory: read only, and valid until Close.
+	ExportWeight(w *Weight) (p Prepared, ok bool)
+	// AllocPrepared returns n bytes of memory suited to prepared forms (hal/cpu: aligned
+	// to huge pages), for a caller that assembles prepared forms to import, and the
+	// function that releases it. After a successful ImportWeights of forms in it, it is the
+	// backend's (pass release there); otherwise the caller calls release.
+	AllocPrepared(n int) (mem []byte, release func())
+	// ImportWeights makes ps[i] the prepared form of ws[i], without making it again: all
+	// of them, or, on an error, none (a format or size that is not PreparedFormat's is
+	// one). The backend may compute from the bytes in place (hal/cpu does), so it owns
+	// them from then on: release, if not nil, is called once none of them is read any more
+	// (at Close on hal/cpu; at once on a backend that copies them to a device).
+	ImportWeights(ws []*Weight, ps []Prepared, release func()) error
+}
+
 // Step is one forward step's host memory: the inputs the ops of the step read (token ids,
 // positions, owning sequences and block tables, the rows whose logits are wanted), the KV
 // store they read and write, and the logits they write. Nothing else crosses between the

@@ -54,6 +54,9 @@ type Router struct {
 	WorkerInfo  *prometheus.Desc // labels worker, model, role; always 1
 	QueueDepth  *prometheus.Desc
 	IndexBlocks *prometheus.Desc // label model
+	// WorkerStartup is each worker's start-up as its card reported it: seconds by phase,
+	// labels worker, model, weights (where its weights came from), phase.
+	WorkerStartup *prometheus.Desc
 }
 
 // NewRouter registers the router's metrics on reg.
@@ -112,5 +115,8 @@ func NewRouter(reg prometheus.Registerer) *Router {
 			[]string{"worker", "model", "quantity"}, nil),
 		QueueDepth:  prometheus.NewDesc("tandem_router:queue_depth", "Requests waiting for a worker that is not busy.", nil, nil),
 		IndexBlocks: prometheus.NewDesc("tandem_router:index_blocks", "Distinct block hashes in the KV index, per model.", []string{"model"}, nil),
+		WorkerStartup: prometheus.NewDesc("tandem_router:worker_startup_seconds",
+			"Each worker's start-up time by phase, as it reported it (weights: where its weights came from: file, pack-cache, peer).",
+			[]string{"worker", "model", "weights", "phase"}, nil),
 	}
 }

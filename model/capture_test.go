@@ -9,6 +9,8 @@ import (
 
 	"tandem/hal"
 	"tandem/hal/cpu"
+	"tandem/hal/vulkan"
+	"tandem/internal/vulkantest"
 )
 
 // captureBackend is a hal.StepCapturer over the CPU backend, made the way a
@@ -163,89 +165,127 @@ func TestStepCapture(t *testing.T) {
 			defer be.Close()
 			m := loadFixture(t, be, name)
 			cb := &captureBackend{Backend: be, t: t}
-			const bs = 16
-			lens := []int{20, 7, 70}
-			var tables [][]int32
-			next := int32(0)
-			for _, n := range lens {
-				var tb []int32
-				for range (n + 12 + bs - 1) / bs {
-					tb = append(tb, next)
-					next++
-				}
-				tables = append(tables, tb)
-			}
-			kvPlain, err := be.NewKVStore(m.KVLayout(int(next), bs))
-			if err != nil {
-				t.Fatal(err)
-			}
-			kvCap, err := be.NewKVStore(m.KVLayout(int(next), bs))
-			if err != nil {
-				t.Fatal(err)
-			}
-			plain, capt := NewRunner(m, be), NewRunner(m, cb)
+			capt := runCaptureSchedule(t, m, be, cb)
 			if capt.capture == nil {
 				t.Fatal("the runner does not see the StepCapturer")
-			}
-			pos := make([]int, len(lens))
-			tok := func(s, p int) int32 { return int32((s*131 + p*17 + 5) % m.Config.VocabSize) }
-			// step feeds n[s] tokens of each sequence s with n[s] > 0.
-			step := func(n ...int) {
-				t.Helper()
-				batch := func() *Batch {
-					b := &Batch{}
-					for s, k := range n {
-						if k == 0 {
-							continue
-						}
-						q := int32(len(b.Attn.Blocks))
-						b.Attn.Blocks = append(b.Attn.Blocks, slices.Clone(tables[s]))
-						for i := range k {
-							b.Tokens = append(b.Tokens, tok(s, pos[s]+i))
-							b.Attn.Pos = append(b.Attn.Pos, int32(pos[s]+i))
-							b.Attn.SeqOf = append(b.Attn.SeqOf, q)
-						}
-						b.Outputs = append(b.Outputs, len(b.Tokens)-1)
-					}
-					return b
-				}
-				b1, b2 := batch(), batch()
-				want := make([]float32, len(b1.Outputs)*m.Config.VocabSize)
-				got := make([]float32, len(want))
-				if err := plain.Forward(kvPlain, b1, want); err != nil {
-					t.Fatal(err)
-				}
-				if err := capt.Forward(kvCap, b2, got); err != nil {
-					t.Fatal(err)
-				}
-				for i := range want {
-					if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
-						t.Fatalf("step %v (positions %v), logit %d: %g with capture and replay, %g without", n, pos, i, got[i], want[i])
-					}
-				}
-				for s, k := range n {
-					pos[s] += k
-				}
-			}
-			// Captures: the prefill, decode of two, the long prefill (its
-			// buffers dropped the captures), decode of three (whose output
-			// rows dropped them again), decode of two anew.
-			step(20, 7, 0)
-			for range 4 {
-				step(1, 1, 0)
-			}
-			step(0, 0, 70)
-			for range 3 {
-				step(1, 1, 1)
-			}
-			for range 3 {
-				step(1, 1, 0)
 			}
 			if want := fmt.Sprint(5, 7, 2); fmt.Sprint(cb.captures, cb.replays, cb.drops) != want {
 				t.Errorf("captures, replays, drops: %d %d %d, want %s", cb.captures, cb.replays, cb.drops, want)
 			}
 		})
 	}
+}
+
+// TestStepCaptureVulkan runs the schedule on the Vulkan backend with its
+// replay of recorded command buffers and without it (every step's ops
+// issued and run): the same bits, and the expected captures and replays.
+// (What replay saves the host is measured by bench-engine --device vulkan
+// [--replay=false]: docs/architecture.md, "The Vulkan backend".)
+func TestStepCaptureVulkan(t *testing.T) {
+	for _, name := range []string{"rand-qwen2-tok512-f32.gguf", "rand-qwen3-tok512-f32.gguf", "rand-llama-tok512-q8_0.gguf", "rand-llama256-tok512-q4_k_m.gguf"} {
+		t.Run(name, func(t *testing.T) {
+			vk := vulkantest.New(t, vulkan.Options{Device: -1})
+			plain := vulkantest.New(t, vulkan.Options{Device: -1, NoReplay: true})
+			m := loadFixture(t, vk, name)
+			runCaptureSchedule(t, m, plain, vk)
+			st, ps := vk.Stats(), plain.Stats()
+			// Drops count captures: the long prefill's buffers drop two,
+			// the three-output decode's one.
+			if want := fmt.Sprint(5, 7, 3); fmt.Sprint(st.Captures, st.Replays, st.Drops) != want {
+				t.Errorf("captures, replays, drops: %d %d %d, want %s", st.Captures, st.Replays, st.Drops, want)
+			}
+			if ps.Captures != 0 || ps.Replays != 0 || ps.Steps != st.Steps {
+				t.Errorf("without replay: %+v", ps)
+			}
+			if st.Dispatches >= ps.Dispatches {
+				t.Errorf("%d dispatches recorded with replay, %d without: replays should record none", st.Dispatches, ps.Dispatches)
+			}
+		})
+	}
+}
+
+// runCaptureSchedule runs an engine-like schedule on plainBe and on captBe
+// (a hal.StepCapturer), with fresh host memory for every step's inputs and
+// logits, and fails unless every step's logits are the same bits. It
+// returns captBe's runner.
+func runCaptureSchedule(t *testing.T, m *Model, plainBe, captBe hal.Backend) *Runner {
+	t.Helper()
+	const bs = 16
+	lens := []int{20, 7, 70}
+	var tables [][]int32
+	next := int32(0)
+	for _, n := range lens {
+		var tb []int32
+		for range (n + 12 + bs - 1) / bs {
+			tb = append(tb, next)
+			next++
+		}
+		tables = append(tables, tb)
+	}
+	kvPlain, err := plainBe.NewKVStore(m.KVLayout(int(next), bs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvCap, err := captBe.NewKVStore(m.KVLayout(int(next), bs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, capt := NewRunner(m, plainBe), NewRunner(m, captBe)
+	pos := make([]int, len(lens))
+	tok := func(s, p int) int32 { return int32((s*131 + p*17 + 5) % m.Config.VocabSize) }
+	// step feeds n[s] tokens of each sequence s with n[s] > 0.
+	step := func(n ...int) {
+		t.Helper()
+		batch := func() *Batch {
+			b := &Batch{}
+			for s, k := range n {
+				if k == 0 {
+					continue
+				}
+				q := int32(len(b.Attn.Blocks))
+				b.Attn.Blocks = append(b.Attn.Blocks, slices.Clone(tables[s]))
+				for i := range k {
+					b.Tokens = append(b.Tokens, tok(s, pos[s]+i))
+					b.Attn.Pos = append(b.Attn.Pos, int32(pos[s]+i))
+					b.Attn.SeqOf = append(b.Attn.SeqOf, q)
+				}
+				b.Outputs = append(b.Outputs, len(b.Tokens)-1)
+			}
+			return b
+		}
+		b1, b2 := batch(), batch()
+		want := make([]float32, len(b1.Outputs)*m.Config.VocabSize)
+		got := make([]float32, len(want))
+		if err := plain.Forward(kvPlain, b1, want); err != nil {
+			t.Fatal(err)
+		}
+		if err := capt.Forward(kvCap, b2, got); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
+				t.Fatalf("step %v (positions %v), logit %d: %g with capture and replay, %g without", n, pos, i, got[i], want[i])
+			}
+		}
+		for s, k := range n {
+			pos[s] += k
+		}
+	}
+	// Captures: the prefill, decode of two, the long prefill (its
+	// buffers dropped the captures), decode of three (whose output
+	// rows dropped them again), decode of two anew.
+	step(20, 7, 0)
+	for range 4 {
+		step(1, 1, 0)
+	}
+	step(0, 0, 70)
+	for range 3 {
+		step(1, 1, 1)
+	}
+	for range 3 {
+		step(1, 1, 0)
+	}
+	return capt
 }
 
 // faultyBackend fails as a device can: its allocations above limit values
@@ -302,5 +342,31 @@ func TestForwardErrors(t *testing.T) {
 	fb.lost = true
 	if err := r.Forward(kv, batch(3), logits); !errors.Is(err, hal.ErrDeviceLost) {
 		t.Errorf("after the device was lost: %v, want ErrDeviceLost", err)
+	}
+}
+
+// A replayed decode step allocates nothing on the Go heap: it writes the
+// inputs into the capture's arena, submits and waits, and copies the
+// logits out (hot paths allocate nothing per token).
+func TestReplayAllocatesNothingVulkan(t *testing.T) {
+	vk := vulkantest.New(t, vulkan.Options{Device: -1})
+	m := loadFixture(t, vk, "rand-llama-tok512-q8_0.gguf")
+	s := newSeqRunner(t, m, vk, 64)
+	s.feed(t, []int32{1, 2, 3, 4})
+	s.feed(t, []int32{5}) // records the decode shape
+	before := vk.Stats().Replays
+	b := &Batch{Tokens: []int32{6}, Attn: hal.AttnBatch{Pos: []int32{0}, SeqOf: []int32{0}, Blocks: [][]int32{s.table}}, Outputs: []int{0}}
+	allocs := testing.AllocsPerRun(10, func() {
+		b.Attn.Pos[0] = int32(s.pos)
+		if err := s.r.Forward(s.kv, b, s.logits); err != nil {
+			t.Fatal(err)
+		}
+		s.pos++
+	})
+	if got := vk.Stats().Replays - before; got != 11 {
+		t.Fatalf("%d replays, want 11 (AllocsPerRun's warm-up and 10 runs)", got)
+	}
+	if allocs != 0 {
+		t.Errorf("%v allocations per replayed step, want 0", allocs)
 	}
 }

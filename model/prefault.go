@@ -55,6 +55,11 @@ func touch(b []byte) {
 	runtime.KeepAlive(sink) // the loads are the point: keep them
 }
 
+// Matrices lists the distinct weight matrices the matmuls read, the ones a
+// backend may prepare: the output matrix (the token embedding itself when
+// tied), then each layer's q, k, v, o, gate, up and down.
+func (m *Model) Matrices() []*hal.Weight { return m.matrices() }
+
 // matrices lists the distinct weight matrices the matmuls read: the
 // token embedding only when it is also the output matrix.
 func (m *Model) matrices() []*hal.Weight {

@@ -22,6 +22,7 @@ import (
 	"tandem/gguf"
 	"tandem/hal"
 	"tandem/httpserve"
+	"tandem/internal/filehash"
 	"tandem/internal/version"
 	"tandem/kvcache"
 	"tandem/kvtier"
@@ -30,6 +31,7 @@ import (
 	"tandem/model"
 	"tandem/modelgen"
 	"tandem/openai"
+	"tandem/orpc"
 	"tandem/respstore"
 	"tandem/sim"
 	"tandem/sla"
@@ -77,6 +79,14 @@ type Config struct {
 	// Responses configures the Responses API's store.
 	Responses Responses
 	Logger    *slog.Logger
+
+	// Weights says where the prepared weights may come from besides the model file
+	// (weights.go); Start makes them ready before the engine starts.
+	Weights Weights
+	// Started is when the process started (zero: when Start was called), OpenTime how
+	// long the caller took to open Model: the start-up's first phase.
+	Started  time.Time
+	OpenTime time.Duration
 }
 
 // Responses configures the store of the Responses API's stored responses.
@@ -111,6 +121,13 @@ type Cluster struct {
 	KVSendRate float64 // bytes per second a KV pull is served at (0: unlimited)
 }
 
+// deviceBackend is a backend on a device (hal/vulkan) that counts, for /metrics, the weights
+// it converted at load and the forward steps it captured and replayed.
+type deviceBackend interface {
+	ConvertedWeights() map[string]int
+	StepCounts() (captures, replays, drops int64)
+}
+
 // Node is a running engine process.
 type Node struct {
 	cfg       Config
@@ -131,6 +148,21 @@ type Node struct {
 	fatal       chan error
 	shutOnce    sync.Once
 	shutErr     error
+
+	// Start-up and the weights (weights.go).
+	startup         cluster.Startup
+	startupFrom     string
+	startupMet      *metrics.Startup
+	total           time.Duration // process start to serving
+	fallbacks       []string
+	packed          int
+	imported        int
+	hash            filehash.Sum     // the model's content hash (zero: not computed)
+	weights         *preparedWeights // served to peers
+	identity        *orpc.Identity   // earned before a pull
+	weightsTransfer *metrics.WeightsTransfer
+	stopSave        context.CancelFunc // ends a pack cache write
+	saveDone        chan struct{}
 }
 
 // DefaultKVBudget is 40% of the memory available now (2 GiB when unknown), but no more
@@ -172,6 +204,17 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.MaxModelLen > 0 {
 		m.Config.ContextLen = cfg.MaxModelLen
 	}
+	started := cfg.Started
+	if started.IsZero() {
+		started = time.Now()
+	}
+	n := &Node{cfg: cfg, log: log, reg: metrics.NewRegistry(),
+		enginesDone: make(chan error, cfg.Replicas), fatal: make(chan error, cfg.Replicas)}
+	// The weights first: the default KV budget is a share of the memory they leave.
+	if err := n.prepareWeights(ctx); err != nil {
+		n.stopSaving()
+		return nil, err
+	}
 	perToken := m.KVBytesPerToken()
 	budget := cfg.KVBudget
 	if budget <= 0 {
@@ -183,12 +226,17 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		m.Config.ContextLen = blocks * cfg.BlockSize
 	}
 	if blocks < 1 || m.Config.ContextLen < 2 {
+		n.stopSaving()
 		return nil, fmt.Errorf("node: a KV budget of %d bytes holds no useful context (%d bytes per token)", budget, perToken)
 	}
-	n := &Node{cfg: cfg, log: log, reg: metrics.NewRegistry(), blocks: blocks, contextLen: m.Config.ContextLen,
-		enginesDone: make(chan error, cfg.Replicas), fatal: make(chan error, cfg.Replicas)}
+	n.blocks, n.contextLen = blocks, m.Config.ContextLen
+	t := time.Now()
 	if err := n.newEngines(); err != nil {
+		n.stopSaving()
 		return nil, err
+	}
+	if d, ok := cfg.Backend.(deviceBackend); ok && cfg.Sim == nil {
+		metrics.RegisterDevice(n.reg, cfg.Name, metrics.DeviceCounters{Converted: d.ConvertedWeights, Steps: d.StepCounts})
 	}
 	eng := n.engines[0]
 	metrics.RegisterKVState(n.reg, cfg.Name, func() float64 { return float64(eng.Pool().Stats().Used) },
@@ -202,13 +250,18 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err := n.serveHTTP(); err != nil {
 		n.closeStore()
 		n.stop()
+		n.stopSaving()
 		return nil, err
 	}
+	n.phase("engine", time.Since(t))
+	n.total = time.Since(started)
+	n.startupMet.Seconds.WithLabelValues("total").Set(n.total.Seconds())
 	if len(cfg.Cluster.Routers) > 0 {
 		if err := n.join(); err != nil {
 			n.http.Shutdown(context.Background())
 			n.closeStore()
 			n.stop()
+			n.stopSaving()
 			return nil, err
 		}
 	}
@@ -372,6 +425,7 @@ func (n *Node) join() error {
 			TokenizerFormat: tokFormat, TokenizerFiles: tokFiles, ChatTemplate: m.ChatTemplate,
 			GrammarFormat: cluster.GrammarGBNF, ToolCallParser: cfg.ToolCallParser, ReasoningParser: cfg.ReasoningParser,
 			RequestLevel: cluster.RequestTokens, Pooling: string(cfg.Pooling),
+			Startup: n.startup,
 		},
 		Node:       cc.NodeName,
 		Routers:    cc.Routers,
@@ -404,6 +458,9 @@ func (n *Node) join() error {
 		}
 		c.Listen = net.JoinHostPort(cc.Host, strconv.Itoa(port))
 		c.StateDir = ReplicaStateDir(base.StateDir, i)
+		if i == 0 {
+			n.serveWeights(&c)
+		}
 		if count > 1 {
 			if c.Node != "" {
 				c.Node = fmt.Sprintf("%s-%d", base.Node, i)
@@ -482,7 +539,8 @@ func (n *Node) Fatal() <-chan error { return n.fatal }
 // new (a request that races the news is refused and goes elsewhere); requests from HTTP and
 // from routers run to their end; at ctx's end the remaining ones are cut (HTTP streams with
 // an error event, router streams with an Unavailable error their router migrates); the
-// workers deregister; the engines stop. It returns ctx.Err() if requests were cut.
+// workers deregister; the engines stop; a pack cache being written is finished, or cut at
+// ctx's end. It returns ctx.Err() if requests were cut.
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.shutOnce.Do(func() {
 		var wg sync.WaitGroup
@@ -494,6 +552,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		wg.Wait()
 		n.workersDone.Wait()
 		n.stop()
+		n.finishSaving(ctx)
 		n.closeStore()
 		for _, err := range errs {
 			if err != nil {

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"tandem/engine"
-	"tandem/hal/cpu"
 )
 
 type benchResult struct {
@@ -38,6 +37,12 @@ type benchResult struct {
 	// its cores to itself (it assumes every thread busy throughout), which
 	// on a shared machine the wall clock hides.
 	CPUSamples []float64 `json:"samples_tokens_per_cpu_second_x_threads,omitempty"`
+	// A device backend's steps over the test's runs: how many, how many were
+	// replays of a recorded command buffer, and the host's time per step.
+	Steps           int64   `json:"steps,omitempty"`
+	Replays         int64   `json:"replayed_steps,omitempty"`
+	HostUSPerStep   float64 `json:"host_us_per_step,omitempty"`
+	SubmitUSPerStep float64 `json:"submit_us_per_step,omitempty"`
 	benchMemory
 }
 
@@ -79,10 +84,13 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 	batches := fs.String("batch", "4,16", "comma-separated sequence counts for batched decode")
 	reps := fs.Int("r", 3, "repetitions of each test")
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
+	dev := addDeviceFlag(fs)
+	replay := fs.Bool("replay", true, "with --device vulkan: replay the recorded command buffer of a step shape (false: record and run every step's ops, to measure what replay saves)")
 	kvt := addKVTypeFlag(fs)
 	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the tests to this file")
 	memProfile := fs.String("memprofile", "", "write a heap profile taken after the tests to this file")
+	packCache := fs.String("pack-cache", "", "map the prepared (packed) weights from this directory, writing them there first if they are not (as tandem serve --pack-cache)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem bench-engine [--model FILE] [-p 512] [-n 64] [--batch 4,16] [-r 3] [--json]")
 		fs.PrintDefaults()
@@ -111,12 +119,18 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	t0 := time.Now()
-	be, m, closeModel, err := openModel(*modelPath, *threads)
+	dev.noReplay = !*replay
+	be, m, closeModel, err := openModel(*modelPath, dev, *threads, nil)
 	if err != nil {
 		return err
 	}
 	defer closeModel()
 	m.KVType = kvType
+	if *packCache != "" {
+		if err := benchPackCache(*packCache, *modelPath, be, m, stderr); err != nil {
+			return err
+		}
+	}
 	m.Prefault(be, nil)
 	loadTime := time.Since(t0)
 	fileBytes := weightFileBytes(*modelPath, m.WeightBytes)
@@ -152,7 +166,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		defer pprof.StopCPUProfile()
 	}
 	base := benchResult{Model: modelName(*modelPath, m.Config.Name), ModelType: m.Config.Arch + " " + m.FileType,
-		SizeBytes: m.WeightBytes, Backend: cpu.KernelISA(), Threads: be.Threads()}
+		SizeBytes: m.WeightBytes, Backend: backendKind(be), Threads: backendThreads(be)}
 	var results []benchResult
 	run := func(test string, np, ng, seqs int, f func() (time.Duration, error)) error {
 		r := base
@@ -160,6 +174,7 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		if _, err := f(); err != nil { // warm-up, as llama-bench does
 			return err
 		}
+		s0 := deviceSteps(be)
 		for range *reps {
 			c0 := cpuSeconds()
 			d, err := f()
@@ -168,8 +183,13 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 			}
 			r.Samples = append(r.Samples, float64(max(np, ng*seqs))/d.Seconds())
 			if c := cpuSeconds() - c0; c > 0 {
-				r.CPUSamples = append(r.CPUSamples, float64(max(np, ng*seqs))/c*float64(be.Threads()))
+				r.CPUSamples = append(r.CPUSamples, float64(max(np, ng*seqs))/c*float64(backendThreads(be)))
 			}
+		}
+		if s1 := deviceSteps(be); s1.Steps > s0.Steps {
+			r.Steps, r.Replays = s1.Steps-s0.Steps, s1.Replays-s0.Replays
+			r.HostUSPerStep = float64((s1.HostTime - s0.HostTime).Microseconds()) / float64(r.Steps)
+			r.SubmitUSPerStep = float64((s1.SubmitTime - s0.SubmitTime).Microseconds()) / float64(r.Steps)
 		}
 		r.TokensPerSecond, r.Stddev = meanStddev(r.Samples)
 		r.benchMemory = measureMemory(fileBytes, ob.KVBytes(), loadTime)
@@ -216,6 +236,15 @@ func benchEngineCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "| %-28s | %-14s | %10s | %-10s | %7d | %-4s | %*s | %9.2f ± %6.2f |\n", trunc(r.Model, 28), r.ModelType, formatBytes(r.SizeBytes), r.Backend, r.Threads, r.KVType, tw, r.Test, r.TokensPerSecond, r.Stddev)
 	}
 	fmt.Fprintf(stdout, "\n%s\n", mem)
+	if deviceSteps(be).Steps > 0 {
+		fmt.Fprintf(stdout, "device: %s\n", be.Name())
+	}
+	for _, r := range results {
+		if r.Steps > 0 {
+			fmt.Fprintf(stdout, "%s: %d steps, %d replayed; host %.1f µs a step (recording the ops or writing a replay's inputs, reading the logits), %.1f µs in vkQueueSubmit\n",
+				r.Test, r.Steps, r.Replays, r.HostUSPerStep, r.SubmitUSPerStep)
+		}
+	}
 	return nil
 }
 

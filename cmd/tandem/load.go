@@ -2,19 +2,21 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 
 	"tandem/gguf"
 	"tandem/hal"
-	"tandem/hal/cpu"
 	"tandem/model"
 	"tandem/modelgen"
 )
 
-// openModel starts a CPU backend with threads workers (0: all cores) and
-// loads the model at path on it (the demo model when path is empty). close
-// releases both.
-func openModel(path string, threads int) (be *cpu.Backend, m *model.Model, close func(), err error) {
-	be = cpu.New(threads)
+// openModel starts the backend dev names (the CPU's with threads workers,
+// 0 for all cores) and loads the model at path on it (the demo model when
+// path is empty). close releases both.
+func openModel(path string, dev deviceFlag, threads int, log *slog.Logger) (be hal.Backend, m *model.Model, close func(), err error) {
+	if be, err = dev.open(threads, log); err != nil {
+		return nil, nil, nil, err
+	}
 	m, err = loadModel(path, be)
 	if err != nil {
 		be.Close()

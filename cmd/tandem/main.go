@@ -27,6 +27,7 @@ func commands() []command {
 		{"bench", "load-test an OpenAI-compatible server", benchCmd},
 		{"simulate", "replay a trace over simulated workers with the router's own decisions", simulateCmd},
 		{"profile", "time an engine's forward pass and fit the simulator's timing model", profileCmd},
+		{"devices", "list the devices --device can name (the CPU, Vulkan devices)", devicesCmd},
 	}
 }
 

@@ -25,6 +25,7 @@ func profileCmd(args []string, stdout, stderr io.Writer) error {
 	simProfile := fs.String("sim-profile", "", "with --backend sim: its timing model (gpu, cpu or a JSON file)")
 	reps := fs.Int("r", 3, "repetitions of each step shape (the median counts)")
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
+	dev := addDeviceFlag(fs)
 	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "KV block size in tokens")
 	kvt := addKVTypeFlag(fs)
 	maxBatch := fs.Int("max-batch-tokens", engine.DefaultMaxBatchTokens, "largest step to time, in tokens (the serving engine's budget)")
@@ -65,7 +66,7 @@ func profileCmd(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	be, m, closeModel, err := openModel(*modelPath, *threads)
+	be, m, closeModel, err := openModel(*modelPath, dev, *threads, nil)
 	if err != nil {
 		return err
 	}

@@ -51,6 +51,7 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	maxTokens := fs.Int("max-tokens", 256, "most tokens to generate")
 	ignoreEOS := fs.Bool("ignore-eos", false, "keep generating past end-of-generation tokens")
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
+	dev := addDeviceFlag(fs)
 	chunk := fs.Int("prefill-chunk", 512, "most prompt tokens per forward pass")
 	kvt := addKVTypeFlag(fs)
 	sampling := samplingFlags(fs)
@@ -79,7 +80,7 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	}
 
 	t0 := time.Now()
-	be, m, closeModel, err := openModel(*modelPath, *threads)
+	be, m, closeModel, err := openModel(*modelPath, dev, *threads, nil)
 	if err != nil {
 		return err
 	}

@@ -54,6 +54,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	kvSharedDir := fs.String("kv-shared-dir", "", "KV shared tier: a directory every node mounts (a network filesystem); blocks used twice are written there and any node loads them")
 	kvDiskUses := fs.Int("kv-disk-min-uses", 2, "frequency filter: a block goes to the disk and shared tiers only once used this many times (1: every block)")
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
+	dev := addDeviceFlag(fs)
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
 	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
 	slaTargets := sla.AddFlags(fs)
@@ -80,6 +81,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	toolParser := fs.String("tool-call-parser", "auto", "the format the model writes tool calls in: "+strings.Join(openai.ToolCallParsers, ", ")+" (auto: chosen from the chat template)")
 	reasoningParser := fs.String("reasoning-parser", "auto", "split the reasoning off the answer: "+strings.Join(openai.ReasoningParsers, ", ")+" (auto: when the chat template writes <think>)")
 	bk := addBackendFlags(fs)
+	wf := addWeightsFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tandem serve [--model PATH] [--host H] [--port P] [flags]")
 		fs.PrintDefaults()
@@ -175,6 +177,16 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if _, err := bk.check(joins, *advertise, *orpcPort); err != nil {
 		return err
 	}
+	if _, _, err := dev.parse(); err != nil {
+		return err
+	}
+	if bk.sim() && dev.vulkan() {
+		return errors.New("--device vulkan runs the forward pass; --backend sim models it instead")
+	}
+	weights, err := wf.parse(joins, bk.sim())
+	if err != nil {
+		return err
+	}
 	kvType, err := kvt.parse()
 	if err != nil {
 		return err
@@ -184,15 +196,13 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 
 	t0 := time.Now()
-	be, m, closeModel, err := openModel(*modelPath, bk.threads(*threads))
+	be, m, closeModel, err := openModel(*modelPath, dev, bk.threads(*threads), log)
 	if err != nil {
 		return err
 	}
 	defer closeModel()
-	if !bk.sim() { // the sim backend never reads the weights
-		m.Prefault(be, progressPrinter(stderr, "loading weights"))
-	}
-	loadTime := time.Since(t0)
+	openTime := time.Since(t0) // node.Start prepares the weights (the sim backend never reads them)
+	weights.Progress = progressPrinters(stderr)
 
 	name := *servedName
 	if name == "" {
@@ -231,6 +241,16 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		if budget, err = parseBytes(*kvMem); err != nil {
 			return fmt.Errorf("--kv-cache-memory: %w", err)
 		}
+	} else {
+		ctxLen := m.Config.ContextLen
+		if *maxModelLen > 0 {
+			ctxLen = *maxModelLen
+		}
+		seqs := *maxSeqs
+		if seqs <= 0 {
+			seqs = engine.DefaultMaxSeqs
+		}
+		budget = deviceKVBudget(be, m.KVBytesPerToken(), seqs*ctxLen) // the device's memory, not the host's
 	}
 	n, err := node.Start(ctx, node.Config{
 		Model: m, Backend: be, ModelPath: *modelPath, Name: name,
@@ -247,16 +267,17 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			Routers: joins, Token: *joinToken, StateDir: *stateDir, Role: *role, NodeName: *nodeName,
 			Host: *host, ORPCPort: *orpcPort, Advertise: *advertise, KVHold: *kvHold, KVSendRate: float64(sendRate),
 		},
-		Logger: log,
+		Logger: log, Weights: weights, Started: processStart, OpenTime: openTime,
 	})
 	if err != nil {
 		return err
 	}
+	st := n.Startup()
 	blocks, perToken := n.KVBlocks(), m.KVBytesPerToken()
-	fmt.Fprintf(stderr, "tandem serve: %s\n  version: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s\n",
+	fmt.Fprintf(stderr, "tandem serve: %s\n  version: %s\n  model: %s (%s, %s, %d layers) from %s\n  KV cache: %d tokens (%d blocks of %d, %s %v), context %d\n  load time: %v, backend %s\n  weights: %s\n  start-up: %s\n",
 		n.URL(), version.String(), name, m.Config.Arch, m.FileType, m.Config.Layers, sourceName(*modelPath),
 		blocks**blockSize, blocks, *blockSize, formatBytes(int64(blocks)*int64(*blockSize)*perToken), kvType, n.ContextLen(),
-		loadTime.Round(time.Millisecond), be.Name())
+		st.Total.Round(time.Millisecond), be.Name(), weightsLine(st), phasesLine(st))
 	if responses.Path != "" {
 		fmt.Fprintf(stderr, "  responses: stored in %s (TTL %v)\n", responses.Path, *responseTTL)
 	} else {

@@ -49,11 +49,18 @@ type server struct {
 // waits for the URL it prints.
 func startServe(t *testing.T, args ...string) *server {
 	t.Helper()
+	return startServeEnv(t, nil, args...)
+}
+
+// startServeEnv is startServe with env added to the process's environment.
+func startServeEnv(t *testing.T, env []string, args ...string) *server {
+	t.Helper()
 	bin, err := buildTandem()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, append([]string{"serve", "--port", "0"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
 	pipe, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ func tokenizeCmd(args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return fmt.Errorf("want exactly one text argument, got %d", len(pos))
 	}
-	_, m, closeModel, err := openModel(*modelPath, 1)
+	_, m, closeModel, err := openModel(*modelPath, cpuDevice(), 1, nil)
 	if err != nil {
 		return err
 	}

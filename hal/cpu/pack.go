@@ -43,6 +43,9 @@ type packedWeight struct {
 
 // packFormat describes one packed layout and its kernels.
 type packFormat struct {
+	// layout names the bytes pack writes, for the prepared form's format id
+	// (port.go): formats whose pack functions are the same share it.
+	layout          string
 	groupBlockBytes int   // bytes of one block of one 16-row group
 	blockElems      int   // elements in a block: 32, or 256 for K-quants
 	corrMul         int32 // the weight codes' offset: s = Σcode·x − corrMul·Σx
@@ -99,6 +102,10 @@ type packCache struct {
 	mu    sync.Mutex
 	m     map[*hal.Weight]*packedWeight
 	arena packArena // a replaced copy's slab piece stays allocated until release
+	// imports release the memory of imported copies (ImportWeights), at release.
+	imports []func()
+	// packs counts the weights packed, imported those given by ImportWeights.
+	packs, imported int
 }
 
 // packed returns w's packed copy, packing it on first use on workers; nil when w's
@@ -123,6 +130,7 @@ func (c *packCache) packed(w *hal.Weight, workers *pool) *packedWeight {
 	}
 	p := packWeight(f, w, c.arena.alloc, workers)
 	p.src = src
+	c.packs++
 	c.m[w] = p
 	return p
 }
@@ -153,6 +161,10 @@ func (c *packCache) release() {
 		delete(c.m, k)
 	}
 	c.arena.release()
+	for _, f := range c.imports {
+		f()
+	}
+	c.imports = nil
 }
 
 // packWeight copies w into f's layout.

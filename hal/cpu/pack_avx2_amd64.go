@@ -85,15 +85,15 @@ func packQ6_Kx4AVX2(nb int, w, x *byte, xstride int, side *byte, sstride int, ou
 func packQ6_Kx1AVX2(nb int, w, x, side *byte, out *float32)
 
 var (
-	packFormatQ8_0AVX2 = &packFormat{groupBlockBytes: 544, blockElems: 32, sideWords: 17, side: sideQ8_0Pairs, pack: packQ8_0AVX2, k4: packQ8_0x4AVX2, k4pf: packQ8_0x4PFAVX2, k1: packQ8_0x1AVX2}
-	packFormatQ5_0AVX2 = &packFormat{groupBlockBytes: 352, corrMul: 16, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ5_0, k4: packQ5_0x4AVX2, k4pf: packQ5_0x4PFAVX2, k1: packQ5_0x1AVX2}
-	packFormatQ4_0AVX2 = &packFormat{groupBlockBytes: 288, corrMul: 8, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ4_0, k4: packQ4_0x4AVX2, k4pf: packQ4_0x4PFAVX2, k1: packQ4_0x1AVX2}
-	packFormatQ4_1AVX2 = &packFormat{groupBlockBytes: 320, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ4_1, k4: packQ4_1x4AVX2, k4pf: packQ4_1x4PFAVX2, k1: packQ4_1x1AVX2}
-	packFormatQ5_1AVX2 = &packFormat{groupBlockBytes: 384, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ5_1, k4: packQ5_1x4AVX2, k4pf: packQ5_1x4PFAVX2, k1: packQ5_1x1AVX2}
-	packFormatQ4_KAVX2 = &packFormat{groupBlockBytes: 2368, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ4_K, k4: packQ4_Kx4AVX2, k4pf: packQ4_Kx4PFAVX2, k1: packQ4_Kx1AVX2}
-	packFormatQ5_KAVX2 = &packFormat{groupBlockBytes: 2880, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ5_K, k4: packQ5_Kx4AVX2, k4pf: packQ5_Kx4PFAVX2, k1: packQ5_Kx1AVX2}
+	packFormatQ8_0AVX2 = &packFormat{layout: "q8_0.avx2", groupBlockBytes: 544, blockElems: 32, sideWords: 17, side: sideQ8_0Pairs, pack: packQ8_0AVX2, k4: packQ8_0x4AVX2, k4pf: packQ8_0x4PFAVX2, k1: packQ8_0x1AVX2}
+	packFormatQ5_0AVX2 = &packFormat{layout: "q5_0", groupBlockBytes: 352, corrMul: 16, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ5_0, k4: packQ5_0x4AVX2, k4pf: packQ5_0x4PFAVX2, k1: packQ5_0x1AVX2}
+	packFormatQ4_0AVX2 = &packFormat{layout: "q4_0", groupBlockBytes: 288, corrMul: 8, blockElems: 32, sideWords: 2, side: sideQ8_0, pack: packQ4_0, k4: packQ4_0x4AVX2, k4pf: packQ4_0x4PFAVX2, k1: packQ4_0x1AVX2}
+	packFormatQ4_1AVX2 = &packFormat{layout: "q4_1", groupBlockBytes: 320, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ4_1, k4: packQ4_1x4AVX2, k4pf: packQ4_1x4PFAVX2, k1: packQ4_1x1AVX2}
+	packFormatQ5_1AVX2 = &packFormat{layout: "q5_1", groupBlockBytes: 384, blockElems: 32, sideWords: 2, side: sideQ8_1, pack: packQ5_1, k4: packQ5_1x4AVX2, k4pf: packQ5_1x4PFAVX2, k1: packQ5_1x1AVX2}
+	packFormatQ4_KAVX2 = &packFormat{layout: "q4_k", groupBlockBytes: 2368, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ4_K, k4: packQ4_Kx4AVX2, k4pf: packQ4_Kx4PFAVX2, k1: packQ4_Kx1AVX2}
+	packFormatQ5_KAVX2 = &packFormat{layout: "q5_k", groupBlockBytes: 2880, blockElems: 256, sideWords: 8, side: sideQ8_K, pack: packQ5_K, k4: packQ5_Kx4AVX2, k4pf: packQ5_Kx4PFAVX2, k1: packQ5_Kx1AVX2}
 	// Q6_K's kernels read the Q8_K rows alone (d and the 16-element sums).
-	packFormatQ6_KAVX2 = &packFormat{groupBlockBytes: 3360, blockElems: 256, side: sideNone, pack: packQ6_KAVX2, k4: packQ6_Kx4AVX2, k4pf: packQ6_Kx4PFAVX2, k1: packQ6_Kx1AVX2}
+	packFormatQ6_KAVX2 = &packFormat{layout: "q6_k.avx2", groupBlockBytes: 3360, blockElems: 256, side: sideNone, pack: packQ6_KAVX2, k4: packQ6_Kx4AVX2, k4pf: packQ6_Kx4PFAVX2, k1: packQ6_Kx1AVX2}
 )
 
 // packQ8_0AVX2 lays out one 16-row group of Q8_0 rows: per block, the 16

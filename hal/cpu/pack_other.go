@@ -21,3 +21,6 @@ func quantizeQ8_KSIMD(src []float32, dst []byte) int { return 0 }
 func expShiftedSIMD(v []float32, m float32) int { return 0 }
 
 func f32ToF16SIMD(src []float32, dst []byte) int { return 0 }
+
+// kernelFeatures names the kernels in use for PreparedKey.
+func kernelFeatures() string { return kern.isa }

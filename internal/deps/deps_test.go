@@ -17,9 +17,15 @@ var allowed = map[string][]string{
 	"dtype": {}, "llm": {}, "kvcache": {}, "tokenizer": {}, "httpserve": {}, "metrics": {},
 	"bench": {}, "bench/benchtest": {},
 	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {}, "internal/version": {}, "sla": {}, "grammar": {}, "internal/schematest": {},
+	"internal/vulkantest": {"hal/vulkan"},
+	"internal/filehash": {"internal/statefile"},
 
 	// File formats and the device contract.
 	"gguf": {"dtype"}, "safetensors": {"dtype"}, "hal": {"dtype"}, "hal/cpu": {"hal"},
+	// The Vulkan backend: hal/cpu's host code (dequantization at load, the KV format's name).
+	// Only cmd/tandem links it; node takes a hal.Backend, and tests of model, node and
+	// cmd/tandem reach it through internal/vulkantest.
+	"hal/vulkan": {"hal", "hal/cpu"},
 
 	// Pure cores: no I/O of their own.
 	"sched":  {"kvcache", "llm"},
@@ -39,6 +45,7 @@ var allowed = map[string][]string{
 	"modelgen":       {"gguf", "hal", "hal/cpu", "model", "tokenizer"},
 	"engine":         {"grammar", "hal", "kvcache", "kvtier", "llm", "metrics", "model", "sched", "tokenizer"},
 	"engine/simstep": {"engine", "hal", "model", "sim"},
+	"packcache":      {"hal", "internal/filehash", "internal/statefile"},
 
 	// Serving.
 	"openai":        {"grammar", "httpserve", "llm", "metrics", "tokenizer"},
@@ -46,7 +53,7 @@ var allowed = map[string][]string{
 	"bench/loadgen": {"bench"},
 	"web":           {"metrics", "sla"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
-	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/version", "kvcache", "kvtier", "llm", "metrics", "model", "modelgen", "openai", "respstore", "sim", "sla", "web", "worker"},
+	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/filehash", "internal/version", "kvcache", "kvtier", "llm", "metrics", "model", "modelgen", "openai", "orpc", "packcache", "respstore", "sim", "sla", "web", "worker"},
 	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "respstore", "router", "tokenizer"},
 
 	// Binaries: flags and wiring.
@@ -64,6 +71,8 @@ var thirdParty = map[string][]string{
 	// The response store alone opens the database file; the API reaches it through
 	// openai.ResponseStore, so that the format and its locking stay in one package.
 	"go.etcd.io/bbolt": {"respstore"},
+	// The Vulkan loader, opened at run time (no cgo, no headers to build).
+	"github.com/ebitengine/purego": {"hal/vulkan"},
 }
 
 // never lists what a package must not link at all, directly or through others.
@@ -81,18 +90,32 @@ var never = map[string][]string{
 	"sla":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"grammar": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	// The router binary: pure Go, no engine.
-	"cmd/tandem-router": {"tandem/hal", "tandem/hal/cpu", "tandem/model", "tandem/engine", "tandem/modelgen", "C"},
+	"cmd/tandem-router": {"tandem/hal", "tandem/hal/cpu", "tandem/hal/vulkan", "tandem/model", "tandem/engine", "tandem/modelgen", "github.com/ebitengine/purego", "C"},
+	// The engine's own packages take a hal.Backend; only the binary chooses the device.
+	"node":   {"tandem/hal/vulkan"},
+	"engine": {"tandem/hal/vulkan"},
+	"model":  {"tandem/hal/vulkan"},
+}
+
+// testedWith lists, for packages only some tests may reach, the packages whose tests may
+// import them: the Vulkan backend is held to the CPU's results in model's and node's tests
+// and end to end in cmd/tandem's, nowhere else (the other packages' tests stay on hal/cpu).
+var testedWith = map[string][]string{
+	"tandem/hal/vulkan":          {"hal/vulkan", "internal/vulkantest", "model", "node", "cmd/tandem"},
+	"tandem/internal/vulkantest": {"model", "node", "cmd/tandem"},
 }
 
 type listed struct {
-	ImportPath string
-	Imports    []string
-	Deps       []string
+	ImportPath   string
+	Imports      []string
+	Deps         []string
+	TestImports  []string
+	XTestImports []string
 }
 
 func goList(t *testing.T) []listed {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,Deps", "tandem/...")
+	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,Deps,TestImports,XTestImports", "tandem/...")
 	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.Output()
 	if err != nil {
@@ -132,6 +155,11 @@ func TestDependencyPolicy(t *testing.T) {
 				if !thirdPartyAllowed(imp, name) {
 					t.Errorf("%s imports %s: only %v may import it", p.ImportPath, imp, thirdPartyOwners(imp))
 				}
+			}
+		}
+		for _, imp := range append(append(slices.Clone(p.Imports), p.TestImports...), p.XTestImports...) {
+			if who, ok := testedWith[imp]; ok && !slices.Contains(who, name) {
+				t.Errorf("%s (or its tests) imports %s: only %v may", p.ImportPath, imp, who)
 			}
 		}
 		for _, bad := range never[name] {

@@ -15,6 +15,16 @@ import (
 // another by Write land on disk in that order. Temporary files left behind by a writer of
 // path killed before its rename are removed first.
 func Write(path string, data []byte, perm fs.FileMode) error {
+	return WriteWith(path, perm, func(f *os.File) error {
+		_, err := f.Write(data)
+		return err
+	})
+}
+
+// WriteWith is Write for a file too large to hold in memory: write fills the temporary
+// file (it must not close it), and path is replaced only if it returns nil. Otherwise
+// the temporary file is removed and path is left as it was.
+func WriteWith(path string, perm fs.FileMode, write func(f *os.File) error) error {
 	dir, base := filepath.Dir(path), filepath.Base(path)
 	pattern := "." + base + ".tmp*"
 	if stale, err := filepath.Glob(filepath.Join(dir, pattern)); err == nil {
@@ -32,7 +42,7 @@ func Write(path string, data []byte, perm fs.FileMode) error {
 		f.Close()
 		return err
 	}
-	if _, err := f.Write(data); err != nil {
+	if err := write(f); err != nil {
 		f.Close()
 		return err
 	}

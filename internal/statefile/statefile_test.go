@@ -1,6 +1,7 @@
 package statefile
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -46,5 +47,29 @@ func TestWrite(t *testing.T) {
 	}
 	if err := Write(filepath.Join(dir, "missing", "x"), nil, 0o600); err == nil {
 		t.Error("writing into a missing directory succeeded")
+	}
+}
+
+// TestWriteWithFailure: a writer that fails leaves the old file as it was and no
+// temporary file behind.
+func TestWriteWithFailure(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "cache")
+	if err := Write(path, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	err := WriteWith(path, 0o644, func(f *os.File) error {
+		f.Write([]byte("half of the new"))
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("WriteWith: %v, want the writer's error", err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "old" {
+		t.Errorf("after a failed write: %q", got)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("directory holds %d entries, want only the file", len(ents))
 	}
 }

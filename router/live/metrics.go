@@ -54,6 +54,7 @@ func (m *liveMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.IndexBytes
 	ch <- m.StaleWorkers
 	ch <- m.KVIndexGapWorkers
+	ch <- m.WorkerStartup
 }
 
 // Collect implements prometheus.Collector.
@@ -104,6 +105,9 @@ func (m *liveMetrics) Collect(ch chan<- prometheus.Metric) {
 		g("healthy", boolFloat(st.Healthy))
 		ch <- prometheus.MustNewConstMetric(m.WorkerInfo, prometheus.GaugeValue, 1, w.node, w.model.name, cmp.Or(st.Card.Role, cluster.RoleBoth))
 		g("kv_stale", boolFloat(st.Stale))
+		for _, ph := range w.startup.Phases {
+			ch <- prometheus.MustNewConstMetric(m.WorkerStartup, prometheus.GaugeValue, ph.Seconds, w.node, w.model.name, w.startup.Weights, ph.Name)
+		}
 	}
 }
 

@@ -132,6 +132,12 @@ type liveWorker struct {
 	// while that one was still reporting, and when (see nameConflictLocked).
 	displaced   string
 	displacedAt time.Time
+	// From the card: the model's content hash and the backend's prepared-weights key (a
+	// new engine of the same hash may pull its weights from this one: weights.go), and
+	// how it started.
+	contentHash []byte
+	prepared    string
+	startup     cluster.Startup
 }
 
 // mailReport is a load report waiting for the next decision.
@@ -220,6 +226,7 @@ func (l *Router) Register(srv *orpc.Server) {
 	orpc.ServerStream(srv, cluster.MethodRegister, l.register)
 	orpc.Unary(srv, cluster.MethodHeartbeat, l.heartbeat)
 	orpc.Unary(srv, cluster.MethodEvents, l.events)
+	orpc.Unary(srv, cluster.MethodWeightPeers, l.weightPeers)
 }
 
 // Run watches heartbeats until ctx is done: a worker silent for half of HeartbeatTimeout
@@ -383,6 +390,7 @@ type WorkerInfo struct {
 	Healthy bool
 	Blocks  int     // blocks the index holds for it
 	Load    float64 // predicted load in blocks (prefill + decode)
+	Startup cluster.Startup
 }
 
 // Workers returns the registered workers, by id.
@@ -394,7 +402,7 @@ func (l *Router) Workers() []WorkerInfo {
 	for _, w := range l.workers {
 		st, _ := w.model.state.Worker(w.id)
 		out = append(out, WorkerInfo{ID: w.id, Node: w.node, Addr: w.addr, Model: w.model.name, Healthy: st.Healthy,
-			Blocks: w.model.state.Index().Blocks(w.id), Load: st.Load()})
+			Blocks: w.model.state.Index().Blocks(w.id), Load: st.Load(), Startup: w.startup})
 	}
 	slices.SortFunc(out, func(a, b WorkerInfo) int { return cmp.Compare(a.ID, b.ID) })
 	return out
@@ -563,7 +571,8 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	_, remembered := l.cfg.KnownCards[card.Model]
 	persist := newModel && !remembered && l.cfg.NewModel != nil
 	w := &liveWorker{id: id, node: card.Node, addr: addr, model: m, client: client, joined: now,
-		kick: make(chan struct{}), key: rand.Uint64() | 1, cert: cert}
+		kick: make(chan struct{}), key: rand.Uint64() | 1, cert: cert,
+		contentHash: card.ContentHash, prepared: card.Prepared, startup: card.Startup}
 	w.beat.Store(now.UnixNano())
 	w.kvs.resyncing = true // until the first snapshot: events wait for it
 	if displaced != "" {
