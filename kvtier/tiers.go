@@ -325,6 +325,15 @@ func (t *Tiers) Faults() []Fault {
 		if n := t.Disk.DirectRefused.Load(); n > 0 {
 			fs = append(fs, Fault{Tier: kvcache.TierDisk, Op: "open", Kind: "direct_refused", Count: n})
 		}
+		// What the start-up scan found and did not use (logged once by Open).
+		for _, f := range []struct {
+			kind string
+			n    int
+		}{{"corrupt", t.Scan.Corrupt}, {"foreign", t.Scan.Foreign}, {"beyond_size", t.Scan.Beyond}, {"temp", t.Scan.Temp}} {
+			if f.n > 0 {
+				fs = append(fs, Fault{Tier: kvcache.TierDisk, Op: "scan", Kind: f.kind, Count: uint64(f.n)})
+			}
+		}
 	}
 	return fs
 }
