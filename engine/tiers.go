@@ -92,14 +92,21 @@ func (e *Engine) startLoaders(ctx context.Context, n int) {
 	o := &e.onboard
 	for range n {
 		o.wg.Go(func() {
-			buf := e.tiers.NewBuffer()
+			bufs := make([][]byte, loadStripes)
+			for i := range bufs {
+				bufs[i] = e.tiers.NewBuffer()
+			}
 			for {
 				select {
 				case s := <-o.queue:
 					t0 := time.Now()
-					ok, bad := e.load(ctx, s, buf)
+					ok, bad := e.load(ctx, s, bufs)
+					elapsed := time.Since(t0)
+					if ok > 0 {
+						e.onboard.costs.observeLoad(slowestTier(s.Loads()[:ok]), elapsed/time.Duration(ok))
+					}
 					o.mu.Lock()
-					o.done = append(o.done, loadResult{s: s, ok: ok, bad: bad, elapsed: time.Since(t0)})
+					o.done = append(o.done, loadResult{s: s, ok: ok, bad: bad, elapsed: elapsed})
 					o.mu.Unlock()
 					e.signal()
 				case <-ctx.Done():
@@ -110,27 +117,93 @@ func (e *Engine) startLoaders(ctx context.Context, n int) {
 	}
 }
 
+// loadStripes is how many reads one sequence's onboarding keeps in flight: a disk's
+// throughput needs several (one block file is one read), and a sequence of a few hundred
+// blocks loaded one after another would wait for each read in turn.
+const loadStripes = 4
+
+// minStripe is the fewest blocks worth a stripe of their own (a goroutine costs far less
+// than reading one block, even from host memory).
+const minStripe = 2
+
+// slowestTier is the lowest tier that loads read from: what a sequence's load time per
+// block is counted against (the router credits each tier by its measured cost).
+func slowestTier(loads []kvcache.Load) kvcache.Tier {
+	t := kvcache.TierHost
+	for _, l := range loads {
+		t = max(t, l.From.Tier)
+	}
+	return t
+}
+
 // load copies s's loads into the device, checking each block (kvtier.Tiers.Read checks
-// hash, model, format and CRC). It stops at the first block that fails its checks (bad:
-// the block is dropped from its tier, and the sequence computes from there) or that the
-// device refuses, or when ctx ends.
-func (e *Engine) load(ctx context.Context, s *sequence, buf []byte) (ok int, bad bool) {
-	for i, l := range s.Loads() {
-		if ctx.Err() != nil {
-			return i, false
+// hash, model, format and CRC), on up to len(bufs) goroutines, each taking every k-th
+// block so that the leading blocks arrive first. It reports how many leading blocks are
+// in (ok) and whether the block after them failed its checks (bad: it is dropped from its
+// tier, and the sequence computes from there); a block the device refuses, or ctx ending,
+// ends the run there too. Blocks past the first failure that were copied anyway are in
+// the sequence's own reserved blocks and are computed over.
+func (e *Engine) load(ctx context.Context, s *sequence, bufs [][]byte) (ok int, bad bool) {
+	loads := s.Loads()
+	k := max(1, min(len(bufs), len(loads)/minStripe))
+	if k == 1 {
+		return e.loadStripe(ctx, loads, 0, 1, bufs[0], nil)
+	}
+	var limit atomic.Int64 // the first failure so far: no stripe reads past it
+	limit.Store(int64(len(loads)))
+	fails := make([]struct {
+		at  int
+		bad bool
+	}, k)
+	var wg sync.WaitGroup
+	for j := range k {
+		wg.Go(func() {
+			fails[j].at, fails[j].bad = e.loadStripe(ctx, loads, j, k, bufs[j], &limit)
+		})
+	}
+	wg.Wait()
+	ok = len(loads)
+	for _, f := range fails {
+		if f.at < ok {
+			ok, bad = f.at, f.bad
 		}
-		t0 := time.Now()
+	}
+	return ok, bad
+}
+
+// loadStripe loads blocks first, first+step, … of loads and returns the index of the
+// first that failed (len(loads) if none) and whether it failed its checks. With limit, it
+// stops at the lowest failure of any stripe and lowers limit at its own.
+func (e *Engine) loadStripe(ctx context.Context, loads []kvcache.Load, first, step int, buf []byte, limit *atomic.Int64) (int, bool) {
+	fail := func(i int, bad bool) (int, bool) {
+		if limit != nil {
+			for {
+				cur := limit.Load()
+				if int64(i) >= cur || limit.CompareAndSwap(cur, int64(i)) {
+					break
+				}
+			}
+		}
+		return i, bad
+	}
+	for i := first; i < len(loads); i += step {
+		if limit != nil && int64(i) >= limit.Load() {
+			return len(loads), false // another stripe failed before i: its failure counts
+		}
+		if ctx.Err() != nil {
+			return fail(i, false)
+		}
+		l := loads[i]
 		b, err := e.tiers.Read(l, buf)
 		if err != nil {
-			return i, true // counted and logged by the tiers
+			return fail(i, true) // counted and logged by the tiers
 		}
 		if err := e.kv.WriteBlock(int(l.Block), b); err != nil {
 			e.log.Error("onboarding: the KV store refused a block; the rest is recomputed", "block", l.Block, "err", err)
-			return i, false
+			return fail(i, false)
 		}
-		e.onboard.costs.observeLoad(l.From.Tier, time.Since(t0))
 	}
-	return len(s.Loads()), false
+	return len(loads), false
 }
 
 // startOnboard hands the step's onboarding sequences to the loaders. Called by Run's

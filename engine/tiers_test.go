@@ -261,7 +261,9 @@ func TestTierDiskFull(t *testing.T) {
 		}
 		return false
 	})
-	if st := tierStats(e, kvcache.TierDisk); st.Ready != 0 || st.Failed == 0 {
+	// Blocks may be stored after all: a failed write removes its temporary file (the link
+	// to /dev/full), and the probe a second later lets the tier back in (slow runs, -race).
+	if st := tierStats(e, kvcache.TierDisk); st.Failed == 0 {
 		t.Fatalf("disk tier on a full disk: %+v", st)
 	}
 	waitIdle(t, e)
