@@ -2,6 +2,7 @@ package kvtier
 
 import (
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -103,4 +104,59 @@ func BenchmarkDiskReadSideBySide(b *testing.B) {
 	b.ReportMetric(mb/raw.Seconds(), "raw_MB/s")
 	b.ReportMetric(raw.Seconds()/checked.Seconds(), "checked/raw")
 	b.Logf("direct I/O: %v", d.Direct())
+}
+
+// BenchmarkDiskReadSideBySideStriped is BenchmarkDiskReadSideBySide with 4 reads in flight
+// each way, as an onboarding sequence's 4 stripes read (engine.load): 4 goroutines read
+// checked, then the same 4 blocks raw, alternating which goes first.
+func BenchmarkDiskReadSideBySideStriped(b *testing.B) {
+	const k = 4
+	d := benchDisk(b)
+	bufs := make([][]byte, k)
+	for i := range bufs {
+		bufs[i] = d.NewBuffer()
+	}
+	var checked, raw time.Duration
+	readAll := func(first int32, verify bool) time.Duration {
+		t0 := time.Now()
+		var wg sync.WaitGroup
+		for j := range int32(k) {
+			wg.Go(func() {
+				s := (first + j) % benchBlocks
+				if verify {
+					if _, err := d.Read(s, uint64(1000+s), bufs[j]); err != nil {
+						b.Error(err)
+					}
+					return
+				}
+				f, err := d.open(s, os.O_RDONLY)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if n, err := f.ReadAt(bufs[j], 0); n != len(bufs[j]) {
+					b.Error(n, err)
+				}
+				f.Close()
+			})
+		}
+		wg.Wait()
+		return time.Since(t0)
+	}
+	i := 0
+	for b.Loop() {
+		first := int32(i * k % benchBlocks)
+		if i%2 == 0 {
+			checked += readAll(first, true)
+			raw += readAll(first, false)
+		} else {
+			raw += readAll(first, false)
+			checked += readAll(first, true)
+		}
+		i++
+	}
+	mb := float64(i*k) * float64(d.FileBytes()) / 1e6
+	b.ReportMetric(mb/checked.Seconds(), "checked_MB/s")
+	b.ReportMetric(mb/raw.Seconds(), "raw_MB/s")
+	b.ReportMetric(raw.Seconds()/checked.Seconds(), "checked/raw")
 }
