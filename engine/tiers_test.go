@@ -2,11 +2,14 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -265,6 +268,62 @@ func TestTierDiskFull(t *testing.T) {
 	// to /dev/full), and the probe a second later lets the tier back in (slow runs, -race).
 	if st := tierStats(e, kvcache.TierDisk); st.Failed == 0 {
 		t.Fatalf("disk tier on a full disk: %+v", st)
+	}
+	waitIdle(t, e)
+}
+
+// Under concurrency, with a device pool too small for the prompts at once (they preempt,
+// evict to host memory and disk, and onboard each other's evicted prefixes while others
+// compute), every request gets the tokens of an engine that computes it alone.
+func TestTiersConcurrentSameOutput(t *testing.T) {
+	const n, rounds = 8, 3
+	cfg := kvtier.Config{HostBytes: 16 * storiesBlock, DiskDir: t.TempDir(), DiskBytes: 256 * storiesFile, DiskMinUses: 1}
+	e, _, _ := tierEngine(t, cfg)
+	ps := longPrompts(t, e)
+	// Pairs of prompts that share a prefix: a continuation of each, so onboarding serves
+	// the shared part to whichever comes later.
+	for _, p := range ps[:4] {
+		q := slices.Clone(p[:96])
+		ps = append(ps, append(q, p[len(p)-7:]...))
+	}
+	want := reference(t, ps, n)
+	errs := make(chan error, len(ps)*rounds)
+	var wg sync.WaitGroup
+	for r := range rounds {
+		for i := range ps {
+			wg.Go(func() {
+				st, err := e.Generate(context.Background(), &llm.Request{Prompt: ps[i], MaxTokens: n, IgnoreEOS: true})
+				if err != nil {
+					errs <- fmt.Errorf("round %d prompt %d: %w", r, i, err)
+					return
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				var ids []int32
+				for {
+					ev, err := st.Next(ctx)
+					if errors.Is(err, io.EOF) {
+						break
+					}
+					if err != nil {
+						errs <- fmt.Errorf("round %d prompt %d: %w", r, i, err)
+						return
+					}
+					ids = append(ids, ev.Token)
+				}
+				if !slices.Equal(ids, want[i]) {
+					errs <- fmt.Errorf("round %d prompt %d: %v, computed alone %v", r, i, ids, want[i])
+				}
+			})
+		}
+		wg.Wait()
+	}
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if st := e.Pool().Stats(); st.Onboarded == 0 {
+		t.Errorf("nothing onboarded: %+v", st)
 	}
 	waitIdle(t, e)
 }
