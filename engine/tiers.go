@@ -199,7 +199,7 @@ func (e *Engine) loadStripe(ctx context.Context, loads []kvcache.Load, first, st
 			return fail(i, true) // counted and logged by the tiers
 		}
 		if err := e.kv.WriteBlock(int(l.Block), b); err != nil {
-			e.log.Error("onboarding: the KV store refused a block; the rest is recomputed", "block", l.Block, "err", err)
+			e.tiers.Refused(l.From.Tier, fmt.Errorf("onboarding into device block %d: %w", l.Block, err))
 			return fail(i, false)
 		}
 	}

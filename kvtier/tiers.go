@@ -252,6 +252,12 @@ func (t *Tiers) transfer(x kvcache.Transfer, hdr []byte) {
 // failed counts and logs a store's error, and takes the tier out of the way of new blocks
 // when its store cannot take them (a full disk, a directory gone), until probe finds it
 // working; a directory gone also empties the tier's books.
+// Refused counts a block read from tier that the device's KV store would not take (the
+// onboarding ends there and the rest is computed), logged as the stores' own errors are.
+func (t *Tiers) Refused(tier kvcache.Tier, err error) {
+	t.faults.add(t.log, tier, "onboard", "device_refused", err)
+}
+
 func (t *Tiers) failed(tier kvcache.Tier, op string, err error) {
 	kind := Kind(err)
 	t.faults.add(t.log, tier, op, kind, err)

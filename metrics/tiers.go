@@ -75,7 +75,7 @@ func newTierDescs(labels prometheus.Labels) tierDescs {
 		crc:      d("tandem:kv_tier_checksum_failures_total", "KV blocks read from the tier that failed their checksum (dropped and recomputed).", tier),
 		bypass:   d("tandem:kv_tier_bypassed_total", "Prompts that found their next KV block in the tier but computed it, since loading from the tier measured slower than computing.", tier),
 		loadable: d("tandem:kv_tier_loadable", "1 while prompts load KV blocks from the tier; 0 while they compute them instead (the tier measured slower than computing; tried again each minute).", tier),
-		err: d("tandem:kv_tier_errors_total", "Errors of the tier's store, by operation (read, write, open, scan: what the start-up scan found unusable) and kind (corrupt, mismatch, missing, full, gone, io, foreign, beyond_size, temp, direct_refused); the block is recomputed.",
+		err: d("tandem:kv_tier_errors_total", "Errors of the tier's store, by operation (read, write, open, scan: what the start-up scan found unusable, onboard: the device refused a loaded block) and kind (corrupt, mismatch, missing, full, gone, io, foreign, beyond_size, temp, direct_refused, device_refused); the block is recomputed.",
 			[]string{"tier", "op", "kind"}),
 	}
 }
