@@ -1,7 +1,10 @@
 package engine
 
 import (
+	"errors"
+
 	"tandem/hal"
+	"tandem/kvcache"
 	"tandem/model"
 )
 
@@ -43,7 +46,10 @@ func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) 
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	e := newEngine(m, cfg)
+	if cfg.Tiers.Enabled() {
+		return nil, errors.New("engine: lower KV tiers need a KV store; a modelled forward pass (the sim backend) keeps none (tandem simulate models the tiers)")
+	}
+	e := newEngine(m, cfg, kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize))
 	e.fwd = f
 	return e, nil
 }

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"time"
 
-	"tandem/kvcache"
 	"tandem/planner"
 	"tandem/router"
 	"tandem/sched"
@@ -65,7 +64,7 @@ func (p *PlanResult) finish(dur time.Duration) {
 // start-up time.
 func (s *sim) addWorker(role string, now bool) (*worker, error) {
 	cfg := s.cfg
-	w := &worker{id: len(s.workers), role: role, pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize), born: s.now}
+	w := &worker{id: len(s.workers), role: role, pool: s.newPool(), born: s.now}
 	w.events, _ = w.pool.Subscribe(1 << 16)
 	var err error
 	sc := sched.Config{MaxBatchTokens: cfg.TokenBudget, MaxSeqs: cfg.MaxSeqs, Salt: s.salt}

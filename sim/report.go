@@ -43,6 +43,13 @@ func (r *Result) WriteTable(w io.Writer) error {
 	if roles {
 		row("Worker-hours (both/prefill/decode):", fmt.Sprintf("%.3f / %.3f / %.3f", r.WorkerSeconds[0]/3600, r.WorkerSeconds[1]/3600, r.WorkerSeconds[2]/3600))
 	}
+	if t := r.tierTotals(); t != (TierStats{}) {
+		bs := r.Config.BlockSize
+		row("Tokens loaded from host memory:", t.Onboarded[1]*bs)
+		row("Tokens loaded from disk:", t.Onboarded[2]*bs)
+		row("Tokens loaded from the shared dir:", t.Onboarded[3]*bs)
+		row("Tokens pulled from peers:", t.Pulled*bs)
+	}
 	b.WriteString("worker  requests  prefill_tok  decode_tok  cached_tok  preempt   busy_s  mean_active")
 	if roles {
 		b.WriteString("  role     alive_s")
@@ -82,6 +89,11 @@ func (r *Result) JSON() map[string]any {
 		m["remote_prefills"], m["kv_transferred_bytes"] = r.RemotePrefills, r.Transferred
 		m["disagg_min_tokens"], m["kv_bytes_per_token"] = c.Disagg.MinRemoteTokens, c.KVBytesPerToken
 	}
+	if t := r.tierTotals(); t != (TierStats{}) {
+		bs := r.Config.BlockSize
+		m["tier_loaded_tokens"] = map[string]int{"host": t.Onboarded[1] * bs, "disk": t.Onboarded[2] * bs, "remote": t.Onboarded[3] * bs}
+		m["peer_pulled_tokens"] = t.Pulled * bs
+	}
 	c := r.Config
 	m["sim_config"] = map[string]any{
 		"timing": c.Timing, "block_size": c.BlockSize, "kv_blocks": c.KVBlocks,
@@ -89,6 +101,7 @@ func (r *Result) JSON() map[string]any {
 		"report_interval_ms": c.ReportInterval.Seconds() * 1000, "seed": c.Seed,
 		"report_delay_ms": c.ReportDelay.Seconds() * 1000, "event_delay_ms": c.EventDelay.Seconds() * 1000,
 		"overlap_weight": c.Router.OverlapWeight, "temperature": c.Router.Temperature,
+		"tiers": c.Tiers, "peer_pulls": c.Router.PeerPulls,
 	}
 	ws := make([]map[string]any, len(r.Workers))
 	for i, w := range r.Workers {
@@ -105,4 +118,16 @@ func (r *Result) JSON() map[string]any {
 // WriteJSON writes JSON() on one line, keys sorted.
 func (r *Result) WriteJSON(w io.Writer) error {
 	return json.NewEncoder(w).Encode(r.JSON())
+}
+
+// tierTotals sums the workers' tier figures.
+func (r *Result) tierTotals() TierStats {
+	var t TierStats
+	for _, w := range r.Workers {
+		for i := range t.Onboarded {
+			t.Onboarded[i] += w.Tiers.Onboarded[i]
+		}
+		t.Pulled += w.Tiers.Pulled
+	}
+	return t
 }

@@ -56,6 +56,9 @@ type Config struct {
 	// sched.Config.ITLDecodes.
 	ITLTarget  time.Duration
 	ITLDecodes float64
+	// Tiers are each worker's lower KV tiers and their measured costs (tiers.go); the zero
+	// value has none.
+	Tiers TierModel
 }
 
 func (c *Config) defaults() error {
@@ -85,6 +88,7 @@ func (c *Config) defaults() error {
 	if c.Percentiles == nil {
 		c.Percentiles = []float64{90, 99}
 	}
+	c.Tiers.defaults()
 	if (c.Workers < 1 && !c.disaggregated()) || c.BlockSize < 1 || c.KVBlocks < 1 || c.TokenBudget < 1 || c.MaxSeqs < 1 || c.ReportInterval < 0 {
 		return fmt.Errorf("sim: workers, block size, KV blocks, token budget, max seqs and report interval must be positive")
 	}
@@ -161,6 +165,7 @@ type WorkerStats struct {
 	// Alive is how long the worker was paid for: from when it was asked for (the start
 	// for the first ones) until it left or the run ended.
 	Alive time.Duration
+	Tiers TierStats // lower tiers and peer pulls (tiers.go)
 }
 
 // Result is a finished simulation.
@@ -256,6 +261,8 @@ type worker struct {
 	activeAt  time.Duration // for the time-weighted active count
 	activeNs  float64
 	inTransit []delayed // KV events and load reports on their way to the router, in time order
+	tiers     tierWorker
+	pulling   []pull // requests pulling their prefix from a peer before they are queued
 }
 
 // delayed is a KV event or load report that reaches the router at t.
@@ -278,10 +285,12 @@ const (
 	evStepEnd
 	evReport
 	evKick
-	evDeliver // a worker's delayed events and reports arrive
-	evImport  // a request's KV reached its decode worker
-	evReady   // a new worker has started
-	evPlan    // the planner's tick
+	evDeliver   // a worker's delayed events and reports arrive
+	evImport    // a request's KV reached its decode worker
+	evReady     // a new worker has started
+	evPlan      // the planner's tick
+	evOnboarded // a sequence's loads from lower tiers are done (tiers.go)
+	evPulled    // a request's peer pull is done (tiers.go)
 )
 
 // workerState is a worker's life: asked for and starting, serving, draining (no new
@@ -420,6 +429,10 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 		case evKick:
 			s.workers[e.w].kicking = false
 			s.kick(s.workers[e.w])
+		case evOnboarded:
+			s.onboarded(s.workers[e.w], s.reqs[e.r])
+		case evPulled:
+			s.pulled(s.workers[e.w], s.reqs[e.r])
 		case evReport:
 			s.report()
 			s.retryQueue()
@@ -510,6 +523,9 @@ func (s *sim) dispatch(r *sreq) bool {
 		return true
 	}
 	s.account(w)
+	if d.PeerBlocks > 0 && s.startPull(w, r, d) {
+		return true // queued when its pull is done
+	}
 	w.sched.Add(r)
 	if !w.stepping && !w.kicking { // start after the other arrivals of this instant
 		w.kicking = true
@@ -558,7 +574,7 @@ func (s *sim) followUp(r *sreq) {
 // account adds w's requests since the last call to its time-weighted count;
 // call it before a request joins or leaves the worker.
 func (s *sim) account(w *worker) {
-	n := len(w.sched.Waiting()) + len(w.sched.Running())
+	n := len(w.sched.Waiting()) + len(w.sched.Running()) + len(w.sched.Onboarding()) + len(w.pulling)
 	w.activeNs += float64(n) * float64(s.now-w.activeAt)
 	w.activeAt = s.now
 }
@@ -569,6 +585,7 @@ func (s *sim) kick(w *worker) {
 		return
 	}
 	dur, ok := s.schedule(w)
+	s.runTransfers(w)
 	s.drain(w)
 	if !ok {
 		return
@@ -585,6 +602,9 @@ func (s *sim) schedule(w *worker) (time.Duration, bool) {
 	s.account(w) // Schedule may drop a sequence
 	p := w.sched.Schedule()
 	w.plan = p
+	if len(p.Onboard) > 0 {
+		s.startOnboards(w, p.Onboard)
+	}
 	for _, r := range p.Admitted {
 		w.stats.CachedTokens += r.Cached()
 		if r.imp != nil { // the sequence holds the imported blocks now
@@ -734,6 +754,7 @@ func (s *sim) report() {
 		lr := w.sched.Census().Load(w.pool.Stats())
 		lr.Healthy = w.state == ready // a draining worker says so: the router sends nothing new
 		lr.StepsOverTarget = uint64(w.stats.OverTarget)
+		s.tierLoad(&lr)
 		if s.cfg.ReportDelay > 0 {
 			s.send(w, delayed{t: s.now + s.cfg.ReportDelay, report: &lr})
 		} else {
@@ -799,6 +820,7 @@ func (s *sim) result() *Result {
 		}
 		w.stats.Role, w.stats.Alive = w.role, max(0, until-max(w.born, t0))
 		res.WorkerSeconds[poolOf(w.role)] += w.stats.Alive.Seconds()
+		w.stats.Tiers = TierStats{Onboarded: w.tiers.onboarded, Pulled: w.tiers.pulled}
 		res.Workers = append(res.Workers, w.stats)
 		toks[i] = float64(w.stats.PrefillTokens + w.stats.DecodeTokens)
 	}

@@ -60,7 +60,12 @@ func run(args []string, stderr io.Writer) error {
 	routing := fs.String("routing", string(router.ModeKV), "routing mode: kv, round-robin, random or least-loaded")
 	overlap := fs.Float64("overlap-weight", def.OverlapWeight, "cost = overlap-weight × prefill blocks + decode blocks")
 	temp := fs.Float64("temperature", def.Temperature, "softmax temperature over normalised costs (0: cheapest worker)")
-	hostWeight := fs.Float64("host-weight", def.HostWeight, "fraction of a block's prefill saved by a host-tier copy")
+	hostWeight := fs.Float64("host-weight", def.HostWeight, "fraction of a block's prefill saved by a host-tier copy, until the worker reports its measured load cost")
+	diskWeight := fs.Float64("disk-weight", def.DiskWeight, "fraction of a block's prefill saved by a disk-tier copy, until the worker reports its measured load cost")
+	remoteWeight := fs.Float64("remote-weight", def.RemoteWeight, "fraction of a block's prefill saved by a shared-directory copy, until the worker reports its measured load cost")
+	peerPulls := fs.Bool("peer-pulls", def.PeerPulls, "tell the chosen worker to pull the prompt's prefix from the worker that holds it when pulling is cheaper than computing (docs/kv-tiers.md)")
+	peerWeight := fs.Float64("peer-weight", def.PeerWeight, "fraction of a block's prefill saved by pulling it from a peer, until the worker reports its measured pull cost")
+	peerMin := fs.Int("peer-min-blocks", def.PeerMinBlocks, "the fewest blocks worth a peer pull")
 	busyKV := fs.Float64("busy-kv-usage", def.BusyKVUsage, "a worker at or above this predicted KV usage is busy (0 disables)")
 	busyWaiting := fs.Int("busy-waiting", def.BusyWaiting, "a worker with this many predicted waiting requests is busy (0 disables)")
 	affinity := fs.Duration("session-ttl", def.AffinityTTL, "how long a session (X-Session-Id or user) stays on its worker after its last request (0 disables)")
@@ -142,6 +147,7 @@ func run(args []string, stderr io.Writer) error {
 	}
 	pol := def
 	pol.Mode, pol.OverlapWeight, pol.Temperature, pol.HostWeight = mode, *overlap, *temp, *hostWeight
+	pol.DiskWeight, pol.RemoteWeight, pol.PeerPulls, pol.PeerWeight, pol.PeerMinBlocks = *diskWeight, *remoteWeight, *peerPulls, *peerWeight, *peerMin
 	pol.BusyKVUsage, pol.BusyWaiting, pol.AffinityTTL = *busyKV, *busyWaiting, *affinity
 	pol.RequireKVEvents = *requireKV
 

@@ -33,6 +33,10 @@ var allowed = map[string][]string{
 	"planner": {"sla"},
 	"sim":     {"bench", "kvcache", "planner", "router", "sched"},
 
+	// The bytes of the KV cache's lower tiers (host arena, disk block files, shared
+	// directory): files and goroutines, below the engine, beside the pool's books.
+	"kvtier": {"internal/statefile", "kvcache"},
+
 	// The wire.
 	"orpc":    {"internal/statefile"},
 	"cluster": {"gguf", "kvcache", "llm", "orpc", "tokenizer"},
@@ -40,7 +44,7 @@ var allowed = map[string][]string{
 	// The engine and its model.
 	"model":          {"gguf", "hal", "safetensors", "tokenizer"},
 	"modelgen":       {"gguf", "hal", "hal/cpu", "model", "tokenizer"},
-	"engine":         {"grammar", "hal", "kvcache", "llm", "metrics", "model", "sched", "tokenizer"},
+	"engine":         {"grammar", "hal", "kvcache", "kvtier", "llm", "metrics", "model", "sched", "tokenizer"},
 	"engine/simstep": {"engine", "hal", "model", "sim"},
 	"packcache":      {"hal", "internal/filehash", "internal/statefile"},
 
@@ -50,7 +54,7 @@ var allowed = map[string][]string{
 	"bench/loadgen": {"bench"},
 	"web":           {"metrics", "sla"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
-	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/filehash", "internal/version", "kvcache", "llm", "metrics", "model", "modelgen", "openai", "orpc", "packcache", "respstore", "sim", "sla", "web", "worker"},
+	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/filehash", "internal/version", "kvcache", "kvtier", "llm", "metrics", "model", "modelgen", "openai", "orpc", "packcache", "respstore", "sim", "sla", "web", "worker"},
 	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "planner", "respstore", "router", "tokenizer"},
 	// The planner's connectors: engines as processes on this machine.
 	"planner/local": {"planner"},
@@ -85,6 +89,7 @@ var never = map[string][]string{
 	"sim":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
 	"bench":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"kvcache": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"kvtier":  {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"llm":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"sla":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"grammar": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
