@@ -278,6 +278,13 @@ func (r *LoadReport) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(r.QueuedTokens))
 	e.Uvarint(uint64(r.CachedBlocks))
 	e.Uvarint(r.StepsOverTarget)
+	// Lower tiers (docs/kv-tiers.md).
+	e.Uvarint(uint64(r.Onboarding))
+	for _, us := range r.TierLoadMicros[1:] {
+		e.Uvarint(uint64(max(us, 0)))
+	}
+	e.Uvarint(uint64(max(r.BlockPrefillMicros, 0)))
+	e.Uvarint(uint64(max(r.PullMicros, 0)))
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -304,6 +311,14 @@ func (r *LoadReport) UnmarshalORPC(d *orpc.Decoder) error {
 	}
 	if d.Len() > 0 { // trailing, as Received: an older worker's report ends before it
 		r.StepsOverTarget = d.Uvarint()
+	}
+	if d.Len() > 0 { // since lower tiers' load costs were reported
+		r.Onboarding = uvint(d)
+		for i := 1; i < len(r.TierLoadMicros); i++ {
+			r.TierLoadMicros[i] = uvint(d)
+		}
+		r.BlockPrefillMicros = uvint(d)
+		r.PullMicros = uvint(d)
 	}
 	return d.Err()
 }
@@ -398,6 +413,18 @@ func (s *Snapshot) MarshalORPC(e *orpc.Encoder) {
 	}
 	e.FixedUint64s(hashes)
 	e.FixedUint64s(parents)
+	// The lower tiers (docs/kv-tiers.md), trailing: an older router reads the device's.
+	e.Uvarint(uint64(len(s.Lower)))
+	for _, t := range s.Lower {
+		e.Uint8(uint8(t.Tier))
+		hs := make([]uint64, len(t.Blocks))
+		ps := make([]uint64, len(t.Blocks))
+		for i, b := range t.Blocks {
+			hs[i], ps[i] = b.Hash, b.Parent
+		}
+		e.FixedUint64s(hs)
+		e.FixedUint64s(ps)
+	}
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -413,11 +440,36 @@ func (s *Snapshot) UnmarshalORPC(d *orpc.Decoder) error {
 		d.Fail(fmt.Errorf("cluster: snapshot with %d hashes and %d parents", len(hashes), len(parents)))
 		return d.Err()
 	}
-	s.Blocks = make([]kvcache.CachedBlock, len(hashes))
-	for i := range hashes {
-		s.Blocks[i] = kvcache.CachedBlock{Hash: hashes[i], Parent: parents[i]}
+	s.Blocks = blocksOf(hashes, parents)
+	if d.Len() == 0 {
+		return nil // from a worker that predates lower tiers
 	}
-	return nil
+	n := d.Uvarint()
+	if n > 8 {
+		d.Fail(fmt.Errorf("cluster: snapshot of %d lower tiers", n))
+		return d.Err()
+	}
+	for range n {
+		t := kvcache.Tier(d.Uint8())
+		hs, ps := d.FixedUint64s(), d.FixedUint64s()
+		if d.Err() != nil {
+			return d.Err()
+		}
+		if len(hs) != len(ps) {
+			d.Fail(fmt.Errorf("cluster: snapshot of tier %v with %d hashes and %d parents", t, len(hs), len(ps)))
+			return d.Err()
+		}
+		s.Lower = append(s.Lower, kvcache.TierSnapshot{Tier: t, Blocks: blocksOf(hs, ps)})
+	}
+	return d.Err()
+}
+
+func blocksOf(hashes, parents []uint64) []kvcache.CachedBlock {
+	bs := make([]kvcache.CachedBlock, len(hashes))
+	for i := range hashes {
+		bs[i] = kvcache.CachedBlock{Hash: hashes[i], Parent: parents[i]}
+	}
+	return bs
 }
 
 // GenerateRequest is an llm.Request on the wire.
@@ -432,6 +484,21 @@ type GenerateRequest struct {
 	// worker reports the highest number received per key.
 	DispatchKey uint64
 	DispatchSeq uint64
+	// Peer, when its Addr is set, is a worker holding the prompt's leading blocks that this
+	// worker lacks (docs/kv-tiers.md, "Peer pulls"): the router found pulling them
+	// cheaper than computing them. The worker pulls them (Worker.PullKV from the peer's
+	// cache) before it generates, and computes whatever the pull does not bring.
+	Peer KVPeer
+}
+
+// KVPeer names a worker to pull a prompt's leading blocks from.
+type KVPeer struct {
+	Addr   string // its ORPC address
+	Node   string // its name, for logs
+	Blocks int    // the prompt's leading full blocks it holds (in any of its tiers but remote)
+	// TimeoutMs bounds the pull (0: the worker's --kv-transfer-timeout); past it the
+	// worker computes the rest.
+	TimeoutMs int
 }
 
 // maxLogitBias bounds the logit bias entries decoded.
@@ -489,6 +556,11 @@ func (r *GenerateRequest) MarshalORPC(e *orpc.Encoder) {
 	e.Bool(r.PromptLogprobs)
 	e.Uvarint(uint64(max(r.PromptTopLogprobs, 0)))
 	e.String(string(r.Pooling))
+	// Peer pulls (docs/kv-tiers.md).
+	e.String(r.Peer.Addr)
+	e.String(r.Peer.Node)
+	e.Uvarint(uint64(max(r.Peer.Blocks, 0)))
+	e.Uvarint(uint64(max(r.Peer.TimeoutMs, 0)))
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -557,6 +629,12 @@ func (r *GenerateRequest) UnmarshalORPC(d *orpc.Decoder) error {
 		r.PromptLogprobs = d.Bool()
 		r.PromptTopLogprobs = uvint(d)
 		r.Pooling = llm.Pooling(d.String())
+	}
+	if d.Len() > 0 {
+		r.Peer.Addr = d.String()
+		r.Peer.Node = d.String()
+		r.Peer.Blocks = uvint(d)
+		r.Peer.TimeoutMs = durationMs(d)
 	}
 	return d.Err()
 }

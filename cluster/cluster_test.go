@@ -39,24 +39,62 @@ func TestRoundTrip(t *testing.T) {
 	roundTrip(t, &RegisterReply{WorkerID: 3, HeartbeatMs: 250, Router: "r", DispatchKey: 0x1234567890abcdef, HeartbeatTimeoutMs: 1000})
 	roundTrip(t, &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
 		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
-		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, StepsOverTarget: 14}})
+		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, StepsOverTarget: 20, Onboarding: 14, TierLoadMicros: [4]int{0, 15, 16, 17},
+		BlockPrefillMicros: 18, PullMicros: 19}})
 	roundTrip(t, &KVEvents{WorkerID: 2, Events: []kvcache.Event{
 		{ID: 1, Kind: kvcache.EventStored, Parent: 0, Hashes: []uint64{1, 2}},
 		{ID: 2, Kind: kvcache.EventRemoved, Tier: kvcache.TierHost, Hashes: []uint64{2}},
 		{ID: 3, Kind: kvcache.EventCleared}}})
 	roundTrip(t, &Snapshot{kvcache.Snapshot{LastID: 9, Blocks: []kvcache.CachedBlock{{Hash: 5, Parent: 0}, {Hash: 6, Parent: 5}}}})
+	roundTrip(t, &Snapshot{kvcache.Snapshot{LastID: 9, Blocks: []kvcache.CachedBlock{{Hash: 5, Parent: 0}},
+		Lower: []kvcache.TierSnapshot{{Tier: kvcache.TierHost, Blocks: []kvcache.CachedBlock{{Hash: 6, Parent: 5}}}, {Tier: kvcache.TierDisk, Blocks: []kvcache.CachedBlock{}}}}})
 	roundTrip(t, &GenerateRequest{Request: llm.Request{ID: "r", Model: "m", Prompt: []int32{1, 2, 3}, MaxTokens: 5,
 		StopTokens: []int32{9}, IgnoreEOS: true, Priority: -1, Arrival: time.Unix(0, 12345),
 		Sampling: llm.SamplingParams{Temperature: 0.5, TopK: 4, TopP: 0.9, MinP: 0.1, RepetitionPenalty: 1.1,
 			PresencePenalty: 0.2, FrequencyPenalty: -0.2, LogitBias: map[int32]float32{3: 1, 7: -2}, Seed: 42,
 			HasSeed: true, TopLogprobs: 2, Logprobs: true, MinTokens: 3, AllowedTokens: []int32{1, 5}},
-		Constraint: llm.Constraint{Grammar: `root ::= "a"`}, PromptLogprobs: true, PromptTopLogprobs: 4, Pooling: llm.PoolMean}, PredictedCached: 16})
+		Constraint: llm.Constraint{Grammar: `root ::= "a"`}, PromptLogprobs: true, PromptTopLogprobs: 4, Pooling: llm.PoolMean}, PredictedCached: 16,
+		Peer: KVPeer{Addr: "127.0.0.1:7", Node: "w2", Blocks: 40, TimeoutMs: 3000}})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, Logprob: -0.5,
 		Top: []llm.TokenLogprob{{ID: 7, Logprob: -0.5}}, Finish: llm.FinishLength,
 		Usage: llm.Usage{PromptTokens: 3, CachedTokens: 1, CompletionTokens: 5}}})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, PromptLogprobs: []llm.PromptLogprob{
 		{Logprob: -1, Rank: 2, Top: []llm.TokenLogprob{{ID: 3, Logprob: -0.1}}}, {Logprob: -2, Rank: 1}}}})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: -1, Finish: llm.FinishStop, Embedding: []float32{0.5, -1, 2}}})
+}
+
+// peerTail is the bytes of a request's empty peer fields (two empty strings, two zeros).
+const peerTail = 4
+
+// The peer is a trailing field: a request from a router that predates it decodes with
+// none.
+func TestPeerWireCompatibility(t *testing.T) {
+	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Pooling: llm.PoolMean}, Peer: KVPeer{Addr: "a:1", Node: "n", Blocks: 3, TimeoutMs: 9}}
+	b := orpc.Marshal(req)
+	tail := len(orpc.Marshal(&GenerateRequest{Request: req.Request})) - peerTail
+	var old GenerateRequest
+	if err := orpc.Unmarshal(b[:tail], &old); err != nil || old.Peer != (KVPeer{}) || old.Pooling != llm.PoolMean {
+		t.Errorf("request without the peer: %+v, %v", old, err)
+	}
+}
+
+// The lower tiers' fields are trailing: a load report or snapshot from a worker that
+// predates them decodes with none, and an older router reads what it knew.
+func TestTierFieldsWireCompatibility(t *testing.T) {
+	lr := &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, CachedBlocks: 13, Onboarding: 4, TierLoadMicros: [4]int{0, 100, 2000, 3000},
+		BlockPrefillMicros: 900000, PullMicros: 500}}
+	b := orpc.Marshal(lr)
+	tail := 1 + 1 + 2 + 2 + 3 + 2 // the uvarints of the six new fields
+	var old LoadReport
+	if err := orpc.Unmarshal(b[:len(b)-tail], &old); err != nil || old.CachedBlocks != 13 || old.Onboarding != 0 || old.TierLoadMicros != [4]int{} {
+		t.Errorf("report without the tier fields: %+v, %v", old, err)
+	}
+	snap := &Snapshot{kvcache.Snapshot{LastID: 3, Blocks: []kvcache.CachedBlock{{Hash: 5}}}}
+	b = orpc.Marshal(snap)
+	var s Snapshot
+	if err := orpc.Unmarshal(b[:len(b)-1], &s); err != nil || len(s.Blocks) != 1 || s.Lower != nil {
+		t.Errorf("snapshot without the lower tiers: %+v, %v", s, err)
+	}
 }
 
 // The RequestTokens fields are trailing: a request or card from a process that predates
@@ -66,7 +104,7 @@ func TestRequestTokensWireCompatibility(t *testing.T) {
 	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Constraint: llm.Constraint{Grammar: "root ::= \"x\""}}}
 	b := orpc.Marshal(req)
 	var got GenerateRequest
-	if err := orpc.Unmarshal(b[:len(b)-5], &got); err != nil || got.Constraint != req.Constraint || got.Sampling.MinTokens != 0 {
+	if err := orpc.Unmarshal(b[:len(b)-peerTail-5], &got); err != nil || got.Constraint != req.Constraint || got.Sampling.MinTokens != 0 {
 		t.Errorf("request without the RequestTokens fields: %+v, %v", got, err)
 	}
 	card := orpc.Marshal(&ModelCard{Version: Version, Model: "m", GrammarFormat: GrammarGBNF})
@@ -96,21 +134,26 @@ func TestErrorEvents(t *testing.T) {
 }
 
 // A report from a worker that predates a trailing field decodes with the field zero: one
-// without the steps over the ITL target, one without the queued prompts and the cache size
-// too, and one without the dispatch number too.
+// without the lower tiers' fields, one without the steps over the ITL target too, one
+// without the queued prompts and the cache size too, and one without the dispatch number
+// too.
 func TestLoadReportFromOlderWorkers(t *testing.T) {
 	now := LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
 		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
-		Queued: 11, QueuedTokens: 12, CachedBlocks: 13}}
-	b := orpc.Marshal(&now) // StepsOverTarget 0 is its last byte; the three before it one byte each, as Received and Tracked
-	noQueue := now
+		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, StepsOverTarget: 14}}
+	// The last six bytes are the lower tiers' zero fields; the one before them
+	// StepsOverTarget; the three before it one byte each, as Received and Tracked.
+	b := orpc.Marshal(&now)
+	noSteps := now
+	noSteps.StepsOverTarget = 0
+	noQueue := noSteps
 	noQueue.Queued, noQueue.QueuedTokens, noQueue.CachedBlocks = 0, 0, 0
 	older := noQueue
 	older.Received, older.Tracked = 0, false
 	for _, c := range []struct {
 		drop int
 		want LoadReport
-	}{{1, now}, {4, noQueue}, {6, older}} {
+	}{{6, now}, {7, noSteps}, {10, noQueue}, {12, older}} {
 		var got LoadReport
 		if err := orpc.Unmarshal(b[:len(b)-c.drop], &got); err != nil || got != c.want {
 			t.Errorf("without the last %d bytes: %+v (%v), want %+v", c.drop, got, err, c.want)
@@ -123,7 +166,7 @@ func TestLoadReportFromOlderWorkers(t *testing.T) {
 func TestConstraintWireCompatibility(t *testing.T) {
 	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Resumed: 0}, DispatchSeq: 3}
 	b := orpc.Marshal(req)
-	old := b[:len(b)-2-5] // uvarint format 0, empty string; the RequestTokens fields
+	old := b[:len(b)-peerTail-2-5] // the peer; uvarint format 0, empty string; the RequestTokens fields
 	var got GenerateRequest
 	if err := orpc.Unmarshal(old, &got); err != nil || !got.Constraint.IsZero() || got.DispatchSeq != 3 {
 		t.Errorf("request without the constraint field: %+v, %v", got, err)
@@ -135,7 +178,7 @@ func TestConstraintWireCompatibility(t *testing.T) {
 	}
 	// A format this worker does not know is refused, not ignored.
 	e := orpc.Marshal(&GenerateRequest{Request: llm.Request{ID: "r"}})
-	e = append(e[:len(e)-2-5], 9, 1, 'x')
+	e = append(e[:len(e)-peerTail-2-5], 9, 1, 'x')
 	if err := orpc.Unmarshal(e, new(GenerateRequest)); err == nil {
 		t.Error("an unknown constraint format decoded")
 	}

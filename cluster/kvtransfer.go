@@ -164,11 +164,14 @@ func (r *DecodeRequest) UnmarshalORPC(d *orpc.Decoder) error {
 }
 
 // PullRequest asks the holder of Handle for the blocks with the given sequence hashes, in
-// the receiver's Layout (which must equal the holder's).
+// the receiver's Layout (which must equal the holder's). With Cached, there is no handle:
+// the holder sends the leading run of the hashes that its cache holds (device, host
+// memory, disk), as far as it goes, for a peer pull (docs/kv-tiers.md).
 type PullRequest struct {
 	Handle uint64
 	Layout KVLayout
 	Hashes []uint64
+	Cached bool
 }
 
 // MarshalORPC implements orpc.Marshaler.
@@ -176,6 +179,7 @@ func (r *PullRequest) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(r.Handle)
 	r.Layout.MarshalORPC(e)
 	e.FixedUint64s(r.Hashes)
+	e.Bool(r.Cached)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -183,6 +187,9 @@ func (r *PullRequest) UnmarshalORPC(d *orpc.Decoder) error {
 	r.Handle = d.Uvarint()
 	r.Layout.UnmarshalORPC(d)
 	r.Hashes = d.FixedUint64s()
+	if d.Len() > 0 {
+		r.Cached = d.Bool()
+	}
 	return d.Err()
 }
 

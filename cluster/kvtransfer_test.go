@@ -15,6 +15,7 @@ func TestKVTransferRoundTrip(t *testing.T) {
 	roundTrip(t, &PrefillReply{First: GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 5, Logprob: -1}}, Handle: 7, Blocks: 3, Layout: layout})
 	roundTrip(t, &DecodeRequest{Generate: gen, Source: KVSource{Addr: "127.0.0.1:9", Node: "p1", Handle: 7, PromptLen: 3, TimeoutMs: 500, Strict: true}})
 	roundTrip(t, &PullRequest{Handle: 7, Layout: layout, Hashes: []uint64{1, 2, 3}})
+	roundTrip(t, &PullRequest{Layout: layout, Hashes: []uint64{1, 2, 3}, Cached: true})
 	data := []byte("block bytes")
 	roundTrip(t, &KVBlock{Index: 2, Hash: 99, CRC: BlockCRC(data), Data: data})
 	roundTrip(t, &ReleaseRequest{Handle: 7})

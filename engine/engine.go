@@ -13,6 +13,7 @@ import (
 	"tandem/grammar"
 	"tandem/hal"
 	"tandem/kvcache"
+	"tandem/kvtier"
 	"tandem/llm"
 	"tandem/metrics"
 	"tandem/model"
@@ -48,6 +49,15 @@ type Config struct {
 	// preempts or drops a sequence; the plan is valid during the call only. Tests compare
 	// the engine's schedule with the simulator's through it.
 	OnPlan func(plan fmt.Stringer)
+
+	// Tiers are the KV cache's lower tiers (docs/kv-tiers.md): host memory, a disk
+	// directory, a shared directory; the zero value has none. ModelID fingerprints the
+	// weights, which their block files record (blocks of other weights are never read).
+	Tiers   kvtier.Config
+	ModelID uint64
+	// Loaders is the number of goroutines that onboard blocks from lower tiers (0: 4).
+	Loaders     int
+	TierMetrics *metrics.KVTiers
 }
 
 // Defaults for a zero Config field.
@@ -106,6 +116,9 @@ type Engine struct {
 
 	stats statsBox  // published by Run for Stats
 	held  heldTable // prefill-only sequences' blocks, pinned for a KV transfer (kvexport.go)
+
+	tiers   *kvtier.Tiers // lower tiers' stores; nil without (tiers.go)
+	onboard onboard
 }
 
 // sequence is one request in the engine: the scheduler's record (ID, priority, tokens,
@@ -135,7 +148,15 @@ func New(m *model.Model, be hal.Backend, cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e := newEngine(m, cfg, 1)
+	pool := kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize)
+	var tiers *kvtier.Tiers
+	if cfg.Tiers.Enabled() {
+		if pool, tiers, err = newTieredPool(cfg, kv); err != nil {
+			return nil, err
+		}
+	}
+	e := newEngine(m, cfg, pool, 1)
+	e.tiers = tiers
 	e.runner, e.kv = model.NewRunner(m, be), kv
 	e.fwd = runnerForward{e.runner, kv}
 	return e, nil
@@ -161,21 +182,25 @@ func (cfg *Config) fill() error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Loaders <= 0 {
+		cfg.Loaders = 4
+	}
 	return nil
 }
 
-// newEngine builds the engine's state for cfg, which fill has checked.
-// micro is the steps in flight at once (sched.Config.MicroBatches; 1: one at a time).
-func newEngine(m *model.Model, cfg Config, micro int) *Engine {
+// newEngine builds the engine's state for cfg, which fill has checked, over pool; micro is
+// the steps in flight at once (sched.Config.MicroBatches; 1: one at a time).
+func newEngine(m *model.Model, cfg Config, pool *kvcache.Pool, micro int) *Engine {
 	e := &Engine{
 		cfg:  cfg,
 		m:    m,
-		pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize),
+		pool: pool,
 		log:  cfg.Logger,
 		wake: make(chan struct{}, 1), resets: make(chan chan struct{}), idleTimer: time.NewTimer(time.Hour),
 
 		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
 		grammars: newGrammarCache(m.Tokenizer, m.Config.VocabSize),
+		onboard:  onboard{queue: make(chan *sequence, cfg.MaxSeqs)},
 	}
 	sc := sched.Config{MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Salt: cfg.Salt}
 	if (cfg.ITLTarget > 0 || cfg.ITLDecodes > 0) && cfg.Cost != nil {
@@ -299,9 +324,24 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 // Run schedules and executes steps until ctx is done; then it fails every
 // queued and running request with llm.ErrUnavailable.
 func (e *Engine) Run(ctx context.Context) error {
+	if e.tiers != nil {
+		tctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { e.tiers.Run(tctx) })
+		e.startLoaders(tctx, e.cfg.Loaders)
+		defer func() { // after shutdown: no sequence waits for a load any more
+			stop()
+			e.stopLoaders()
+			wg.Wait()
+			if err := e.tiers.Close(); err != nil {
+				e.log.Error("closing the KV tiers", "err", err)
+			}
+		}()
+	}
 	defer e.shutdown()
 	for {
 		e.intake()
+		e.onboarded()
 		e.reap()
 		e.serveResets()
 		e.observe()
@@ -405,8 +445,14 @@ func (e *Engine) shutdown() {
 	e.inboxTok.Store(0)
 	e.mu.Unlock()
 	err := fmt.Errorf("%w: the engine stopped", llm.ErrUnavailable)
-	for _, s := range slices.Concat(inbox, e.sched.Waiting(), e.sched.Running()) {
-		e.sched.Finish(s) // releases its blocks
+	var loading []*sequence
+	for _, s := range e.sched.Onboarding() {
+		if !s.Leaving() {
+			loading = append(loading, s)
+		}
+	}
+	for _, s := range slices.Concat(inbox, e.sched.Waiting(), e.sched.Running(), loading) {
+		e.sched.Finish(s) // releases its blocks (an onboarding one's when its loads end)
 		s.stream.fail(err)
 		e.seqEnded(s)
 	}
@@ -427,9 +473,9 @@ func (e *Engine) intake() {
 
 // reap frees the sequences whose streams were abandoned.
 func (e *Engine) reap() {
-	for _, list := range [2][]*sequence{e.sched.Running(), e.sched.Waiting()} {
+	for _, list := range [3][]*sequence{e.sched.Running(), e.sched.Waiting(), e.sched.Onboarding()} {
 		for _, s := range list {
-			if s.stream.abandoned() {
+			if s.stream.abandoned() && !s.Leaving() {
 				e.gone = append(e.gone, s)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"tandem/hal"
+	"tandem/kvcache"
 	"tandem/model"
 )
 
@@ -46,12 +47,15 @@ func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) 
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
+	if cfg.Tiers.Enabled() {
+		return nil, errors.New("engine: lower KV tiers need a KV store; a modelled forward pass (the sim backend) or a pipeline's (its stages hold the KV) keeps none here (tandem simulate models the tiers)")
+	}
 	micro := 1
 	pf, ok := f.(PipelineForwarder)
 	if ok {
 		micro = max(pf.InFlight(), 1)
 	}
-	e := newEngine(m, cfg, micro)
+	e := newEngine(m, cfg, kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize), micro)
 	e.fwd = f
 	if ok {
 		// Its KV lives in the pipeline's stages, each its layers': no store here to read

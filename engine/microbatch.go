@@ -125,6 +125,12 @@ func (e *Engine) planned(plan *sched.Plan[*sequence]) bool {
 	if n := len(plan.Admitted) + len(plan.Resumed); n > 0 {
 		e.queued.Add(-int64(n))
 	}
+	if len(plan.Onboard) > 0 {
+		e.startOnboard(plan.Onboard)
+	}
+	if e.tiers != nil {
+		e.refreshLoadable(time.Now())
+	}
 	if e.cfg.OnPlan != nil && (len(plan.Chunks) > 0 || len(plan.Preempted) > 0 || len(plan.Dropped) > 0) {
 		e.cfg.OnPlan(plan)
 	}

@@ -24,6 +24,10 @@ type Stats struct {
 	// StepsOverTarget counts the forward passes that carried decode tokens and were
 	// predicted past the ITL target (sched.Plan.OverTarget).
 	StepsOverTarget uint64
+	// TierLoadMicros and BlockPrefillMicros are the measured costs of loading a block from
+	// each lower tier and of computing a block of prompt (Engine.LoadCosts).
+	TierLoadMicros     [4]int
+	BlockPrefillMicros int
 }
 
 // statsBox holds the published Stats. The scheduler goroutine writes it once per loop
@@ -44,6 +48,7 @@ func (e *Engine) Stats() Stats {
 	s.WaitingTokens += max(int(e.inboxTok.Load()), 0)
 	st := e.pool.Stats()
 	s.KVUsed, s.KVBlocks, s.KVUsage = st.Used, st.Blocks, st.Usage()
+	s.TierLoadMicros, s.BlockPrefillMicros = e.LoadCosts()
 	return s
 }
 
@@ -75,16 +80,17 @@ func (e *Engine) stepDone(d time.Duration, n int) {
 
 // stepDoneChunks is stepDone for a step of chunks.
 func (e *Engine) stepDoneChunks(d time.Duration, n int, chunks []sched.Chunk[*sequence]) {
-	if met := e.cfg.Metrics; met != nil {
-		decode := 0
-		for _, c := range chunks {
-			if c.Decode() {
-				decode++
-			}
+	decode := 0
+	for _, c := range chunks {
+		if c.Decode() {
+			decode++
 		}
+	}
+	if met := e.cfg.Metrics; met != nil {
 		met.StepPrefillTokens.Observe(float64(n - decode))
 		met.StepDecodeTokens.Observe(float64(decode))
 	}
+	e.onboard.costs.observeStep(d, n-decode, e.cfg.BlockSize)
 	e.stats.mu.Lock()
 	e.stats.s.LastStep, e.stats.s.LastStepTokens = d, n
 	e.stats.s.Steps++

@@ -50,7 +50,8 @@ func TestStatsPublish(t *testing.T) {
 
 	got := e.Stats()
 	want := Stats{Census: sched.Census{Running: 2, Prefilling: 1, Waiting: 1, PrefillTokens: 24, WaitingTokens: 7, DecodeBlocks: 3 + 1},
-		KVUsed: 4, KVBlocks: 64, KVUsage: 4.0 / 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1}
+		KVUsed: 4, KVBlocks: 64, KVUsage: 4.0 / 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1,
+		BlockPrefillMicros: 3000 * 16 / 17} // the step's 17 prompt tokens in 3 ms: the measured cost of a block
 	if got != want {
 		t.Errorf("stats\n got %+v\nwant %+v", got, want)
 	}
@@ -59,7 +60,7 @@ func TestStatsPublish(t *testing.T) {
 	a.KV.Release()
 	b.KV.Release()
 	e.publish()
-	if got := e.Stats(); got != (Stats{KVBlocks: 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1}) {
+	if got := e.Stats(); got != (Stats{KVBlocks: 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1, BlockPrefillMicros: want.BlockPrefillMicros}) {
 		t.Errorf("idle stats %+v", got)
 	}
 }

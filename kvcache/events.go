@@ -16,6 +16,9 @@ const (
 
 var tierNames = [...]string{"device", "host", "disk", "remote"}
 
+// numTiers is the number of tiers a pool may have.
+const numTiers = len(tierNames)
+
 func (t Tier) String() string {
 	if int(t) < len(tierNames) {
 		return tierNames[t]
@@ -68,22 +71,39 @@ type CachedBlock struct {
 	Parent uint64 // parent's sequence hash, 0 for a sequence's first block
 }
 
-// A Snapshot is the content of a pool's prefix cache after event LastID.
+// A Snapshot is the content of a pool's prefix cache after event LastID: the device
+// tier's blocks, and those of each lower tier (docs/kv-tiers.md).
 type Snapshot struct {
 	LastID uint64
+	Tier   Tier
+	Blocks []CachedBlock // in no particular order
+	Lower  []TierSnapshot
+}
+
+// A TierSnapshot is the blocks one lower tier holds, ready (announced).
+type TierSnapshot struct {
 	Tier   Tier
 	Blocks []CachedBlock // in no particular order
 }
 
 // Snapshot returns every hash in the prefix cache, referenced or not, with its
-// parent, and the ID of the last event emitted. Applying the events with IDs
-// greater than LastID to the snapshot tracks the cache from then on.
+// parent, those of the lower tiers, and the ID of the last event emitted. Applying
+// the events with IDs greater than LastID to the snapshot tracks the cache from then on.
 func (p *Pool) Snapshot() Snapshot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := Snapshot{LastID: p.lastID, Tier: p.tier, Blocks: make([]CachedBlock, 0, len(p.index))}
 	for h, id := range p.index {
 		s.Blocks = append(s.Blocks, CachedBlock{Hash: h, Parent: p.blocks[id].parent})
+	}
+	for _, t := range p.lower {
+		ts := TierSnapshot{Tier: t.cfg.Tier, Blocks: make([]CachedBlock, 0, t.ready)}
+		for i := range t.ents {
+			if e := &t.ents[i]; e.state == entReady {
+				ts.Blocks = append(ts.Blocks, CachedBlock{Hash: e.hash, Parent: e.parent})
+			}
+		}
+		s.Lower = append(s.Lower, ts)
 	}
 	return s
 }
@@ -120,14 +140,21 @@ func (p *Pool) Subscribe(buf int) (<-chan Event, func()) {
 	return s.ch, cancel
 }
 
-// emit assigns the next event ID and delivers an event with the hashes in
-// p.pending, which it empties. It is called with p.mu held.
+// emit assigns the next event ID and delivers an event of the device tier with the hashes
+// in p.pending, which it empties. It is called with p.mu held.
 func (p *Pool) emit(kind EventKind, parent uint64) {
+	p.emitHashes(kind, p.tier, parent, p.pending)
+	p.pending = p.pending[:0]
+}
+
+// emitHashes assigns the next event ID and delivers an event of tier with (a copy of)
+// hashes. It is called with p.mu held.
+func (p *Pool) emitHashes(kind EventKind, tier Tier, parent uint64, hashes []uint64) {
 	p.lastID++
 	if len(p.subs) > 0 {
-		ev := Event{ID: p.lastID, Kind: kind, Tier: p.tier, Parent: parent}
-		if len(p.pending) > 0 {
-			ev.Hashes = append([]uint64(nil), p.pending...)
+		ev := Event{ID: p.lastID, Kind: kind, Tier: tier, Parent: parent}
+		if len(hashes) > 0 {
+			ev.Hashes = append([]uint64(nil), hashes...)
 		}
 		for _, s := range p.subs {
 			select {
@@ -137,5 +164,4 @@ func (p *Pool) emit(kind EventKind, parent uint64) {
 			}
 		}
 	}
-	p.pending = p.pending[:0]
 }

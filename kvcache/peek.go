@@ -17,3 +17,19 @@ func (p *Pool) CachedRun(hashes []uint64) int {
 	}
 	return n
 }
+
+// HeldRun returns how many leading hashes of hashes the pool holds in any tier (the
+// device's prefix cache, or a lower tier, ready), without pinning anything: what a peer
+// pull from this pool could send now.
+func (p *Pool) HeldRun(hashes []uint64) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, h := range hashes {
+		if _, ok := p.index[h]; !ok && !p.heldElsewhere(h, p.tier) {
+			break
+		}
+		n++
+	}
+	return n
+}

@@ -38,6 +38,7 @@ type block struct {
 
 	prev, next int32  // evictable list links
 	lastUse    uint64 // pool tick of the last release
+	uses       uint32 // commit and prefix-cache hits since it was cached (lower tiers' frequency filter)
 }
 
 // list is an intrusive doubly linked list of blocks, oldest first.
@@ -71,6 +72,18 @@ type Pool struct {
 
 	// statistics
 	queries, hits, evictions, dropped uint64
+
+	// lower tiers (tier.go)
+	lower   []*lowerTier
+	byTier  [numTiers]*lowerTier
+	opts    Options
+	saves   []saveJob     // chosen under the lock, run by the caller that chose them
+	xfers   []Transfer    // queued for the caller (TakeTransfers)
+	xferN   int           // transfers queued or running
+	work    chan struct{} // a transfer was queued
+	loaded  uint64        // tokens onboarded from lower tiers
+	held    int           // distinct hashes in any tier, announced (what a router's index holds)
+	scratch []uint64      // emitStored's
 }
 
 // NewPool returns a pool of numBlocks blocks of blockSize token positions, all
@@ -115,6 +128,13 @@ type Stats struct {
 	Dropped     uint64 // events not delivered to slow subscribers
 	LastEventID uint64 // id of the last event emitted, 0 if none
 	Indexed     int    // blocks in the prefix cache (used or cached): what a router's index of the pool holds
+	// Onboarded is the prompt tokens loaded from lower tiers into the device (Seq.OnboardDone),
+	// hits that Hits does not count; LowerIndexed the blocks the lower tiers hold (ready).
+	Onboarded    uint64
+	LowerIndexed int
+	// Held is the distinct blocks the pool holds in any tier, announced: what a router's
+	// index holds for it (Indexed without lower tiers).
+	Held int
 }
 
 // Usage returns the fraction of blocks in use: Used/Blocks. Cached blocks count
@@ -126,17 +146,29 @@ func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return Stats{
-		Blocks:      len(p.blocks),
-		Used:        p.used,
-		Cached:      p.leaves.n + p.inner.n,
-		Free:        len(p.free),
-		Queries:     p.queries,
-		Hits:        p.hits,
-		Evictions:   p.evictions,
-		Dropped:     p.dropped,
-		LastEventID: p.lastID,
-		Indexed:     len(p.index),
+		Blocks:       len(p.blocks),
+		Used:         p.used,
+		Cached:       p.leaves.n + p.inner.n,
+		Free:         len(p.free),
+		Queries:      p.queries,
+		Hits:         p.hits,
+		Evictions:    p.evictions,
+		Dropped:      p.dropped,
+		LastEventID:  p.lastID,
+		Indexed:      len(p.index),
+		Onboarded:    p.loaded,
+		LowerIndexed: p.lowerReady(),
+		Held:         p.held,
 	}
+}
+
+// lowerReady is the blocks the lower tiers hold, ready. Called with p.mu held.
+func (p *Pool) lowerReady() int {
+	n := 0
+	for _, t := range p.lower {
+		n += t.ready
+	}
+	return n
 }
 
 // Usage returns the fraction of blocks in use, as [Stats.Usage].
@@ -161,6 +193,9 @@ func (p *Pool) Clear() {
 		b.gen++
 		b.children = 0
 		b.up = none
+		if !p.heldElsewhere(b.hash, p.tier) {
+			p.held--
+		}
 		if b.ref == 0 {
 			b.list = onNone
 			b.prev, b.next = none, none
@@ -174,6 +209,24 @@ func (p *Pool) Clear() {
 }
 
 // The methods below are called with p.mu held.
+
+// heldElsewhere reports whether a tier other than except holds hash (the device in its
+// prefix cache, a lower tier ready).
+func (p *Pool) heldElsewhere(h uint64, except Tier) bool {
+	if except != p.tier {
+		if _, ok := p.index[h]; ok {
+			return true
+		}
+	}
+	for _, t := range p.lower {
+		if t.cfg.Tier != except {
+			if _, ok := t.lookup(h); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // available returns the number of blocks a reservation may take.
 func (p *Pool) available() int { return len(p.free) + p.leaves.n + p.inner.n }
@@ -190,6 +243,7 @@ func (p *Pool) take() int32 {
 		id = p.evict()
 	}
 	p.blocks[id].ref = 1
+	p.blocks[id].uses = 0
 	p.used++
 	return id
 }
@@ -205,6 +259,7 @@ func (p *Pool) evict() int32 {
 	id := l.head
 	p.unlink(l, id)
 	p.pending = append(p.pending, p.blocks[id].hash)
+	p.offloadEvicted(id)
 	p.uncache(id)
 	p.evictions++
 	return id
@@ -214,6 +269,9 @@ func (p *Pool) evict() int32 {
 func (p *Pool) uncache(id int32) {
 	b := &p.blocks[id]
 	delete(p.index, b.hash)
+	if !p.heldElsewhere(b.hash, p.tier) {
+		p.held--
+	}
 	b.cached = false
 	b.gen++
 	b.children = 0
@@ -237,11 +295,17 @@ func (p *Pool) commit(id int32, hash, parent uint64, up int32) bool {
 	if _, dup := p.index[hash]; dup {
 		return false
 	}
+	if !p.heldElsewhere(hash, p.tier) {
+		p.held++
+	}
 	p.index[hash] = id
 	b := &p.blocks[id]
 	b.cached = true
 	b.hash = hash
 	b.parent = parent
+	if b.uses == 0 { // an onboarded block carries the uses its lower tier counted
+		b.uses = 1
+	}
 	if up == none || !p.blocks[up].cached || p.blocks[up].hash != parent {
 		up = none
 		if parent != 0 {

@@ -19,9 +19,10 @@ package kvcache
 type Seq struct {
 	pool   *Pool
 	salt   uint64
-	blocks []int32  // block table
-	hashes []uint64 // sequence hashes of known full blocks: ≥ the committed ones
-	n      int      // tokens whose KV is written
+	blocks []int32   // block table
+	hashes []uint64  // sequence hashes of known full blocks: ≥ the committed ones
+	n      int       // tokens whose KV is written
+	saves  []saveJob // copies down chosen by this sequence's last operation (tier.go)
 }
 
 // NewSeq returns an empty sequence on p whose blocks hash with salt (see [Salt]).
@@ -73,6 +74,9 @@ func (s *Seq) Match(prompt []int32, keep int) int {
 	}
 	p.mu.Lock()
 	s.blocks = p.acquireRun(s.hashes[:limit], s.blocks)
+	for _, id := range s.blocks {
+		p.blocks[id].uses++ // a hit: the lower tiers' frequency filter counts it
+	}
 	s.n = len(s.blocks) * bs
 	p.queries += uint64(len(prompt))
 	p.hits += uint64(s.n)
@@ -106,8 +110,8 @@ func (s *Seq) Reserve(n int) error {
 		return nil
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.available() < need {
+		p.mu.Unlock()
 		return ErrNoBlocks
 	}
 	for range need {
@@ -116,7 +120,19 @@ func (s *Seq) Reserve(n int) error {
 	if len(p.pending) > 0 {
 		p.emit(EventRemoved, 0)
 	}
+	s.endLocked()
 	return nil
+}
+
+// endLocked ends an operation of s that held the pool's lock: it announces the lower
+// tiers' changes, unlocks, and copies down the evicted (or committed) blocks the operation
+// chose to keep in host memory, before they can be written again.
+func (s *Seq) endLocked() {
+	p := s.pool
+	p.flushLower()
+	s.saves = p.takeSaves(s.saves)
+	p.mu.Unlock()
+	p.runSaves(s.saves)
 }
 
 // Commit records that the KV of every token of tokens, the sequence's tokens so
@@ -147,7 +163,14 @@ func (s *Seq) Commit(tokens []int32) {
 		s.hashes = append(s.hashes, HashBlock(s.salt, parent, tokens[b*bs:(b+1)*bs]))
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.commitRun(s, first, full)
+	s.endLocked()
+}
+
+// commitRun enters s's blocks first … full-1, whose hashes s knows, into the prefix cache,
+// announces those that entered, and, under write-through, chooses their copies down.
+// Called with p.mu held.
+func (p *Pool) commitRun(s *Seq, first, full int) {
 	var runParent uint64 // parent of the run of blocks being stored
 	for b := first; b < full; b++ {
 		var parent uint64
@@ -165,6 +188,9 @@ func (s *Seq) Commit(tokens []int32) {
 			runParent = parent
 		}
 		p.pending = append(p.pending, s.hashes[b])
+		if p.opts.Offload == WriteThrough && len(p.lower) > 0 {
+			p.offload(s.blocks[b], s.hashes[b], parent, 1)
+		}
 	}
 	if len(p.pending) > 0 {
 		p.emit(EventStored, runParent)

@@ -249,4 +249,16 @@ type Load struct {
 	// than it can keep at the target. The router and the planner difference it between
 	// reports.
 	StepsOverTarget uint64
+	// Lower tiers (docs/kv-tiers.md). Onboarding is the sequences loading their prompt's
+	// blocks from the worker's lower tiers (counted in Waiting too). TierLoadMicros is the
+	// measured time to load one block into the device from each tier, indexed by the tier's
+	// number (kvcache.Tier: 1 host, 2 disk, 3 remote; 0, the device, unused), in µs, 0 until
+	// measured; BlockPrefillMicros the measured time to compute one block of prompt, µs, 0
+	// until measured; PullMicros the measured time per block of a KV pull from a peer, µs,
+	// 0 until measured. The router charges a block in a lower tier load/prefill of a
+	// block's prefill.
+	Onboarding         int
+	TierLoadMicros     [4]int
+	BlockPrefillMicros int
+	PullMicros         int
 }

@@ -11,6 +11,10 @@ type KVTransfer struct {
 	Latency    prometheus.Observer    // seconds per pull, receiver side, from request to last block (waits for P's compute included)
 	Throughput prometheus.Observer    // bytes per second per pull, receiver side: bytes / Latency
 	Prefills   prometheus.Counter     // prefill-only requests served
+	// PeerPulls counts the pulls of a prompt's blocks from a peer's cache that a router
+	// asked for (docs/kv-tiers.md), by result: ok, partial (the peer's cache ended
+	// sooner), none_missing, failed, timeout; the rest is computed.
+	PeerPulls *prometheus.CounterVec
 }
 
 // NewKVTransfer registers a worker's KV transfer metrics for model on reg.
@@ -27,6 +31,7 @@ func NewKVTransfer(reg prometheus.Registerer, model string) *KVTransfer {
 		Latency:    f.histogram("tandem:kv_transfer_seconds", "Duration of a KV pull, from request to last block; a pull overlapping the prefill waits for its compute too.", latencyBuckets),
 		Throughput: f.histogram("tandem:kv_transfer_bytes_per_second", "Bytes of a KV pull over its duration (tandem:kv_transfer_seconds).", prometheus.ExponentialBuckets(1<<20, 2, 16)),
 		Prefills:   f.counter("tandem:prefill_only_requests_total", "Prefill-only requests served for a decode worker."),
+		PeerPulls:  vec("tandem:kv_peer_pulls_total", "Pulls of a prompt's KV blocks from a peer's cache, by result (ok, partial, none_missing, failed, timeout); the rest is computed.", "result"),
 	}
 }
 

@@ -18,6 +18,9 @@ type Router struct {
 	DecisionLatency    prometheus.Observer
 	PromptBlocks       prometheus.Counter
 	PredictedHitBlocks prometheus.Counter
+	// PeerPulls counts the requests sent with a peer to pull their prefix from
+	// (docs/kv-tiers.md); the workers count the pulls by result.
+	PeerPulls prometheus.Counter
 	// WorkerMigrations counts, by worker, the requests that moved away from it mid-stream
 	// because it failed (their sum is Migrations).
 	WorkerMigrations *prometheus.CounterVec // label worker
@@ -77,6 +80,7 @@ func NewRouter(reg prometheus.Registerer) *Router {
 		DecisionLatency:    f.histogram("tandem_router:routing_decision_seconds", "Time to take a routing decision.", prometheus.ExponentialBuckets(1e-6, 4, 10)),
 		PromptBlocks:       f.counter("tandem_router:prompt_blocks_total", "Prompt blocks routed."),
 		PredictedHitBlocks: f.counter("tandem_router:predicted_hit_blocks_total", "Prompt blocks predicted cached on the chosen worker (hit rate = this / prompt_blocks_total)."),
+		PeerPulls:          f.counter("tandem_router:peer_pulls_total", "Requests sent with a peer worker to pull their prompt's prefix from, pulling being cheaper than computing it."),
 		WorkerMigrations: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:worker_migrations_total",
 			Help: "Requests moved mid-stream away from a worker that failed, by that worker."}, []string{"worker"})).(*prometheus.CounterVec),
 		PromptTokens: f.counter("tandem_router:prompt_tokens_total", "Prompt tokens of finished requests, as their workers reported them."),

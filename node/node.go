@@ -25,6 +25,7 @@ import (
 	"tandem/internal/filehash"
 	"tandem/internal/version"
 	"tandem/kvcache"
+	"tandem/kvtier"
 	"tandem/llm"
 	"tandem/metrics"
 	"tandem/model"
@@ -57,6 +58,10 @@ type Config struct {
 	MaxBatchTokens int
 	MaxSeqs        int
 	MaxQueue       int
+
+	// KVTiers are the KV cache's lower tiers (docs/kv-tiers.md): host memory, a disk
+	// directory, a shared directory. The real backends only: the sim backend keeps no KV.
+	KVTiers kvtier.Config
 
 	// Sim, when set, replaces the forward pass by this timing model (the sim backend),
 	// with Replicas engines in the process (default 1; more need Cluster.Routers).
@@ -348,12 +353,19 @@ func (n *Node) newEngines(ctx context.Context) error {
 		return nil
 	}
 	if cfg.Sim == nil {
+		var eng *engine.Engine
+		ecfg.Tiers, ecfg.ModelID = cfg.KVTiers, WeightsFingerprint(m)
+		ecfg.TierMetrics = metrics.NewKVTiers(n.reg, cfg.Name, func() metrics.TierSnapshot { return eng.TierSnapshot() })
 		e, err := engine.New(m, cfg.Backend, ecfg)
 		if err != nil {
 			return err
 		}
+		eng = e
 		n.engines = []*engine.Engine{e}
 		return nil
+	}
+	if cfg.KVTiers.Enabled() {
+		return errors.New("node: the KV tiers (--kv-host-memory, --kv-disk-dir, --kv-shared-dir) need a real backend: the sim backend keeps no KV (tandem simulate models the tiers)")
 	}
 	tok := m.Tokenizer
 	for i := range cfg.Replicas {

@@ -17,10 +17,11 @@ type WorkerID uint32
 // Tier bits of the index. A block's tier mask has bit t set when the worker
 // holds it in tier t; tiers ≥ maxTiers are not tracked.
 const (
-	maxTiers = 8
-	devBit   = uint8(1) << kvcache.TierDevice
-	hostBit  = uint8(1) << kvcache.TierHost
-	usedBits = devBit | hostBit // tiers that count as cached for routing
+	maxTiers  = 8
+	numLevels = 4 // device, host, disk, remote: the tiers lookups count (docs/kv-tiers.md)
+	devBit    = uint8(1) << kvcache.TierDevice
+	hostBit   = uint8(1) << kvcache.TierHost
+	usedBits  = uint8(1)<<numLevels - 1 // tiers that count as cached for routing
 )
 
 // The index's layout. Hashes are spread over shards, each an open-addressing table of
@@ -50,16 +51,16 @@ func holderSlot(v uint32) uint32 { return v >> 8 }
 func holderMask(v uint32) uint8 { return uint8(v) }
 
 // A holderSet is the holders of a block held by more than one worker: a list sorted by
-// slot while small, else bitmaps of the slots holding it in the device and in the host
-// tier (the tiers that count for routing; other tiers' bits are not kept in bitmaps).
+// slot while small, else bitmaps of the slots holding it in each tier that counts for
+// routing (device, host, disk, remote; other tiers' bits are not kept in bitmaps).
 type holderSet struct {
 	list []uint32
 	bits *setBits
 	fp   uint64 // XOR of holderFP over the holders: equal sets, equal fingerprints
 }
 
-// holderFP is a holder's share of a set's fingerprint: its slot and its device and host
-// bits (the only tiers a lookup reads), 0 for a holder in neither.
+// holderFP is a holder's share of a set's fingerprint: its slot and its bits of the tiers
+// a lookup reads, 0 for a holder in none.
 func holderFP(h uint32) uint64 {
 	if h&uint32(usedBits) == 0 {
 		return 0
@@ -79,8 +80,8 @@ func fpOf(sh *shard, v uint32) uint64 {
 }
 
 type setBits struct {
-	dev, host []uint64
-	n         int // slots with a bit in either
+	tier [numLevels][]uint64 // by tier: the slots holding the block there
+	n    int                 // slots with a bit in any
 }
 
 // workerRec is what the index knows of one worker. mu serialises the worker's events,
@@ -393,22 +394,22 @@ func (x *Index) changeList(hs *holderSet, slot uint32, set, clear uint8) int {
 	return entered
 }
 
-// put records slot with mask m (only the device and host bits are kept) in b.
+// put records slot with mask m (only the bits of the tiers that count are kept) in b.
 func (b *setBits) put(slot uint32, m uint8) {
 	w := int(slot / 64)
-	for len(b.dev) <= w {
-		b.dev = append(b.dev, 0)
-		b.host = append(b.host, 0)
+	for len(b.tier[0]) <= w {
+		for t := range b.tier {
+			b.tier[t] = append(b.tier[t], 0)
+		}
 	}
 	bit := uint64(1) << (slot % 64)
-	had := (b.dev[w]|b.host[w])&bit != 0
-	b.dev[w] &^= bit
-	b.host[w] &^= bit
-	if m&devBit != 0 {
-		b.dev[w] |= bit
-	}
-	if m&hostBit != 0 {
-		b.host[w] |= bit
+	had := false
+	for t := range b.tier {
+		had = had || b.tier[t][w]&bit != 0
+		b.tier[t][w] &^= bit
+		if m&(1<<t) != 0 {
+			b.tier[t][w] |= bit
+		}
 	}
 	switch now := m&usedBits != 0; {
 	case now && !had:
@@ -420,23 +421,31 @@ func (b *setBits) put(slot uint32, m uint8) {
 
 func (b *setBits) mask(slot uint32) uint8 {
 	w := int(slot / 64)
-	if w >= len(b.dev) {
+	if w >= len(b.tier[0]) {
 		return 0
 	}
 	bit := uint64(1) << (slot % 64)
 	var m uint8
-	if b.dev[w]&bit != 0 {
-		m |= devBit
-	}
-	if b.host[w]&bit != 0 {
-		m |= hostBit
+	for t := range b.tier {
+		if b.tier[t][w]&bit != 0 {
+			m |= 1 << t
+		}
 	}
 	return m
 }
 
-// changeBits is changeList for a bitmap set. A bitmap keeps only the device and host
-// bits, so a block held in a bitmap set in another tier (disk, remote) is not counted
-// for the worker: such tiers emit no events yet.
+// any is word w of the slots holding the block in some tier.
+func (b *setBits) any(w int) uint64 {
+	var u uint64
+	for t := range b.tier {
+		u |= b.tier[t][w]
+	}
+	return u
+}
+
+// changeBits is changeList for a bitmap set. A bitmap keeps only the bits of the tiers
+// that count for routing, so a block held in a bitmap set in another tier is not counted
+// for the worker.
 func (x *Index) changeBits(hs *holderSet, slot uint32, set, clear uint8) int {
 	b := hs.bits
 	if x.dead.Load() > 0 {
@@ -458,18 +467,19 @@ func (x *Index) changeBits(hs *holderSet, slot uint32, set, clear uint8) int {
 // purgeBits drops retired slots from a bitmap set: one AND per word.
 func (x *Index) purgeBits(hs *holderSet) {
 	b := hs.bits
-	for w := range b.dev {
+	for w := range b.tier[0] {
 		lv := uint64(0)
 		if w < len(x.live) {
 			lv = x.live[w]
 		}
-		for gone := (b.dev[w] | b.host[w]) &^ lv; gone != 0; gone &= gone - 1 {
+		for gone := b.any(w) &^ lv; gone != 0; gone &= gone - 1 {
 			slot := uint32(w*64 + bits.TrailingZeros64(gone))
 			hs.fp ^= holderFP(holder(slot, b.mask(slot)))
 			b.n--
 		}
-		b.dev[w] &= lv
-		b.host[w] &= lv
+		for t := range b.tier {
+			b.tier[t][w] &= lv
+		}
 	}
 }
 
@@ -668,7 +678,7 @@ func (x *Index) holds(sh *shard, v uint32, slot uint32) bool {
 }
 
 // Reset replaces everything the index holds for worker w by the snapshot
-// (whose blocks are all in snap.Tier) and continues from its LastID: the next
+// (its blocks in snap.Tier, and those of its lower tiers) and continues from its LastID: the next
 // event applied is LastID+1. The worker's old entries are dropped at once (its slot is
 // retired) and the snapshot's blocks are added a chunk at a time, so lookups meanwhile
 // see part of it; w's events wait until Reset returns.
@@ -680,13 +690,21 @@ func (x *Index) Reset(w WorkerID, snap kvcache.Snapshot) {
 	rec.slot = x.newSlotLocked(w)
 	x.wmu.Unlock()
 	rec.last.Store(snap.LastID)
-	if snap.Tier >= maxTiers || len(snap.Blocks) == 0 {
+	x.resetTier(rec, snap.Tier, snap.Blocks)
+	for _, t := range snap.Lower {
+		x.resetTier(rec, t.Tier, t.Blocks)
+	}
+}
+
+// resetTier adds a snapshot's blocks of tier t for rec. Called with rec.mu held.
+func (x *Index) resetTier(rec *workerRec, t kvcache.Tier, blocks []kvcache.CachedBlock) {
+	if t >= maxTiers || len(blocks) == 0 {
 		return
 	}
-	bit := uint8(1) << snap.Tier
+	bit := uint8(1) << t
 	rec.tiers |= bit
-	hs := make([]uint64, len(snap.Blocks))
-	for i, b := range snap.Blocks {
+	hs := make([]uint64, len(blocks))
+	for i, b := range blocks {
 		hs[i] = b.Hash
 	}
 	x.updateAll(rec, hs, bit, 0)
@@ -972,7 +990,10 @@ func (x *Index) Bytes() int {
 		for _, s := range sh.sets {
 			n += cap(s.list) * 4
 			if s.bits != nil {
-				n += int(unsafe.Sizeof(*s.bits)) + (cap(s.bits.dev)+cap(s.bits.host))*8
+				n += int(unsafe.Sizeof(*s.bits))
+				for _, t := range s.bits.tier {
+					n += cap(t) * 8
+				}
 			}
 		}
 		sh.mu.RUnlock()
@@ -998,20 +1019,51 @@ func (x *Index) Overlap(hashes []uint64) map[WorkerID]int {
 	return out
 }
 
-// A Match is one worker's share of a prompt's leading blocks.
+// A Match is one worker's share of a prompt's leading blocks. Each field is the length of
+// the leading run of the prompt's blocks held in the tiers up to its own (so Device ≤ Host
+// ≤ Disk ≤ Remote): a block of the Host run beyond Device is in host memory (or on the
+// device after a block that is not), and so on.
 type Match struct {
 	Worker WorkerID
 	Device int // leading blocks held in the device tier
-	Host   int // leading blocks held in the device or the host tier (≥ Device)
+	Host   int // leading blocks held in the device or the host tier
+	Disk   int // … or on its disk
+	Remote int // … or in a shared directory it reads: in any tier
+}
+
+// run returns the leading run of the tiers up to level t.
+func (m *Match) run(t int) int {
+	switch t {
+	case 0:
+		return m.Device
+	case 1:
+		return m.Host
+	case 2:
+		return m.Disk
+	}
+	return m.Remote
+}
+
+func (m *Match) setRun(t, n int) {
+	switch t {
+	case 0:
+		m.Device = n
+	case 1:
+		m.Host = n
+	case 2:
+		m.Disk = n
+	default:
+		m.Remote = n
+	}
 }
 
 // OverlapInto appends to dst[:0] one Match for every worker that holds the
-// prompt's first block in the device or host tier, in no particular order, and
-// returns it. Sequence hashes chain, so a worker holds a prompt's leading block
-// i only if it holds hash i: the walk keeps the workers whose run is unbroken as a
-// bitmap over their slots, intersects it with each block's holders a word at a time,
-// and ends when no worker is left: O(blocks × words of the workers still matching),
-// one table lookup per block. It does not allocate once dst has grown.
+// prompt's first block in some tier, in no particular order, and returns it.
+// Sequence hashes chain, so a worker holds a prompt's leading block i only if it
+// holds hash i: the walk keeps, for each tier level, the workers whose run is
+// unbroken as a bitmap over their slots, intersects them with each block's holders a
+// word at a time, and ends when no worker is left: O(blocks × words of the workers
+// still matching), one table lookup per block. It does not allocate once dst has grown.
 func (x *Index) OverlapInto(hashes []uint64, dst []Match) []Match {
 	wk, _ := x.walks.Get().(*Walk)
 	if wk == nil {
@@ -1025,8 +1077,28 @@ func (x *Index) OverlapInto(hashes []uint64, dst []Match) []Match {
 // A Walk is the scratch of one overlap lookup at a time; a caller that looks up often
 // keeps one (OverlapWith).
 type Walk struct {
-	al, dv, hu, hd []uint64 // alive (a run in the used tiers), device run unbroken, the block's holders
-	devEnd         []int32  // per slot: where its device run ended, once it has
+	// lv[t]: the slots whose run of blocks held in tiers ≤ t is unbroken (lv[3]: alive,
+	// held somewhere); hb[t]: the block's holders in tier t; ends[t][slot]: where the slot's
+	// run of level t ended, once it has (t < 3; a slot that leaves lv[3] is matched then).
+	lv   [numLevels][]uint64
+	hb   [numLevels][]uint64
+	ends [numLevels - 1][]int32
+}
+
+func (wk *Walk) grow(words, slots int) {
+	if cap(wk.lv[0]) < words {
+		for t := range wk.lv {
+			wk.lv[t], wk.hb[t] = make([]uint64, words), make([]uint64, words)
+		}
+	}
+	if cap(wk.ends[0]) < slots {
+		for t := range wk.ends {
+			wk.ends[t] = make([]int32, slots+64)
+		}
+	}
+	for t := range wk.lv {
+		wk.lv[t], wk.hb[t] = wk.lv[t][:words], wk.hb[t][:words]
+	}
 }
 
 // OverlapWith is OverlapInto with the caller's scratch wk, which must not be used by
@@ -1050,32 +1122,33 @@ func (x *Index) OverlapWith(wk *Walk, hashes []uint64, dst []Match) []Match {
 
 // walk is OverlapWith with the locks held.
 func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
-	v := x.shardOf(hashes[0]).get(hashes[0])
+	sh0 := x.shardOf(hashes[0])
+	v := sh0.get(hashes[0])
 	if v == 0 {
 		return dst
 	}
 	nw := len(x.live)
-	if cap(wk.al) < nw {
-		wk.al, wk.dv = make([]uint64, nw), make([]uint64, nw)
-		wk.hu, wk.hd = make([]uint64, nw), make([]uint64, nw)
-	}
-	if cap(wk.devEnd) < len(x.owner) {
-		wk.devEnd = make([]int32, len(x.owner)+64)
-	}
-	al, dv, hu, hd := wk.al[:nw], wk.dv[:nw], wk.hu[:nw], wk.hd[:nw]
-	lo, hi := x.holderWords(x.shardOf(hashes[0]), v, hu, hd, 0, nw)
+	wk.grow(nw, len(x.owner))
+	alive := wk.lv[numLevels-1]
+	lo, hi := x.holderWords(sh0, v, wk.hb, 0, nw)
 	if lo >= hi {
 		return dst
 	}
 	for j := lo; j < hi; j++ {
-		al[j] = hu[j] & x.live[j]
-		dv[j] = hd[j] & al[j]
-		for hostOnly := al[j] &^ dv[j]; hostOnly != 0; hostOnly &= hostOnly - 1 {
-			wk.devEnd[j*64+bits.TrailingZeros64(hostOnly)] = 0
+		c := uint64(0)
+		for t := range numLevels {
+			c |= wk.hb[t][j]
+			wk.lv[t][j] = c & x.live[j]
+		}
+		a := alive[j]
+		for t := range numLevels - 1 {
+			for b := a &^ wk.lv[t][j]; b != 0; b &= b - 1 {
+				wk.ends[t][j*64+bits.TrailingZeros64(b)] = 0
+			}
 		}
 	}
-	lo, hi = trim(al, lo, hi)
-	prev := fpOf(x.shardOf(hashes[0]), v)
+	lo, hi = trim(alive, lo, hi)
+	prev := fpOf(sh0, v)
 	for i := 1; i < len(hashes) && lo < hi; i++ {
 		// Jump over the blocks held by the same workers as the block before (a chain on
 		// the same workers, the common case): their runs all go on.
@@ -1085,86 +1158,100 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 			break
 		}
 		prev = fpOf(sh, v)
-		var dev, host []uint64 // the block's holders, indexed by word
+		var h [numLevels]uint64 // the block's holders of one word, by tier
 		switch {
 		case v == 0 || v&multiBit == 0 && holderMask(v)&usedBits == 0:
-			// Nobody (that counts): dev and host stay empty.
+			// Nobody (that counts): every run ends here.
+			for j := lo; j < hi; j++ {
+				dst = x.step(wk, dst, j, h, i)
+			}
 		case v&multiBit == 0:
 			// One holder: every other worker's run ends here.
 			s, m := holderSlot(v), holderMask(v)
 			j0, bit := int(s/64), uint64(1)<<(s%64)
 			for j := lo; j < hi; j++ {
-				a := al[j]
-				if j == j0 && a&bit != 0 {
-					d := dv[j]
-					nd := d & bit
-					if m&devBit == 0 {
-						if nd != 0 {
-							wk.devEnd[int(s)] = int32(i)
+				var hj [numLevels]uint64
+				if j == j0 {
+					for t := range numLevels {
+						if m&(1<<t) != 0 {
+							hj[t] = bit
 						}
-						nd = 0
 					}
-					dst = x.drop(wk, dst, j, a&^bit, d, i)
-					al[j], dv[j] = bit, nd
-					continue
 				}
-				dst = x.drop(wk, dst, j, a, dv[j], i)
-				al[j], dv[j] = 0, 0
+				dst = x.step(wk, dst, j, hj, i)
 			}
-			lo, hi = trim(al, lo, hi)
-			continue
 		default:
 			hs := &sh.sets[v&^multiBit]
 			if b := hs.bits; b != nil {
-				dev, host = b.dev, b.host
-			} else {
-				clear(hu[lo:hi])
-				clear(hd[lo:hi])
-				for _, h := range hs.list { // hd: device bits, hu: host bits
-					s := holderSlot(h)
-					j, bit := int(s/64), uint64(1)<<(s%64)
-					if j < lo || j >= hi {
-						continue
+				for j := lo; j < hi; j++ {
+					var hj [numLevels]uint64
+					if j < len(b.tier[0]) {
+						for t := range numLevels {
+							hj[t] = b.tier[t][j]
+						}
 					}
-					if h&uint32(devBit) != 0 {
-						hd[j] |= bit
-					}
-					if h&uint32(hostBit) != 0 {
-						hu[j] |= bit
+					dst = x.step(wk, dst, j, hj, i)
+				}
+				break
+			}
+			for t := range numLevels {
+				clear(wk.hb[t][lo:hi])
+			}
+			for _, hd := range hs.list {
+				s := holderSlot(hd)
+				j, bit := int(s/64), uint64(1)<<(s%64)
+				if j < lo || j >= hi {
+					continue
+				}
+				for t := range numLevels {
+					if hd&(1<<t) != 0 {
+						wk.hb[t][j] |= bit
 					}
 				}
-				dev, host = hd, hu
+			}
+			for j := lo; j < hi; j++ {
+				dst = x.step(wk, dst, j, [numLevels]uint64{wk.hb[0][j], wk.hb[1][j], wk.hb[2][j], wk.hb[3][j]}, i)
 			}
 		}
-		for j := lo; j < hi; j++ {
-			a := al[j]
-			if a == 0 {
-				continue
-			}
-			var dw, hw uint64
-			if j < len(dev) {
-				dw, hw = dev[j], host[j]
-			}
-			nu := a & (dw | hw)
-			d := dv[j]
-			nd := d & dw
-			if nu == a && nd == d {
-				continue // nobody's run ends at this word
-			}
-			nd &= nu
-			for lost := d & nu &^ nd; lost != 0; lost &= lost - 1 { // device run ends, host continues
-				wk.devEnd[j*64+bits.TrailingZeros64(lost)] = int32(i)
-			}
-			dst = x.drop(wk, dst, j, a&^nu, d, i)
-			al[j], dv[j] = nu, nd
-		}
-		lo, hi = trim(al, lo, hi)
+		lo, hi = trim(alive, lo, hi)
 	}
 	for j := lo; j < hi; j++ {
-		for rest := al[j]; rest != 0; rest &= rest - 1 {
-			dst = append(dst, x.match(wk, j, bits.TrailingZeros64(rest), dv[j], len(hashes)))
+		for rest := alive[j]; rest != 0; rest &= rest - 1 {
+			dst = append(dst, x.match(wk, j, bits.TrailingZeros64(rest), len(hashes)))
 		}
-		al[j], dv[j] = 0, 0
+		for t := range numLevels {
+			wk.lv[t][j] = 0
+		}
+	}
+	return dst
+}
+
+// step narrows word j of the runs to block i, whose holders of that word by tier are h:
+// a slot whose run of level t breaks has it end at i, and one held in no tier any more is
+// matched.
+func (x *Index) step(wk *Walk, dst []Match, j int, h [numLevels]uint64, i int) []Match {
+	if wk.lv[numLevels-1][j] == 0 {
+		return dst
+	}
+	var nl [numLevels]uint64
+	c, same := uint64(0), true
+	for t := range numLevels {
+		c |= h[t]
+		nl[t] = wk.lv[t][j] & c
+		same = same && nl[t] == wk.lv[t][j]
+	}
+	if same {
+		return dst // nobody's run ends at this word
+	}
+	top := nl[numLevels-1]
+	dst = x.drop(wk, dst, j, wk.lv[numLevels-1][j]&^top, i)
+	for t := range numLevels - 1 {
+		for lost := wk.lv[t][j] &^ nl[t] & top; lost != 0; lost &= lost - 1 {
+			wk.ends[t][j*64+bits.TrailingZeros64(lost)] = int32(i)
+		}
+	}
+	for t := range numLevels {
+		wk.lv[t][j] = nl[t]
 	}
 	return dst
 }
@@ -1219,22 +1306,26 @@ func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint
 	}
 }
 
-// drop appends the Matches of the slots of word j in gone, whose runs end at end; d is
-// the word's device-run bits before the block at end.
-func (x *Index) drop(wk *Walk, dst []Match, j int, gone, d uint64, end int) []Match {
+// drop appends the Matches of the slots of word j in gone, whose runs (those still
+// unbroken) end at end.
+func (x *Index) drop(wk *Walk, dst []Match, j int, gone uint64, end int) []Match {
 	for ; gone != 0; gone &= gone - 1 {
-		dst = append(dst, x.match(wk, j, bits.TrailingZeros64(gone), d, end))
+		dst = append(dst, x.match(wk, j, bits.TrailingZeros64(gone), end))
 	}
 	return dst
 }
 
-// match is the Match of the slot at word j, bit b, whose used-tier run ends at end; d
-// is the word's device-run bits before the block at end.
-func (x *Index) match(wk *Walk, j, b int, d uint64, end int) Match {
+// match is the Match of the slot at word j, bit b, whose run in any tier ends at end: a
+// level still unbroken ends there too, the others where they broke.
+func (x *Index) match(wk *Walk, j, b int, end int) Match {
 	slot := j*64 + b
-	m := Match{Worker: x.owner[slot], Host: end, Device: end}
-	if d&(1<<b) == 0 {
-		m.Device = int(wk.devEnd[slot])
+	m := Match{Worker: x.owner[slot], Remote: end}
+	for t := range numLevels - 1 {
+		if wk.lv[t][j]&(1<<b) != 0 {
+			m.setRun(t, end)
+		} else {
+			m.setRun(t, int(wk.ends[t][slot]))
+		}
 	}
 	return m
 }
@@ -1250,40 +1341,39 @@ func trim(al []uint64, lo, hi int) (int, int) {
 	return lo, hi
 }
 
-// holderWords writes the holders v of a block of sh as bitmaps (device or host tier in
-// hu, device in hd) into words [lo, hi), and returns the range of words with holders.
-func (x *Index) holderWords(sh *shard, v uint32, hu, hd []uint64, lo, hi int) (int, int) {
+// holderWords writes the holders v of a block of sh as bitmaps by tier into words
+// [lo, hi) of hb, and returns the range of words with holders.
+func (x *Index) holderWords(sh *shard, v uint32, hb [numLevels][]uint64, lo, hi int) (int, int) {
 	if v&multiBit != 0 {
 		if b := sh.sets[v&^multiBit].bits; b != nil {
 			for j := lo; j < hi; j++ {
-				if j < len(b.dev) {
-					hu[j], hd[j] = b.dev[j]|b.host[j], b.dev[j]
-				} else {
-					hu[j], hd[j] = 0, 0
+				for t := range numLevels {
+					hb[t][j] = 0
+					if j < len(b.tier[t]) {
+						hb[t][j] = b.tier[t][j]
+					}
 				}
 			}
-			return lo, min(hi, len(b.dev))
+			return lo, min(hi, len(b.tier[0]))
 		}
 	}
-	clear(hu[lo:hi])
-	clear(hd[lo:hi])
+	for t := range numLevels {
+		clear(hb[t][lo:hi])
+	}
 	first, last := hi, lo
 	if v&multiBit != 0 {
 		for _, h := range sh.sets[v&^multiBit].list {
-			first, last = x.setHolder(h, hd, hu, lo, hi, first, last)
+			first, last = setHolder(h, hb, lo, hi, first, last)
 		}
 	} else {
-		first, last = x.setHolder(v, hd, hu, lo, hi, first, last)
-	}
-	for j := first; j < last; j++ {
-		hu[j] |= hd[j]
+		first, last = setHolder(v, hb, lo, hi, first, last)
 	}
 	return first, last
 }
 
-// setHolder sets holder h's bits in dev and host (words [lo, hi) only) and widens
-// [first, last) to its word.
-func (x *Index) setHolder(h uint32, dev, host []uint64, lo, hi, first, last int) (int, int) {
+// setHolder sets holder h's bits in hb (words [lo, hi) only) and widens [first, last) to
+// its word.
+func setHolder(h uint32, hb [numLevels][]uint64, lo, hi, first, last int) (int, int) {
 	m := holderMask(h)
 	if m&usedBits == 0 {
 		return first, last
@@ -1294,11 +1384,10 @@ func (x *Index) setHolder(h uint32, dev, host []uint64, lo, hi, first, last int)
 		return first, last
 	}
 	bit := uint64(1) << (s % 64)
-	if m&devBit != 0 {
-		dev[j] |= bit
-	}
-	if m&hostBit != 0 {
-		host[j] |= bit
+	for t := range numLevels {
+		if m&(1<<t) != 0 {
+			hb[t][j] |= bit
+		}
 	}
 	return min(first, j), max(last, j+1)
 }

@@ -183,14 +183,22 @@ func TestIndexOverlapChained(t *testing.T) {
 	x.Apply(6, stored(1, kvcache.TierHost, 0, hp...))           // all of it, host tier only
 	x.Apply(7, stored(1, kvcache.TierDevice, 0, hp[:3]...))     // device prefix,
 	x.Apply(7, stored(2, kvcache.TierHost, hp[2], hp[3:8]...))  // host continuation
-	x.Apply(8, stored(1, kvcache.TierDisk, 0, hp...))           // disk does not count
+	x.Apply(8, stored(1, kvcache.TierDisk, 0, hp...))           // all of it, on disk
+	x.Apply(9, stored(1, kvcache.TierRemote, 0, hp[:4]...))     // a shared directory's
+	x.Apply(10, stored(1, kvcache.TierDevice, 0, hp[:2]...))    // device,
+	x.Apply(10, stored(2, kvcache.TierHost, hp[1], hp[2:4]...)) // host,
+	x.Apply(10, stored(3, kvcache.TierDisk, hp[3], hp[4:6]...)) // disk,
+	x.Apply(10, stored(4, kvcache.TierRemote, hp[5], hp[6]))    // and remote
+	x.Apply(11, stored(1, kvcache.Tier(4), 0, hp...))           // a tier lookups do not count
 
-	if got, want := x.Overlap(hp), map[WorkerID]int{1: len(hA), 2: 4, 5: 2, 7: 3}; !maps.Equal(got, want) {
+	if got, want := x.Overlap(hp), map[WorkerID]int{1: len(hA), 2: 4, 5: 2, 7: 3, 10: 2}; !maps.Equal(got, want) {
 		t.Fatalf("Overlap = %v, want %v", got, want)
 	}
 	ms := x.OverlapInto(hp, nil)
 	slices.SortFunc(ms, func(a, b Match) int { return cmpID(a.Worker, b.Worker) })
-	want := []Match{{1, 7, 7}, {2, 4, 4}, {5, 2, 2}, {6, 0, len(hp)}, {7, 3, 8}}
+	n := len(hp)
+	want := []Match{{1, 7, 7, 7, 7}, {2, 4, 4, 4, 4}, {5, 2, 2, 2, 2}, {6, 0, n, n, n}, {7, 3, 8, 8, 8}, {8, 0, 0, n, n},
+		{9, 0, 0, 0, 4}, {10, 2, 4, 6, 7}}
 	if !slices.Equal(ms, want) {
 		t.Fatalf("OverlapInto = %v, want %v", ms, want)
 	}
@@ -217,7 +225,7 @@ func TestIndexMatchesNaive(t *testing.T) {
 	children := childrenOf(chains)
 	for range 3000 {
 		w := rng.IntN(workers)
-		tier := kvcache.Tier(w % 2) // one tier per worker: what it holds stays prefix-closed
+		tier := kvcache.Tier(w % numLevels) // one tier per worker: what it holds stays prefix-closed
 		ids[w]++
 		ev := poolEvent(rng, ids[w], tier, chains[rng.IntN(seqs)], naive[w], children)
 		if x.Apply(WorkerID(w), ev) {
@@ -229,15 +237,8 @@ func TestIndexMatchesNaive(t *testing.T) {
 			got[m.Worker] = m
 		}
 		for w := range workers {
-			var m Match
-			m.Worker = WorkerID(w)
-			for m.Host < len(c) && naive[w][c[m.Host]]&usedBits != 0 {
-				m.Host++
-			}
-			for m.Device < len(c) && naive[w][c[m.Device]]&devBit != 0 {
-				m.Device++
-			}
-			if m.Host == 0 {
+			m := naiveMatch(WorkerID(w), c, naive[w])
+			if m.Remote == 0 {
 				if g, ok := got[m.Worker]; ok {
 					t.Fatalf("worker %d: got %v, want none", w, g)
 				}
@@ -325,6 +326,96 @@ func TestIndexFollowsPool(t *testing.T) {
 	}
 }
 
+// Following tiered pools (device, host, disk and remote, bytes modelled) through their
+// events and snapshots: the index holds each pool's blocks of every tier, its block count
+// is the pool's Held, and its lookups give each tier level's run as the pools' books do.
+// Many workers on few chains make holder sets grow into bitmaps.
+func TestIndexFollowsTieredPools(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	const workers = 70
+	var chains [][]int32
+	for s := range 6 {
+		chains = append(chains, cat(toks(1, (s%3)*testBlock), toks(1000*(s+1), 6*testBlock+5)))
+	}
+	type wk struct {
+		pool   *kvcache.Pool
+		events <-chan kvcache.Event
+	}
+	ws := make([]wk, workers)
+	x := NewIndex()
+	for i := range ws {
+		p, err := kvcache.NewPoolWith(8+rng.IntN(8), testBlock, kvcache.Options{Tiers: []kvcache.TierConfig{
+			{Tier: kvcache.TierHost, Blocks: 2 + rng.IntN(8)}, {Tier: kvcache.TierDisk, Blocks: 4 + rng.IntN(16), MinUses: 1 + rng.IntN(2)},
+			{Tier: kvcache.TierRemote, Blocks: 4, MinUses: 2}}, Offload: kvcache.OffloadPolicy(rng.IntN(2))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, cancel := p.Subscribe(1 << 12)
+		defer cancel()
+		ws[i] = wk{p, ev}
+	}
+	// levels is what a pool's books hold of chain c, level by level.
+	levels := func(p *kvcache.Pool, c []uint64) Match {
+		snap := p.Snapshot()
+		mask := map[uint64]uint8{}
+		for _, b := range snap.Blocks {
+			mask[b.Hash] |= 1
+		}
+		for _, ts := range snap.Lower {
+			for _, b := range ts.Blocks {
+				mask[b.Hash] |= 1 << ts.Tier
+			}
+		}
+		return naiveMatch(0, c, mask)
+	}
+	for step := range 600 {
+		i := rng.IntN(workers)
+		p := ws[i].pool
+		prompt := chains[rng.IntN(len(chains))]
+		s := p.NewSeq(testSalt)
+		s.Match(prompt, 1)
+		if loads := s.MatchLower(prompt, 1, 1, nil); len(loads) > 0 {
+			s.OnboardDone(loads, len(loads), false)
+		}
+		if s.Reserve(len(prompt)-s.Len()) == nil {
+			s.Commit(prompt)
+		}
+		s.Release()
+		for _, tr := range p.TakeTransfers(nil) {
+			p.TransferDone(tr, nil)
+		}
+		for drained := false; !drained; {
+			select {
+			case ev := <-ws[i].events:
+				if x.Apply(WorkerID(i), ev) {
+					t.Fatal("gap")
+				}
+			default:
+				drained = true
+			}
+		}
+		if step%50 == 49 {
+			w := rng.IntN(workers)
+			x.Reset(WorkerID(w), ws[w].pool.Snapshot())
+		}
+		c := hashes(chains[rng.IntN(len(chains))])
+		got := map[WorkerID]Match{}
+		for _, m := range x.OverlapInto(c, nil) {
+			got[m.Worker] = m
+		}
+		for w := range workers {
+			want := levels(ws[w].pool, c)
+			want.Worker = WorkerID(w)
+			if g, ok := got[WorkerID(w)]; want.Remote == 0 && ok || want.Remote > 0 && g != want {
+				t.Fatalf("step %d: worker %d: got %+v (%v), books say %+v", step, w, g, ok, want)
+			}
+			if x.Blocks(WorkerID(w)) != ws[w].pool.Stats().Held {
+				t.Fatalf("step %d: worker %d: index holds %d blocks, pool %d", step, w, x.Blocks(WorkerID(w)), ws[w].pool.Stats().Held)
+			}
+		}
+	}
+}
+
 // With many workers on few chains, holder sets grow past lists into bitmaps and back;
 // resets, removals and sweeps retire and reuse slots. The index agrees with a naive model
 // throughout.
@@ -352,14 +443,8 @@ func TestIndexManyWorkersMatchesNaive(t *testing.T) {
 			got[m.Worker] = m
 		}
 		for w := range workers {
-			m := Match{Worker: WorkerID(w)}
-			for m.Host < len(c) && naive[w][c[m.Host]]&usedBits != 0 {
-				m.Host++
-			}
-			for m.Device < len(c) && naive[w][c[m.Device]]&devBit != 0 {
-				m.Device++
-			}
-			if g, ok := got[m.Worker]; m.Host == 0 && ok || m.Host > 0 && g != m {
+			m := naiveMatch(WorkerID(w), c, naive[w])
+			if g, ok := got[m.Worker]; m.Remote == 0 && ok || m.Remote > 0 && g != m {
 				t.Fatalf("step %d: worker %d: got %v (%v), want %v", step, w, g, ok, m)
 			}
 			n := 0
@@ -376,7 +461,7 @@ func TestIndexManyWorkersMatchesNaive(t *testing.T) {
 	children := childrenOf(chains)
 	for step := range 6000 {
 		w := rng.IntN(workers)
-		tier := kvcache.Tier(w % 2)
+		tier := kvcache.Tier(w % numLevels)
 		c := chains[rng.IntN(seqs)]
 		switch r := rng.IntN(100); {
 		case r < 1: // a snapshot of part of one chain, in the worker's tier
@@ -497,6 +582,20 @@ func TestIndexConcurrent(t *testing.T) {
 	}
 }
 
+// naiveMatch is worker w's Match of chain c in the naive model (hash → tier mask): each
+// level's leading run of blocks held in the tiers up to it.
+func naiveMatch(w WorkerID, c []uint64, naive map[uint64]uint8) Match {
+	m := Match{Worker: w}
+	for t := range numLevels {
+		n := 0
+		for n < len(c) && naive[c[n]]&(uint8(1)<<(t+1)-1) != 0 {
+			n++
+		}
+		m.setRun(t, n)
+	}
+	return m
+}
+
 // checkFingerprints recomputes every holder set's fingerprint.
 func checkFingerprints(t *testing.T, x *Index) {
 	t.Helper()
@@ -511,8 +610,8 @@ func checkFingerprints(t *testing.T, x *Index) {
 				fp ^= holderFP(h)
 			}
 			if b := hs.bits; b != nil {
-				for w := range b.dev {
-					for rest := b.dev[w] | b.host[w]; rest != 0; rest &= rest - 1 {
+				for w := range b.tier[0] {
+					for rest := b.any(w); rest != 0; rest &= rest - 1 {
 						slot := uint32(w*64 + bits.TrailingZeros64(rest))
 						fp ^= holderFP(holder(slot, b.mask(slot)))
 					}

@@ -48,11 +48,19 @@ const (
 type Decision struct {
 	Worker       WorkerID
 	Reason       string
-	PromptBlocks int  // blocks of the prompt, the last one possibly partial
-	Overlap      int  // leading prompt blocks cached on the worker's device tier
-	HostOverlap  int  // leading prompt blocks cached on its device or host tier (≥ Overlap)
-	Cost         Cost // the worker's cost, whatever the mode
-	Candidates   int  // workers that were healthy and not busy
+	PromptBlocks int // blocks of the prompt, the last one possibly partial
+	Overlap      int // leading prompt blocks cached on the worker's device tier
+	HostOverlap  int // leading prompt blocks cached on its device or host tier (≥ Overlap)
+	// Runs are the leading prompt blocks the worker holds in the tiers up to each level
+	// (device, host, disk, remote: Match's fields); Runs[0] is Overlap, Runs[1] HostOverlap.
+	Runs [numLevels]int
+	// Peer, when PeerBlocks > 0, is the worker to pull the prompt's first PeerBlocks
+	// blocks from (those the chosen worker lacks): PeerPulls found pulling them cheaper
+	// than computing them.
+	Peer       WorkerID
+	PeerBlocks int
+	Cost       Cost // the worker's cost, whatever the mode
+	Candidates int  // workers that were healthy and not busy
 	// Inflight is the record Decide added to the worker's predicted load; see
 	// State.PrefillDone and State.RemoveInflight.
 	Inflight Inflight
@@ -98,9 +106,13 @@ func (s *State) Decide(req Request) (Decision, error) {
 	}
 	promptBlocks := (tokens + bs - 1) / bs
 	s.matches = s.index.OverlapWith(&s.walk, req.Hashes, s.matches)
+	s.peer1, s.peer2 = peerRun{}, peerRun{}
 	for _, m := range s.matches {
 		if w := s.lookup(m.Worker); w != nil {
-			w.stamp, w.ovDev, w.ovHost = s.seq, m.Device, m.Host
+			w.stamp, w.ov = s.seq, [numLevels]int{m.Device, m.Host, m.Disk, m.Remote}
+			if s.cfg.PeerPulls && w.Healthy && !w.Stale {
+				s.offerPeer(w, m.Disk) // what a peer can send: its device, host and disk
+			}
 		}
 	}
 	if stale > 0 {
@@ -142,59 +154,126 @@ func (s *State) Decide(req Request) (Decision, error) {
 		s.sessions[req.SessionID] = session{worker: pick.ID, gen: pick.gen, expires: req.Now.Add(s.cfg.AffinityTTL)}
 	}
 
-	dev, host := s.overlap(pick)
+	runs := s.overlap(pick)
 	d := Decision{
 		Worker:       pick.ID,
 		Reason:       reason,
 		PromptBlocks: promptBlocks,
-		Overlap:      dev,
-		HostOverlap:  host,
+		Overlap:      runs[0],
+		HostOverlap:  runs[1],
+		Runs:         runs,
 		Cost:         s.cost(pick, blocksF),
 		Candidates:   len(cands),
 	}
-	d.Inflight = s.AddInflight(pick.ID, promptBlocks, host)
+	cached := runs[numLevels-1]
+	if p, n := s.pullFor(pick); n > 0 {
+		d.Peer, d.PeerBlocks, cached = p, n, n
+	}
+	d.Inflight = s.AddInflight(pick.ID, promptBlocks, cached)
 	return d, nil
+}
+
+// peerRun is a worker whose blocks a peer pull could take, and its run.
+type peerRun struct {
+	w   *WorkerState
+	run int
+}
+
+// offerPeer keeps the two workers with the longest runs of the current decision's prompt.
+func (s *State) offerPeer(w *WorkerState, run int) {
+	switch {
+	case run > s.peer1.run:
+		s.peer2, s.peer1 = s.peer1, peerRun{w, run}
+	case run > s.peer2.run:
+		s.peer2 = peerRun{w, run}
+	}
+}
+
+// pullFor returns the peer that w would pull the prompt's leading blocks from, and the
+// run it would have then, when PeerPulls is on, the peer holds at least PeerMinBlocks
+// blocks more than w does in any tier, and a pull saves something (w's pull credit).
+func (s *State) pullFor(w *WorkerState) (WorkerID, int) {
+	if !s.cfg.PeerPulls || w.pull <= 0 {
+		return 0, 0
+	}
+	p := s.peer1
+	if p.w == w {
+		p = s.peer2
+	}
+	own := 0
+	if w.stamp == s.seq {
+		own = w.ov[numLevels-1]
+	}
+	if p.w == nil || p.run-own < max(s.cfg.PeerMinBlocks, 1) {
+		return 0, 0
+	}
+	return p.w.ID, p.run
 }
 
 // unknownOverlap gives the stale candidates, whose index entries cannot be trusted, the
 // mean overlap of the others: unknown, neither a cache hit to chase nor a miss to avoid.
 func (s *State) unknownOverlap(cands []*WorkerState) {
-	n, dev, host := 0, 0, 0
+	n := 0
+	var sum [numLevels]int
 	for _, w := range cands {
 		if w.Stale {
 			continue
 		}
 		n++
 		if w.stamp == s.seq {
-			dev, host = dev+w.ovDev, host+w.ovHost
+			for t := range sum {
+				sum[t] += w.ov[t]
+			}
 		}
 	}
 	if n > 0 {
-		dev, host = dev/n, host/n
+		for t := range sum {
+			sum[t] /= n
+		}
 	}
 	for _, w := range cands {
 		if w.Stale {
-			w.stamp, w.ovDev, w.ovHost = s.seq, dev, host
+			w.stamp, w.ov = s.seq, sum
 		}
 	}
 }
 
-// overlap returns w's device and device-or-host overlap with the prompt of the
-// current decision.
-func (s *State) overlap(w *WorkerState) (dev, host int) {
+// overlap returns w's runs of the prompt of the current decision, by tier level.
+func (s *State) overlap(w *WorkerState) [numLevels]int {
 	if w.stamp != s.seq {
-		return 0, 0
+		return [numLevels]int{}
 	}
-	return w.ovDev, w.ovHost
+	return w.ov
+}
+
+// cached is the prompt blocks w need not compute, in blocks of prefill: each block of
+// its runs weighs what loading it from its tier saves, and with PeerPulls a block a peer
+// holds beyond them what pulling it saves.
+func (s *State) cached(w *WorkerState) float64 {
+	var c float64
+	own := 0
+	if w.stamp == s.seq {
+		for t, r := range w.ov {
+			c += w.credit[t] * float64(r-own)
+			own = r
+		}
+	}
+	if s.cfg.PeerPulls && w.pull > 0 {
+		p := s.peer1
+		if p.w == w {
+			p = s.peer2
+		}
+		if p.w != nil && p.run-own >= max(s.cfg.PeerMinBlocks, 1) {
+			c += w.pull * float64(p.run-own)
+		}
+	}
+	return c
 }
 
 // fastCost is cost(w, blocks).Total and w.Load(), with inv = 1/block size: the decision
 // loop's form, which reads the worker once.
 func (s *State) fastCost(w *WorkerState, blocks, inv float64) (total, load float64) {
-	var cached float64
-	if w.stamp == s.seq {
-		cached = float64(w.ovDev) + s.cfg.HostWeight*float64(w.ovHost-w.ovDev)
-	}
+	cached := s.cached(w)
 	pre := max(0, float64(w.Report.PrefillTokens)*inv+float64(w.dPrefill))
 	dec := float64(max(0, w.Report.DecodeBlocks+w.dDecode))
 	return s.cfg.OverlapWeight*(max(0, blocks-cached)+pre) + dec, pre + dec
@@ -202,8 +281,7 @@ func (s *State) fastCost(w *WorkerState, blocks, inv float64) (total, load float
 
 // cost is w's cost for a prompt of blocks blocks.
 func (s *State) cost(w *WorkerState, blocks float64) Cost {
-	dev, host := s.overlap(w)
-	cached := float64(dev) + s.cfg.HostWeight*float64(host-dev)
+	cached := s.cached(w)
 	prefill := max(0, blocks-cached) + w.PrefillBlocks()
 	decode := w.DecodeBlocks()
 	return Cost{Prefill: prefill, Decode: decode, Total: s.cfg.OverlapWeight*prefill + decode}

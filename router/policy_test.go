@@ -738,3 +738,80 @@ func testConfig() Config {
 	c.OverlapWeight, c.Temperature = 1, 0
 	return c
 }
+
+// A block in a lower tier weighs what loading it saves: the configured prior until the
+// worker reports its measured load and prefill costs, then 1 − load/prefill (never below
+// 0: a tier slower than computing saves nothing).
+func TestTierCredits(t *testing.T) {
+	prompt := toks(0, 20*testBlock+8) // 20.5 blocks
+	h := hashes(prompt)
+	tests := []struct {
+		name    string
+		loads   [4]int // µs per block, by tier
+		prefill int    // µs per block
+		want    float64
+	}{
+		// 4 device blocks, 4 host, 4 disk, 4 remote.
+		{"priors", [4]int{}, 0, 20.5 - (4 + 4*0.5 + 4*0.3 + 4*0.2)},
+		{"measured", [4]int{0, 100, 1000, 4000}, 2000, 20.5 - (4 + 4*0.95 + 4*0.5 + 0)},
+		{"measured host only", [4]int{0, 500, 0, 0}, 1000, 20.5 - (4 + 4*0.5 + 4*0.3 + 4*0.2)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newTestState(t, testConfig(), 1)
+			r := load{}.report()
+			r.TierLoadMicros, r.BlockPrefillMicros = tt.loads, tt.prefill
+			if err := s.Report(1, r, t0); err != nil {
+				t.Fatal(err)
+			}
+			cache(t, s, 1, kvcache.TierDevice, h[:4])
+			cache(t, s, 1, kvcache.TierHost, h[4:8])
+			cache(t, s, 1, kvcache.TierDisk, h[8:12])
+			cache(t, s, 1, kvcache.TierRemote, h[12:16])
+			d := decide(t, s, req(prompt))
+			if math.Abs(d.Cost.Prefill-tt.want) > 1e-9 || d.Runs != [4]int{4, 8, 12, 16} {
+				t.Fatalf("prefill cost %v, runs %v; want %v, [4 8 12 16]", d.Cost.Prefill, d.Runs, tt.want)
+			}
+		})
+	}
+}
+
+// With peer pulls, a worker that lacks a prompt another worker holds is credited what
+// pulling the blocks saves, and told where to pull them from; a busy holder then loses
+// the request to an idle worker that pulls.
+func TestPeerPulls(t *testing.T) {
+	prompt := toks(0, 40*testBlock+8)
+	h := hashes(prompt)
+	cfg := testConfig()
+	cfg.PeerPulls, cfg.PeerMinBlocks = true, 8
+	s := newTestState(t, cfg, 1, 2)
+	cache(t, s, 1, kvcache.TierDevice, h[:30])
+	cache(t, s, 1, kvcache.TierHost, h[30:36])
+	setLoad(t, s, 1, load{decode: 200, prefillTokens: 16 * 30}) // busy
+	r := load{}.report()
+	r.PullMicros, r.BlockPrefillMicros = 100, 1000 // a pulled block saves 0.9 of computing it
+	if err := s.Report(2, r, t0); err != nil {
+		t.Fatal(err)
+	}
+	d := decide(t, s, req(prompt))
+	if d.Worker != 2 || d.Peer != 1 || d.PeerBlocks != 36 {
+		t.Fatalf("decision %+v: want worker 2 pulling 36 blocks from worker 1", d)
+	}
+	if want := 40.5 - 0.9*36; math.Abs(d.Cost.Prefill-want) > 1e-9 {
+		t.Fatalf("prefill cost %v, want %v", d.Cost.Prefill, want)
+	}
+	s.RemoveInflight(d.Inflight)
+	// Pulling slower than computing: no pull; and no pull of fewer than PeerMinBlocks.
+	r.PullMicros = 2000
+	s.Report(2, r, t0)
+	if d := decide(t, s, req(prompt)); d.PeerBlocks != 0 {
+		t.Fatalf("a pull slower than computing: %+v", d)
+	}
+	cfg.PeerPulls = false
+	s2 := newTestState(t, cfg, 1, 2)
+	cache(t, s2, 1, kvcache.TierDevice, h[:30])
+	setLoad(t, s2, 1, load{decode: 200, prefillTokens: 16 * 30})
+	if d := decide(t, s2, req(prompt)); d.PeerBlocks != 0 {
+		t.Fatalf("peer pulls off: %+v", d)
+	}
+}

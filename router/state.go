@@ -47,9 +47,18 @@ type Config struct {
 	// Temperature of the softmax over normalised costs; 0 picks the cheapest
 	// worker deterministically.
 	Temperature float64
-	// HostWeight is the fraction of a block's prefill that a block held in
-	// the host tier (not on the device) saves; 0 ignores the host tier.
-	HostWeight float64
+	// HostWeight, DiskWeight and RemoteWeight are the fraction of a block's prefill that
+	// a block held in the host, disk or remote (shared directory) tier saves, until the
+	// worker reports what loading one costs it (llm.Load.TierLoadMicros against
+	// BlockPrefillMicros: then the fraction is 1 − load/prefill); 0 ignores the tier until
+	// then. PeerWeight is the same for a block that another worker holds and the chosen
+	// worker would pull (PeerPulls), until it reports its pulls' cost (PullMicros).
+	HostWeight, DiskWeight, RemoteWeight, PeerWeight float64
+	// PeerPulls lets the policy tell the chosen worker to pull the prompt's blocks it
+	// lacks from the worker that holds most of them (Decision.Peer), when pulling them is
+	// cheaper than computing them and they are at least PeerMinBlocks blocks.
+	PeerPulls     bool
+	PeerMinBlocks int
 
 	// A worker is busy when its predicted KV usage reaches BusyKVUsage or its
 	// predicted waiting requests reach BusyWaiting; 0 disables a check.
@@ -76,6 +85,10 @@ func DefaultConfig() Config {
 		OverlapWeight: 16,
 		Temperature:   0.02,
 		HostWeight:    0.5,
+		DiskWeight:    0.3,
+		RemoteWeight:  0.2,
+		PeerWeight:    0.3,
+		PeerMinBlocks: 16,
 		BusyKVUsage:   0.95,
 		BusyWaiting:   16,
 		AffinityTTL:   10 * time.Minute,
@@ -91,6 +104,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("router: temperature %v must be finite and ≥ 0", c.Temperature)
 	case bad(c.HostWeight) || c.HostWeight > 1:
 		return fmt.Errorf("router: host weight %v must be in [0, 1]", c.HostWeight)
+	case bad(c.DiskWeight) || c.DiskWeight > 1 || bad(c.RemoteWeight) || c.RemoteWeight > 1 || bad(c.PeerWeight) || c.PeerWeight > 1:
+		return fmt.Errorf("router: disk, remote and peer weights %v, %v, %v must be in [0, 1]", c.DiskWeight, c.RemoteWeight, c.PeerWeight)
+	case c.PeerMinBlocks < 0:
+		return fmt.Errorf("router: peer min blocks %d must be ≥ 0", c.PeerMinBlocks)
 	case bad(c.BusyKVUsage):
 		return fmt.Errorf("router: busy KV usage %v must be finite and ≥ 0", c.BusyKVUsage)
 	case c.BusyWaiting < 0:
@@ -133,14 +150,37 @@ type WorkerState struct {
 	gen      uint64 // registration generation, matched by Inflight handles
 	sent     uint64 // dispatches numbered so far
 	unacked  []dispatch
-	dPrefill int    // prefill blocks dispatched since the report
-	dDecode  int    // decode blocks dispatched since the report
-	dWaiting int    // requests dispatched since the report, before their first token
-	stamp    uint64 // decision whose overlap ovDev/ovHost hold
-	ovDev    int
-	ovHost   int
-	ix       *workerRec // the index's record: its block count
+	dPrefill int                // prefill blocks dispatched since the report
+	dDecode  int                // decode blocks dispatched since the report
+	dWaiting int                // requests dispatched since the report, before their first token
+	stamp    uint64             // decision whose overlap ov holds
+	ov       [numLevels]int     // the prompt's runs by tier level (Match's fields)
+	credit   [numLevels]float64 // fraction of a block's prefill a block of each tier saves
+	pull     float64            // … a block pulled from a peer saves
+	ix       *workerRec         // the index's record: its block count
 }
+
+// credits sets w's tier credits from its report's measured costs, or cfg's priors.
+func (w *WorkerState) credits(cfg *Config) {
+	prior := [numLevels]float64{1, cfg.HostWeight, cfg.DiskWeight, cfg.RemoteWeight}
+	pb := float64(w.Report.BlockPrefillMicros)
+	w.credit[0] = 1
+	for t := 1; t < numLevels; t++ {
+		w.credit[t] = prior[t]
+		if l := w.Report.TierLoadMicros[t]; l > 0 && pb > 0 {
+			w.credit[t] = max(0, 1-float64(l)/pb)
+		}
+	}
+	w.pull = cfg.PeerWeight
+	if l := w.Report.PullMicros; l > 0 && pb > 0 {
+		w.pull = max(0, 1-float64(l)/pb)
+	}
+}
+
+// Credits returns the fractions of a block's prefill that a block of each tier level
+// saves on the worker (device 1, host, disk, remote), and one pulled from a peer: measured
+// from its reports, or the configured priors.
+func (w *WorkerState) Credits() (tiers [numLevels]float64, pull float64) { return w.credit, w.pull }
 
 // dispatch is a request sent to a worker that its last report did not count.
 type dispatch struct {
@@ -246,9 +286,10 @@ type State struct {
 	seq        uint64 // decisions made
 	prefillers int    // registered workers of role prefill: most models have none
 
-	cands   []*WorkerState
-	matches []Match
-	weights []float64
+	cands        []*WorkerState
+	matches      []Match
+	weights      []float64
+	peer1, peer2 peerRun // the decision's two longest runs a peer pull could take
 }
 
 // NewState returns an empty State with configuration cfg. rng drives the
@@ -302,6 +343,7 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 	s.RemoveWorker(id)
 	s.gen++
 	w := &WorkerState{ID: id, Card: card, Healthy: true, gen: s.gen, ix: s.index.rec(id)}
+	w.credits(&s.cfg)
 	if card.KVBlocks > 0 {
 		s.index.Reserve(card.KVBlocks)
 	}
@@ -377,6 +419,7 @@ func (s *State) Report(id WorkerID, r LoadReport, now time.Time) error {
 	}
 	w.Report, w.ReportedAt, w.Healthy = r, now, r.Healthy
 	w.dPrefill, w.dDecode, w.dWaiting = 0, 0, 0
+	w.credits(&s.cfg)
 	if !r.Tracked {
 		w.unacked = w.unacked[:0]
 		return nil

@@ -20,6 +20,10 @@ type Census struct {
 	PrefillTokens int
 	WaitingTokens int
 	DecodeBlocks  int // KV blocks held by the admitted sequences
+	// Onboarding is the sequences loading their prompt's blocks from lower tiers
+	// (onboard.go); the tokens they will compute after the loads are in PrefillTokens and
+	// their blocks in DecodeBlocks.
+	Onboarding int
 }
 
 // Census counts the scheduler's running and waiting sequences; see CensusOf.
@@ -50,6 +54,16 @@ func (s *Scheduler[S]) CensusOf(running, waiting []S) Census {
 	for _, q := range waiting {
 		seq := q.Sched()
 		c.WaitingTokens += len(seq.Tokens) - s.expected(seq)
+	}
+	bs := s.pool.BlockSize()
+	for _, q := range s.loading {
+		seq := q.Sched()
+		if seq.onboard.finished {
+			continue
+		}
+		c.Onboarding++
+		c.DecodeBlocks += len(seq.KV.Blocks())
+		c.PrefillTokens += max(0, len(seq.Tokens)-seq.KV.Len()-len(seq.onboard.loads)*bs)
 	}
 	return c
 }
@@ -88,7 +102,8 @@ func ExpectedHits(pool *kvcache.Pool, salt uint64, tokens []int32, scratch []uin
 func (c Census) Load(kv kvcache.Stats) llm.Load {
 	return llm.Load{
 		Running:       c.Running - c.Prefilling,
-		Waiting:       c.Waiting + c.Prefilling,
+		Waiting:       c.Waiting + c.Prefilling + c.Onboarding,
+		Onboarding:    c.Onboarding,
 		PrefillTokens: c.PrefillTokens + c.WaitingTokens,
 		Queued:        c.Waiting,
 		QueuedTokens:  c.WaitingTokens,
@@ -96,6 +111,6 @@ func (c Census) Load(kv kvcache.Stats) llm.Load {
 		KVUsage:       kv.Usage(),
 		KVBlocks:      kv.Blocks,
 		LastEventID:   kv.LastEventID,
-		CachedBlocks:  kv.Indexed,
+		CachedBlocks:  kv.Held,
 	}
 }

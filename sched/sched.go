@@ -12,7 +12,7 @@ import (
 // Config sizes a step.
 type Config struct {
 	MaxBatchTokens int    // token budget of one step: decode tokens and prefill chunks together
-	MaxSeqs        int    // most sequences running at once
+	MaxSeqs        int    // most sequences running (or onboarding) at once
 	Salt           uint64 // block hash salt of the sequences' KV (kvcache.Salt of model, namespace, LoRA)
 	// ITLTarget, with Cost, bounds the time of a step that carries decode tokens: its
 	// prefill chunks are cut so that Cost predicts the step within the target (see
@@ -31,6 +31,9 @@ type Config struct {
 	// share them, and a sequence whose step is in flight is neither planned nor preempted
 	// until the caller lands that step (Land, instead of Commit). 0 or 1: one step at a time.
 	MicroBatches int
+	// OnboardMin is the fewest blocks worth loading from the pool's lower tiers instead of
+	// computing them (onboard.go); 0 is 1.
+	OnboardMin int
 }
 
 // overloadFactor bounds a timed step whose decode tokens alone take more than a half of
@@ -57,6 +60,7 @@ const (
 	detached state = iota // not added yet, or finished
 	waiting
 	running
+	onboarding // loading its prompt's blocks from lower tiers (onboard.go)
 )
 
 // Seq is the scheduler's record of one sequence. The caller's own record embeds it (see
@@ -80,6 +84,8 @@ type Seq struct {
 	arrival  uint64 // order of the first Add
 	state    state
 	inFlight bool // in a step not landed yet (Config.MicroBatches)
+
+	onboard onboardState // while loading from lower tiers (onboard.go)
 
 	// While queued: the prompt tokens the prefix cache held when the census last looked
 	// the sequence up, at expectFor tokens (load.go).
@@ -148,6 +154,10 @@ type Plan[S Sequence] struct {
 	// Dropped are the running sequences that ran out of blocks alone: they no longer fit
 	// the pool and were finished, their blocks released. The caller fails them.
 	Dropped []S
+	// Onboard are the sequences admitted (or resumed) this step whose prompt continues in
+	// the pool's lower tiers: they wait, out of the batch, while the caller copies their
+	// Loads and reports with Onboarded (onboard.go). They are in Admitted or Resumed too.
+	Onboard []S
 	// KV is the pool after the step's reservations.
 	KV kvcache.Stats
 	// Shape is what the chunks compute, in a step cost's terms; Predicted is the cost
@@ -172,7 +182,9 @@ func (p *Plan[S]) reset() {
 	clear(p.Resumed)
 	clear(p.Preempted)
 	clear(p.Dropped)
+	clear(p.Onboard)
 	p.Chunks, p.Admitted, p.Resumed, p.Preempted, p.Dropped = p.Chunks[:0], p.Admitted[:0], p.Resumed[:0], p.Preempted[:0], p.Dropped[:0]
+	p.Onboard = p.Onboard[:0]
 	p.Shape, p.Predicted, p.OverTarget, p.Target = StepShape{}, 0, false, 0
 	p.streaming, p.limit, p.full = false, 0, false
 }
@@ -213,6 +225,7 @@ type Scheduler[S Sequence] struct {
 	arrivals uint64
 	plan     Plan[S]
 	order    []S // Schedule's copy of running
+	loading  []S // sequences onboarding (onboard.go)
 
 	hashes []uint64 // the census's scratch (load.go)
 }
@@ -250,8 +263,10 @@ func (s *Scheduler[S]) Waiting() []S { return s.waiting }
 // scheduler.
 func (s *Scheduler[S]) Running() []S { return s.running }
 
-// Idle reports whether no sequence waits or runs.
-func (s *Scheduler[S]) Idle() bool { return len(s.waiting) == 0 && len(s.running) == 0 }
+// Idle reports whether no sequence waits, runs or onboards.
+func (s *Scheduler[S]) Idle() bool {
+	return len(s.waiting) == 0 && len(s.running) == 0 && len(s.loading) == 0
+}
 
 // Add queues q, a new sequence with a non-empty prompt. It panics if q was added already.
 func (s *Scheduler[S]) Add(q S) {
@@ -339,6 +354,12 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 			// priority, and the running ones after q are no earlier. Nor is one in a step
 			// in flight, whose KV that step is writing (q itself is not).
 			v := s.victim()
+			if v == q && len(s.running) == 1 && len(s.loading) > 0 {
+				// Not alone: sequences onboarding hold blocks they will compute into or
+				// give back. q waits for them, keeping its own.
+				n = 0
+				break
+			}
 			if v == q && len(s.running) == 1 {
 				// Alone and still out of blocks: the sequence has outgrown the pool.
 				s.running = s.running[:0]
@@ -433,15 +454,18 @@ func runOrder[S Sequence](a, b S) int {
 // cap, the budget, the pool and the step's time allow; false when it cannot start (then
 // none behind it starts this step).
 func (s *Scheduler[S]) admit(p *Plan[S], budget *int) bool {
-	if len(s.running) >= s.cfg.MaxSeqs || p.full {
+	if len(s.running)+len(s.loading) >= s.cfg.MaxSeqs || p.full {
 		return false
 	}
 	q := s.waiting[0]
 	seq := q.Sched()
 	// Look before matching, so that a sequence that cannot start yet does not count
 	// prefix-cache queries on every step.
+	// The first chunk and one block more, but never more than the whole prompt and its
+	// first token take: a prompt that Fits the pool exactly would otherwise wait for ever.
 	bs := s.pool.BlockSize()
-	if st := s.pool.Stats(); st.Free+st.Cached < (min(len(seq.Tokens), *budget)+bs-1)/bs+1 {
+	need := min((min(len(seq.Tokens), *budget)+bs-1)/bs+1, (len(seq.Tokens)+bs)/bs)
+	if st := s.pool.Stats(); st.Free+st.Cached < need {
 		return false
 	}
 	if s.timed(p) && p.Shape.PrefillTokens >= s.cfg.minPrompt() && s.cfg.Cost.Step(p.Shape) >= s.limit(p) {
@@ -456,6 +480,9 @@ func (s *Scheduler[S]) admit(p *Plan[S], budget *int) bool {
 		keep = len(seq.Tokens)
 	}
 	matched := seq.KV.Match(seq.Tokens, keep)
+	if !seq.NoPrefixMatch && s.startOnboard(q, matched, keep) {
+		return true // it waits for its loads, out of the batch
+	}
 	n := s.fit(p, matched, min(len(seq.Tokens)-matched, *budget))
 	if n == 0 || seq.KV.Reserve(n) != nil {
 		seq.KV.Release()
@@ -582,8 +609,13 @@ func (s *Scheduler[S]) Land(chunks []Chunk[S]) {
 // Finish takes q out of the scheduler, waiting or running, and releases its blocks: it
 // completed, failed, or its caller went away. A caller that keeps q's blocks (a KV transfer
 // pins them) takes KV first. Finishing a sequence that is not in the scheduler does nothing.
+// An onboarding sequence keeps its blocks, which its loads are writing, until Onboarded
+// reports them (onboard.go).
 func (s *Scheduler[S]) Finish(q S) {
 	switch q.Sched().state {
+	case onboarding:
+		s.finishOnboarding(q)
+		return
 	case waiting:
 		s.waiting = slices.DeleteFunc(s.waiting, func(r S) bool { return r == q })
 	case running:

@@ -35,13 +35,15 @@ type harness struct {
 
 // TestScripts runs the scripts in testdata. Commands:
 //
-//	new budget=B seqs=S blocks=K block-size=N [itl=T prefill=A+B decode=C+D]
+//	new budget=B seqs=S blocks=K block-size=N [itl=T prefill=A+B decode=C+D] [host=H]
 //	                                            a scheduler of budget B, cap S, pool of K blocks;
 //	                                            with itl, an ITL target of T ms (Kx: K times
 //	                                            the step's decodes alone) over a cost
 //	                                            model of A ms + B ms a prefill token and C ms
 //	                                            + D ms a decoding sequence (steps then print
 //	                                            their predicted time)
+//	                                            (with host=H, a host tier of H blocks, bytes
+//	                                            modelled)
 //	add id=I prompt=P out=O [prio=R] [prefix=J:L]
 //	                                            a sequence of P prompt tokens (the first L
 //	                                            of them sequence J's) that generates O tokens
@@ -52,6 +54,8 @@ type harness struct {
 //	state                                       the waiting and running sequences, as
 //	                                            ID(tokens with KV/tokens)
 //	census                                      the Census and the load report it makes
+//	loads id=I                                  an onboarding sequence's loads, as tier:slot→block
+//	onboarded id=I ok=K [bad]                   the caller reports I's loads: K done (then a bad one)
 //
 // With micro=D on new (Config.MicroBatches), steps go in flight and land later:
 //
@@ -105,6 +109,17 @@ func TestScripts(t *testing.T) {
 							out += h.land(t) // nothing to launch: wait for the oldest
 						}
 					}
+				case "loads":
+					out = h.loads(h.seq(t, d, d.Int(t, "id", 0)))
+				case "onboarded":
+					q := h.seq(t, d, d.Int(t, "id", 0))
+					if ok := d.Int(t, "ok", 0); ok > len(q.Loads()) || !q.Onboarding() {
+						out = fmt.Sprintf("error: %d loads done of %d (onboarding %v)\n", ok, len(q.Loads()), q.Onboarding())
+						d.Has("bad")
+						break
+					}
+					h.s.Onboarded(q, d.Int(t, "ok", 0), d.Has("bad"))
+					out = h.state()
 				default:
 					t.Fatalf("%s: unknown command %q", d.Pos, d.Cmd)
 				}
@@ -143,6 +158,13 @@ func pair(t *testing.T, d *datadriven.TestData, key string) (float64, float64) {
 
 func newHarness(t *testing.T, d *datadriven.TestData) *harness {
 	pool := kvcache.NewPool(d.Int(t, "blocks", 64), d.Int(t, "block-size", 4))
+	if host := d.Int(t, "host", 0); host > 0 {
+		var err error
+		pool, err = kvcache.NewPoolWith(d.Int(t, "blocks", 64), d.Int(t, "block-size", 4), kvcache.Options{Tiers: []kvcache.TierConfig{{Tier: kvcache.TierHost, Blocks: host}}})
+		if err != nil {
+			t.Fatalf("%s: %v", d.Pos, err)
+		}
+	}
 	cfg := Config{MaxBatchTokens: d.Int(t, "budget", 16), MaxSeqs: d.Int(t, "seqs", 8), Salt: 7, MicroBatches: d.Int(t, "micro", 0)}
 	if d.Has("itl") {
 		var c linearCost
@@ -312,15 +334,34 @@ func (h *harness) state() string {
 		}
 		return strings.Join(parts, " ")
 	}
-	return "waiting " + list(h.s.Waiting()) + "; running " + list(h.s.Running())
+	out := "waiting " + list(h.s.Waiting()) + "; running " + list(h.s.Running())
+	if len(h.s.Onboarding()) > 0 {
+		out += "; onboarding " + list(h.s.Onboarding())
+	}
+	return out
+}
+
+func (h *harness) loads(q *testSeq) string {
+	var parts []string
+	for _, l := range q.Loads() {
+		parts = append(parts, fmt.Sprintf("%v:%d→%d", l.From.Tier, l.From.Slot, l.Block))
+	}
+	return strings.Join(parts, " ") + "\n"
 }
 
 // A random workload keeps the scheduler's promises: every step stays within the budget and
 // the sequence cap, a sequence is never in a plan twice, decode tokens come before prefill
 // chunks of running sequences (those by priority, then fewest tokens left), a step with
 // decode tokens stays within the ITL target's limit, every sequence finishes with all its
-// tokens, and at the end no block is in use. Odd seeds schedule with an ITL target.
+// tokens, and at the end no block is in use. Odd seeds schedule with an ITL target; seeds
+// that are 1 mod 3 have a host tier (sequences onboard, their loads ending at random).
 func TestRandomWorkload(t *testing.T) {
+	onboarded := 0 // loads reported, over the seeds with a host tier
+	defer func() {
+		if onboarded == 0 {
+			t.Error("no sequence onboarded")
+		}
+	}()
 	for seed := range uint64(40) {
 		rng := rand.New(rand.NewPCG(seed, 1))
 		budget, maxSeqs := 1+rng.IntN(64), 1+rng.IntN(8)
@@ -333,6 +374,13 @@ func TestRandomWorkload(t *testing.T) {
 				cfg.ITLTarget = time.Duration(5+rng.IntN(40)) * time.Millisecond
 			} else {
 				cfg.ITLDecodes = 1 + 4*rng.Float64()
+			}
+		}
+		if seed%3 == 1 { // with a host tier: sequences onboard, and their loads end at random
+			var err error
+			pool, err = kvcache.NewPoolWith(pool.NumBlocks(), bs, kvcache.Options{Tiers: []kvcache.TierConfig{{Tier: kvcache.TierHost, Blocks: 4 + rng.IntN(64)}}})
+			if err != nil {
+				t.Fatal(err)
 			}
 		}
 		s, err := New[*testSeq](cfg, pool)
@@ -411,6 +459,12 @@ func TestRandomWorkload(t *testing.T) {
 					t.Fatalf("seed %d: over target %v at %v of %v: %s", seed, p.OverTarget, p.Predicted, p.Target, p)
 				}
 			}
+			if total > budget || len(s.Running())+len(s.Onboarding()) > maxSeqs {
+				t.Fatalf("seed %d: %d tokens of %d, %d running of %d", seed, total, budget, len(s.Running()), maxSeqs)
+			}
+			if len(p.Dropped) > 0 {
+				t.Fatalf("seed %d: dropped %v although every sequence fits the pool", seed, p)
+			}
 			s.Commit()
 			for _, c := range p.Chunks {
 				if c.Samples() {
@@ -420,6 +474,14 @@ func TestRandomWorkload(t *testing.T) {
 						s.Finish(q)
 						finished[q] = true
 					}
+				}
+			}
+			for _, q := range slices.Clone(s.Onboarding()) {
+				if rng.IntN(3) == 0 {
+					n := len(q.Loads())
+					ok := rng.IntN(n + 1)
+					s.Onboarded(q, ok, ok < n && rng.IntN(2) == 0)
+					onboarded++
 				}
 			}
 		}
@@ -503,8 +565,12 @@ func TestScheduleAllocatesNothing(t *testing.T) {
 func (h *harness) census() string {
 	c := h.s.Census()
 	l := c.Load(h.pool.Stats())
-	return fmt.Sprintf("running %d prefilling %d waiting %d prefill-tokens %d waiting-tokens %d decode-blocks %d\n"+
+	out := fmt.Sprintf("running %d prefilling %d waiting %d prefill-tokens %d waiting-tokens %d decode-blocks %d\n"+
 		"report: running %d waiting %d prefill-tokens %d queued %d queued-tokens %d decode-blocks %d cached-blocks %d\n",
 		c.Running, c.Prefilling, c.Waiting, c.PrefillTokens, c.WaitingTokens, c.DecodeBlocks,
 		l.Running, l.Waiting, l.PrefillTokens, l.Queued, l.QueuedTokens, l.DecodeBlocks, l.CachedBlocks)
+	if c.Onboarding > 0 {
+		out += fmt.Sprintf("onboarding %d\n", c.Onboarding)
+	}
+	return out
 }

@@ -12,9 +12,9 @@ import (
 // decode lists the chunks that compute one generated token; prefill the others, as
 // ID@From+N (a chunk that starts past 0 at admission found From tokens in the prefix
 // cache, or continues a chunked prefill); admit and resume the sequences that left the
-// waiting queue, preempt and drop as in Plan; "over target" a step predicted past the ITL
-// target (Plan.OverTarget); kv the pool's blocks after the step's reservations. A step
-// with no chunks reads "idle".
+// waiting queue, preempt, drop and onboard as in Plan; "over target" a step predicted past
+// the ITL target (Plan.OverTarget); kv the pool's blocks after the step's
+// reservations. A step with no chunks reads "idle".
 func (p *Plan[S]) String() string {
 	var b strings.Builder
 	part := func(name string) {
@@ -60,6 +60,7 @@ func (p *Plan[S]) String() string {
 	ids("resume", p.Resumed)
 	ids("preempt", p.Preempted)
 	ids("drop", p.Dropped)
+	ids("onboard", p.Onboard)
 	if p.OverTarget {
 		part("over target")
 	}

@@ -34,10 +34,34 @@ func (r *Result) WriteTable(w io.Writer) error {
 		}
 		row("Steps over the ITL target:", fmt.Sprintf("%d (target %s)", over, target))
 	}
-	b.WriteString("worker  requests  prefill_tok  decode_tok  cached_tok  preempt   busy_s  mean_active\n")
+	roles := r.Config.disaggregated() || r.Plan != nil
+	if r.Config.disaggregated() {
+		row("Prefill / decode workers at the start:", fmt.Sprintf("%d / %d", r.Config.PrefillWorkers, r.Config.DecodeWorkers))
+		row("Remote prefills:", r.RemotePrefills)
+		row("KV moved to decode workers (GiB):", fmt.Sprintf("%.2f", float64(r.Transferred)/(1<<30)))
+	}
+	if roles {
+		row("Worker-hours (both/prefill/decode):", fmt.Sprintf("%.3f / %.3f / %.3f", r.WorkerSeconds[0]/3600, r.WorkerSeconds[1]/3600, r.WorkerSeconds[2]/3600))
+	}
+	if t := r.tierTotals(); t != (TierStats{}) {
+		bs := r.Config.BlockSize
+		row("Tokens loaded from host memory:", t.Onboarded[1]*bs)
+		row("Tokens loaded from disk:", t.Onboarded[2]*bs)
+		row("Tokens loaded from the shared dir:", t.Onboarded[3]*bs)
+		row("Tokens pulled from peers:", t.Pulled*bs)
+	}
+	b.WriteString("worker  requests  prefill_tok  decode_tok  cached_tok  preempt   busy_s  mean_active")
+	if roles {
+		b.WriteString("  role     alive_s")
+	}
+	b.WriteString("\n")
 	for i, ws := range r.Workers {
-		fmt.Fprintf(&b, "%6d  %8d  %11d  %10d  %10d  %7d  %7.1f  %11.2f\n", i, ws.Requests, ws.PrefillTokens,
+		fmt.Fprintf(&b, "%6d  %8d  %11d  %10d  %10d  %7d  %7.1f  %11.2f", i, ws.Requests, ws.PrefillTokens,
 			ws.DecodeTokens, ws.CachedTokens, ws.Preemptions, ws.Busy.Seconds(), ws.MeanActive)
+		if roles {
+			fmt.Fprintf(&b, "  %-7s  %7.1f", ws.Role, ws.Alive.Seconds())
+		}
+		b.WriteString("\n")
 	}
 	b.WriteString(strings.Repeat("=", 50) + "\n")
 	_, err := io.WriteString(w, b.String())
@@ -59,6 +83,17 @@ func (r *Result) JSON() map[string]any {
 	m["imbalance_active_max_over_mean"] = r.ActiveImbalance
 	m["router_queued"] = r.RouterQueued
 	m["sim_events"] = r.Events
+	m["worker_seconds"] = map[string]float64{"both": r.WorkerSeconds[0], "prefill": r.WorkerSeconds[1], "decode": r.WorkerSeconds[2]}
+	if c := r.Config; c.disaggregated() {
+		m["prefill_workers"], m["decode_workers"] = c.PrefillWorkers, c.DecodeWorkers
+		m["remote_prefills"], m["kv_transferred_bytes"] = r.RemotePrefills, r.Transferred
+		m["disagg_min_tokens"], m["kv_bytes_per_token"] = c.Disagg.MinRemoteTokens, c.KVBytesPerToken
+	}
+	if t := r.tierTotals(); t != (TierStats{}) {
+		bs := r.Config.BlockSize
+		m["tier_loaded_tokens"] = map[string]int{"host": t.Onboarded[1] * bs, "disk": t.Onboarded[2] * bs, "remote": t.Onboarded[3] * bs}
+		m["peer_pulled_tokens"] = t.Pulled * bs
+	}
 	c := r.Config
 	m["sim_config"] = map[string]any{
 		"timing": c.Timing, "block_size": c.BlockSize, "kv_blocks": c.KVBlocks,
@@ -66,13 +101,14 @@ func (r *Result) JSON() map[string]any {
 		"report_interval_ms": c.ReportInterval.Seconds() * 1000, "seed": c.Seed,
 		"report_delay_ms": c.ReportDelay.Seconds() * 1000, "event_delay_ms": c.EventDelay.Seconds() * 1000,
 		"overlap_weight": c.Router.OverlapWeight, "temperature": c.Router.Temperature,
+		"tiers": c.Tiers, "peer_pulls": c.Router.PeerPulls,
 	}
 	ws := make([]map[string]any, len(r.Workers))
 	for i, w := range r.Workers {
 		ws[i] = map[string]any{
 			"requests": w.Requests, "prefill_tokens": w.PrefillTokens, "decode_tokens": w.DecodeTokens,
 			"cached_tokens": w.CachedTokens, "preemptions": w.Preemptions, "steps": w.Steps, "steps_over_itl_target": w.OverTarget,
-			"busy_s": w.Busy.Seconds(), "mean_active": w.MeanActive,
+			"busy_s": w.Busy.Seconds(), "mean_active": w.MeanActive, "role": w.Role, "alive_s": w.Alive.Seconds(),
 		}
 	}
 	m["workers"] = ws
@@ -82,4 +118,16 @@ func (r *Result) JSON() map[string]any {
 // WriteJSON writes JSON() on one line, keys sorted.
 func (r *Result) WriteJSON(w io.Writer) error {
 	return json.NewEncoder(w).Encode(r.JSON())
+}
+
+// tierTotals sums the workers' tier figures.
+func (r *Result) tierTotals() TierStats {
+	var t TierStats
+	for _, w := range r.Workers {
+		for i := range t.Onboarded {
+			t.Onboarded[i] += w.Tiers.Onboarded[i]
+		}
+		t.Pulled += w.Tiers.Pulled
+	}
+	return t
 }

@@ -11,13 +11,27 @@ import (
 
 	"tandem/bench"
 	"tandem/kvcache"
+	"tandem/planner"
 	"tandem/router"
 	"tandem/sched"
 )
 
 // Config describes a simulated cluster. Zero values take the defaults noted.
 type Config struct {
-	Workers        int           // simulated workers; 0 → 4
+	Workers int // simulated workers (role both); 0 → 4, unless disaggregated
+	// PrefillWorkers and DecodeWorkers, both positive, make the cluster disaggregated
+	// (disagg.go): workers of role prefill and decode instead of Workers; Disagg is the
+	// router's disaggregation policy (MinRemoteTokens 0: 256) and KVBytesPerToken the
+	// model's KV bytes per token, which a transfer moves (0: 131072, an 8B model's bf16).
+	PrefillWorkers, DecodeWorkers int
+	Disagg                        router.DisaggConfig
+	KVBytesPerToken               int64
+	// Planner, if set, runs the SLA planner in the loop (plan.go): it resizes the pools
+	// every LoadInterval of virtual time; a new worker serves Startup after it is asked
+	// for, and a removed one drains (its requests finish) before it leaves. Its Perf and
+	// Capacity default to this simulation's.
+	Planner        *planner.Config
+	Startup        time.Duration
 	Router         router.Config // the policy; its Card is filled in by Run
 	Timing         Timing        // compute model; zero → GPUTiming
 	BlockSize      int           // KV block size in tokens; 0 → 16
@@ -42,10 +56,27 @@ type Config struct {
 	// sched.Config.ITLDecodes.
 	ITLTarget  time.Duration
 	ITLDecodes float64
+	// Tiers are each worker's lower KV tiers and their measured costs (tiers.go); the zero
+	// value has none.
+	Tiers TierModel
 }
 
 func (c *Config) defaults() error {
-	c.Workers = cmp.Or(c.Workers, 4)
+	if c.PrefillWorkers < 0 || c.DecodeWorkers < 0 || (c.PrefillWorkers > 0) != (c.DecodeWorkers > 0) {
+		return fmt.Errorf("sim: a disaggregated cluster needs both prefill and decode workers (got %d and %d)", c.PrefillWorkers, c.DecodeWorkers)
+	}
+	if c.disaggregated() {
+		if c.Workers > 0 {
+			return fmt.Errorf("sim: workers of role both (%d) and a disaggregated cluster do not mix", c.Workers)
+		}
+		c.Disagg.MinRemoteTokens = cmp.Or(c.Disagg.MinRemoteTokens, router.DefaultDisaggConfig().MinRemoteTokens)
+	} else {
+		c.Workers = cmp.Or(c.Workers, 4)
+	}
+	c.KVBytesPerToken = cmp.Or(c.KVBytesPerToken, 131072)
+	if c.Startup < 0 || c.KVBytesPerToken < 0 {
+		return fmt.Errorf("sim: start-up time and KV bytes per token must be ≥ 0")
+	}
 	if c.Timing == (Timing{}) {
 		c.Timing = GPUTiming()
 	}
@@ -57,7 +88,8 @@ func (c *Config) defaults() error {
 	if c.Percentiles == nil {
 		c.Percentiles = []float64{90, 99}
 	}
-	if c.Workers < 1 || c.BlockSize < 1 || c.KVBlocks < 1 || c.TokenBudget < 1 || c.MaxSeqs < 1 || c.ReportInterval < 0 {
+	c.Tiers.defaults()
+	if (c.Workers < 1 && !c.disaggregated()) || c.BlockSize < 1 || c.KVBlocks < 1 || c.TokenBudget < 1 || c.MaxSeqs < 1 || c.ReportInterval < 0 {
 		return fmt.Errorf("sim: workers, block size, KV blocks, token budget, max seqs and report interval must be positive")
 	}
 	if c.ReportDelay < 0 || c.EventDelay < 0 || c.ITLTarget < 0 || c.ITLDecodes < 0 {
@@ -65,6 +97,8 @@ func (c *Config) defaults() error {
 	}
 	return c.Timing.validate()
 }
+
+func (c *Config) disaggregated() bool { return c.PrefillWorkers > 0 || c.DecodeWorkers > 0 }
 
 // A Request is one request of a replay: its arrival, its prompt as synthetic
 // segments (equal segments give equal tokens, hence shared prefixes) and the
@@ -127,6 +161,11 @@ type WorkerStats struct {
 	OverTarget    int           // of those, the ones with decode tokens predicted past the ITL target
 	Busy          time.Duration // time spent in steps
 	MeanActive    float64       // requests on the worker (waiting or running), time-averaged
+	Role          string        // both, prefill or decode
+	// Alive is how long the worker was paid for: from when it was asked for (the start
+	// for the first ones) until it left or the run ended.
+	Alive time.Duration
+	Tiers TierStats // lower tiers and peer pulls (tiers.go)
 }
 
 // Result is a finished simulation.
@@ -150,6 +189,15 @@ type Result struct {
 	TokenImbalance, TokenCV, ActiveImbalance float64
 	RouterQueued                             int // requests that waited in the router (all workers busy)
 	Events                                   int // events processed
+
+	// WorkerSeconds is the workers' Alive time summed by pool (planner.Aggregated,
+	// Prefill, Decode), from the first arrival to the last token.
+	WorkerSeconds [planner.NumPools]float64
+	// RemotePrefills counts the requests prefilled on a prefill worker; Transferred the KV
+	// bytes their decode workers pulled.
+	RemotePrefills int
+	Transferred    int64
+	Plan           *PlanResult // with Config.Planner: its decisions and the pools over time
 }
 
 // sreq is one request of the replay. Its sched.Seq's ID is its index in sim.reqs plus one,
@@ -169,12 +217,40 @@ type sreq struct {
 	first time.Duration
 	times []time.Duration // token emission times
 	err   string
+
+	// Disaggregated (disagg.go): twin is the record of r's prefill on a prefill worker,
+	// parent the request a twin prefills for; overlap is the decode worker's cached
+	// leading blocks (not transferred), xferEnd when the last block reaches it, imp the
+	// decode worker's import holding the blocks until r is admitted, echo that r's first
+	// token on its decode worker is the one its prefill worker sent already.
+	twin, parent *sreq
+	overlap      int
+	xferEnd      time.Duration
+	xferBytes    int64
+	imp          *kvcache.Seq
+	echo         bool
+	firstPool    planner.Pool
+}
+
+// hits is r's prompt tokens served from a prefix cache where its prompt was computed.
+func (r *sreq) hits() int {
+	if r.twin != nil {
+		return r.twin.Cached()
+	}
+	return r.Cached()
 }
 
 func (r *sreq) index() int { return int(r.ID) - 1 }
 
 type worker struct {
 	id        int
+	role      string
+	state     workerState
+	born      time.Duration // asked for
+	goneAt    time.Duration
+	linkFree  time.Duration // a prefill worker's KV link is busy until then
+	imports   int           // requests routed here waiting for their KV (disagg.go)
+	hitsAt    int           // CachedTokens at the last plan tick
 	pool      *kvcache.Pool
 	events    <-chan kvcache.Event
 	sched     *sched.Scheduler[*sreq]
@@ -185,6 +261,8 @@ type worker struct {
 	activeAt  time.Duration // for the time-weighted active count
 	activeNs  float64
 	inTransit []delayed // KV events and load reports on their way to the router, in time order
+	tiers     tierWorker
+	pulling   []pull // requests pulling their prefix from a peer before they are queued
 }
 
 // delayed is a KV event or load report that reaches the router at t.
@@ -207,7 +285,23 @@ const (
 	evStepEnd
 	evReport
 	evKick
-	evDeliver // a worker's delayed events and reports arrive
+	evDeliver   // a worker's delayed events and reports arrive
+	evImport    // a request's KV reached its decode worker
+	evReady     // a new worker has started
+	evPlan      // the planner's tick
+	evOnboarded // a sequence's loads from lower tiers are done (tiers.go)
+	evPulled    // a request's peer pull is done (tiers.go)
+)
+
+// workerState is a worker's life: asked for and starting, serving, draining (no new
+// requests; it leaves when its last one ends), gone.
+type workerState uint8
+
+const (
+	starting workerState = iota
+	ready
+	draining
+	gone
 )
 
 type eventQueue []event
@@ -249,6 +343,14 @@ type sim struct {
 	idealHit, idealAll int
 	actSum             float64
 	actN               int
+
+	t0       time.Duration // the first arrival
+	card     router.Card
+	counters planner.Counters
+	pl       *planner.Planner
+	plan     *PlanResult
+	remote   int
+	moved    int64
 }
 
 // Run replays reqs over cfg.Workers simulated workers, routing each request
@@ -260,27 +362,26 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 	if len(reqs) == 0 {
 		return nil, errors.New("sim: no requests")
 	}
-	s := &sim{cfg: cfg, salt: kvcache.Salt("sim", "", ""), ideal: map[uint64]struct{}{}}
+	s := &sim{cfg: cfg, salt: kvcache.Salt("sim", "", ""), ideal: map[uint64]struct{}{}, t0: reqs[0].At, now: reqs[0].At}
 	rc := cfg.Router
 	rc.Card = router.Card{Model: "sim", HashVersion: kvcache.HashVersion, BlockSize: cfg.BlockSize, Salt: s.salt, KVBlocks: cfg.KVBlocks}
+	s.card = rc.Card
 	var err error
 	if s.state, err = router.NewState(rc, rand.New(rand.NewPCG(uint64(cfg.Seed), 0x51a1))); err != nil {
 		return nil, err
 	}
-	for i := range cfg.Workers {
-		w := &worker{id: i, pool: kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize)}
-		w.events, _ = w.pool.Subscribe(1 << 16)
-		sc := sched.Config{MaxBatchTokens: cfg.TokenBudget, MaxSeqs: cfg.MaxSeqs, Salt: s.salt}
-		if cfg.ITLTarget > 0 || cfg.ITLDecodes > 0 {
-			sc.ITLTarget, sc.ITLDecodes, sc.Cost = cfg.ITLTarget, cfg.ITLDecodes, cfg.Timing
+	roles := map[string]int{router.RoleBoth: cfg.Workers, router.RolePrefill: cfg.PrefillWorkers, router.RoleDecode: cfg.DecodeWorkers}
+	for _, role := range []string{router.RoleBoth, router.RolePrefill, router.RoleDecode} {
+		for range roles[role] {
+			if _, err := s.addWorker(role, true); err != nil {
+				return nil, err
+			}
 		}
-		if w.sched, err = sched.New[*sreq](sc, w.pool); err != nil {
+	}
+	if cfg.Planner != nil {
+		if err := s.startPlanner(); err != nil {
 			return nil, err
 		}
-		if err := s.state.AddWorker(router.WorkerID(i), rc.Card); err != nil {
-			return nil, err
-		}
-		s.workers = append(s.workers, w)
 	}
 	var later []*sreq // follow-up turns, numbered after the first turns
 	for i, r := range reqs {
@@ -328,12 +429,24 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 		case evKick:
 			s.workers[e.w].kicking = false
 			s.kick(s.workers[e.w])
+		case evOnboarded:
+			s.onboarded(s.workers[e.w], s.reqs[e.r])
+		case evPulled:
+			s.pulled(s.workers[e.w], s.reqs[e.r])
 		case evReport:
 			s.report()
 			s.retryQueue()
 			if s.left > 0 {
 				s.push(event{t: s.now + cfg.ReportInterval, kind: evReport})
 			}
+		case evImport:
+			s.importKV(s.reqs[e.r])
+		case evReady:
+			s.ready(s.workers[e.w])
+			s.retryQueue()
+		case evPlan:
+			s.planTick()
+			s.retryQueue()
 		}
 	}
 	return s.result(), nil
@@ -359,6 +472,7 @@ func (s *sim) route(r *sreq) {
 		}
 	}
 	s.idealMatch(r)
+	s.counters.Arrive()
 	if len(s.rqueue) > 0 || !s.dispatch(r) { // first come, first served
 		s.rqueue = append(s.rqueue, r)
 		s.queued++
@@ -387,8 +501,12 @@ func (s *sim) idealMatch(r *sreq) {
 // dispatch asks the router for r's worker; false when all are busy.
 func (s *sim) dispatch(r *sreq) bool {
 	s.hashes = kvcache.HashBlocks(s.salt, r.Tokens, s.cfg.BlockSize, s.hashes[:0])
-	d, err := s.state.Decide(router.Request{Hashes: s.hashes, PromptTokens: r.PromptLen, Now: epoch.Add(s.now)})
-	if errors.Is(err, router.ErrAllBusy) {
+	req := router.Request{Hashes: s.hashes, PromptTokens: r.PromptLen, Now: epoch.Add(s.now)}
+	if s.cfg.disaggregated() {
+		return s.dispatchDisagg(r, req)
+	}
+	d, err := s.state.Decide(req)
+	if errors.Is(err, router.ErrAllBusy) || errors.Is(err, router.ErrNoWorkers) && s.waitForWorkers() {
 		return false
 	}
 	if err != nil {
@@ -405,6 +523,9 @@ func (s *sim) dispatch(r *sreq) bool {
 		return true
 	}
 	s.account(w)
+	if d.PeerBlocks > 0 && s.startPull(w, r, d) {
+		return true // queued when its pull is done
+	}
 	w.sched.Add(r)
 	if !w.stepping && !w.kicking { // start after the other arrivals of this instant
 		w.kicking = true
@@ -453,7 +574,7 @@ func (s *sim) followUp(r *sreq) {
 // account adds w's requests since the last call to its time-weighted count;
 // call it before a request joins or leaves the worker.
 func (s *sim) account(w *worker) {
-	n := len(w.sched.Waiting()) + len(w.sched.Running())
+	n := len(w.sched.Waiting()) + len(w.sched.Running()) + len(w.sched.Onboarding()) + len(w.pulling)
 	w.activeNs += float64(n) * float64(s.now-w.activeAt)
 	w.activeAt = s.now
 }
@@ -464,6 +585,7 @@ func (s *sim) kick(w *worker) {
 		return
 	}
 	dur, ok := s.schedule(w)
+	s.runTransfers(w)
 	s.drain(w)
 	if !ok {
 		return
@@ -480,8 +602,15 @@ func (s *sim) schedule(w *worker) (time.Duration, bool) {
 	s.account(w) // Schedule may drop a sequence
 	p := w.sched.Schedule()
 	w.plan = p
+	if len(p.Onboard) > 0 {
+		s.startOnboards(w, p.Onboard)
+	}
 	for _, r := range p.Admitted {
 		w.stats.CachedTokens += r.Cached()
+		if r.imp != nil { // the sequence holds the imported blocks now
+			r.imp.Release()
+			r.imp = nil
+		}
 	}
 	w.stats.Preemptions += len(p.Preempted)
 	for _, r := range p.Dropped {
@@ -507,27 +636,49 @@ func (s *sim) stepEnd(w *worker) {
 	w.stepping = false
 	w.sched.Commit()
 	for _, c := range w.plan.Chunks {
+		if c.Seq.parent != nil {
+			s.transfer(w, c.Seq, c.From, c.N)
+		}
 		if c.Samples() {
 			s.emit(w, c.Seq)
 		}
 	}
 	s.drain(w)
 	s.kick(w)
+	s.drained(w)
 }
 
 // emit records a generated token of r at the current time.
 func (s *sim) emit(w *worker, r *sreq) {
-	if len(r.times) == 0 {
-		r.first = s.now
-		s.state.PrefillDone(&r.inflight)
+	if r.parent != nil {
+		s.prefilled(w, r)
+		return
 	}
-	r.times = append(r.times, s.now)
-	r.Tokens = append(r.Tokens, int32(splitmix(uint64(r.index())<<20^uint64(len(r.times)))&0x7fffffff))
+	// The k-th generated token is a function of the request and k, wherever it is computed.
+	r.Tokens = append(r.Tokens, int32(splitmix(uint64(r.index())<<20^uint64(r.Generated()+1))&0x7fffffff))
+	switch {
+	case r.echo: // the prefill worker's first token, sent already
+		r.echo = false
+		s.state.PrefillDone(&r.inflight)
+	case len(r.times) == 0:
+		r.first = s.now
+		r.firstPool = poolOf(w.role)
+		s.counters.FirstToken(r.firstPool, s.now-r.at)
+		s.state.PrefillDone(&r.inflight)
+		r.times = append(r.times, s.now)
+	default:
+		r.times = append(r.times, s.now)
+	}
 	if len(r.times) < r.outLen {
 		return
 	}
 	s.account(w)
 	w.sched.Finish(r)
+	var tpot time.Duration
+	if n := len(r.times); n > 1 {
+		tpot = (r.times[n-1] - r.first) / time.Duration(n-1)
+	}
+	s.counters.Finish(poolOf(w.role), r.PromptLen, r.hits(), len(r.times), tpot)
 	if r.next != nil {
 		s.followUp(r)
 	}
@@ -592,13 +743,18 @@ func (s *sim) deliver(w *worker) {
 
 // report sends every worker's load report.
 func (s *sim) report() {
-	maxA, sumA := 0, 0
+	maxA, sumA, n := 0, 0, 0
 	for _, w := range s.workers {
+		if w.state != ready && w.state != draining {
+			continue
+		}
+		n++
 		waiting, running := w.sched.Waiting(), w.sched.Running()
 		// What a live worker reports (worker.Load): the same census, the same function.
 		lr := w.sched.Census().Load(w.pool.Stats())
-		lr.Healthy = true
+		lr.Healthy = w.state == ready // a draining worker says so: the router sends nothing new
 		lr.StepsOverTarget = uint64(w.stats.OverTarget)
+		s.tierLoad(&lr)
 		if s.cfg.ReportDelay > 0 {
 			s.send(w, delayed{t: s.now + s.cfg.ReportDelay, report: &lr})
 		} else {
@@ -608,7 +764,7 @@ func (s *sim) report() {
 		maxA, sumA = max(maxA, a), sumA+a
 	}
 	if sumA > 0 {
-		s.actSum += float64(maxA) / (float64(sumA) / float64(len(s.workers)))
+		s.actSum += float64(maxA) / (float64(sumA) / float64(n))
 		s.actN++
 	}
 }
@@ -623,7 +779,7 @@ func (s *sim) result() *Result {
 	var end time.Duration
 	reqs := make([]bench.RequestResult, len(s.reqs))
 	for i, r := range s.reqs {
-		q := bench.RequestResult{Session: r.session, Start: r.at - t0, InputLen: r.PromptLen, OutputLen: len(r.times), CachedTokens: r.Cached(), Err: r.err}
+		q := bench.RequestResult{Session: r.session, Start: r.at - t0, InputLen: r.PromptLen, OutputLen: len(r.times), CachedTokens: r.hits(), Err: r.err}
 		if r.err == "" && len(r.times) > 0 {
 			q.TTFT = r.first - r.at
 			q.E2E = r.times[len(r.times)-1] - r.at
@@ -633,7 +789,7 @@ func (s *sim) result() *Result {
 			}
 			end = max(end, r.times[len(r.times)-1])
 			res.PromptTokens += r.PromptLen
-			res.CachedTokens += r.Cached()
+			res.CachedTokens += r.hits()
 		} else if r.err == "" {
 			q.Err = "sim: not finished"
 		}
@@ -658,10 +814,22 @@ func (s *sim) result() *Result {
 		if dur > 0 {
 			w.stats.MeanActive = w.activeNs / float64(dur)
 		}
+		until := end
+		if w.state == gone {
+			until = min(w.goneAt, end)
+		}
+		w.stats.Role, w.stats.Alive = w.role, max(0, until-max(w.born, t0))
+		res.WorkerSeconds[poolOf(w.role)] += w.stats.Alive.Seconds()
+		w.stats.Tiers = TierStats{Onboarded: w.tiers.onboarded, Pulled: w.tiers.pulled}
 		res.Workers = append(res.Workers, w.stats)
 		toks[i] = float64(w.stats.PrefillTokens + w.stats.DecodeTokens)
 	}
 	res.TokenImbalance, res.TokenCV = imbalance(toks)
+	res.RemotePrefills, res.Transferred = s.remote, s.moved
+	if s.plan != nil {
+		res.Plan = s.plan
+		s.plan.finish(end - t0)
+	}
 	if s.actN > 0 {
 		res.ActiveImbalance = s.actSum / float64(s.actN)
 	}

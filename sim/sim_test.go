@@ -287,3 +287,36 @@ func TestMultiTurn(t *testing.T) {
 		t.Errorf("kv hit rate %.3f, round-robin %.3f, bound %.3f", kv.HitRate, rr.HitRate, kv.IdealHitRate)
 	}
 }
+
+func TestTiersOnboardEvictedPrefix(t *testing.T) {
+	// One worker whose KV holds 8 blocks of 16 tokens. A (64 tokens) runs, B (120
+	// tokens of its own) evicts A's blocks, then A returns with 30 tokens more. Without
+	// tiers A's 64 tokens are computed again; with a host tier they are loaded back
+	// (4 blocks at 0.04 ms/MiB × 2 MiB) and only the 30 new ones computed. (B fills the
+	// pool exactly: before sched's admission allowed for that, it waited for ever.)
+	a := Request{Segments: []bench.Segment{{Seed: 1, Len: 64}}, OutputLen: 1}
+	b := Request{At: time.Second, Segments: []bench.Segment{{Seed: 2, Len: 120}}, OutputLen: 1}
+	again := Request{At: 2 * time.Second, Segments: []bench.Segment{{Seed: 1, Len: 64}, {Seed: 3, Len: 30}}, OutputLen: 1}
+	reqs := []Request{a, b, again}
+	cfg := Config{Workers: 1, Timing: fixed, KVBlocks: 8}
+	g1 := run(t, cfg, reqs)
+	cfg.Tiers = TierModel{HostBlocks: 64}
+	g2 := run(t, cfg, reqs)
+	q1, q2 := g1.Bench.Requests[2], g2.Bench.Requests[2]
+	if q1.CachedTokens != 0 || q1.TTFT != 104*time.Millisecond {
+		t.Errorf("G1 only: the returning prompt found %d tokens cached, TTFT %v; want 0, 104ms", q1.CachedTokens, q1.TTFT)
+	}
+	if q2.CachedTokens != 64 || q2.TTFT >= 41*time.Millisecond || q2.TTFT < 40*time.Millisecond {
+		t.Errorf("with a host tier: the returning prompt found %d tokens cached, TTFT %v; want 64, 40ms plus the loads", q2.CachedTokens, q2.TTFT)
+	}
+	if got := g2.Workers[0].Tiers.Onboarded[1]; got != 4 {
+		t.Errorf("%d blocks loaded from host memory, want 4", got)
+	}
+	if g2.HitRate <= g1.HitRate {
+		t.Errorf("hit rate with a host tier %.3f, not above G1 only's %.3f", g2.HitRate, g1.HitRate)
+	}
+	var tab bytes.Buffer
+	if err := g2.WriteTable(&tab); err != nil || !bytes.Contains(tab.Bytes(), []byte("Tokens loaded from host memory:")) {
+		t.Errorf("the table lacks the tiers' line (err %v):\n%s", err, tab.String())
+	}
+}

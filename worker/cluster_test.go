@@ -556,3 +556,25 @@ func TestClusterMigration(t *testing.T) {
 		t.Error("the router did not log a migration")
 	}
 }
+
+// A worker that leaves takes its per-worker KV series off the router's /metrics, those
+// labelled by cause too (the resyncs once stayed for every worker that ever joined).
+func TestLeftWorkerSeriesRemoved(t *testing.T) {
+	c := startRouter(t, router.ModeKV)
+	tok := c.router.Token.String()
+	c.addWorker("w1", tok, 0)
+	n2 := c.addWorker("w2", tok, 0)
+	c.waitWorkers(2)
+	resyncs := func(name string) float64 {
+		return scrape(t, c.router.URL(), "tandem_router:kv_resyncs_total", `worker="`+name+`"`, `cause="join"`)
+	}
+	waitFor(t, "w2's join resync on /metrics", func() bool { return resyncs("w2") == 1 })
+	n2.cancel()
+	waitFor(t, "w2 to leave", func() bool { _, ok := c.worker("w2"); return !ok })
+	if got := resyncs("w2"); got != -1 {
+		t.Errorf("w2's resyncs still on /metrics after it left: %v", got)
+	}
+	if got := resyncs("w1"); got != 1 {
+		t.Errorf("w1's resyncs on /metrics: %v, want 1", got)
+	}
+}

@@ -31,6 +31,7 @@ type KVEngine interface {
 	BeginImport(prompt []int32) (*engine.Import, error)
 	KVFormat() (engine.KVFormat, error)
 	HeldStats() (held int, expired int64)
+	ExportCached(ctx context.Context, want []uint64, fn func(hash uint64, data []byte) error) (int, error)
 }
 
 // Defaults of the disaggregation knobs.
@@ -192,6 +193,9 @@ func (w *Worker) pullKV(ctx context.Context, req *cluster.PullRequest, send func
 	}
 	if err := f.Check(engine.KVFormat(req.Layout)); err != nil {
 		return orpc.Errorf(orpc.FailedPrecondition, "worker %s: %v", w.cfg.Card.Node, err)
+	}
+	if req.Cached {
+		return w.pullCachedKV(ctx, f, req, send) // a peer pull (peerpull.go)
 	}
 	tr := w.transferOf(req.Handle, true)
 	grace := time.NewTimer(pullGrace)
@@ -391,6 +395,9 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 		im.Trim()
 		return n, w.pullFailed(pctx, fmt.Errorf("%w: %s sent %d of %d blocks", errTransfer, src.Node, n, len(missing)))
 	}
+	if d := time.Since(t0); n > 0 {
+		w.notePullCost(d, n)
+	}
 	if m != nil {
 		d := time.Since(t0)
 		m.Pulls.WithLabelValues("ok").Inc()
@@ -403,6 +410,23 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 	}
 	w.log.Debug("pulled KV blocks", "from", src.Node, "blocks", n, "had", im.Have(), "bytes", bytes, "in", time.Since(t0))
 	return n, nil
+}
+
+// notePullCost folds a good pull of n blocks in d into the measured cost per block that
+// load reports carry (a moving average, weight 1/8), for the router's choice between
+// pulling a prefix from a peer and computing it.
+func (w *Worker) notePullCost(d time.Duration, n int) {
+	x := max(d.Microseconds()/int64(n), 1)
+	for {
+		old := w.pullCost.Load()
+		nv := x
+		if old > 0 {
+			nv = old + (x-old)/8
+		}
+		if w.pullCost.CompareAndSwap(old, nv) {
+			return
+		}
+	}
 }
 
 // releaseRemote asks the holder of handle to free it, briefly and on a best-effort basis.

@@ -37,6 +37,8 @@ type peerNode struct {
 	// stopEngine stops the engine alone: the worker stays registered and answers, but
 	// every generation fails as unavailable.
 	stopEngine context.CancelFunc
+	// kill stops the worker and its engine at once (no drain), as a crash would.
+	kill context.CancelFunc
 }
 
 type peerEnv struct {
@@ -128,7 +130,7 @@ func (env *peerEnv) startEngine(name, modelPath string, m *model.Model, eng *eng
 	case <-time.After(20 * time.Second):
 		t.Fatalf("%s not ready", name)
 	}
-	return &peerNode{name: name, eng: eng, m: m, w: w, met: met, logs: logs, stopEngine: stopEngine}
+	return &peerNode{name: name, eng: eng, m: m, w: w, met: met, logs: logs, stopEngine: stopEngine, kill: cancel}
 }
 
 func (env *peerEnv) dial(n *peerNode) *orpc.Client {

@@ -114,9 +114,10 @@ type Worker struct {
 	mu        sync.Mutex
 	connected map[string]uint64 // router → worker id there
 
-	regs registrations
-	kvx  kvXfer // clients to other workers, for KV pulls
-	wsrv weightsServer
+	regs     registrations
+	kvx      kvXfer       // clients to other workers, for KV pulls
+	pullCost atomic.Int64 // measured µs per block of a KV pull from a peer (0: none yet)
+	wsrv     weightsServer
 
 	drain   drain              // drain.go
 	stopRun context.CancelFunc // ends Run (Shutdown); guarded by mu
@@ -606,6 +607,8 @@ func (w *Worker) Load() cluster.LoadReport {
 		l.StepMicros = int(st.LastStep / time.Microsecond)
 		l.StepTokens = st.LastStepTokens
 		l.StepsOverTarget = st.StepsOverTarget
+		l.TierLoadMicros, l.BlockPrefillMicros = st.TierLoadMicros, st.BlockPrefillMicros
+		l.PullMicros = int(w.pullCost.Load())
 		return cluster.LoadReport{Load: l}
 	}
 	st := w.cfg.Engine.Pool().Stats()
@@ -617,7 +620,7 @@ func (w *Worker) Load() cluster.LoadReport {
 		KVUsage:       st.Usage(),
 		KVBlocks:      st.Blocks,
 		LastEventID:   st.LastEventID,
-		CachedBlocks:  st.Indexed,
+		CachedBlocks:  st.Held,
 		Healthy:       w.healthy(),
 	}}
 }
@@ -633,6 +636,9 @@ func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, sen
 	defer admitted()
 	ctx, done := w.regs.bind(ctx, req.DispatchKey)
 	defer done()
+	if req.Peer.Addr != "" {
+		return w.generatePeer(ctx, req, send) // pull the prefix from a peer first (peerpull.go)
+	}
 	return w.generateBound(ctx, req, send)
 }
 

@@ -26,6 +26,7 @@ import (
 	"tandem/internal/statefile"
 	"tandem/internal/version"
 	"tandem/metrics"
+	"tandem/planner"
 	"tandem/router"
 	"tandem/router/live"
 	"tandem/sla"
@@ -59,7 +60,12 @@ func run(args []string, stderr io.Writer) error {
 	routing := fs.String("routing", string(router.ModeKV), "routing mode: kv, round-robin, random or least-loaded")
 	overlap := fs.Float64("overlap-weight", def.OverlapWeight, "cost = overlap-weight × prefill blocks + decode blocks")
 	temp := fs.Float64("temperature", def.Temperature, "softmax temperature over normalised costs (0: cheapest worker)")
-	hostWeight := fs.Float64("host-weight", def.HostWeight, "fraction of a block's prefill saved by a host-tier copy")
+	hostWeight := fs.Float64("host-weight", def.HostWeight, "fraction of a block's prefill saved by a host-tier copy, until the worker reports its measured load cost")
+	diskWeight := fs.Float64("disk-weight", def.DiskWeight, "fraction of a block's prefill saved by a disk-tier copy, until the worker reports its measured load cost")
+	remoteWeight := fs.Float64("remote-weight", def.RemoteWeight, "fraction of a block's prefill saved by a shared-directory copy, until the worker reports its measured load cost")
+	peerPulls := fs.Bool("peer-pulls", def.PeerPulls, "tell the chosen worker to pull the prompt's prefix from the worker that holds it when pulling is cheaper than computing (docs/kv-tiers.md)")
+	peerWeight := fs.Float64("peer-weight", def.PeerWeight, "fraction of a block's prefill saved by pulling it from a peer, until the worker reports its measured pull cost")
+	peerMin := fs.Int("peer-min-blocks", def.PeerMinBlocks, "the fewest blocks worth a peer pull")
 	busyKV := fs.Float64("busy-kv-usage", def.BusyKVUsage, "a worker at or above this predicted KV usage is busy (0 disables)")
 	busyWaiting := fs.Int("busy-waiting", def.BusyWaiting, "a worker with this many predicted waiting requests is busy (0 disables)")
 	affinity := fs.Duration("session-ttl", def.AffinityTTL, "how long a session (X-Session-Id or user) stays on its worker after its last request (0 disables)")
@@ -85,6 +91,7 @@ func run(args []string, stderr io.Writer) error {
 	fs.BoolVar(&dis.Strict, "disagg-strict", dis.Strict, "fail a request whose remote prefill or KV transfer fails, instead of prefilling on the decode worker")
 	fs.DurationVar(&dis.Hold, "kv-hold", dis.Hold, "how long a prefill worker keeps a prompt's KV blocks for the decode worker's pull")
 	fs.DurationVar(&dis.TransferTimeout, "kv-transfer-timeout", dis.TransferTimeout, "deadline of a KV pull, which overlaps the prefill it pulls from; past it the transfer is abandoned and the decode worker computes")
+	plan := addPlannerFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -123,6 +130,12 @@ func run(args []string, stderr io.Writer) error {
 	if *hbTimeout != 0 && *hbTimeout < 2**heartbeat {
 		return fmt.Errorf("--heartbeat-timeout %v is under two heartbeat intervals (%v): workers would be declared dead between two reports", *hbTimeout, *heartbeat)
 	}
+	var planCfg planner.Config
+	if *plan.on {
+		if planCfg, err = plan.config(*slaTargets, dis.MinRemoteTokens); err != nil {
+			return err
+		}
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
@@ -134,6 +147,7 @@ func run(args []string, stderr io.Writer) error {
 	}
 	pol := def
 	pol.Mode, pol.OverlapWeight, pol.Temperature, pol.HostWeight = mode, *overlap, *temp, *hostWeight
+	pol.DiskWeight, pol.RemoteWeight, pol.PeerPulls, pol.PeerWeight, pol.PeerMinBlocks = *diskWeight, *remoteWeight, *peerPulls, *peerWeight, *peerMin
 	pol.BusyKVUsage, pol.BusyWaiting, pol.AffinityTTL = *busyKV, *busyWaiting, *affinity
 	pol.RequireKVEvents = *requireKV
 
@@ -191,7 +205,15 @@ func run(args []string, stderr io.Writer) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	stopPlanner := func() {}
+	if *plan.on {
+		if stopPlanner, err = plan.start(ctx, planCfg, srv, *stateDir, stderr, log); err != nil {
+			srv.Shutdown(context.Background())
+			return err
+		}
+	}
 	<-ctx.Done()
+	stopPlanner() // its engines drain while the router still routes their requests
 	log.Info("shutting down: finishing running requests", "deadline", *drain)
 	dctx, cancel := context.WithTimeout(context.Background(), *drain)
 	defer cancel()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -9,10 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"sync"
 	"syscall"
@@ -20,6 +17,7 @@ import (
 
 	"tandem/cluster"
 	"tandem/internal/statefile"
+	"tandem/planner/local"
 	"tandem/router"
 	"tandem/router/live"
 )
@@ -99,7 +97,7 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 		srv.URL(), len(roles), plural(len(roles)), *stateDir)
 
 	var wg sync.WaitGroup
-	sups := make([]*supervised, len(roles))
+	sups := make([]*local.Supervisor, len(roles))
 	for i, role := range roles {
 		name := fmt.Sprintf("engine-%d", i+1)
 		args := []string{"serve", "--port", "0", "--join", srv.ORPCAddr, "--join-token", srv.Token.String(),
@@ -108,9 +106,10 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 		if *modelPath != "" {
 			args = append(args, "--model", *modelPath)
 		}
-		sups[i] = &supervised{name: name, bin: bin, args: append(args, extra...),
-			logPath: filepath.Join(*stateDir, name+".log"), out: stderr, stopWithin: *drain + 10*time.Second}
-		wg.Go(func() { sups[i].run(ctx) })
+		sups[i] = &local.Supervisor{Name: name, Bin: bin, Args: append(args, extra...),
+			LogPath: filepath.Join(*stateDir, name+".log"), Out: stderr, SysProcAttr: childProcAttr(),
+			KillAfter: *drain + 10*time.Second}
+		wg.Go(func() { sups[i].Run(ctx) })
 	}
 	<-ctx.Done()
 	fmt.Fprintln(stderr, "tandem cluster: stopping (engines drain, then the router)")
@@ -153,91 +152,4 @@ func plural(n int) string {
 		return ""
 	}
 	return "s"
-}
-
-// supervised is one engine process, restarted when it dies until ctx ends.
-type supervised struct {
-	name, bin string
-	args      []string
-	logPath   string
-	out       io.Writer
-	// stopWithin bounds a drain: past it the engine is killed (and that said), so that
-	// Ctrl-C always ends the cluster.
-	stopWithin time.Duration
-}
-
-var serveURL = regexp.MustCompile(`^tandem serve: (http\S+)`)
-
-func (s *supervised) run(ctx context.Context) {
-	backoff := time.Second
-	for start := 0; ctx.Err() == nil; start++ {
-		began := time.Now()
-		err := s.once(ctx, start > 0)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(began) > time.Minute {
-			backoff = time.Second // it ran a good while: a fresh failure
-		}
-		fmt.Fprintf(s.out, "  %s exited (%v); restarting in %v\n", s.name, err, backoff)
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return
-		}
-		backoff = min(2*backoff, 30*time.Second)
-	}
-}
-
-// once runs the engine until it exits or ctx ends (then it is drained with SIGTERM).
-func (s *supervised) once(ctx context.Context, restart bool) error {
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(s.bin, s.args...)
-	cmd.SysProcAttr = childProcAttr() // the engine dies with this process
-	pipe, err := cmd.StderrPipe()
-	if err != nil {
-		return err
-	}
-	cmd.Stdout = logf
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	lines := make(chan struct{})
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(pipe)
-		sc.Buffer(nil, 1<<20)
-		announced := false
-		for sc.Scan() {
-			fmt.Fprintln(logf, sc.Text())
-			if m := serveURL.FindStringSubmatch(sc.Text()); m != nil && !announced {
-				announced = true
-				what := "up"
-				if restart {
-					what = "restarted"
-				}
-				fmt.Fprintf(s.out, "  %s %s: %s (pid %d, log %s)\n", s.name, what, m[1], cmd.Process.Pid, s.logPath)
-			}
-		}
-	}()
-	exited := make(chan error, 1)
-	go func() { <-lines; exited <- cmd.Wait() }()
-	select {
-	case err := <-exited:
-		return err
-	case <-ctx.Done():
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			return err
-		case <-time.After(s.stopWithin):
-			fmt.Fprintf(s.out, "  %s did not stop within %v of SIGTERM (its drain timeout and 10 s): killed; see %s\n", s.name, s.stopWithin, s.logPath)
-			cmd.Process.Kill()
-			return <-exited
-		}
-	}
 }

@@ -26,6 +26,7 @@ func commands() []command {
 		{"bench-engine", "time prompt processing, generation and batched decode (like llama-bench)", benchEngineCmd},
 		{"bench", "load-test an OpenAI-compatible server", benchCmd},
 		{"simulate", "replay a trace over simulated workers with the router's own decisions", simulateCmd},
+		{"plan", "size the pools for SLA targets with the planner in the simulator, and judge whether a cluster pays", planCmd},
 		{"profile", "time an engine's forward pass and fit the simulator's timing model", profileCmd},
 		{"devices", "list the devices --device can name (the CPU, Vulkan devices)", devicesCmd},
 	}

@@ -22,6 +22,8 @@ import (
 	"tandem/httpserve"
 	"tandem/internal/statefile"
 	"tandem/internal/version"
+	"tandem/kvcache"
+	"tandem/kvtier"
 	"tandem/llm"
 	"tandem/metrics"
 	"tandem/model"
@@ -50,6 +52,12 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	itlFlag := fs.String("itl-target", defaultITLTarget, "inter-token latency target: a step that carries the streams' next tokens reads only the prompt tokens that keep its predicted time within it; a duration (100ms), a multiple of the time the step's decodes alone take (2.5x), or 0 (none: prompts are read --max-batch-tokens at a time)")
 	stepProfile := fs.String("step-profile", "", "with --itl-target: the forward step's cost, a JSON file from tandem profile (default: measured at start, in a few seconds; with --backend sim, its --sim-profile), corrected live")
 	kvt := addKVTypeFlag(fs)
+	kvHostMem := fs.String("kv-host-memory", "", "KV host-memory tier: blocks leaving the KV cache are kept in this much host memory and loaded back when a prompt needs them, e.g. 64GiB (default none; docs/kv-tiers.md)")
+	kvDiskDir := fs.String("kv-disk-dir", "", "KV disk tier: a directory of block files (blocks used twice), kept across restarts; needs --kv-disk-size")
+	kvDiskSize := fs.String("kv-disk-size", "", "size of the KV disk tier, e.g. 1TB")
+	kvOffload := fs.String("kv-offload", "write-back", "when KV blocks are copied to host memory: write-back (as they are evicted) or write-through (as they are computed)")
+	kvSharedDir := fs.String("kv-shared-dir", "", "KV shared tier: a directory every node mounts (a network filesystem); blocks used twice are written there and any node loads them")
+	kvDiskUses := fs.Int("kv-disk-min-uses", 2, "frequency filter: a block goes to the disk and shared tiers only once used this many times (1: every block)")
 	threads := fs.Int("threads", 0, "worker threads (0: all cores)")
 	dev := addDeviceFlag(fs)
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
@@ -145,6 +153,10 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		if sendRate, err = parseBytes(*kvSendRate); err != nil {
 			return fmt.Errorf("--kv-send-rate: %w", err)
 		}
+	}
+	tiers, err := tierFlags(*kvHostMem, *kvDiskDir, *kvDiskSize, *kvOffload, *kvSharedDir, *kvDiskUses)
+	if err != nil {
+		return err
 	}
 	if len(joins) > 0 && *stateDir == "" && *nodeName == "" && *port == 0 {
 		return errors.New("--join with --port 0 and no --node-name needs --state-dir: the default state directory is named after the node or the port")
@@ -308,7 +320,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		Model: m, Backend: be, ModelPath: *modelPath, Name: name,
 		KVBudget: budget, MaxModelLen: *maxModelLen, BlockSize: *blockSize,
 		MaxBatchTokens: *maxBatch, MaxSeqs: *maxSeqs, MaxQueue: *maxQueue,
-		Sim: bk.simTiming(), Replicas: *bk.replicas, SLA: *slaTargets, ITLTarget: itl.abs, ITLTargetDecodes: itl.decodes, StepCost: stepCost,
+		KVTiers: tiers, Sim: bk.simTiming(), Replicas: *bk.replicas, SLA: *slaTargets, ITLTarget: itl.abs, ITLTargetDecodes: itl.decodes, StepCost: stepCost,
 		Pipeline:       headCfg,
 		ToolCallParser: *toolParser, ReasoningParser: *reasoningParser, Pooling: pool, Responses: responses,
 		HTTP: node.HTTP{
@@ -371,6 +383,34 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	return err
+}
+
+// tierFlags reads the KV tier flags.
+func tierFlags(hostMem, diskDir, diskSize, offload, sharedDir string, minUses int) (kvtier.Config, error) {
+	var c kvtier.Config
+	var err error
+	if hostMem != "" {
+		if c.HostBytes, err = parseBytes(hostMem); err != nil {
+			return c, fmt.Errorf("--kv-host-memory: %w", err)
+		}
+	}
+	if (diskDir == "") != (diskSize == "") {
+		return c, errors.New("--kv-disk-dir and --kv-disk-size go together")
+	}
+	if diskDir != "" {
+		c.DiskDir = diskDir
+		if c.DiskBytes, err = parseBytes(diskSize); err != nil {
+			return c, fmt.Errorf("--kv-disk-size: %w", err)
+		}
+	}
+	if c.Offload, err = kvcache.ParseOffload(offload); err != nil {
+		return c, fmt.Errorf("--kv-offload: %w", err)
+	}
+	if minUses < 1 {
+		return c, fmt.Errorf("--kv-disk-min-uses %d: want 1 or more", minUses)
+	}
+	c.SharedDir, c.DiskMinUses = sharedDir, minUses
+	return c, nil
 }
 
 // stringList is a repeatable string flag.

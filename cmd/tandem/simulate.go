@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"tandem/bench"
+	"tandem/kvcache"
 	"tandem/router"
 	"tandem/sim"
 )
@@ -31,7 +32,11 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	mtIn := fs.Int("multi-turn-input-len", 256, "multi-turn: new user tokens per turn")
 	mtOut := fs.Int("multi-turn-output-len", 128, "multi-turn: output tokens per turn")
 	mtThink := fs.Duration("multi-turn-think-time", 0, "multi-turn: pause between an answer and the next turn")
-	workers := fs.Int("workers", 4, "simulated workers")
+	workers := fs.Int("workers", 4, "simulated workers (role both)")
+	prefillWorkers := fs.Int("prefill-workers", 0, "disaggregated: workers of role prefill (with --decode-workers, instead of --workers)")
+	decodeWorkers := fs.Int("decode-workers", 0, "disaggregated: workers of role decode (with --prefill-workers)")
+	disaggMin := fs.Int("disagg-min-tokens", router.DefaultDisaggConfig().MinRemoteTokens, "disaggregated: prefill on a prefill worker only when the decode worker lacks at least this many prompt tokens")
+	kvPerToken := fs.Int64("kv-bytes-per-token", 131072, "disaggregated: the model's KV bytes per token, which a transfer moves (131072: an 8B model in bf16)")
 	routing := fs.String("routing", "kv", "routing mode: kv, round-robin, random or least-loaded")
 	jsonOut := fs.String("json-out", "", "write the JSON report (tandem bench's, plus hit rate and imbalance) here")
 	timingPath := fs.String("timing", "gpu", "timing model: gpu (≈8B on an H100), cpu (≈0.5B on 2 cores) or a JSON file of sim.Timing (absent fields: gpu)")
@@ -39,7 +44,7 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	traceBlock := fs.Int("trace-block-size", bench.MooncakeBlockSize, "tokens per trace hash id; less than 512 scales prompts down, keeping their reuse")
 	maxOut := fs.Int("max-output-len", 0, "cap the trace's output lengths (0: none)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: tandem simulate [--trace FILE | --workload shared-prefix|multi-turn] [--workers N] [--routing MODE] [flags]")
+		fmt.Fprintln(stderr, "usage: tandem simulate [--trace FILE | --workload shared-prefix|multi-turn] [--workers N | --prefill-workers P --decode-workers D] [--routing MODE] [flags]")
 		fs.PrintDefaults()
 	}
 	blockSize := fs.Int("block-size", 16, "KV block size of the simulated workers and the router, in tokens")
@@ -55,6 +60,14 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	busyWaiting := fs.Int("busy-waiting", router.DefaultConfig().BusyWaiting, "a worker with this many requests before their first token takes no more (0: no limit)")
 	seed := fs.Int64("seed", 0, "seed of the router's RNG (random mode, softmax) and of the trace's tokens")
 	pcts := fs.String("metric-percentiles", "90,99", "percentiles to report, comma-separated")
+	hostMem := fs.String("kv-host-memory", "", "per worker: a host-memory KV tier of this size, e.g. 512GB (docs/kv-tiers.md)")
+	diskSize := fs.String("kv-disk-size", "", "per worker: a local-disk KV tier of this size, e.g. 4TB")
+	sharedSize := fs.String("kv-shared-size", "", "a shared-directory KV tier that every worker reads, of this size")
+	offload := fs.String("kv-offload", "write-back", "when KV blocks go to host memory: write-back or write-through")
+	diskUses := fs.Int("kv-disk-min-uses", 2, "frequency filter: a block goes to disk only once used this many times")
+	blockBytes := fs.String("kv-block-bytes", "2MiB", "bytes of one KV block of the modelled model (an 8B model's 16 tokens: 2MiB)")
+	loadCosts := fs.String("tier-load-ms-per-mib", "", "measured time to load a MiB of KV from host memory, disk and the shared directory, comma-separated ms (default: a GPU server's 0.04,0.2,1)")
+	peerPulls := fs.Bool("peer-pulls", false, "the router tells a worker to pull a prefix it lacks from the worker holding it, when pulling beats computing")
 	if pos, err := parseInterleaved(fs, args, stderr); err != nil {
 		return err
 	} else if len(pos) > 0 {
@@ -99,8 +112,19 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	if *reportDelay < 0 || *eventDelay < 0 {
 		return fmt.Errorf("--report-delay and --event-delay must be ≥ 0")
 	}
-	if *workers < 1 || *blockSize < 1 || *kvBlocks < 1 || *budget < 1 || *maxSeqs < 1 || *reportEvery <= 0 || *traceBlock < 1 {
-		return fmt.Errorf("--workers, --block-size, --kv-blocks, --max-num-batched-tokens, --max-num-seqs, --report-interval and --trace-block-size must be positive")
+	if (*prefillWorkers > 0) != (*decodeWorkers > 0) || *prefillWorkers < 0 || *decodeWorkers < 0 {
+		return fmt.Errorf("--prefill-workers and --decode-workers go together: a disaggregated cluster needs both pools")
+	}
+	if *prefillWorkers > 0 {
+		*workers = 0
+		if *disaggMin < 0 || *kvPerToken < 1 {
+			return fmt.Errorf("--disagg-min-tokens must be ≥ 0 and --kv-bytes-per-token positive")
+		}
+	} else if *workers < 1 {
+		return fmt.Errorf("--workers must be positive")
+	}
+	if *blockSize < 1 || *kvBlocks < 1 || *budget < 1 || *maxSeqs < 1 || *reportEvery <= 0 || *traceBlock < 1 {
+		return fmt.Errorf("--block-size, --kv-blocks, --max-num-batched-tokens, --max-num-seqs, --report-interval and --trace-block-size must be positive")
 	}
 
 	var wl bench.Workload
@@ -140,12 +164,21 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	tiers, err := simTierFlags(*hostMem, *diskSize, *sharedSize, *offload, *diskUses, *blockBytes, *loadCosts)
+	if err != nil {
+		return err
+	}
 	rc := router.DefaultConfig()
 	rc.Mode, rc.OverlapWeight, rc.Temperature, rc.BusyWaiting = mode, *overlapW, *temp, *busyWaiting
+	rc.PeerPulls = *peerPulls
 	start := time.Now()
+	dis := router.DefaultDisaggConfig()
+	dis.MinRemoteTokens = max(*disaggMin, 1)
 	res, err := sim.Run(sim.Config{
-		Workers: *workers, Router: rc, Timing: timing, BlockSize: *blockSize, KVBlocks: *kvBlocks,
+		Workers: *workers, PrefillWorkers: *prefillWorkers, DecodeWorkers: *decodeWorkers, Disagg: dis, KVBytesPerToken: *kvPerToken,
+		Router: rc, Timing: timing, BlockSize: *blockSize, KVBlocks: *kvBlocks,
 		TokenBudget: *budget, MaxSeqs: *maxSeqs, ITLTarget: itl.abs, ITLDecodes: itl.decodes, ReportInterval: *reportEvery, ReportDelay: *reportDelay, EventDelay: *eventDelay, Seed: *seed, Percentiles: percentiles,
+		Tiers: tiers,
 	}, reqs)
 	if err != nil {
 		return err
@@ -162,4 +195,54 @@ func simulateCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "wrote %s\n", *jsonOut)
 	}
 	return nil
+}
+
+// simTierFlags reads tandem simulate's tier flags into the simulated workers' tiers.
+func simTierFlags(hostMem, diskSize, sharedSize, offload string, diskUses int, blockBytes, loadCosts string) (sim.TierModel, error) {
+	var m sim.TierModel
+	bb, err := parseBytes(blockBytes)
+	if err != nil {
+		return m, fmt.Errorf("--kv-block-bytes: %w", err)
+	}
+	m.BlockBytes = int(bb)
+	blocks := func(flag, v string) (int, error) {
+		if v == "" {
+			return 0, nil
+		}
+		n, err := parseBytes(v)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", flag, err)
+		}
+		return int(n / bb), nil
+	}
+	if m.HostBlocks, err = blocks("--kv-host-memory", hostMem); err != nil {
+		return m, err
+	}
+	if m.DiskBlocks, err = blocks("--kv-disk-size", diskSize); err != nil {
+		return m, err
+	}
+	if m.SharedBlocks, err = blocks("--kv-shared-size", sharedSize); err != nil {
+		return m, err
+	}
+	if m.Offload, err = kvcache.ParseOffload(offload); err != nil {
+		return m, fmt.Errorf("--kv-offload: %w", err)
+	}
+	if diskUses < 1 {
+		return m, fmt.Errorf("--kv-disk-min-uses %d: want 1 or more", diskUses)
+	}
+	m.DiskMinUses = diskUses
+	if loadCosts != "" {
+		parts := strings.Split(loadCosts, ",")
+		if len(parts) != 3 {
+			return m, fmt.Errorf("--tier-load-ms-per-mib %q: want three numbers (host, disk, shared)", loadCosts)
+		}
+		for i, p := range parts {
+			v, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+			if err != nil || v <= 0 || math.IsInf(v, 0) {
+				return m, fmt.Errorf("--tier-load-ms-per-mib: %q is not a positive number of ms", p)
+			}
+			m.LoadMsPerMiB[i+1] = v
+		}
+	}
+	return m, nil
 }

@@ -57,6 +57,24 @@ func TestSimulateCmd(t *testing.T) {
 	if !strings.Contains(stdout.String(), "Successful requests:                     12") {
 		t.Errorf("multi-turn: want 12 requests:\n%s", stdout.String())
 	}
+	// Tiers: a multi-turn workload on one worker whose KV holds one conversation's turn at a
+	// time loads the evicted turns back from host memory.
+	stdout.Reset()
+	tiered := []string{"--workload", "multi-turn", "--multi-turn-conversations", "4", "--multi-turn-turns", "3",
+		"--multi-turn-input-len", "200", "--multi-turn-output-len", "10", "--request-rate", "50", "--workers", "1",
+		"--kv-blocks", "48", "--kv-host-memory", "64MiB", "--kv-disk-size", "1GiB", "--peer-pulls"}
+	if err := simulateCmd(tiered, &stdout, &stderr); err != nil {
+		t.Fatalf("tiers: %v", err)
+	}
+	if !strings.Contains(stdout.String(), "Tokens loaded from host memory:") || strings.Contains(stdout.String(), "Tokens loaded from host memory:          0\n") {
+		t.Errorf("tiers: want tokens loaded from host memory:\n%s", stdout.String())
+	}
+	for _, bad := range [][]string{{"--kv-host-memory", "12XB"}, {"--kv-offload", "sometimes"}, {"--kv-disk-min-uses", "0"},
+		{"--tier-load-ms-per-mib", "1,2"}, {"--tier-load-ms-per-mib", "1,-2,3"}, {"--kv-block-bytes", "0"}} {
+		if err := simulateCmd(append([]string{"--trace", trace}, bad...), &stdout, &stderr); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
 	for _, bad := range [][]string{{}, {"--trace", trace, "--routing", "nope"}, {"--workload", "nope"}, {"--trace", trace, "--event-delay", "-1s"}, {"--trace", trace, "--workers", "0"}, {"--trace", trace, "extra"}} {
 		if err := simulateCmd(bad, &stdout, &stderr); err == nil {
 			t.Errorf("%q: no error", bad)

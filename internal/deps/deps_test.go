@@ -28,9 +28,14 @@ var allowed = map[string][]string{
 	"hal/vulkan": {"hal", "hal/cpu"},
 
 	// Pure cores: no I/O of their own.
-	"sched":  {"kvcache", "llm"},
-	"router": {"kvcache", "llm"},
-	"sim":    {"bench", "kvcache", "router", "sched"},
+	"sched":   {"kvcache", "llm"},
+	"router":  {"kvcache", "llm"},
+	"planner": {"sla"},
+	"sim":     {"bench", "kvcache", "planner", "router", "sched"},
+
+	// The bytes of the KV cache's lower tiers (host arena, disk block files, shared
+	// directory): files and goroutines, below the engine, beside the pool's books.
+	"kvtier": {"internal/statefile", "kvcache"},
 
 	// The wire.
 	"orpc":    {"internal/statefile"},
@@ -39,7 +44,7 @@ var allowed = map[string][]string{
 	// The engine and its model.
 	"model":          {"gguf", "hal", "safetensors", "tokenizer"},
 	"modelgen":       {"gguf", "hal", "hal/cpu", "model", "tokenizer"},
-	"engine":         {"grammar", "hal", "kvcache", "llm", "metrics", "model", "sched", "tokenizer"},
+	"engine":         {"grammar", "hal", "kvcache", "kvtier", "llm", "metrics", "model", "sched", "tokenizer"},
 	"engine/simstep": {"engine", "hal", "model", "sim"},
 	"packcache":      {"hal", "internal/filehash", "internal/statefile"},
 	"pipeline":       {"hal", "llm", "metrics", "model", "orpc"},
@@ -50,11 +55,13 @@ var allowed = map[string][]string{
 	"bench/loadgen": {"bench"},
 	"web":           {"metrics", "sla"},
 	"worker":        {"cluster", "engine", "gguf", "kvcache", "llm", "metrics", "orpc"},
-	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/filehash", "internal/version", "kvcache", "llm", "metrics", "model", "modelgen", "openai", "orpc", "packcache", "pipeline", "respstore", "sim", "sla", "web", "worker"},
-	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "respstore", "router", "tokenizer"},
+	"node":          {"cluster", "engine", "engine/simstep", "gguf", "hal", "httpserve", "internal/filehash", "internal/version", "kvcache", "kvtier", "llm", "metrics", "model", "modelgen", "openai", "orpc", "packcache", "pipeline", "respstore", "sim", "sla", "web", "worker"},
+	"router/live":   {"cluster", "gguf", "httpserve", "internal/statefile", "internal/version", "kvcache", "llm", "metrics", "openai", "orpc", "planner", "respstore", "router", "tokenizer"},
+	// The planner's connectors: engines as processes on this machine.
+	"planner/local": {"planner"},
 
 	// Binaries: flags and wiring.
-	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "metrics", "router", "router/live", "sla", "web"},
+	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "metrics", "planner", "planner/local", "router", "router/live", "sim", "sla", "web"},
 	"cmd/tandem":        nil, // nil: may import any package of the module
 }
 
@@ -79,9 +86,11 @@ var never = map[string][]string{
 	// the simulator, and the router binary stays small.
 	"sched":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
 	"router":  {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
+	"planner": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go", "os/exec"},
 	"sim":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
 	"bench":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"kvcache": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"kvtier":  {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"llm":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"sla":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"grammar": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},

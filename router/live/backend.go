@@ -35,6 +35,7 @@ func (b *liveBackend) Generate(ctx context.Context, req *llm.Request) (llm.Strea
 		return nil, fmt.Errorf("%w: empty prompt", llm.ErrInvalid)
 	}
 	start := time.Now()
+	b.l.planArrive(b.m.name)
 	s := &liveStream{b: b, orig: *req, session: req.Session, ctx: ctx}
 	s.orig.Prompt = req.Prompt
 	if p := &s.orig.Sampling; !p.HasSeed && p.Temperature > 0 {
@@ -109,8 +110,14 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 		l.drainLocked()
 		d, err := s.decide(router.Request{Hashes: hashes, PromptTokens: len(req.Prompt), SessionID: s.session, Now: t0})
 		var w *liveWorker
+		greq.Peer = cluster.KVPeer{}
 		if err == nil {
 			w = l.workers[d.Worker]
+			if pw := l.workers[d.Peer]; d.PeerBlocks > 0 && pw != nil && pw.addr != "" {
+				// Pulling the prefix from the peer that holds it beats computing it
+				// (docs/kv-tiers.md, "Peer pulls").
+				greq.Peer = cluster.KVPeer{Addr: pw.addr, Node: pw.node, Blocks: d.PeerBlocks}
+			}
 		}
 		// No worker free (all busy) or none healthy (all suspect, or all gone for a moment):
 		// the request waits in the router's queue, up to QueueTimeout.
@@ -163,7 +170,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 		}
 		l.log.Debug("routed", "worker", w.node, "reason", d.Reason, "prompt_blocks", d.PromptBlocks, "overlap", d.Overlap,
 			"cost", d.Cost.Total, "candidates", d.Candidates)
-		greq.PredictedCached = min(d.HostOverlap*c.BlockSize, len(req.Prompt))
+		greq.PredictedCached = min(max(d.Runs[len(d.Runs)-1], d.PeerBlocks)*c.BlockSize, len(req.Prompt))
 		greq.DispatchKey, greq.DispatchSeq = w.key, d.Inflight.Seq()
 		cs, err := s.open(ctx, w, greq)
 		var ev cluster.GenerateEvent

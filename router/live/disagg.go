@@ -305,6 +305,7 @@ func (s *liveStream) fixUsage(u *llm.Usage) {
 type timedStream struct {
 	*liveStream
 	start, last time.Time
+	first       time.Time // the first token's
 	n           int
 }
 
@@ -329,10 +330,19 @@ func (t *timedStream) Next(ctx context.Context) (llm.Event, error) {
 	}
 	if t.n == 0 {
 		t.b.l.dis.TTFT.WithLabelValues(role).Observe(now.Sub(t.start).Seconds())
+		t.b.l.planFirst(t.b.m.name, role, now.Sub(t.start))
+		t.first = now
 	} else {
 		t.b.l.dis.ITL.WithLabelValues(role).Observe(now.Sub(t.last).Seconds())
 	}
 	t.n++
 	t.last = now
+	if ev.Finish != "" {
+		var tpot time.Duration
+		if t.n > 1 {
+			tpot = now.Sub(t.first) / time.Duration(t.n-1)
+		}
+		t.b.l.planFinish(t.b.m.name, role, t.worker, ev.Usage.PromptTokens, ev.Usage.CachedTokens, t.n, tpot)
+	}
 	return ev, nil
 }

@@ -38,6 +38,9 @@ func (m *liveMetrics) decision(d router.Decision, err error, took time.Duration)
 		m.Decisions.WithLabelValues(d.Reason).Inc()
 		m.PromptBlocks.Add(float64(d.PromptBlocks))
 		m.PredictedHitBlocks.Add(float64(d.Overlap))
+		if d.PeerBlocks > 0 {
+			m.PeerPulls.Inc()
+		}
 	}
 }
 

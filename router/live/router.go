@@ -96,6 +96,10 @@ type Router struct {
 
 	api     atomic.Pointer[http.Handler]
 	httpMet *metrics.HTTP
+
+	// The SLA planner (planner.go): its counters and retiring workers, while RunPlanner runs.
+	lp      atomic.Pointer[livePlanner]
+	planMet *metrics.Planner
 }
 
 type liveModel struct {
@@ -132,6 +136,9 @@ type liveWorker struct {
 	// while that one was still reporting, and when (see nameConflictLocked).
 	displaced   string
 	displacedAt time.Time
+	// retiring: the planner is removing the worker: it gets no new requests, whatever its
+	// load reports say, until it leaves.
+	retiring atomic.Bool
 	// From the card: the model's content hash and the backend's prepared-weights key (a
 	// new engine of the same hash may pull its weights from this one: weights.go), and
 	// how it started.
@@ -217,6 +224,7 @@ func New(cfg Config) (*Router, error) {
 	l.met = newLiveMetrics(l, reg)
 	l.dis = metrics.NewDisagg(reg)
 	l.httpMet = metrics.NewHTTP(reg, "tandem_router")
+	l.planMet = metrics.NewPlanner(reg)
 	l.rebuildAPI()
 	return l, nil
 }
@@ -369,6 +377,9 @@ func (l *Router) drainLocked() {
 		st := w.model.state
 		if r := w.report.Swap(nil); r != nil {
 			st.Report(w.id, r.load, r.at)
+			if w.retiring.Load() {
+				st.SetHealthy(w.id, false) // the planner is removing it
+			}
 		}
 		st.SetStale(w.id, w.staleFlag.Load())
 	}
@@ -586,6 +597,10 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 		// Before the worker is visible: a request that finds the worker finds its model.
 		l.rebuildAPILocked()
 	}
+	if _, ok := l.retiringPool(card.Node); ok {
+		w.retiring.Store(true) // asked to go before it had registered
+		m.state.SetHealthy(id, false)
+	}
 	l.workers[id] = w
 	l.byNode[card.Node] = id
 	l.byID.Store(id, w)
@@ -694,10 +709,18 @@ func (l *Router) dropLocked(w *liveWorker) {
 	w.kvs.gone = true
 	w.kvs.backlog = nil
 	w.kv.Unlock()
+	if w.retiring.Load() {
+		inflight := 0
+		if ws, ok := w.model.state.Worker(w.id); ok {
+			inflight = ws.Inflight
+		}
+		l.retiredLeftLocked(w, inflight)
+	}
 	w.model.state.RemoveWorker(w.id)
 	for _, c := range []interface{ DeleteLabelValues(...string) bool }{l.met.KVGaps, l.met.KVResyncFailures, l.met.KVDrift, l.met.KVStale, l.met.KVEventsDropped} {
 		c.DeleteLabelValues(w.node)
 	}
+	l.met.KVResyncs.DeletePartialMatch(prometheus.Labels{"worker": w.node}) // labelled by cause too
 	l.signal()
 }
 
