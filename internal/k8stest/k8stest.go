@@ -96,7 +96,7 @@ func Binary(ctx context.Context, log io.Writer) (string, error) {
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", tmp, ".")
 	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false", "CGO_ENABLED=0")
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false")
 	cmd.Stdout, cmd.Stderr = log, log
 	fmt.Fprintf(log, "k8stest: building kube-apiserver and etcd into %s (minutes on a cold build cache)\n", dir)
 	if err := cmd.Run(); err != nil {

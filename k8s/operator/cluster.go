@@ -301,7 +301,10 @@ func (r *ClusterReconciler) updateStatus(ctx context.Context, c *v1.TandemCluste
 	var waiting []string
 	for _, p := range pools {
 		st.Pools = append(st.Pools, v1.PoolStatusEntry{Name: p.Name, Role: p.Spec.Role, Target: p.Spec.Replicas, Ready: p.Status.ReadyReplicas})
-		if p.Status.ReadyReplicas < p.Spec.Replicas || p.Status.UpdatedReplicas < p.Spec.Replicas {
+		if p.Status.ObservedGeneration != p.Generation {
+			poolsOK = false
+			waiting = append(waiting, p.Name+" not yet reconciled")
+		} else if p.Status.ReadyReplicas < p.Spec.Replicas || p.Status.UpdatedReplicas < p.Spec.Replicas || p.Status.Replicas != p.Spec.Replicas {
 			poolsOK = false
 			waiting = append(waiting, fmt.Sprintf("%s %d/%d ready", p.Name, p.Status.ReadyReplicas, p.Spec.Replicas))
 		}

@@ -76,18 +76,43 @@ func isControlledBy(obj metav1.Object, owner metav1.Object) bool {
 	return ref != nil && ref.UID == owner.GetUID()
 }
 
-// waitReady waits for the cluster's Ready condition.
+// waitReady waits for the cluster's Ready condition, reported for its current spec and
+// its pools' (each pool's status of its current spec, all its replicas ready).
 func waitReady(t *testing.T, ns, name string) *v1.TandemCluster {
 	t.Helper()
 	var c *v1.TandemCluster
 	eventually(t, 60*time.Second, "cluster ready", func() error {
 		c = getCluster(t, ns, name)
-		if !meta.IsStatusConditionTrue(c.Status.Conditions, v1.ConditionReady) {
+		if !meta.IsStatusConditionTrue(c.Status.Conditions, v1.ConditionReady) || c.Status.ObservedGeneration != c.Generation {
 			return fmt.Errorf("Ready %s; PoolsReady %s", condition(c.Status.Conditions, v1.ConditionReady), condition(c.Status.Conditions, v1.ConditionPoolsReady))
+		}
+		var pools v1.TandemPoolList
+		if err := direct.List(context.Background(), &pools, client.InNamespace(ns), client.MatchingLabels{v1.LabelCluster: name}); err != nil {
+			return err
+		}
+		for _, p := range pools.Items {
+			if p.Status.ObservedGeneration != p.Generation || p.Status.ReadyReplicas != p.Spec.Replicas || p.Status.Replicas != p.Spec.Replicas {
+				return fmt.Errorf("pool %s: %d/%d ready, status of generation %d of %d", p.Name, p.Status.ReadyReplicas, p.Spec.Replicas, p.Status.ObservedGeneration, p.Generation)
+			}
+			for _, st := range c.Status.Pools {
+				if st.Name == p.Name && (st.Target != p.Spec.Replicas || st.Ready != p.Status.ReadyReplicas) {
+					return fmt.Errorf("cluster status of pool %s: %+v, pool %d/%d", p.Name, st, p.Status.ReadyReplicas, p.Spec.Replicas)
+				}
+			}
 		}
 		return nil
 	})
 	return c
+}
+
+// updateCluster applies edit to the cluster, retrying on conflicts with the operator's writes.
+func updateCluster(t *testing.T, ns, name string, edit func(*v1.TandemCluster)) {
+	t.Helper()
+	eventually(t, 10*time.Second, "update cluster", func() error {
+		c := getCluster(t, ns, name)
+		edit(c)
+		return direct.Update(context.Background(), c)
+	})
 }
 
 func TestSampleClusterBecomesRoutersPoolsAndSecrets(t *testing.T) {
@@ -277,12 +302,8 @@ func TestScaleSubresourceAndPlannerConnector(t *testing.T) {
 	}
 
 	// The cluster spec's replicas win again only when they change there.
-	c = getCluster(t, ns, "sc")
 	two := int32(2)
-	c.Spec.Pools[0].Replicas = &two
-	if err := direct.Update(ctx, c); err != nil {
-		t.Fatal(err)
-	}
+	updateCluster(t, ns, "sc", func(c *v1.TandemCluster) { c.Spec.Pools[0].Replicas = &two })
 	waitPods(2)
 }
 
@@ -303,6 +324,13 @@ func twelveNodes(t *testing.T, prefix string) {
 		if err := direct.Create(ctx, n); err != nil {
 			t.Fatal(err)
 		}
+		// As KWOK does: the node is ready, and the not-ready taint the API server
+		// puts on new nodes is lifted (the node lifecycle controller's job).
+		n.Spec.Taints = nil
+		if err := direct.Update(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
 		n.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8"), corev1.ResourceMemory: resource.MustParse("32Gi"),
 			corev1.ResourcePods: resource.MustParse("110"), "nvidia.com/gpu": resource.MustParse("1")}
 		n.Status.Capacity = n.Status.Allocatable
@@ -399,7 +427,7 @@ func TestGangPlacementOnTwelveNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "the second gang waits", func() error {
-		if err := direct.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
+		if err := direct.Get(ctx, types.NamespacedName{Namespace: ns, Name: "req-g"}, pool); err != nil {
 			return err
 		}
 		if got := condition(pool.Status.Conditions, v1.ConditionPlaced); !strings.HasPrefix(got, "False GangWaiting") || !strings.Contains(got, "tandem.dev/rack") {
@@ -472,11 +500,7 @@ func TestRolloutAndDeletionLeaveNoOrphans(t *testing.T) {
 	oldHash := old[0].Labels[v1.LabelTemplateHash]
 
 	// New engine flags: a rolling update, one replica of surge at most.
-	c = getCluster(t, ns, "ro")
-	c.Spec.Pools[0].EngineArgs = []string{"--max-seqs", "8"}
-	if err := direct.Update(ctx, c); err != nil {
-		t.Fatal(err)
-	}
+	updateCluster(t, ns, "ro", func(c *v1.TandemCluster) { c.Spec.Pools[0].EngineArgs = []string{"--max-seqs", "8"} })
 	most := 0
 	eventually(t, 60*time.Second, "rollout done", func() error {
 		pods, err := livePods(ctx, ns, client.MatchingLabels{v1.LabelPool: "ro-p"})
