@@ -53,6 +53,7 @@ func TestBadSpecsRefused(t *testing.T) {
 				direct.Delete(ctx, c)
 				t.Fatal("accepted")
 			}
+			t.Log(err)
 			if !isInvalid(err) || !strings.Contains(err.Error(), tt.field) || !strings.Contains(err.Error(), tt.also) {
 				t.Errorf("error %q: want an Invalid error naming %s (%q)", err, tt.field, tt.also)
 			}
