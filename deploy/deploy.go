@@ -4,7 +4,7 @@ package deploy
 
 import "embed"
 
-// Files are the CRDs and the sample cluster.
+// Files are the kustomization and what it applies, and the sample cluster.
 //
-//go:embed crd/*.yaml samples/*.yaml
+//go:embed kustomization.yaml crd/*.yaml operator/*.yaml samples/*.yaml
 var Files embed.FS

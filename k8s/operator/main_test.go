@@ -208,8 +208,14 @@ func newNamespace(t *testing.T, routers bool) string {
 // (or the test ends).
 func startOperator(t *testing.T, ns string) (stop func()) {
 	t.Helper()
+	return startOperatorAs(t, restConfig, ns)
+}
+
+// startOperatorAs is startOperator with the operator's credentials in cfg.
+func startOperatorAs(t *testing.T, cfg *rest.Config, ns string) (stop func()) {
+	t.Helper()
 	skip := true
-	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 testScheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",

@@ -15,7 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -675,4 +677,63 @@ func TestGangHalfMadeIsCompleted(t *testing.T) {
 		return nil
 	})
 	waitReady(t, ns, "half")
+}
+
+// TestManifestsApplyAndRBACSuffices applies deploy/'s kustomization (the API server
+// validates every object), then runs the operator as its service account, impersonated,
+// so that a rule missing from deploy/operator/rbac.yaml fails the sample cluster.
+func TestManifestsApplyAndRBACSuffices(t *testing.T) {
+	ctx := context.Background()
+	b, err := deploy.Files.ReadFile("kustomization.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kust struct {
+		APIVersion string   `json:"apiVersion"`
+		Kind       string   `json:"kind"`
+		Resources  []string `json:"resources"`
+	}
+	if err := yaml.UnmarshalStrict(b, &kust); err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range kust.Resources {
+		b, err := deploy.Files.ReadFile(res)
+		if err != nil {
+			t.Fatalf("kustomization lists %s: %v", res, err)
+		}
+		if strings.HasPrefix(res, "crd/") {
+			continue // installed by TestMain
+		}
+		for _, doc := range strings.Split(string(b), "\n---\n") {
+			var u unstructured.Unstructured
+			if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+				t.Fatalf("%s: %v", res, err)
+			}
+			if err := direct.Create(ctx, &u); err != nil {
+				t.Fatalf("%s: %s %s: %v", res, u.GetKind(), u.GetName(), err)
+			}
+		}
+	}
+
+	ns := newNamespace(t, true)
+	cfg := rest.CopyConfig(restConfig)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:tandem-system:tandem-operator",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:tandem-system", "system:authenticated"}}
+	startOperatorAs(t, cfg, ns)
+	c := sample(t, ns)
+	if err := direct.Create(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, ns, c.Name)
+	if err := direct.Delete(ctx, getCluster(t, ns, c.Name)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "cluster gone", func() error {
+		err := direct.Get(ctx, types.NamespacedName{Namespace: ns, Name: c.Name}, &v1.TandemCluster{})
+		if err == nil {
+			return fmt.Errorf("still there")
+		}
+		return client.IgnoreNotFound(err)
+	})
+	assertEmpty(t, ns)
 }
