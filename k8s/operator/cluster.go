@@ -10,6 +10,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,6 +45,9 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 	}
 	if err := r.secrets(ctx, &c); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.plannerAccess(ctx, &c); err != nil {
 		return ctrl.Result{}, err
 	}
 	dep := routerDeployment(&c)
@@ -133,6 +137,30 @@ func (r *ClusterReconciler) secrets(ctx context.Context, c *v1.TandemCluster) er
 			return nil, err
 		}
 		return map[string][]byte{"token": []byte(tok.String())}, nil
+	})
+}
+
+// plannerAccess gives the routers a service account bound to the planner's role while
+// the planner is enabled, and takes both away when it is not.
+func (r *ClusterReconciler) plannerAccess(ctx context.Context, c *v1.TandemCluster) error {
+	sa, rb := routerServiceAccount(c), plannerBinding(c)
+	if !plannerEnabled(c) {
+		for _, obj := range []client.Object{rb, sa} {
+			if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+				return fmt.Errorf("delete %s: %w", obj.GetName(), err)
+			}
+		}
+		return nil
+	}
+	if err := r.apply(ctx, sa, func(have client.Object) {
+		have.SetLabels(sa.Labels)
+		have.SetOwnerReferences(sa.OwnerReferences)
+	}); err != nil {
+		return err
+	}
+	return r.apply(ctx, rb, func(have client.Object) {
+		h := have.(*rbacv1.RoleBinding)
+		h.Labels, h.OwnerReferences, h.Subjects = rb.Labels, rb.OwnerReferences, rb.Subjects
 	})
 }
 
@@ -267,6 +295,8 @@ func (r *ClusterReconciler) finalize(ctx context.Context, c *v1.TandemCluster) (
 	for _, obj := range []client.Object{
 		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: routerName(c)}},
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: routerName(c)}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: plannerBindingName(c)}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: routerName(c)}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: caSecretName(c)}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: joinSecretName(c)}},
 	} {

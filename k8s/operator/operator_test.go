@@ -11,7 +11,9 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -548,14 +550,16 @@ func assertEmpty(t *testing.T, ns string) {
 	var deps appsv1.DeploymentList
 	var svcs corev1.ServiceList
 	var secrets corev1.SecretList
-	for _, l := range []client.ObjectList{&pods, &pools, &deps, &svcs, &secrets} {
+	var sas corev1.ServiceAccountList
+	var rbs rbacv1.RoleBindingList
+	for _, l := range []client.ObjectList{&pods, &pools, &deps, &svcs, &secrets, &sas, &rbs} {
 		if err := direct.List(ctx, l, client.InNamespace(ns), client.HasLabels{v1.LabelCluster}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := len(pods.Items) + len(pools.Items) + len(deps.Items) + len(svcs.Items) + len(secrets.Items); n > 0 {
-		t.Errorf("left behind: %d pods, %d pools, %d deployments, %d services, %d secrets",
-			len(pods.Items), len(pools.Items), len(deps.Items), len(svcs.Items), len(secrets.Items))
+	if n := len(pods.Items) + len(pools.Items) + len(deps.Items) + len(svcs.Items) + len(secrets.Items) + len(sas.Items) + len(rbs.Items); n > 0 {
+		t.Errorf("left behind: %d pods, %d pools, %d deployments, %d services, %d secrets, %d service accounts, %d role bindings",
+			len(pods.Items), len(pools.Items), len(deps.Items), len(svcs.Items), len(secrets.Items), len(sas.Items), len(rbs.Items))
 	}
 }
 
@@ -721,10 +725,41 @@ func TestManifestsApplyAndRBACSuffices(t *testing.T) {
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:tandem-system", "system:authenticated"}}
 	startOperatorAs(t, cfg, ns)
 	c := sample(t, ns)
+	c.Spec.Planner = &v1.PlannerSpec{Enabled: true}
 	if err := direct.Create(ctx, c); err != nil {
 		t.Fatal(err)
 	}
 	waitReady(t, ns, c.Name)
+
+	// The planner enabled: the routers run as their own service account, which the
+	// tandem-planner role lets the connector scale pools with.
+	var dep appsv1.Deployment
+	if err := direct.Get(ctx, types.NamespacedName{Namespace: ns, Name: "demo-router"}, &dep); err != nil {
+		t.Fatal(err)
+	}
+	if sa := dep.Spec.Template.Spec.ServiceAccountName; sa != "demo-router" {
+		t.Fatalf("routers' service account %q, want demo-router", sa)
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "demo-router"}}
+	tr := &authenticationv1.TokenRequest{}
+	if err := direct.SubResource("token").Create(ctx, sa, tr); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := connector.New(connector.Config{Server: server.URL, Token: tr.Status.Token, CAData: server.CAData, Namespace: ns, Cluster: "demo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := conn.Replicas(ctx, "both")
+	if err != nil || len(reps) != 2 {
+		t.Fatalf("Replicas as the routers' service account: %v, %v; want 2", reps, err)
+	}
+	if err := conn.Scale(ctx, "both", 1, []string{reps[0].Name}); err != nil {
+		t.Fatalf("Scale as the routers' service account: %v", err)
+	}
+	waitReady(t, ns, c.Name)
+	if got := getCluster(t, ns, c.Name).Status.Pools[0].Target; got != 1 {
+		t.Errorf("target %d after the connector's scale, want 1", got)
+	}
 	if err := direct.Delete(ctx, getCluster(t, ns, c.Name)); err != nil {
 		t.Fatal(err)
 	}

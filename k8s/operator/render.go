@@ -10,6 +10,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -35,6 +36,30 @@ func caSecretName(c *v1.TandemCluster) string       { return c.Name + "-ca" }
 func joinSecretName(c *v1.TandemCluster) string     { return c.Name + "-join" }
 func routerName(c *v1.TandemCluster) string         { return c.Name + "-router" }
 func poolName(c *v1.TandemCluster, p string) string { return c.Name + "-" + p }
+func plannerBindingName(c *v1.TandemCluster) string { return c.Name + "-router-planner" }
+
+// PlannerClusterRole is the ClusterRole (deploy/operator/rbac.yaml) a router running the
+// planner's connector is bound to in its namespace.
+const PlannerClusterRole = "tandem-planner"
+
+func plannerEnabled(c *v1.TandemCluster) bool { return c.Spec.Planner != nil && c.Spec.Planner.Enabled }
+
+// routerServiceAccount is the routers' identity where the planner runs: the planner's
+// connector scales the pools with it.
+func routerServiceAccount(c *v1.TandemCluster) *corev1.ServiceAccount {
+	return &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: routerName(c), Namespace: c.Namespace,
+		Labels: clusterLabels(c, "router"), OwnerReferences: []metav1.OwnerReference{ownerRef(c, "TandemCluster")}}}
+}
+
+// plannerBinding grants the routers' service account the planner's role in c's namespace.
+func plannerBinding(c *v1.TandemCluster) *rbacv1.RoleBinding {
+	return &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: plannerBindingName(c), Namespace: c.Namespace,
+			Labels: clusterLabels(c, "router"), OwnerReferences: []metav1.OwnerReference{ownerRef(c, "TandemCluster")}},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: PlannerClusterRole},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: routerName(c), Namespace: c.Namespace}},
+	}
+}
 
 func clusterLabels(c *v1.TandemCluster, component string) map[string]string {
 	return map[string]string{v1.LabelCluster: c.Name, v1.LabelComponent: component}
@@ -70,6 +95,13 @@ func routerDeployment(c *v1.TandemCluster) *appsv1.Deployment {
 	}
 	args = append(args, c.Spec.Router.Args...)
 	labels := clusterLabels(c, "router")
+	env := []corev1.EnvVar{joinTokenEnv(c), fieldEnv("POD_NAME", "metadata.name")}
+	serviceAccount := ""
+	if plannerEnabled(c) {
+		// What the planner's Kubernetes connector needs to find its pools.
+		serviceAccount = routerName(c)
+		env = append(env, corev1.EnvVar{Name: "TANDEM_K8S_CLUSTER", Value: c.Name}, fieldEnv("TANDEM_K8S_NAMESPACE", "metadata.namespace"))
+	}
 	return &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: routerName(c), Namespace: c.Namespace, Labels: labels,
 			OwnerReferences: []metav1.OwnerReference{ownerRef(c, "TandemCluster")}},
@@ -79,10 +111,11 @@ func routerDeployment(c *v1.TandemCluster) *appsv1.Deployment {
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{
+					ServiceAccountName: serviceAccount,
 					Containers: []corev1.Container{{
 						Name: "router", Image: c.Spec.Image, ImagePullPolicy: c.Spec.ImagePullPolicy,
 						Command: []string{"tandem-router"}, Args: args,
-						Env: []corev1.EnvVar{joinTokenEnv(c), fieldEnv("POD_NAME", "metadata.name")},
+						Env: env,
 						Ports: []corev1.ContainerPort{
 							{Name: "http", ContainerPort: routerHTTPPort, Protocol: corev1.ProtocolTCP},
 							{Name: "orpc", ContainerPort: routerORPCPort, Protocol: corev1.ProtocolUDP},
