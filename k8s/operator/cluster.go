@@ -146,6 +146,16 @@ func (r *ClusterReconciler) plannerAccess(ctx context.Context, c *v1.TandemClust
 	sa, rb := routerServiceAccount(c), plannerBinding(c)
 	if !plannerEnabled(c) {
 		for _, obj := range []client.Object{rb, sa} {
+			// Read first (from the cache): most clusters never had them.
+			if err := r.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+				if apierrors.IsNotFound(err) {
+					continue
+				}
+				return err
+			}
+			if !metav1.IsControlledBy(obj, c) {
+				continue
+			}
 			if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
 				return fmt.Errorf("delete %s: %w", obj.GetName(), err)
 			}

@@ -226,7 +226,6 @@ func (r *PoolReconciler) create(ctx context.Context, pool *v1.TandemPool, hash s
 			where, err = placement.Place(nodes, placement.Gang{Size: size, Request: req, Levels: levels(pool.Spec.Gang)})
 			if err != nil {
 				r.Metrics.gangWaits.WithLabelValues(pool.Namespace, pool.Name).Inc()
-				r.Log.Info("gang waits for room", "pool", pool.Namespace+"/"+pool.Name, "replica", idx, "err", err)
 				return err
 			}
 			take(nodes, where, req)
@@ -392,6 +391,10 @@ func (r *PoolReconciler) updateStatus(ctx context.Context, pool *v1.TandemPool, 
 		Message: "every replica has room", ObservedGeneration: pool.Generation}
 	if waitErr != nil {
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "GangWaiting", waitErr.Error()
+		// Logged when the pool starts waiting, not at every try (the counter counts those).
+		if old := meta.FindStatusCondition(pool.Status.Conditions, v1.ConditionPlaced); old == nil || old.Reason != cond.Reason {
+			r.Log.Info("gang waits for room", "pool", pool.Namespace+"/"+pool.Name, "err", waitErr)
+		}
 	}
 	meta.SetStatusCondition(&st.Conditions, cond)
 	if equalPoolStatus(pool.Status, st) {
