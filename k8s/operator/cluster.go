@@ -86,6 +86,9 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		if pools, err = r.pools(ctx, &c, pools); err != nil {
 			return ctrl.Result{}, err
 		}
+		if len(pools) < len(c.Spec.Pools) {
+			result.RequeueAfter = 2 * time.Second // a replaced cluster's pool is still going
+		}
 	} else {
 		r.Metrics.routerWaits.WithLabelValues(c.Namespace, c.Name).Inc()
 	}

@@ -541,6 +541,53 @@ func TestRolloutAndDeletionLeaveNoOrphans(t *testing.T) {
 	assertEmpty(t, ns)
 }
 
+// TestReplacedClusterLeavesNoOrphans deletes a cluster and makes it again at once under
+// the same name: the new one waits for the old pool to go, and every pod left is the new
+// pool's.
+func TestReplacedClusterLeavesNoOrphans(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, true)
+	startOperator(t, ns)
+	if err := direct.Create(ctx, smallCluster(ns, "rp", 3)); err != nil {
+		t.Fatal(err)
+	}
+	old := waitReady(t, ns, "rp")
+	if err := direct.Delete(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "make it again", func() error {
+		return direct.Create(ctx, smallCluster(ns, "rp", 2))
+	})
+	c := waitReady(t, ns, "rp")
+	if c.UID == old.UID {
+		t.Fatal("the old cluster is still there")
+	}
+	var pool v1.TandemPool
+	if err := direct.Get(ctx, types.NamespacedName{Namespace: ns, Name: "rp-p"}, &pool); err != nil {
+		t.Fatal(err)
+	}
+	if !isControlledBy(&pool, c) {
+		t.Fatalf("pool owned by %v, not the new cluster", pool.OwnerReferences)
+	}
+	pods, err := listPods(ctx, ns, client.MatchingLabels{v1.LabelCluster: "rp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := 0
+	for _, p := range pods {
+		if !p.DeletionTimestamp.IsZero() {
+			continue
+		}
+		live++
+		if !isControlledBy(&p, &pool) {
+			t.Errorf("pod %s is not the new pool's: %v", p.Name, p.OwnerReferences)
+		}
+	}
+	if live != 2 {
+		t.Errorf("%d pods, want the new cluster's 2", live)
+	}
+}
+
 // assertEmpty fails unless ns holds no pod, pool, deployment, service or secret of the operator.
 func assertEmpty(t *testing.T, ns string) {
 	t.Helper()
