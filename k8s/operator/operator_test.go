@@ -200,6 +200,41 @@ func TestSampleClusterBecomesRoutersPoolsAndSecrets(t *testing.T) {
 		t.Errorf("service ports %v, want %v", ports, want)
 	}
 
+	// A NodePort service keeps the ports the server gave it across reconciles.
+	updateCluster(t, ns, c.Name, func(c *v1.TandemCluster) { c.Spec.Router.ServiceType = corev1.ServiceTypeNodePort })
+	var nodePorts []int32
+	eventually(t, 30*time.Second, "node ports", func() error {
+		if err := direct.Get(ctx, types.NamespacedName{Namespace: ns, Name: "demo-router"}, &svc); err != nil {
+			return err
+		}
+		nodePorts = nil
+		for _, p := range svc.Spec.Ports {
+			if p.NodePort == 0 {
+				return fmt.Errorf("port %s has no node port", p.Name)
+			}
+			nodePorts = append(nodePorts, p.NodePort)
+		}
+		return nil
+	})
+	updateCluster(t, ns, c.Name, func(c *v1.TandemCluster) { c.Spec.Router.Args = []string{"--log-level", "debug"} })
+	eventually(t, 30*time.Second, "router args updated", func() error {
+		if err := direct.Get(ctx, types.NamespacedName{Namespace: ns, Name: "demo-router"}, &dep); err != nil {
+			return err
+		}
+		if !strings.Contains(strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "), "--log-level debug") {
+			return fmt.Errorf("args %v", dep.Spec.Template.Spec.Containers[0].Args)
+		}
+		return nil
+	})
+	if err := direct.Get(ctx, types.NamespacedName{Namespace: ns, Name: "demo-router"}, &svc); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range svc.Spec.Ports {
+		if p.NodePort != nodePorts[i] {
+			t.Errorf("port %s moved from node port %d to %d", p.Name, nodePorts[i], p.NodePort)
+		}
+	}
+
 	// The pool and its two engines.
 	var pool v1.TandemPool
 	if err := direct.Get(ctx, types.NamespacedName{Namespace: ns, Name: "demo-engines"}, &pool); err != nil {
