@@ -673,6 +673,10 @@ func TestOperatorRestartedMidReconcileConverges(t *testing.T) {
 		return err
 	})
 	stop()
+	before, err := livePods(ctx, ns, client.MatchingLabels{v1.LabelPool: "rs-p"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	stray := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "stray", Namespace: ns, Labels: map[string]string{v1.LabelPool: "rs-p", "fake/keep-pending": "yes"}},
 		Spec: corev1.PodSpec{NodeName: "fake", Containers: []corev1.Container{{Name: "x", Image: "x"}}}}
 	if err := direct.Create(ctx, stray); err != nil {
@@ -694,6 +698,13 @@ func TestOperatorRestartedMidReconcileConverges(t *testing.T) {
 	}
 	if err := direct.Get(ctx, client.ObjectKeyFromObject(stray), stray); err != nil {
 		t.Errorf("the pod the pool does not own was touched: %v", err)
+	}
+	// The pods made before the restart are kept: a restarted (or upgraded) operator
+	// rendering the same pods restarts none.
+	for _, b := range before {
+		if !slices.ContainsFunc(pods, func(p corev1.Pod) bool { return p.UID == b.UID }) {
+			t.Errorf("pod %s, made before the restart, was replaced", b.Name)
+		}
 	}
 	direct.Delete(ctx, stray, client.GracePeriodSeconds(0))
 }

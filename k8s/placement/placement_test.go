@@ -88,3 +88,60 @@ func TestPlace(t *testing.T) {
 		})
 	}
 }
+
+// FuzzPlace checks Place's promises on arbitrary clusters: a placement has the gang's size,
+// fits every node's room, and keeps a required level's pods in one domain; a refusal is
+// right that no domain of the first required level has room.
+func FuzzPlace(f *testing.F) {
+	f.Add([]byte{4, 1, 3, 0, 1, 2, 3, 1, 0, 2, 2, 1}, uint8(4), uint8(1), uint8(1))
+	f.Add([]byte{1, 1, 1, 1, 1, 1, 1, 1, 1}, uint8(3), uint8(2), uint8(0))
+	f.Fuzz(func(t *testing.T, spec []byte, size, req, mode uint8) {
+		if len(spec) > 60 || size == 0 || size > 16 || req == 0 {
+			return
+		}
+		var nodes []Node
+		for i := 0; i+1 < len(spec); i += 2 {
+			nodes = append(nodes, Node{Name: fmt.Sprintf("n%02d", i/2),
+				Labels: map[string]string{"rack": fmt.Sprint(spec[i] % 4), "zone": fmt.Sprint(spec[i] % 2)},
+				Free:   Resources{"gpu": int64(spec[i+1] % 8)}})
+		}
+		levels := []Level{{Key: "rack", Required: mode&1 != 0}, {Key: "zone", Required: mode&2 != 0}}
+		g := Gang{Size: int(size), Request: Resources{"gpu": int64(req % 4)}, Levels: levels}
+		got, err := Place(nodes, g)
+		var nr *NoRoomError
+		if err != nil {
+			if !errors.As(err, &nr) {
+				t.Fatalf("Place: %v", err)
+			}
+			return
+		}
+		if len(got) != g.Size {
+			t.Fatalf("placed %d pods, want %d", len(got), g.Size)
+		}
+		used := map[string]int64{}
+		for _, name := range got {
+			used[name] += g.Request["gpu"]
+		}
+		for _, n := range nodes {
+			if used[n.Name] > n.Free["gpu"] {
+				t.Fatalf("node %s: %d placed over %d free", n.Name, used[n.Name], n.Free["gpu"])
+			}
+		}
+		for _, lv := range levels {
+			if !lv.Required {
+				continue
+			}
+			domains := map[string]bool{}
+			for _, name := range got {
+				for _, n := range nodes {
+					if n.Name == name {
+						domains[n.Labels[lv.Key]] = true
+					}
+				}
+			}
+			if len(domains) != 1 {
+				t.Fatalf("required level %s: pods in %d domains", lv.Key, len(domains))
+			}
+		}
+	})
+}
