@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -316,18 +317,8 @@ func (r *PoolReconciler) freeNodes(ctx context.Context, spec *corev1.PodSpec) ([
 		}
 		out = append(out, placement.Node{Name: n.Name, Labels: n.Labels, Free: free})
 	}
-	slices.SortFunc(out, func(a, b placement.Node) int { return compareStrings(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b placement.Node) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func matches(labels, selector map[string]string) bool {
@@ -421,7 +412,7 @@ func equalPoolStatus(a, b v1.TandemPoolStatus) bool {
 	return true
 }
 
-// poolsOfNamespace wakes every pool when a node changes: room may have opened.
+// poolsToWake lists every pool with a gang when a node changes: room may have opened.
 func poolsToWake(ctx context.Context, c client.Client) []ctrl.Request {
 	var pools v1.TandemPoolList
 	if err := c.List(ctx, &pools); err != nil {
