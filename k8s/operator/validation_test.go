@@ -38,6 +38,7 @@ func TestBadSpecsRefused(t *testing.T) {
 		{"an unknown placement mode", func(c *v1.TandemCluster) {
 			c.Spec.Pools[0].Gang = &v1.GangSpec{Size: 2, Topology: []v1.TopologyLevel{{Key: "rack", Mode: "Sometimes"}}}
 		}, "spec.pools[0].gang.topology[0].mode", `"Required", "Preferred"`},
+		{"a prefill pool without a decode pool", func(c *v1.TandemCluster) { c.Spec.Pools[0].Role = v1.RolePrefill }, "spec.pools", "a prefill pool needs a decode pool"},
 		{"no image", func(c *v1.TandemCluster) { c.Spec.Image = "" }, "spec.image", ""},
 		{"no pools", func(c *v1.TandemCluster) { c.Spec.Pools = nil }, "spec.pools", ""},
 		{"a bad drain timeout", func(c *v1.TandemCluster) {
