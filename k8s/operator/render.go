@@ -215,6 +215,7 @@ func poolTemplate(c *v1.TandemCluster, p *v1.PoolSpec) corev1.PodTemplateSpec {
 			// finishes or hands off its requests); the grace period covers --drain-timeout.
 			TerminationGracePeriodSeconds: &grace,
 			NodeSelector:                  p.NodeSelector,
+			Tolerations:                   p.Tolerations,
 			Containers: []corev1.Container{{
 				Name: "engine", Image: c.Spec.Image, ImagePullPolicy: c.Spec.ImagePullPolicy,
 				Command: []string{"tandem"}, Args: args,

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -100,6 +101,12 @@ func (in *PoolSpec) DeepCopyInto(out *PoolSpec) {
 		out.NodeSelector = make(map[string]string, len(in.NodeSelector))
 		for k, v := range in.NodeSelector {
 			out.NodeSelector[k] = v
+		}
+	}
+	if in.Tolerations != nil {
+		out.Tolerations = make([]corev1.Toleration, len(in.Tolerations))
+		for i := range in.Tolerations {
+			in.Tolerations[i].DeepCopyInto(&out.Tolerations[i])
 		}
 	}
 	out.Gang = in.Gang.DeepCopy()

@@ -20,7 +20,8 @@ func full() *TandemCluster {
 				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}}},
 			Pools: []PoolSpec{{Name: "p", Replicas: &n, Model: &ModelSource{Path: "q"}, EngineArgs: []string{"--y"},
 				DrainTimeout: &metav1.Duration{Duration: time.Second}, NodeSelector: map[string]string{"k": "v"},
-				Gang: &GangSpec{Size: 2, Topology: []TopologyLevel{{Key: "rack", Mode: PlacementRequired}}}}},
+				Tolerations: []corev1.Toleration{{Key: "gpu", Operator: corev1.TolerationOpExists}},
+				Gang:        &GangSpec{Size: 2, Topology: []TopologyLevel{{Key: "rack", Mode: PlacementRequired}}}}},
 			KVCache: &KVCacheSpec{Memory: "1GiB"}, Planner: &PlannerSpec{Enabled: true, Args: []string{"--z"}},
 		},
 		Status: ClusterStatus{Conditions: []metav1.Condition{{Type: ConditionReady}}, Pools: []PoolStatusEntry{{Name: "p"}}},
@@ -46,6 +47,7 @@ func TestDeepCopyIsDeep(t *testing.T) {
 	p.DrainTimeout.Duration = time.Hour
 	p.NodeSelector["k"] = "changed"
 	p.Gang.Topology[0].Key = "changed"
+	p.Tolerations[0].Key = "changed"
 	cp.Spec.KVCache.Memory = "changed"
 	cp.Spec.Planner.Args[0] = "changed"
 	cp.Status.Conditions[0].Type = "changed"

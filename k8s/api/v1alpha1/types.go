@@ -124,7 +124,10 @@ type PoolSpec struct {
 	EngineArgs   []string          `json:"engineArgs,omitempty"`
 	DrainTimeout *metav1.Duration  `json:"drainTimeout,omitempty"`
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
-	Gang         *GangSpec         `json:"gang,omitempty"`
+	// Tolerations let the pool's pods (and its gangs' placement) use tainted nodes, such
+	// as GPU nodes tainted nvidia.com/gpu:NoSchedule.
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	Gang        *GangSpec           `json:"gang,omitempty"`
 }
 
 // GangSpec makes one replica several pods, placed all together or not at all.
