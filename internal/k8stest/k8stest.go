@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -38,13 +39,18 @@ type Server struct {
 	done chan struct{}
 }
 
-// sourceDir is the apiserver module's directory, next to this file.
+// sourceDir is the apiserver module's directory, next to this file; built with
+// -trimpath, the file's path is not a directory, and the main module's is asked of go.
 func sourceDir() (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("k8stest: cannot locate the package's sources")
+	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
+		return filepath.Join(filepath.Dir(file), "apiserver"), nil
 	}
-	return filepath.Join(filepath.Dir(file), "apiserver"), nil
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	mod := strings.TrimSpace(string(out))
+	if err != nil || mod == "" || mod == os.DevNull {
+		return "", fmt.Errorf("k8stest: cannot locate the package's sources (go env GOMOD: %q, %v)", mod, err)
+	}
+	return filepath.Join(filepath.Dir(mod), "internal", "k8stest", "apiserver"), nil
 }
 
 // Binary returns the API server's binary, building it into the cache directory
