@@ -71,7 +71,8 @@ func TestRequestTokensWireCompatibility(t *testing.T) {
 	}
 	card := orpc.Marshal(&ModelCard{Version: Version, Model: "m", GrammarFormat: GrammarGBNF})
 	var c ModelCard
-	if err := orpc.Unmarshal(card[:len(card)-2], &c); err != nil || c.RequestLevel != 0 || c.GrammarFormat != GrammarGBNF {
+	// The weights fields (content hash, prepared key, start-up: 4 bytes empty) follow.
+	if err := orpc.Unmarshal(card[:len(card)-4-2], &c); err != nil || c.RequestLevel != 0 || c.GrammarFormat != GrammarGBNF {
 		t.Errorf("card without the request level: %+v, %v", c, err)
 	}
 	plain := orpc.Marshal(&GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 5}})
@@ -116,7 +117,7 @@ func TestConstraintWireCompatibility(t *testing.T) {
 	}
 	card := orpc.Marshal(&ModelCard{Version: Version, Model: "m"})
 	var c ModelCard
-	if err := orpc.Unmarshal(card[:len(card)-3-2], &c); err != nil || c.GrammarFormat != 0 {
+	if err := orpc.Unmarshal(card[:len(card)-4-2-3], &c); err != nil || c.GrammarFormat != 0 {
 		t.Errorf("card without the grammar field: %+v, %v", c, err)
 	}
 }
