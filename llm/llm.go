@@ -44,6 +44,22 @@ type Request struct {
 	// hidden states are pooled (PoolLast, PoolMean) and returned on one event
 	// (Event.Embedding, unnormalised), and nothing is generated.
 	Pooling Pooling
+	// Adapter names the LoRA adapter the request runs under ("": the base model): the
+	// OpenAI API's model field when it names an adapter rather than the base.
+	Adapter string
+	// NoSpeculation turns speculative decoding off for the request where the engine would
+	// otherwise draft for it; the tokens are the same either way.
+	NoSpeculation bool
+}
+
+// AdapterInfo describes a LoRA adapter an engine serves.
+type AdapterInfo struct {
+	Name     string // what a request names it by
+	Path     string // where it was loaded from
+	Format   string // "gguf" or "peft"
+	ID       string // a hash of its content
+	Rank     int
+	Resident bool // its weights are in memory (else they are read again when next asked for)
 }
 
 // Pooling is how an embedding is made from a prompt's hidden states.

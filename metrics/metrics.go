@@ -44,6 +44,23 @@ type Engine struct {
 	TPOT          prometheus.Observer
 	GPUCacheUsage prometheus.Gauge
 	InferenceTime prometheus.Observer
+
+	// LoRA adapters: registered (loaded by --lora or the run-time API) and resident
+	// (their weights in memory; the least recently used past the budget are evicted and
+	// read again from their files when next asked for); loads by result and their time;
+	// requests by adapter.
+	LoRARegistered  prometheus.Gauge
+	LoRAResident    prometheus.Gauge
+	LoRALoads       *prometheus.CounterVec // label result: ok, error
+	LoRALoadSeconds prometheus.Observer
+	LoRAEvictions   prometheus.Counter
+	LoRARequests    *prometheus.CounterVec // label lora_name
+	// Speculative decoding (vLLM's names): verification steps of a drafting sequence,
+	// tokens drafted and accepted, and accepted/drafted since start.
+	SpecDrafts         prometheus.Counter
+	SpecDraftTokens    prometheus.Counter
+	SpecAcceptedTokens prometheus.Counter
+	SpecAcceptanceRate prometheus.Gauge
 }
 
 var (
@@ -86,6 +103,21 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 		TPOT:          f.histogram("tandem:time_per_output_token_seconds", "Histogram of time per output token in seconds (the inter-token latency).", latencyBuckets),
 		GPUCacheUsage: f.gauge("tandem:gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of kv_cache_usage_perc). 1 means 100 percent usage."),
 		InferenceTime: f.histogram("tandem:request_inference_time_seconds", "Histogram of time spent in prefill and decode in seconds.", latencyBuckets),
+
+		LoRARegistered: f.gauge("tandem:lora_adapters_registered", "LoRA adapters that requests may name (loaded at start or at run time)."),
+		LoRAResident:   f.gauge("tandem:lora_adapters_resident", "LoRA adapters whose weights are in memory."),
+		LoRALoads: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:lora_loads_total", Help: "LoRA adapter loads (first loads and reloads after an eviction) by result.", ConstLabels: labels,
+		}, []string{"result"})).(*prometheus.CounterVec),
+		LoRALoadSeconds: f.histogram("tandem:lora_load_seconds", "Histogram of LoRA adapter load times in seconds.", latencyBuckets),
+		LoRAEvictions:   f.counter("tandem:lora_evictions_total", "LoRA adapters evicted from memory past the resident budget (least recently used first)."),
+		LoRARequests: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:lora_requests_total", Help: "Requests served with a LoRA adapter, by adapter.", ConstLabels: labels,
+		}, []string{"lora_name"})).(*prometheus.CounterVec),
+		SpecDrafts:         f.counter("tandem:spec_decode_num_drafts_total", "Speculative decoding: verification steps of drafting sequences."),
+		SpecDraftTokens:    f.counter("tandem:spec_decode_num_draft_tokens_total", "Speculative decoding: tokens drafted."),
+		SpecAcceptedTokens: f.counter("tandem:spec_decode_num_accepted_tokens_total", "Speculative decoding: drafted tokens the target model accepted."),
+		SpecAcceptanceRate: f.gauge("tandem:spec_decode_draft_acceptance_rate", "Speculative decoding: accepted / drafted tokens since start."),
 	}
 }
 

@@ -21,35 +21,10 @@ import (
 // (q, k, v biases), qwen3 (q/k norms, q wider than the model).
 var loraFixtures = []string{"stories260K-f32.gguf", "rand-llama-tok512-f32.gguf", "rand-qwen2-tok512-f32.gguf", "rand-qwen3-tok512-f32.gguf"}
 
-// randomAdapter makes an adapter of m of the given rank on the projections whose roles are
-// given (all seven when none), with scale alpha/rank and updates large enough to move the
-// logits well past the comparison's tolerance.
+// randomAdapter is RandomAdapter, failing the test on an error.
 func randomAdapter(t testing.TB, m *Model, rank int, alpha float32, seed uint64, roles ...TensorRole) *Adapter {
 	t.Helper()
-	if len(roles) == 0 {
-		roles = []TensorRole{RoleQ, RoleK, RoleV, RoleO, RoleGate, RoleUp, RoleDown}
-	}
-	rng := rand.New(rand.NewPCG(seed, 99))
-	layers := make([]AdapterLayer, m.Config.Layers)
-	for _, ts := range projections(m) {
-		want := false
-		for _, r := range roles {
-			want = want || r == ts.Role
-		}
-		if !want {
-			continue
-		}
-		out, in := ts.Shape[0], ts.Shape[1]
-		w := &hal.LowRank{Rank: rank, In: in, Out: out, A: make([]float32, rank*in), BT: make([]float32, rank*out), Scale: alpha / float32(rank)}
-		for i := range w.A {
-			w.A[i] = float32(rng.NormFloat64() / math.Sqrt(float64(in)))
-		}
-		for i := range w.BT {
-			w.BT[i] = float32(rng.NormFloat64() * 0.07)
-		}
-		*layers[ts.Layer].update(ts.Role) = w
-	}
-	a, err := NewAdapter(m, layers)
+	a, err := RandomAdapter(m, rank, alpha, seed, roles...)
 	if err != nil {
 		t.Fatal(err)
 	}

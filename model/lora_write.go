@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -57,6 +58,38 @@ func NewAdapter(m *Model, layers []AdapterLayer) (*Adapter, error) {
 		return nil, fmt.Errorf("model: an adapter without updates")
 	}
 	return a, nil
+}
+
+// RandomAdapter makes an adapter of m of the given rank on the projections of the given
+// roles (all seven when none), with scale alpha/rank and values drawn from seed: A's
+// N(0, 1/in), B's N(0, 0.07²), large enough to move the logits well past any comparison's
+// tolerance (a trained adapter's B starts at zero; tests need one that changes something).
+// tandem gen-lora writes them for tests and benchmarks.
+func RandomAdapter(m *Model, rank int, alpha float32, seed uint64, roles ...TensorRole) (*Adapter, error) {
+	if rank < 1 || rank > 4096 {
+		return nil, fmt.Errorf("model: adapter rank %d (want 1..4096)", rank)
+	}
+	if len(roles) == 0 {
+		roles = []TensorRole{RoleQ, RoleK, RoleV, RoleO, RoleGate, RoleUp, RoleDown}
+	}
+	rng := rand.New(rand.NewPCG(seed, 99))
+	layers := make([]AdapterLayer, m.Config.Layers)
+	arch, _ := LookupArch(m.Config.Arch)
+	for _, ts := range arch.TensorSpecs(&m.Config) { // in file order: a seed makes one adapter
+		if !ts.Matrix() || ts.Layer < 0 || !slices.Contains(roles, ts.Role) || layers[ts.Layer].update(ts.Role) == nil {
+			continue
+		}
+		out, in := ts.Shape[0], ts.Shape[1]
+		w := &hal.LowRank{Rank: rank, In: in, Out: out, A: make([]float32, rank*in), BT: make([]float32, rank*out), Scale: alpha / float32(rank)}
+		for i := range w.A {
+			w.A[i] = float32(rng.NormFloat64() / math.Sqrt(float64(in)))
+		}
+		for i := range w.BT {
+			w.BT[i] = float32(rng.NormFloat64() * 0.07)
+		}
+		*layers[ts.Layer].update(ts.Role) = w
+	}
+	return NewAdapter(m, layers)
 }
 
 // fileB is the B matrix (Out × Rank, row-major) of update w of projection ts, its rows in

@@ -39,6 +39,17 @@ type Seq struct {
 	// cache: the caller wants an output at each prompt position (prompt log-probabilities,
 	// a mean-pooled embedding). The caller may clear it once it has them.
 	NoPrefixMatch bool
+	// Salt, if not 0, is the block hash salt of the sequence's KV instead of Config.Salt:
+	// a sequence under a LoRA adapter hashes with the adapter's, so that its blocks never
+	// match another adapter's (or the base model's) prefix.
+	Salt uint64
+	// Drafts is how many trailing Tokens are drafted, not yet accepted (speculative
+	// decoding): the caller appends them and sets Drafts before Schedule, which either
+	// plans all of the sequence's uncomputed tokens in one chunk or drops the drafts
+	// (cutting Tokens and zeroing Drafts) where the budget or the pool cannot take them,
+	// and drops them before a preemption. After the step the caller cuts Tokens to the
+	// accepted ones before Commit, which commits only tokens still there.
+	Drafts int
 
 	cached   int    // prompt tokens the prefix cache held at the first admission
 	admitted bool   // admitted at least once
@@ -86,11 +97,11 @@ type Chunk[S Sequence] struct {
 // step yields the logits of the next token.
 func (c Chunk[S]) Samples() bool { return c.From+c.N == len(c.Seq.Sched().Tokens) }
 
-// Decode reports whether the chunk computes one generated token: a decode, not a prompt
-// chunk or the recompute of a preempted sequence.
+// Decode reports whether the chunk computes one generated token (and the drafts after it):
+// a decode, not a prompt chunk or the recompute of a preempted sequence.
 func (c Chunk[S]) Decode() bool {
 	q := c.Seq.Sched()
-	return c.N == 1 && c.From >= q.PromptLen && c.From+1 == len(q.Tokens)
+	return c.N == 1+q.Drafts && c.From >= q.PromptLen && c.From+c.N == len(q.Tokens)
 }
 
 // A Plan is what one step computes and what the scheduler did to make room for it. Its
@@ -239,7 +250,16 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 			continue // preempted to make room for an earlier one
 		}
 		n := min(left(q), budget)
+		if seq.Drafts > 0 && n < left(q) {
+			seq.dropDrafts() // a draft verified in part yields nothing
+			n = min(left(q), budget)
+		}
 		for n > 0 && seq.KV.Reserve(n) != nil {
+			if seq.Drafts > 0 {
+				seq.dropDrafts() // drafts are not worth a preemption
+				n = min(left(q), budget)
+				continue
+			}
 			v := slices.MaxFunc(s.running, before[S])
 			if v == q && len(s.running) == 1 {
 				// Alone and still out of blocks: the sequence has outgrown the pool.
@@ -274,7 +294,7 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 			break
 		}
 		if seq.KV == nil {
-			seq.KV = s.pool.NewSeq(s.cfg.Salt)
+			seq.KV = s.pool.NewSeq(s.salt(seq))
 		}
 		keep := 1 // the last token is computed, for its logits
 		if seq.NoPrefixMatch {
@@ -302,9 +322,24 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 	return p
 }
 
+// salt is the block hash salt of seq's KV.
+func (s *Scheduler[S]) salt(seq *Seq) uint64 {
+	if seq.Salt != 0 {
+		return seq.Salt
+	}
+	return s.cfg.Salt
+}
+
+// dropDrafts cuts the sequence's drafted tokens.
+func (s *Seq) dropDrafts() {
+	s.Tokens = s.Tokens[:len(s.Tokens)-s.Drafts]
+	s.Drafts = 0
+}
+
 // preempt releases a running sequence's blocks and queues it again; it will recompute its
 // tokens, mostly from the prefix cache.
 func (s *Scheduler[S]) preempt(q S) {
+	q.Sched().dropDrafts()
 	q.Sched().KV.Release()
 	s.running = slices.DeleteFunc(s.running, func(r S) bool { return r == q })
 	s.enqueue(q)
@@ -325,7 +360,8 @@ func (s *Scheduler[S]) Commit() {
 	for _, c := range s.plan.Chunks {
 		seq := c.Seq.Sched()
 		if seq.state == running {
-			seq.KV.Commit(seq.Tokens[:c.From+c.N])
+			// Rejected drafts were cut from Tokens: their KV is not committed.
+			seq.KV.Commit(seq.Tokens[:min(c.From+c.N, len(seq.Tokens))])
 		}
 	}
 }

@@ -1,0 +1,219 @@
+package engine
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"tandem/llm"
+	"tandem/metrics"
+)
+
+func TestPromptLookup(t *testing.T) {
+	for _, tc := range []struct {
+		tokens     []int32
+		minN, maxN int
+		k          int
+		want       []int32 // the drafts
+	}{
+		{[]int32{1, 2, 3, 4, 1, 2}, 1, 3, 4, []int32{3, 4, 1, 2}},
+		{[]int32{1, 2, 3, 4, 1, 2}, 1, 3, 1, []int32{3}},
+		{[]int32{1, 2, 3}, 1, 3, 4, nil},                 // nothing repeats
+		{[]int32{7}, 1, 3, 4, nil},                       // too short
+		{[]int32{5, 9, 5, 8, 5}, 1, 3, 2, []int32{8, 5}}, // the latest occurrence of "5"
+		{[]int32{1, 2, 9, 2, 1, 2}, 2, 2, 3, []int32{9, 2, 1}},
+		{[]int32{1, 2, 9, 3, 2}, 2, 3, 3, nil},  // "3 2" and "9 3 2" never occurred before
+		{[]int32{4, 4, 4}, 1, 3, 4, []int32{4}}, // "4 4" at 0, then one token to its end
+	} {
+		got := promptLookup(slices.Clone(tc.tokens), tc.minN, tc.maxN, tc.k)[len(tc.tokens):]
+		if !slices.Equal(got, tc.want) && !(len(got) == 0 && len(tc.want) == 0) {
+			t.Errorf("promptLookup(%v, %d..%d, k=%d) drafts %v, want %v", tc.tokens, tc.minN, tc.maxN, tc.k, got, tc.want)
+		}
+	}
+}
+
+// promptLookup keeps its input, drafts at most k tokens, and every draft continues an
+// earlier occurrence of the suffix it matched: the drafts are a run of the tokens.
+func FuzzPromptLookup(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 1, 2}, uint8(1), uint8(3), uint8(4))
+	f.Add([]byte{}, uint8(0), uint8(0), uint8(0))
+	f.Fuzz(func(t *testing.T, raw []byte, minN, maxN, k uint8) {
+		tokens := make([]int32, len(raw))
+		for i, b := range raw {
+			tokens[i] = int32(b % 5)
+		}
+		orig := slices.Clone(tokens)
+		got := promptLookup(tokens, int(minN%5), int(maxN%5), int(k%8))
+		if !slices.Equal(got[:len(orig)], orig) {
+			t.Fatalf("the tokens changed: %v → %v", orig, got[:len(orig)])
+		}
+		drafts := got[len(orig):]
+		if len(drafts) > int(k%8) {
+			t.Fatalf("%d drafts, k is %d", len(drafts), k%8)
+		}
+		if len(drafts) > 0 {
+			found := false
+			for i := 0; i+len(drafts) <= len(orig); i++ {
+				found = found || slices.Equal(orig[i:i+len(drafts)], drafts)
+			}
+			if !found {
+				t.Fatalf("drafts %v are no run of %v", drafts, orig)
+			}
+		}
+	})
+}
+
+// specPrompts are prompts whose continuations quote them (the stories model retells) and
+// some that do not.
+var specPrompts = []string{
+	"Once upon a time, there was a little girl named Lily. She loved to play outside. Once upon a time, there was a little girl named Lily. She",
+	"Tom had a red ball. Tom had a red ball. Tom had a red",
+	"The cat sat",
+	"One day, a little boy named Tim found a shiny stone in the garden. He",
+	"Sue and Sam went to the park. Sue and Sam went to the",
+	"Once upon a time",
+}
+
+// runSpec serves the requests at once on an engine with the given speculation and returns
+// each one's tokens and the engine's metrics registry.
+func runSpec(t *testing.T, name string, spec Speculation, reqs []*llm.Request) ([][]int32, *prometheus.Registry) {
+	t.Helper()
+	m, be := loadFixture(t, name, 2)
+	reg := prometheus.NewRegistry()
+	e, err := New(m, be, Config{KVBlocks: 512, Speculation: spec, Metrics: metrics.NewEngine(reg, "m")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runEngine(t, e)
+	out := make([][]int32, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		s, err := e.Generate(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); out[i], _ = collect(t, s) }()
+	}
+	wg.Wait()
+	return out, reg
+}
+
+// Speculative decoding gives the tokens plain decoding gives: greedy on every family of
+// fixture models, and seeded sampling too (the sampler runs over the verify rows as over
+// decode steps), with requests that speculate batched with ones that do not; and the
+// drafts are accepted often enough on text that repeats to count.
+func TestSpeculationSameTokens(t *testing.T) {
+	for _, name := range []string{"stories260K-f32.gguf", "rand-llama-tok512-q8_0.gguf", "rand-qwen2-tok512-f32.gguf", "rand-qwen3-tok512-f32.gguf"} {
+		t.Run(name, func(t *testing.T) {
+			m, _ := loadFixture(t, name, 1)
+			var reqs []*llm.Request
+			for i, p := range specPrompts {
+				prompt := m.Tokenizer.Encode(p, true, false)
+				for j, sp := range []llm.SamplingParams{{}, {Temperature: 0.8, TopP: 0.95, Seed: uint64(i), HasSeed: true, Logprobs: true}} {
+					reqs = append(reqs, &llm.Request{Prompt: prompt, MaxTokens: 48, Sampling: sp, IgnoreEOS: true, NoSpeculation: i == 2 && j == 0})
+				}
+			}
+			plain, _ := runSpec(t, name, Speculation{}, reqs)
+			spec, reg := runSpec(t, name, Speculation{Method: SpecNGram, MaxBatch: 64, MinAcceptance: 1e-9}, reqs)
+			for i := range reqs {
+				if !slices.Equal(plain[i], spec[i]) {
+					t.Errorf("request %d (temperature %v): with speculation %v, without %v", i, reqs[i].Sampling.Temperature, spec[i], plain[i])
+				}
+			}
+			drafted := testutil.ToFloat64(findCounter(t, reg, "tandem:spec_decode_num_draft_tokens_total"))
+			accepted := testutil.ToFloat64(findCounter(t, reg, "tandem:spec_decode_num_accepted_tokens_total"))
+			t.Logf("%s: %v drafted, %v accepted", name, drafted, accepted)
+			if drafted == 0 || accepted == 0 {
+				t.Errorf("%v tokens drafted, %v accepted: speculation did not run", drafted, accepted)
+			}
+		})
+	}
+}
+
+// findCounter is the collector of the named metric in reg.
+func findCounter(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return gathered{name, mf.GetMetric()[0].GetCounter().GetValue()}
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return nil
+}
+
+// gathered is a gathered counter's value as a collector testutil can read.
+type gathered struct {
+	name string
+	v    float64
+}
+
+func (g gathered) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc() }
+func (g gathered) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(g.desc(), prometheus.CounterValue, g.v)
+}
+func (g gathered) desc() *prometheus.Desc { return prometheus.NewDesc(g.name, "", nil, nil) }
+
+// Speculating under a scarce KV pool (drafts dropped for lack of blocks, preemptions)
+// keeps the tokens.
+func TestSpeculationUnderPreemption(t *testing.T) {
+	m, _ := loadFixture(t, "stories260K-f32.gguf", 1)
+	var reqs []*llm.Request
+	for _, p := range specPrompts {
+		reqs = append(reqs, &llm.Request{Prompt: m.Tokenizer.Encode(p, true, false), MaxTokens: 64, IgnoreEOS: true})
+	}
+	run := func(spec Speculation) [][]int32 {
+		mm, be := loadFixture(t, "stories260K-f32.gguf", 1)
+		e, err := New(mm, be, Config{KVBlocks: 24, BlockSize: 8, MaxBatchTokens: 32, Speculation: spec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runEngine(t, e)
+		out := make([][]int32, len(reqs))
+		var wg sync.WaitGroup
+		for i, r := range reqs {
+			s, err := e.Generate(context.Background(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); out[i], _ = collect(t, s) }()
+		}
+		wg.Wait()
+		return out
+	}
+	plain, spec := run(Speculation{}), run(Speculation{Method: SpecNGram, Tokens: 8, MaxBatch: 64, MinAcceptance: 1e-9})
+	for i := range reqs {
+		if !slices.Equal(plain[i], spec[i]) {
+			t.Errorf("request %d: with speculation %v, without %v", i, spec[i], plain[i])
+		}
+	}
+}
+
+func TestSpeculationConfig(t *testing.T) {
+	for _, tc := range []struct {
+		spec Speculation
+		ok   bool
+	}{
+		{Speculation{}, true},
+		{Speculation{Method: SpecNGram}, true},
+		{Speculation{Method: "eagle"}, false},
+		{Speculation{Method: SpecNGram, Tokens: 100}, false},
+		{Speculation{Method: SpecNGram, MinN: 4, MaxN: 2}, false},
+		{Speculation{Method: SpecNGram, MinAcceptance: 2}, false},
+	} {
+		err := tc.spec.fill()
+		if (err == nil) != tc.ok {
+			t.Errorf("%+v: error %v, want ok %v", tc.spec, err, tc.ok)
+		}
+	}
+}
