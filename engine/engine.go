@@ -107,8 +107,8 @@ type sequence struct {
 	sampler *Sampler
 	grammar *grammar.Bound // the request's constraint; nil: none
 	stop    stopRules
-	hold    uint64      // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
-	rows    *promptRows // outputs at prompt positions (promptrows.go); nil: none
+	hold    uint64         // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
+	rows    *promptRows    // outputs at prompt positions (promptrows.go); nil: none
 	adapter *model.Adapter // the LoRA adapter it runs with; nil: the base model
 	spec    seqSpec        // its speculative decoding (speculate.go)
 	// inboxHits is the prompt tokens expected from the prefix cache when it was submitted
