@@ -203,9 +203,9 @@ func (e *Engine) emitVerified(s *sequence, now time.Time) {
 	s.spec.samples = s.spec.samples[:0]
 }
 
-// promptLookup appends to tokens up to k tokens that followed the latest earlier
-// occurrence of its longest suffix of maxN … minN tokens that occurred before (prompt
-// lookup decoding), and returns it; nothing when no suffix occurred before.
+// promptLookup appends to tokens the k tokens that followed the latest earlier occurrence
+// of its longest suffix of maxN … minN tokens that occurred before (prompt lookup
+// decoding), and returns it; nothing when no suffix occurred before.
 func promptLookup(tokens []int32, minN, maxN, k int) []int32 {
 	n := len(tokens)
 	for l := min(maxN, n-1); l >= minN && l >= 1; l-- {
@@ -218,10 +218,9 @@ func promptLookup(tokens []int32, minN, maxN, k int) []int32 {
 					continue search
 				}
 			}
-			from := i + l
-			to := min(from+k, n)
-			// Copy first: tokens may grow into its own backing array.
-			for p := from; p < to; p++ {
+			// What followed, running on into the drafts themselves where the match ends
+			// near the end: a repeating stretch drafts its next period.
+			for p := i + l; p < i+l+k; p++ {
 				tokens = append(tokens, tokens[p])
 			}
 			return tokens
