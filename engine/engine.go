@@ -130,6 +130,15 @@ func New(m *model.Model, be hal.Backend, cfg Config) (*Engine, error) {
 	e := newEngine(m, cfg)
 	e.runner, e.kv = model.NewRunner(m, be), kv
 	e.fwd = runnerForward{e.runner, kv}
+	if d := cfg.Speculation.Draft; cfg.Speculation.Method == SpecDraft {
+		if d.Config.VocabSize != m.Config.VocabSize {
+			return nil, fmt.Errorf("engine: the draft model's vocabulary has %d tokens, the model's %d: they must be the same", d.Config.VocabSize, m.Config.VocabSize)
+		}
+		if e.spec.draftKV, err = be.NewKVStore(d.KVLayout(cfg.KVBlocks, cfg.BlockSize)); err != nil {
+			return nil, fmt.Errorf("engine: the draft model's KV: %w", err)
+		}
+		e.spec.draft = model.NewRunner(d, be)
+	}
 	return e, nil
 }
 
@@ -402,6 +411,7 @@ func (e *Engine) step() (progress bool, err error) {
 	plan := e.sched.Schedule()
 	e.plan = plan
 	for _, s := range plan.Preempted {
+		s.spec.draftLen = 0 // its blocks are gone, the draft model's KV with them
 		e.queued.Add(1)
 		if e.cfg.Metrics != nil {
 			e.cfg.Metrics.Preemptions.Inc()

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"fmt"
+
 	"tandem/hal"
 	"tandem/model"
 )
@@ -42,6 +44,9 @@ func ModelForwarder(m *model.Model, be hal.Backend, blocks, blockSize int) (Forw
 func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
+	}
+	if cfg.Speculation.Method == SpecDraft {
+		return nil, fmt.Errorf("engine: a modelled forward pass cannot run a draft model")
 	}
 	e := newEngine(m, cfg)
 	e.fwd = f

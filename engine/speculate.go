@@ -1,10 +1,13 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
+	"tandem/hal"
 	"tandem/llm"
+	"tandem/model"
 )
 
 // Speculation configures speculative decoding by prompt lookup: before a step, a decoding
@@ -16,9 +19,17 @@ import (
 // for every sampling setting (greedy or seeded sampling: a draft from a lookup is one token
 // with probability 1, for which the exact acceptance rule of speculative sampling reduces
 // to drawing from the target and comparing), and a step yields 1 to Tokens+1 of them.
+//
+// With Method "draft" the drafts come from a smaller model of the same vocabulary instead
+// (Draft), run greedily for the drafting sequences over its own KV store, which shares the
+// target's block tables; its tokens are kept or not by the same rule.
 type Speculation struct {
-	// Method is "" or "off" (none) or "ngram" (prompt lookup decoding).
+	// Method is "" or "off" (none), "ngram" (prompt lookup decoding) or "draft" (a draft
+	// model).
 	Method string
+	// Draft is the draft model of Method "draft": the target's vocabulary, run on the
+	// engine's backend.
+	Draft *model.Model
 	// Tokens is the most tokens drafted per step (default 4).
 	Tokens int
 	// MinN and MaxN bound the length of the suffix looked up (default 1 and 3): the
@@ -37,10 +48,11 @@ type Speculation struct {
 const (
 	SpecOff   = "off"
 	SpecNGram = "ngram"
+	SpecDraft = "draft"
 )
 
 // SpecMethods are the methods Speculation.Method may name.
-var SpecMethods = []string{SpecOff, SpecNGram}
+var SpecMethods = []string{SpecOff, SpecNGram, SpecDraft}
 
 const (
 	specWindow = 32 // drafted tokens per acceptance measurement
@@ -53,6 +65,10 @@ func (c *Speculation) fill() error {
 		c.Method = SpecOff
 		return nil
 	case SpecNGram:
+	case SpecDraft:
+		if c.Draft == nil {
+			return errors.New("engine: speculation by a draft model needs the draft model")
+		}
 	default:
 		return fmt.Errorf("engine: unknown speculation method %q (want one of %v)", c.Method, SpecMethods)
 	}
@@ -91,11 +107,22 @@ type seqSpec struct {
 	// which it does not draft (a pause after a low acceptance).
 	drafted, accepted int
 	pausedUntil       int
+	// draftLen is how many of its positions hold the draft model's KV for its tokens.
+	draftLen int
 }
 
 // specState is the engine's speculative decoding totals (Run's).
 type specState struct {
 	drafted, accepted uint64
+
+	// The draft model's forward pass (Method "draft"), its KV store laid out as the
+	// target's pool, and its scratch.
+	draft       *model.Runner
+	draftKV     hal.KVStore
+	draftBatch  model.Batch
+	draftLogits []float32
+	drafting    []*sequence
+	want, pass  []int // draftModel's: drafts wanted per sequence, the sequences of a pass
 }
 
 // SpecStats are an engine's speculative decoding totals.
@@ -113,6 +140,7 @@ func (e *Engine) draft() {
 	if len(running) > c.MaxBatch {
 		return
 	}
+	drafting := e.spec.drafting[:0]
 	for _, s := range running {
 		if !e.mayDraft(s) {
 			continue
@@ -121,10 +149,94 @@ func (e *Engine) draft() {
 		if k <= 0 {
 			continue
 		}
+		if c.Method == SpecDraft {
+			// The draft model writes its KV up to the last draft's position: those
+			// slots must be the sequence's. A pool too full to give them drafts nothing.
+			if len(s.Tokens)+k > c.Draft.Config.ContextLen || s.KV.Reserve(k) != nil {
+				continue
+			}
+			s.Drafts = k // the count wanted; draftModel appends them
+			drafting = append(drafting, s)
+			continue
+		}
 		n := len(s.Tokens)
 		s.Tokens = promptLookup(s.Tokens, c.MinN, c.MaxN, k)
 		s.Drafts = len(s.Tokens) - n
 	}
+	e.spec.drafting = drafting
+	if len(drafting) > 0 {
+		e.draftModel(drafting)
+	}
+	clear(drafting)
+}
+
+// draftModel drafts with the draft model for the sequences given, each wanting s.Drafts
+// tokens: a first pass computes each one's draft KV from where it stopped up to its last
+// token and yields its first draft; every further pass feeds the last draft (greedy) and
+// yields the next. A failed pass drops the drafts (the target decodes without them).
+func (e *Engine) draftModel(seqs []*sequence) {
+	sp := &e.spec
+	dm := e.cfg.Speculation.Draft
+	vocab := dm.Config.VocabSize
+	want := sp.want[:0]
+	for _, s := range seqs {
+		want = append(want, s.Drafts)
+		s.Drafts = 0
+	}
+	sp.want = want
+	for {
+		b := &sp.draftBatch
+		b.Tokens, b.Outputs = b.Tokens[:0], b.Outputs[:0]
+		b.Attn.Pos, b.Attn.SeqOf, b.Attn.Blocks = b.Attn.Pos[:0], b.Attn.SeqOf[:0], b.Attn.Blocks[:0]
+		active := sp.pass[:0] // indexes into seqs of this pass
+		for i, s := range seqs {
+			if s.Drafts >= want[i] {
+				continue
+			}
+			seq := int32(len(b.Attn.Blocks))
+			b.Attn.Blocks = append(b.Attn.Blocks, s.KV.Blocks())
+			for p := min(s.spec.draftLen, len(s.Tokens)-1); p < len(s.Tokens); p++ {
+				b.Tokens = append(b.Tokens, s.Tokens[p])
+				b.Attn.Pos = append(b.Attn.Pos, int32(p))
+				b.Attn.SeqOf = append(b.Attn.SeqOf, seq)
+			}
+			b.Outputs = append(b.Outputs, len(b.Tokens)-1)
+			active = append(active, i)
+		}
+		sp.pass = active
+		if len(active) == 0 {
+			return
+		}
+		if need := len(b.Outputs) * vocab; cap(sp.draftLogits) < need {
+			sp.draftLogits = make([]float32, need)
+		}
+		logits := sp.draftLogits[:len(b.Outputs)*vocab]
+		if err := sp.draft.Forward(sp.draftKV, b, logits); err != nil {
+			for _, i := range active {
+				s := seqs[i]
+				s.Tokens, s.Drafts = s.Tokens[:len(s.Tokens)-s.Drafts], 0
+			}
+			e.log.Warn("the draft model's forward pass failed: no drafts this step", "err", err)
+			return
+		}
+		for o, i := range active {
+			s := seqs[i]
+			s.spec.draftLen = len(s.Tokens)
+			s.Tokens = append(s.Tokens, argmax(logits[o*vocab:(o+1)*vocab]))
+			s.Drafts++
+		}
+	}
+}
+
+// argmax is the index of the largest value, the lowest on ties.
+func argmax(v []float32) int32 {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return int32(best)
 }
 
 // mayDraft reports whether s drafts this step: a decoding sequence (its last token the
@@ -170,6 +282,7 @@ func (e *Engine) verify(logits []float32) {
 		}
 		s.Tokens = s.Tokens[:base+accepted] // the accepted drafts' KV is committed
 		s.Drafts = 0
+		s.spec.draftLen = min(s.spec.draftLen, len(s.Tokens)) // the rejected drafts' draft KV is stale
 		e.spec.drafted += uint64(k)
 		e.spec.accepted += uint64(accepted)
 		s.spec.drafted += k

@@ -9,8 +9,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"tandem/internal/fixtures"
 	"tandem/llm"
 	"tandem/metrics"
+	"tandem/model"
 )
 
 func TestPromptLookup(t *testing.T) {
@@ -83,9 +85,19 @@ var specPrompts = []string{
 
 // runSpec serves the requests at once on an engine with the given speculation and returns
 // each one's tokens and the engine's metrics registry.
+//
+// A spec of Method "draft" names the draft model's fixture in Draft's place: draftName.
 func runSpec(t *testing.T, name string, spec Speculation, reqs []*llm.Request) ([][]int32, *prometheus.Registry) {
 	t.Helper()
 	m, be := loadFixture(t, name, 2)
+	if spec.Method == SpecDraft {
+		d, err := model.Load(fixtures.Model(t, draftName[name]), be)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		spec.Draft = d
+	}
 	reg := prometheus.NewRegistry()
 	e, err := New(m, be, Config{KVBlocks: 512, Speculation: spec, Metrics: metrics.NewEngine(reg, "m")})
 	if err != nil {
@@ -106,6 +118,18 @@ func runSpec(t *testing.T, name string, spec Speculation, reqs []*llm.Request) (
 	return out, reg
 }
 
+// draftName is the draft model of each target in the tests: another file of its
+// vocabulary (the same weights in another type, or another model of the vocabulary).
+var draftName = map[string]string{
+	"stories260K-f32.gguf":        "stories260K-q8_0.gguf",
+	"rand-llama-tok512-q8_0.gguf": "rand-llama-tok512-f16.gguf",
+	"rand-qwen2-tok512-f32.gguf":  "rand-llama-tok512-f32.gguf",
+	"rand-qwen3-tok512-f32.gguf":  "rand-qwen3-tok512-f32.gguf",
+}
+
+// unrelatedDraft are the targets whose draft is another model: its drafts may all fail.
+var unrelatedDraft = map[string]bool{"rand-qwen2-tok512-f32.gguf": true}
+
 // Speculative decoding gives the tokens plain decoding gives: greedy on every family of
 // fixture models, and seeded sampling too (the sampler runs over the verify rows as over
 // decode steps), with requests that speculate batched with ones that do not; and the
@@ -122,17 +146,19 @@ func TestSpeculationSameTokens(t *testing.T) {
 				}
 			}
 			plain, _ := runSpec(t, name, Speculation{}, reqs)
-			spec, reg := runSpec(t, name, Speculation{Method: SpecNGram, MaxBatch: 64, MinAcceptance: 1e-9}, reqs)
-			for i := range reqs {
-				if !slices.Equal(plain[i], spec[i]) {
-					t.Errorf("request %d (temperature %v): with speculation %v, without %v", i, reqs[i].Sampling.Temperature, spec[i], plain[i])
+			for _, method := range []string{SpecNGram, SpecDraft} {
+				spec, reg := runSpec(t, name, Speculation{Method: method, MaxBatch: 64, MinAcceptance: 1e-9}, reqs)
+				for i := range reqs {
+					if !slices.Equal(plain[i], spec[i]) {
+						t.Errorf("%s: request %d (temperature %v): with speculation %v, without %v", method, i, reqs[i].Sampling.Temperature, spec[i], plain[i])
+					}
 				}
-			}
-			drafted := testutil.ToFloat64(findCounter(t, reg, "tandem:spec_decode_num_draft_tokens_total"))
-			accepted := testutil.ToFloat64(findCounter(t, reg, "tandem:spec_decode_num_accepted_tokens_total"))
-			t.Logf("%s: %v drafted, %v accepted", name, drafted, accepted)
-			if drafted == 0 || accepted == 0 {
-				t.Errorf("%v tokens drafted, %v accepted: speculation did not run", drafted, accepted)
+				drafted := testutil.ToFloat64(findCounter(t, reg, "tandem:spec_decode_num_draft_tokens_total"))
+				accepted := testutil.ToFloat64(findCounter(t, reg, "tandem:spec_decode_num_accepted_tokens_total"))
+				t.Logf("%s %s: %v drafted, %v accepted", name, method, drafted, accepted)
+				if drafted == 0 || accepted == 0 && (method != SpecDraft || !unrelatedDraft[name]) {
+					t.Errorf("%s: %v tokens drafted, %v accepted: speculation did not run", method, drafted, accepted)
+				}
 			}
 		})
 	}
@@ -176,6 +202,14 @@ func TestSpeculationUnderPreemption(t *testing.T) {
 	}
 	run := func(spec Speculation) [][]int32 {
 		mm, be := loadFixture(t, "stories260K-f32.gguf", 1)
+		if spec.Method == SpecDraft {
+			d, err := model.Load(fixtures.Model(t, "stories260K-q8_0.gguf"), be)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { d.Close() })
+			spec.Draft = d
+		}
 		e, err := New(mm, be, Config{KVBlocks: 24, BlockSize: 8, MaxBatchTokens: 32, Speculation: spec})
 		if err != nil {
 			t.Fatal(err)
@@ -194,10 +228,13 @@ func TestSpeculationUnderPreemption(t *testing.T) {
 		wg.Wait()
 		return out
 	}
-	plain, spec := run(Speculation{}), run(Speculation{Method: SpecNGram, Tokens: 8, MaxBatch: 64, MinAcceptance: 1e-9})
-	for i := range reqs {
-		if !slices.Equal(plain[i], spec[i]) {
-			t.Errorf("request %d: with speculation %v, without %v", i, spec[i], plain[i])
+	plain := run(Speculation{})
+	for _, method := range []string{SpecNGram, SpecDraft} {
+		spec := run(Speculation{Method: method, Tokens: 8, MaxBatch: 64, MinAcceptance: 1e-9})
+		for i := range reqs {
+			if !slices.Equal(plain[i], spec[i]) {
+				t.Errorf("%s: request %d: with speculation %v, without %v", method, i, spec[i], plain[i])
+			}
 		}
 	}
 }
@@ -210,6 +247,7 @@ func TestSpeculationConfig(t *testing.T) {
 		{Speculation{}, true},
 		{Speculation{Method: SpecNGram}, true},
 		{Speculation{Method: "eagle"}, false},
+		{Speculation{Method: SpecDraft}, false}, // no draft model
 		{Speculation{Method: SpecNGram, Tokens: 100}, false},
 		{Speculation{Method: SpecNGram, MinN: 4, MaxN: 2}, false},
 		{Speculation{Method: SpecNGram, MinAcceptance: 2}, false},

@@ -24,6 +24,7 @@ import (
 	"tandem/internal/version"
 	"tandem/llm"
 	"tandem/metrics"
+	"tandem/model"
 	"tandem/node"
 	"tandem/openai"
 	"tandem/orpc"
@@ -76,7 +77,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&loras, "lora", "a LoRA adapter NAME=PATH (a llama.cpp GGUF adapter or a PEFT directory) requests name in the model field (repeatable)")
 	maxLoras := fs.Int("max-loras", engine.DefaultMaxAdapters, "LoRA adapters kept in memory at once; the least recently used past it are read again when asked for")
 	runtimeLora := fs.Bool("allow-runtime-lora", false, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (they read paths the client names)")
-	specMethod := fs.String("speculative", engine.SpecOff, "speculative decoding: off or ngram (prompt lookup; the tokens are the same as without)")
+	specMethod := fs.String("speculative", engine.SpecOff, "speculative decoding: off, ngram (prompt lookup) or draft (--draft-model); the tokens are the same as without")
+	draftModel := fs.String("draft-model", "", "a smaller model of the same vocabulary that drafts tokens for speculative decoding (implies --speculative draft)")
 	specTokens := fs.Int("num-speculative-tokens", 4, "with --speculative: the most tokens drafted per step")
 	specBatch := fs.Int("speculative-max-batch", 8, "with --speculative: draft only while at most this many sequences run")
 	bk := addBackendFlags(fs)
@@ -147,6 +149,14 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	if !slices.Contains(engine.SpecMethods, *specMethod) {
 		return fmt.Errorf("--speculative %q: want one of %s", *specMethod, strings.Join(engine.SpecMethods, ", "))
 	}
+	switch {
+	case *draftModel != "" && *specMethod == engine.SpecOff:
+		*specMethod = engine.SpecDraft
+	case *draftModel != "" && *specMethod != engine.SpecDraft:
+		return fmt.Errorf("--draft-model drafts for --speculative draft, not %s", *specMethod)
+	case *draftModel == "" && *specMethod == engine.SpecDraft:
+		return errors.New("--speculative draft needs --draft-model")
+	}
 	if *specTokens < 1 || *specTokens > 64 {
 		return fmt.Errorf("--num-speculative-tokens %d: want 1..64", *specTokens)
 	}
@@ -216,6 +226,16 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	openTime := time.Since(t0) // node.Start prepares the weights (the sim backend never reads them)
 	weights.Progress = progressPrinters(stderr)
 
+	var draft *model.Model
+	if *draftModel != "" {
+		if draft, err = model.Load(*draftModel, be); err != nil {
+			return fmt.Errorf("--draft-model: %w", err)
+		}
+		defer draft.Close()
+		if draft.Config.VocabSize != m.Config.VocabSize {
+			return fmt.Errorf("--draft-model: its vocabulary has %d tokens, the model's %d: a draft needs the same vocabulary", draft.Config.VocabSize, m.Config.VocabSize)
+		}
+	}
 	name := *servedName
 	if name == "" {
 		// As vLLM names a model by its path: the file's or directory's name, not the
@@ -271,7 +291,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		Sim: bk.simTiming(), Replicas: *bk.replicas, SLA: *slaTargets,
 		ToolCallParser: *toolParser, ReasoningParser: *reasoningParser, Pooling: pool, Responses: responses,
 		LoRA: adapters, MaxLoRAs: *maxLoras, RuntimeLoRA: *runtimeLora,
-		Speculation: engine.Speculation{Method: *specMethod, Tokens: *specTokens, MaxBatch: *specBatch},
+		Speculation: engine.Speculation{Method: *specMethod, Tokens: *specTokens, MaxBatch: *specBatch, Draft: draft},
 		HTTP: node.HTTP{
 			Addr: net.JoinHostPort(*host, strconv.Itoa(*port)), TLSCert: *tlsCert, TLSKey: *tlsKey,
 			APIKey: *apiKey, PublicMetrics: *publicMetrics, BodyReadTimeout: *bodyTimeout, MinBodyRate: *minBodyRate,
