@@ -108,6 +108,9 @@ const (
 	// RequestTokens: min tokens, allowed tokens, prompt logprobs and embeddings
 	// (GenerateRequest), and their answers (GenerateEvent).
 	RequestTokens = 1
+	// RequestAdapters: the LoRA adapter a request runs under and its speculative decoding
+	// switch (GenerateRequest), and the adapters a worker serves (LoadReport).
+	RequestAdapters = 2
 )
 
 // Constraint formats (GenerateRequest's constraint, ModelCard.GrammarFormat).
@@ -256,6 +259,7 @@ func (r *LoadReport) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(r.Queued))
 	e.Uvarint(uint64(r.QueuedTokens))
 	e.Uvarint(uint64(r.CachedBlocks))
+	e.String(r.Adapters)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -279,6 +283,9 @@ func (r *LoadReport) UnmarshalORPC(d *orpc.Decoder) error {
 		r.Queued = uvint(d)
 		r.QueuedTokens = uvint(d)
 		r.CachedBlocks = uvint(d)
+	}
+	if d.Len() > 0 { // since LoRA adapters (RequestAdapters)
+		r.Adapters = d.String()
 	}
 	return d.Err()
 }
@@ -464,6 +471,9 @@ func (r *GenerateRequest) MarshalORPC(e *orpc.Encoder) {
 	e.Bool(r.PromptLogprobs)
 	e.Uvarint(uint64(max(r.PromptTopLogprobs, 0)))
 	e.String(string(r.Pooling))
+	// RequestAdapters.
+	e.String(r.Adapter)
+	e.Bool(r.NoSpeculation)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -532,6 +542,10 @@ func (r *GenerateRequest) UnmarshalORPC(d *orpc.Decoder) error {
 		r.PromptLogprobs = d.Bool()
 		r.PromptTopLogprobs = uvint(d)
 		r.Pooling = llm.Pooling(d.String())
+	}
+	if d.Len() > 0 {
+		r.Adapter = d.String()
+		r.NoSpeculation = d.Bool()
 	}
 	return d.Err()
 }

@@ -39,7 +39,7 @@ func TestRoundTrip(t *testing.T) {
 	roundTrip(t, &RegisterReply{WorkerID: 3, HeartbeatMs: 250, Router: "r", DispatchKey: 0x1234567890abcdef, HeartbeatTimeoutMs: 1000})
 	roundTrip(t, &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
 		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
-		Queued: 11, QueuedTokens: 12, CachedBlocks: 13}})
+		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, Adapters: "a@0123456789abcdef b@fedcba9876543210"}})
 	roundTrip(t, &KVEvents{WorkerID: 2, Events: []kvcache.Event{
 		{ID: 1, Kind: kvcache.EventStored, Parent: 0, Hashes: []uint64{1, 2}},
 		{ID: 2, Kind: kvcache.EventRemoved, Tier: kvcache.TierHost, Hashes: []uint64{2}},
@@ -50,7 +50,8 @@ func TestRoundTrip(t *testing.T) {
 		Sampling: llm.SamplingParams{Temperature: 0.5, TopK: 4, TopP: 0.9, MinP: 0.1, RepetitionPenalty: 1.1,
 			PresencePenalty: 0.2, FrequencyPenalty: -0.2, LogitBias: map[int32]float32{3: 1, 7: -2}, Seed: 42,
 			HasSeed: true, TopLogprobs: 2, Logprobs: true, MinTokens: 3, AllowedTokens: []int32{1, 5}},
-		Constraint: llm.Constraint{Grammar: `root ::= "a"`}, PromptLogprobs: true, PromptTopLogprobs: 4, Pooling: llm.PoolMean}, PredictedCached: 16})
+		Constraint: llm.Constraint{Grammar: `root ::= "a"`}, PromptLogprobs: true, PromptTopLogprobs: 4, Pooling: llm.PoolMean,
+		Adapter: "sql-lora", NoSpeculation: true}, PredictedCached: 16})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, Logprob: -0.5,
 		Top: []llm.TokenLogprob{{ID: 7, Logprob: -0.5}}, Finish: llm.FinishLength,
 		Usage: llm.Usage{PromptTokens: 3, CachedTokens: 1, CompletionTokens: 5}}})
@@ -66,7 +67,7 @@ func TestRequestTokensWireCompatibility(t *testing.T) {
 	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Constraint: llm.Constraint{Grammar: "root ::= \"x\""}}}
 	b := orpc.Marshal(req)
 	var got GenerateRequest
-	if err := orpc.Unmarshal(b[:len(b)-5], &got); err != nil || got.Constraint != req.Constraint || got.Sampling.MinTokens != 0 {
+	if err := orpc.Unmarshal(b[:len(b)-2-5], &got); err != nil || got.Constraint != req.Constraint || got.Sampling.MinTokens != 0 { // the RequestAdapters fields follow
 		t.Errorf("request without the RequestTokens fields: %+v, %v", got, err)
 	}
 	card := orpc.Marshal(&ModelCard{Version: Version, Model: "m", GrammarFormat: GrammarGBNF})
@@ -79,6 +80,31 @@ func TestRequestTokensWireCompatibility(t *testing.T) {
 	full := orpc.Marshal(&GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 5, Embedding: []float32{1}}})
 	if len(full) <= len(plain) || string(full[:len(plain)]) != string(plain) {
 		t.Errorf("the event's new fields are not a trailing addition: %x, %x", plain, full)
+	}
+}
+
+// The RequestAdapters fields are trailing: a request or load report from a process that
+// predates them decodes with no adapter.
+func TestRequestAdaptersWireCompatibility(t *testing.T) {
+	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Adapter: "a", NoSpeculation: true, Pooling: llm.PoolLast}}
+	b := orpc.Marshal(req)
+	var got GenerateRequest
+	if err := orpc.Unmarshal(b[:len(b)-3], &got); err != nil || got.Adapter != "" || got.NoSpeculation || got.Pooling != llm.PoolLast {
+		t.Errorf("request without the RequestAdapters fields: %+v, %v", got, err)
+	}
+	rep := orpc.Marshal(&LoadReport{WorkerID: 1, Load: llm.Load{CachedBlocks: 3, Adapters: "a@1"}})
+	var r LoadReport
+	if err := orpc.Unmarshal(rep[:len(rep)-4], &r); err != nil || r.Adapters != "" || r.CachedBlocks != 3 {
+		t.Errorf("load report without the adapters: %+v, %v", r, err)
+	}
+	l := llm.Load{Adapters: llm.AdapterList([]llm.AdapterInfo{{Name: "a", ID: "11"}, {Name: "bb", ID: "22"}})}
+	for _, tc := range []struct {
+		name, id string
+		ok       bool
+	}{{"a", "11", true}, {"bb", "22", true}, {"b", "", false}, {"", "", false}} {
+		if id, ok := l.Adapter(tc.name); id != tc.id || ok != tc.ok {
+			t.Errorf("Adapter(%q) in %q: %q %v", tc.name, l.Adapters, id, ok)
+		}
 	}
 }
 
@@ -99,7 +125,7 @@ func TestErrorEvents(t *testing.T) {
 func TestConstraintWireCompatibility(t *testing.T) {
 	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Resumed: 0}, DispatchSeq: 3}
 	b := orpc.Marshal(req)
-	old := b[:len(b)-2-5] // uvarint format 0, empty string; the RequestTokens fields
+	old := b[:len(b)-2-5-2] // uvarint format 0, empty string; the RequestTokens and RequestAdapters fields
 	var got GenerateRequest
 	if err := orpc.Unmarshal(old, &got); err != nil || !got.Constraint.IsZero() || got.DispatchSeq != 3 {
 		t.Errorf("request without the constraint field: %+v, %v", got, err)
@@ -111,7 +137,7 @@ func TestConstraintWireCompatibility(t *testing.T) {
 	}
 	// A format this worker does not know is refused, not ignored.
 	e := orpc.Marshal(&GenerateRequest{Request: llm.Request{ID: "r"}})
-	e = append(e[:len(e)-2-5], 9, 1, 'x')
+	e = append(e[:len(e)-2-5-2], 9, 1, 'x')
 	if err := orpc.Unmarshal(e, new(GenerateRequest)); err == nil {
 		t.Error("an unknown constraint format decoded")
 	}

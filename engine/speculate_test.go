@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -255,6 +256,61 @@ func TestSpeculationConfig(t *testing.T) {
 		err := tc.spec.fill()
 		if (err == nil) != tc.ok {
 			t.Errorf("%+v: error %v, want ok %v", tc.spec, err, tc.ok)
+		}
+	}
+}
+
+// Speculating and adapting cost no allocations per token beyond plain decoding's: the
+// drafts, the verify rows' picks and the batch's adapters reuse their buffers.
+func TestSpeculationAndAdaptersAllocateNothingPerToken(t *testing.T) {
+	m, be := loadFixture(t, "stories260K-f32.gguf", 1)
+	paths := writeAdapters(t, m, 1)
+	d, err := model.Load(fixtures.Model(t, "stories260K-q8_0.gguf"), be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	prompt := m.Tokenizer.Encode("Tom had a red ball. Tom had a red ball. Tom", true, false)
+	perToken := func(spec Speculation, adapter string) float64 {
+		e, err := New(m, be, Config{KVBlocks: 64, Speculation: spec, ServedName: "s"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.LoadAdapter(context.Background(), "a0", paths[0]); err != nil {
+			t.Fatal(err)
+		}
+		runEngine(t, e)
+		run := func(n int) uint64 {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for range 4 {
+				s, err := e.Generate(context.Background(), &llm.Request{Prompt: prompt, MaxTokens: n, IgnoreEOS: true, Adapter: adapter})
+				if err != nil {
+					t.Fatal(err)
+				}
+				collect(t, s)
+			}
+			runtime.ReadMemStats(&after)
+			return after.Mallocs - before.Mallocs
+		}
+		run(60) // warm up
+		short, long := run(10), run(70)
+		return (float64(long) - float64(short)) / (4 * 60)
+	}
+	plain := perToken(Speculation{}, "")
+	for _, tc := range []struct {
+		name    string
+		spec    Speculation
+		adapter string
+	}{
+		{"ngram", Speculation{Method: SpecNGram, MinAcceptance: 1e-9}, ""},
+		{"draft+adapter", Speculation{Method: SpecDraft, Draft: d, MinAcceptance: 1e-9}, "a0"},
+		{"adapter", Speculation{}, "a0"},
+	} {
+		got := perToken(tc.spec, tc.adapter)
+		t.Logf("%s: %.2f allocations per token, plain %.2f", tc.name, got, plain)
+		if got > plain+0.5 {
+			t.Errorf("%s: %.2f allocations per token, plain decoding %.2f", tc.name, got, plain)
 		}
 	}
 }

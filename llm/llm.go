@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 )
 
@@ -260,4 +261,33 @@ type Load struct {
 	// the report counts every dispatch.
 	Received uint64
 	Tracked  bool
+	// Adapters are the LoRA adapters the worker serves, each NAME@ID (its name and the
+	// hash of its content, which its KV's block hash salt includes), separated by spaces
+	// (a name has none): a string, so that a Load stays comparable.
+	Adapters string
+}
+
+// Adapter returns the content ID of the adapter name among l.Adapters.
+func (l *Load) Adapter(name string) (id string, ok bool) {
+	rest := l.Adapters
+	for rest != "" {
+		var one string
+		one, rest, _ = strings.Cut(rest, " ")
+		if n, id, _ := strings.Cut(one, "@"); n == name {
+			return id, true
+		}
+	}
+	return "", false
+}
+
+// AdapterList is adapters as Load.Adapters lists them.
+func AdapterList(adapters []AdapterInfo) string {
+	var b strings.Builder
+	for i, a := range adapters {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(a.Name + "@" + a.ID)
+	}
+	return b.String()
 }

@@ -445,7 +445,7 @@ func (n *Node) join() error {
 			Salt: kvcache.Salt(cfg.Name, "", ""), KVBlocks: n.blocks, ContextLen: n.contextLen,
 			TokenizerFormat: tokFormat, TokenizerFiles: tokFiles, ChatTemplate: m.ChatTemplate,
 			GrammarFormat: cluster.GrammarGBNF, ToolCallParser: cfg.ToolCallParser, ReasoningParser: cfg.ReasoningParser,
-			RequestLevel: cluster.RequestTokens, Pooling: string(cfg.Pooling),
+			RequestLevel: cluster.RequestAdapters, Pooling: string(cfg.Pooling),
 			Startup: n.startup,
 		},
 		Node:       cc.NodeName,

@@ -1,8 +1,14 @@
 package router
 
 import (
+	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
+
+	"tandem/kvcache"
+	"tandem/llm"
 )
 
 // A Request is what the policy needs to know of a request.
@@ -24,6 +30,9 @@ type Request struct {
 	// Key names the request for breaking ties between equally good workers (see
 	// State.Decide); 0 derives one from Hashes and PromptTokens.
 	Key uint64
+	// Adapter, if set, is the LoRA adapter the request runs under: only workers whose
+	// reports list it are considered (and Hashes are salted with it: State.AdapterSalt).
+	Adapter string
 }
 
 // Cost is the breakdown of cost(w) = OverlapWeight·Prefill + Decode, in
@@ -71,8 +80,13 @@ func (s *State) Decide(req Request) (Decision, error) {
 	s.seq++
 	cands := s.cands[:0]
 	healthy, stale := 0, 0
+	lacking := 0 // healthy workers without the request's adapter
 	for _, w := range s.workers {
 		if !w.Healthy || !req.Pool.admits(w.Card.Role) || w.Stale && s.cfg.RequireKVEvents {
+			continue
+		}
+		if !w.serves(req.Adapter) {
+			lacking++
 			continue
 		}
 		healthy++
@@ -84,6 +98,9 @@ func (s *State) Decide(req Request) (Decision, error) {
 		}
 	}
 	s.cands = cands
+	if healthy == 0 && lacking > 0 {
+		return Decision{}, fmt.Errorf("%w: %q", ErrNoAdapter, req.Adapter)
+	}
 	if healthy == 0 {
 		return Decision{}, ErrNoWorkers
 	}
@@ -113,7 +130,7 @@ func (s *State) Decide(req Request) (Decision, error) {
 	sticky := req.SessionID != "" && s.cfg.AffinityTTL > 0
 	if sticky {
 		if b, ok := s.sessions[req.SessionID]; ok && req.Now.Before(b.expires) {
-			if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) && req.Pool.admits(w.Card.Role) {
+			if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) && req.Pool.admits(w.Card.Role) && w.serves(req.Adapter) {
 				pick, reason = w, ReasonAffinity
 			}
 		}
@@ -154,6 +171,48 @@ func (s *State) Decide(req Request) (Decision, error) {
 	}
 	d.Inflight = s.AddInflight(pick.ID, promptBlocks, host)
 	return d, nil
+}
+
+// serves reports whether w serves the LoRA adapter (the base model: "").
+func (w *WorkerState) serves(adapter string) bool {
+	if adapter == "" {
+		return true
+	}
+	_, ok := w.Report.Adapter(adapter)
+	return ok
+}
+
+// AdapterSalt returns the block hash salt of the adapter's sequences as the workers that
+// serve it hash them (kvcache.Salt of the model and NAME@ID, docs/block-hashing.md), from
+// the first one's report that lists it; false when none does.
+func (s *State) AdapterSalt(adapter string) (uint64, bool) {
+	for _, w := range s.workers {
+		if id, ok := w.Report.Adapter(adapter); ok {
+			return kvcache.Salt(s.card.Model, "", adapter+"@"+id), true
+		}
+	}
+	return 0, false
+}
+
+// Adapters lists the LoRA adapters the workers serve, each once, with the ID the first
+// report listing it gave.
+func (s *State) Adapters() []llm.AdapterInfo {
+	var out []llm.AdapterInfo
+	seen := map[string]bool{}
+	for _, w := range s.workers {
+		rest := w.Report.Adapters
+		for rest != "" {
+			var one string
+			one, rest, _ = strings.Cut(rest, " ")
+			name, id, _ := strings.Cut(one, "@")
+			if name != "" && !seen[name] {
+				seen[name] = true
+				out = append(out, llm.AdapterInfo{Name: name, ID: id, Resident: true})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b llm.AdapterInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }
 
 // unknownOverlap gives the stale candidates, whose index entries cannot be trusted, the

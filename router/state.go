@@ -196,6 +196,9 @@ var (
 	// ErrAllBusy: every healthy worker is busy; the caller queues the
 	// request with a timeout, then answers 429 (or 503) with Retry-After.
 	ErrAllBusy = fmt.Errorf("router: every healthy worker is busy: %w", llm.ErrQueueFull)
+	// ErrNoAdapter: healthy workers are there, but none serves the request's LoRA adapter
+	// (answer 400).
+	ErrNoAdapter = fmt.Errorf("router: no healthy worker serves the LoRA adapter: %w", llm.ErrInvalid)
 	// ErrUnknownWorker: the worker is not registered.
 	ErrUnknownWorker = errors.New("router: unknown worker")
 )

@@ -40,6 +40,12 @@ type StatsEngine interface {
 	Stats() engine.Stats
 }
 
+// adapterEngine is an Engine that serves LoRA adapters (tandem/engine.Engine does): the
+// load reports list them, so that the router sends an adapter's requests where it is.
+type adapterEngine interface {
+	Adapters() []llm.AdapterInfo
+}
+
 // Config configures a Worker.
 type Config struct {
 	Engine Engine
@@ -579,6 +585,9 @@ func (w *Worker) Load() cluster.LoadReport {
 		l.Healthy = !w.Draining()
 		l.StepMicros = int(st.LastStep / time.Microsecond)
 		l.StepTokens = st.LastStepTokens
+		if ae, ok := w.cfg.Engine.(adapterEngine); ok {
+			l.Adapters = llm.AdapterList(ae.Adapters())
+		}
 		return cluster.LoadReport{Load: l}
 	}
 	st := w.cfg.Engine.Pool().Stats()

@@ -89,8 +89,18 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 	l, m := s.b.l, s.b.m
 	l.mu.Lock()
 	c, _ := m.state.Card()
+	salt := c.Salt
+	if req.Adapter != "" {
+		// The adapter's sequences hash with its own salt: the index keys their blocks
+		// apart from the base model's and every other adapter's.
+		var ok bool
+		if salt, ok = m.state.AdapterSalt(req.Adapter); !ok {
+			l.mu.Unlock()
+			return fmt.Errorf("%w: %q", router.ErrNoAdapter, req.Adapter)
+		}
+	}
 	l.mu.Unlock()
-	hashes := kvcache.HashBlocks(c.Salt, req.Prompt, c.BlockSize, nil)
+	hashes := kvcache.HashBlocks(salt, req.Prompt, c.BlockSize, nil)
 	greq := &cluster.GenerateRequest{Request: *req}
 	var lastErr error
 	var deadline time.Time
@@ -107,7 +117,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 		changed := l.changedCh() // before the state is read: a later change wakes us
 		l.mu.Lock()
 		l.drainLocked()
-		d, err := s.decide(router.Request{Hashes: hashes, PromptTokens: len(req.Prompt), SessionID: s.session, Now: t0})
+		d, err := s.decide(router.Request{Hashes: hashes, PromptTokens: len(req.Prompt), SessionID: s.session, Now: t0, Adapter: req.Adapter})
 		var w *liveWorker
 		if err == nil {
 			w = l.workers[d.Worker]

@@ -734,11 +734,34 @@ func (l *Router) rebuildAPILocked() {
 			NoConstraints:   m.card.GrammarFormat < cluster.GrammarGBNF,
 			NoTokenControls: m.card.RequestLevel < cluster.RequestTokens,
 			Pooling:         llm.Pooling(m.card.Pooling),
+			Adapters:        &clusterAdapters{l: l, m: m},
 		})
 	}
 	slices.SortFunc(models, func(a, b *openai.Model) int { return cmp.Compare(a.ID, b.ID) })
 	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet, Responses: l.cfg.Responses})
 	l.api.Store(&h)
+}
+
+// clusterAdapters is the LoRA adapters of a model's workers, as their load reports list
+// them: /v1/models shows them, and a request naming one is routed to a worker that serves
+// it. Adapters are loaded on the workers (their --lora or run-time API), not here.
+type clusterAdapters struct {
+	l *Router
+	m *liveModel
+}
+
+func (a *clusterAdapters) Adapters() []llm.AdapterInfo {
+	a.l.mu.Lock()
+	defer a.l.mu.Unlock()
+	return a.m.state.Adapters()
+}
+
+func (a *clusterAdapters) LoadAdapter(ctx context.Context, name, path string) error {
+	return fmt.Errorf("%w: load LoRA adapters on the workers (their --lora or /v1/load_lora_adapter), not on the router", llm.ErrInvalid)
+}
+
+func (a *clusterAdapters) UnloadAdapter(name string) error {
+	return fmt.Errorf("%w: unload LoRA adapters on the workers, not on the router", llm.ErrInvalid)
 }
 
 // knownOr is a parser name from a worker's card when the router knows it, else "" (chosen
