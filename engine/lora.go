@@ -66,6 +66,9 @@ func (e *Engine) readAdapter(path string) (*model.Adapter, error) {
 	if e.runner == nil {
 		return nil, fmt.Errorf("%w: this engine's backend (a modelled forward pass) cannot apply LoRA adapters", llm.ErrInvalid)
 	}
+	if err := model.CanAdapt(e.runner.Be); err != nil {
+		return nil, fmt.Errorf("%w: %v", llm.ErrInvalid, err)
+	}
 	t0 := time.Now()
 	a, err := model.LoadAdapter(path, e.m, e.runner.Be)
 	if met := e.cfg.Metrics; met != nil {

@@ -314,3 +314,28 @@ func TestSpeculationAndAdaptersAllocateNothingPerToken(t *testing.T) {
 		}
 	}
 }
+
+// A sequence whose drafts are seldom accepted stops drafting for a while: on text that does
+// not repeat (a random model's), the default acceptance floor drafts far fewer tokens than
+// no floor, with the same output.
+func TestSpeculationPausesWhenItDoesNotPay(t *testing.T) {
+	const name = "rand-llama-tok512-q8_0.gguf"
+	m, _ := loadFixture(t, name, 1)
+	var reqs []*llm.Request
+	for _, p := range specPrompts {
+		reqs = append(reqs, &llm.Request{Prompt: m.Tokenizer.Encode(p, true, false), MaxTokens: 100, IgnoreEOS: true})
+	}
+	always, regAlways := runSpec(t, name, Speculation{Method: SpecNGram, MaxBatch: 64, MinAcceptance: 1e-9}, reqs)
+	paused, regPaused := runSpec(t, name, Speculation{Method: SpecNGram, MaxBatch: 64}, reqs)
+	for i := range reqs {
+		if !slices.Equal(always[i], paused[i]) {
+			t.Errorf("request %d: %v with pauses, %v without", i, paused[i], always[i])
+		}
+	}
+	a := testutil.ToFloat64(findCounter(t, regAlways, "tandem:spec_decode_num_draft_tokens_total"))
+	p := testutil.ToFloat64(findCounter(t, regPaused, "tandem:spec_decode_num_draft_tokens_total"))
+	t.Logf("%v tokens drafted without a floor, %v with", a, p)
+	if p > 0.75*a {
+		t.Errorf("%v tokens drafted with the acceptance floor, %v without: it did not pause", p, a)
+	}
+}

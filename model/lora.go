@@ -451,6 +451,18 @@ func (m *Model) qkPermutation(ts TensorSpec, neox bool) func(row int) int {
 	}
 }
 
+// CanAdapt reports why be cannot apply LoRA adapters (nil: it can): it lacks the low-rank
+// op, or it runs a step as one captured unit, which the updates would change.
+func CanAdapt(be hal.Backend) error {
+	if _, ok := be.(hal.LowRanker); !ok {
+		return fmt.Errorf("model: the %s backend has no low-rank op: it cannot apply LoRA adapters", be.Name())
+	}
+	if _, ok := be.(hal.StepCapturer); ok {
+		return fmt.Errorf("model: the %s backend captures steps, which LoRA adapters would change: it cannot apply them", be.Name())
+	}
+	return nil
+}
+
 // loraStep is a Runner's view of a step's adapters: the runs of rows that take an adapter.
 type loraStep struct {
 	op    hal.LowRanker // the backend's, nil where it has none
