@@ -194,6 +194,19 @@ func (s *State) AdapterSalt(adapter string) (uint64, bool) {
 	return 0, false
 }
 
+// NoteAdapter records that worker id serves the LoRA adapter name of content ID id (it
+// answered a load) until its next load report says otherwise.
+func (s *State) NoteAdapter(worker WorkerID, name, id string) {
+	w := s.lookup(worker)
+	if w == nil || w.serves(name) {
+		return
+	}
+	if w.Report.Adapters != "" {
+		w.Report.Adapters += " "
+	}
+	w.Report.Adapters += name + "@" + id
+}
+
 // Adapters lists the LoRA adapters the workers serve, each once, with the ID the first
 // report listing it gave.
 func (s *State) Adapters() []llm.AdapterInfo {

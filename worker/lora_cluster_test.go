@@ -9,12 +9,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"tandem/hal/cpu"
 	"tandem/internal/fixtures"
 	"tandem/model"
 	"tandem/openai"
 	"tandem/router"
+	"tandem/router/live"
 )
 
 // A router learns the workers' LoRA adapters from their load reports: /v1/models lists
@@ -60,25 +62,7 @@ func TestClusterRoutesByAdapter(t *testing.T) {
 		return false
 	})
 
-	post := func(base, model string) (int, string, string) {
-		t.Helper()
-		resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(
-			`{"model":"`+model+`","prompt":"`+longPrompt+`","max_tokens":16,"temperature":0}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		var out struct {
-			Choices []struct{ Text string }
-		}
-		json.Unmarshal(b, &out)
-		text := string(b)
-		if len(out.Choices) > 0 {
-			text = out.Choices[0].Text
-		}
-		return resp.StatusCode, text, resp.Header.Get(openai.WorkerHeader)
-	}
+	post := func(base, model string) (int, string, string) { return completeAdapter(t, base, model) }
 	// The engine's own answer under the adapter.
 	direct := directAdapters(t, with)
 	_, want, _ := post(direct, "tell")
@@ -94,6 +78,93 @@ func TestClusterRoutesByAdapter(t *testing.T) {
 	if code, _, _ := post(c.router.URL(), modelName); code != 200 {
 		t.Errorf("the base model: %d", code)
 	}
+}
+
+// completeAdapter posts a greedy completion of longPrompt under model (an adapter's name)
+// to base and returns the status, the text (or the body of an error) and the worker.
+func completeAdapter(t *testing.T, base, model string) (int, string, string) {
+	t.Helper()
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(
+		`{"model":"`+model+`","prompt":"`+longPrompt+`","max_tokens":16,"temperature":0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var out struct {
+		Choices []struct{ Text string }
+	}
+	json.Unmarshal(b, &out)
+	text := string(b)
+	if len(out.Choices) > 0 {
+		text = out.Choices[0].Text
+	}
+	return resp.StatusCode, text, resp.Header.Get(openai.WorkerHeader)
+}
+
+// writeTestAdapter writes a random adapter of the stories fixture and returns its path.
+func writeTestAdapter(t *testing.T) string {
+	t.Helper()
+	be := cpu.New(1)
+	defer be.Close()
+	m, err := model.Load(fixtures.Model(t, "stories260K-f32.gguf"), be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	a, err := model.RandomAdapter(m, 4, 8, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "tell.gguf")
+	if err := a.WriteGGUF(path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// The router's run-time adapter API loads an adapter on a worker and routes its requests
+// there; when that worker leaves, the next request loads it on another; an unload through
+// the router unloads it from the workers.
+func TestClusterRouterLoadsAdapters(t *testing.T) {
+	path := writeTestAdapter(t)
+	c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond, HeartbeatTimeout: 2 * time.Second,
+		RuntimeLoRA: true})
+	token := c.router.Token.String()
+	nodes := map[string]*node{"w1": c.addWorker("w1", token, 0), "w2": c.addWorker("w2", token, 0)}
+	c.waitWorkers(2)
+	postAPI := func(path, body string) (int, string) {
+		resp, err := http.Post(c.router.URL()+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := postAPI("/v1/load_lora_adapter", `{"lora_name":"tell","lora_path":"/nowhere"}`); code != 400 {
+		t.Errorf("a bad path: %d %s, want 400", code, body)
+	}
+	if code, body := postAPI("/v1/load_lora_adapter", `{"lora_name":"tell","lora_path":"`+path+`"}`); code != 200 {
+		t.Fatalf("load through the router: %d %s", code, body)
+	}
+	code, want, first := completeAdapter(t, c.router.URL(), "tell")
+	if code != 200 || nodes[first] == nil {
+		t.Fatalf("a completion under the loaded adapter: %d %q from %q", code, want, first)
+	}
+	nodes[first].stop()
+	c.waitWorkers(1)
+	code, got, second := completeAdapter(t, c.router.URL(), "tell")
+	if code != 200 || second == first || got != want {
+		t.Errorf("after %s left: %d %q from %q; want 200 %q from the other worker", first, code, got, second, want)
+	}
+	if code, body := postAPI("/v1/unload_lora_adapter", `{"lora_name":"tell"}`); code != 200 {
+		t.Errorf("unload through the router: %d %s", code, body)
+	}
+	waitFor(t, "the unload to reach the reports", func() bool {
+		code, _, _ := completeAdapter(t, c.router.URL(), "tell")
+		return code == http.StatusNotFound
+	})
 }
 
 // directAdapters serves a worker's engine's own API with its adapters, as a single node

@@ -297,6 +297,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	orpc.Unary(w.srv, cluster.MethodSnapshot, w.snapshot)
 	w.registerKV(w.srv)
 	w.registerWeights(w.srv)
+	w.registerAdapters(w.srv)
 	defer w.closePeers()
 	l, err := w.srv.ListenPacket(pc, id.ServerTLS())
 	if err != nil {

@@ -89,17 +89,16 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 	l, m := s.b.l, s.b.m
 	l.mu.Lock()
 	c, _ := m.state.Card()
+	l.mu.Unlock()
 	salt := c.Salt
 	if req.Adapter != "" {
 		// The adapter's sequences hash with its own salt: the index keys their blocks
 		// apart from the base model's and every other adapter's.
-		var ok bool
-		if salt, ok = m.state.AdapterSalt(req.Adapter); !ok {
-			l.mu.Unlock()
-			return fmt.Errorf("%w: %q", router.ErrNoAdapter, req.Adapter)
+		var err error
+		if salt, err = l.adapterSalt(ctx, m, req.Adapter); err != nil {
+			return err
 		}
 	}
-	l.mu.Unlock()
 	hashes := kvcache.HashBlocks(salt, req.Prompt, c.BlockSize, nil)
 	greq := &cluster.GenerateRequest{Request: *req}
 	var lastErr error

@@ -62,6 +62,10 @@ type Config struct {
 	// Responses keeps the Responses API's stored responses, for every model and worker:
 	// the router's API stores them itself, so a response is found whatever worker served it.
 	Responses openai.ResponseStore
+	// RuntimeLoRA serves POST /v1/load_lora_adapter and /v1/unload_lora_adapter: the
+	// router loads an adapter (a path on the workers' machines) on a worker and routes
+	// its requests there, loading it again where none serves it.
+	RuntimeLoRA bool
 	// Disagg configures disaggregated prefill and decode, for models with prefill workers.
 	Disagg  router.DisaggConfig
 	Logger  *slog.Logger
@@ -104,6 +108,10 @@ type liveModel struct {
 	tok     *tokenizer.Tokenizer
 	state   *router.State
 	created int64
+	// adapters are the paths of the LoRA adapters loaded through the router's run-time
+	// API (guarded by the router's lock): where none of its workers serves one, the router
+	// loads it on one (lora.go).
+	adapters map[string]string
 }
 
 type liveWorker struct {
@@ -738,30 +746,8 @@ func (l *Router) rebuildAPILocked() {
 		})
 	}
 	slices.SortFunc(models, func(a, b *openai.Model) int { return cmp.Compare(a.ID, b.ID) })
-	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet, Responses: l.cfg.Responses})
+	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet, Responses: l.cfg.Responses, RuntimeLoRA: l.cfg.RuntimeLoRA})
 	l.api.Store(&h)
-}
-
-// clusterAdapters is the LoRA adapters of a model's workers, as their load reports list
-// them: /v1/models shows them, and a request naming one is routed to a worker that serves
-// it. Adapters are loaded on the workers (their --lora or run-time API), not here.
-type clusterAdapters struct {
-	l *Router
-	m *liveModel
-}
-
-func (a *clusterAdapters) Adapters() []llm.AdapterInfo {
-	a.l.mu.Lock()
-	defer a.l.mu.Unlock()
-	return a.m.state.Adapters()
-}
-
-func (a *clusterAdapters) LoadAdapter(ctx context.Context, name, path string) error {
-	return fmt.Errorf("%w: load LoRA adapters on the workers (their --lora or /v1/load_lora_adapter), not on the router", llm.ErrInvalid)
-}
-
-func (a *clusterAdapters) UnloadAdapter(name string) error {
-	return fmt.Errorf("%w: unload LoRA adapters on the workers, not on the router", llm.ErrInvalid)
 }
 
 // knownOr is a parser name from a worker's card when the router knows it, else "" (chosen
