@@ -53,3 +53,40 @@ func TestDecideByAdapter(t *testing.T) {
 		t.Errorf("Adapters() = %+v", got)
 	}
 }
+
+// A request under an adapter the caller can load may go to a worker without it, at
+// AdapterLoadCost more, when the workers that serve it are busier than that: the decision
+// then says to load it there.
+func TestDecideAdapterLoadCost(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		loadCost float64
+		loadable bool
+		decode   int // the adapter's worker's decode blocks
+		want     WorkerID
+		load     bool
+	}{
+		{"busy holder: load elsewhere", 64, true, 1000, 1, true},
+		{"light holder: stay", 64, true, 10, 2, false},
+		{"not loadable: stay", 64, false, 1000, 2, false},
+		{"no load cost: stay", 0, true, 1000, 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.AdapterLoadCost = tc.loadCost
+			s := newTestState(t, cfg, 1, 2)
+			setLoad(t, s, 1, load{})
+			r := load{decode: tc.decode}.report()
+			r.Adapters = "tell@bb"
+			if err := s.Report(2, r, t0); err != nil {
+				t.Fatal(err)
+			}
+			rq := req([]int32{1, 2, 3})
+			rq.Adapter, rq.AdapterLoadable = "tell", tc.loadable
+			d := decide(t, s, rq)
+			if d.Worker != tc.want || d.LoadAdapter != tc.load {
+				t.Errorf("worker %d, load %v; want %d, %v (cost %+v)", d.Worker, d.LoadAdapter, tc.want, tc.load, d.Cost)
+			}
+		})
+	}
+}

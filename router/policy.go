@@ -31,8 +31,11 @@ type Request struct {
 	// State.Decide); 0 derives one from Hashes and PromptTokens.
 	Key uint64
 	// Adapter, if set, is the LoRA adapter the request runs under: only workers whose
-	// reports list it are considered (and Hashes are salted with it: State.AdapterSalt).
-	Adapter string
+	// reports list it are considered (and Hashes are salted with it: State.AdapterSalt),
+	// unless AdapterLoadable says the caller can load it on another, which then costs
+	// Config.AdapterLoadCost more.
+	Adapter         string
+	AdapterLoadable bool
 }
 
 // Cost is the breakdown of cost(w) = OverlapWeight·Prefill + Decode, in
@@ -65,6 +68,9 @@ type Decision struct {
 	// Inflight is the record Decide added to the worker's predicted load; see
 	// State.PrefillDone and State.RemoveInflight.
 	Inflight Inflight
+	// LoadAdapter says the worker lacks the request's adapter: the caller loads it there
+	// first (Request.AdapterLoadable).
+	LoadAdapter bool
 }
 
 // Decide routes req with s's policy; it is s.Decide.
@@ -85,7 +91,8 @@ func (s *State) Decide(req Request) (Decision, error) {
 		if !w.Healthy || !req.Pool.admits(w.Card.Role) || w.Stale && s.cfg.RequireKVEvents {
 			continue
 		}
-		if !w.serves(req.Adapter) {
+		w.lacks = !w.serves(req.Adapter)
+		if w.lacks && (!req.AdapterLoadable || s.cfg.AdapterLoadCost <= 0) {
 			lacking++
 			continue
 		}
@@ -170,6 +177,7 @@ func (s *State) Decide(req Request) (Decision, error) {
 		Candidates:   len(cands),
 	}
 	d.Inflight = s.AddInflight(pick.ID, promptBlocks, host)
+	d.LoadAdapter = pick.lacks
 	return d, nil
 }
 
@@ -269,7 +277,11 @@ func (s *State) fastCost(w *WorkerState, blocks, inv float64) (total, load float
 	}
 	pre := max(0, float64(w.Report.PrefillTokens)*inv+float64(w.dPrefill))
 	dec := float64(max(0, w.Report.DecodeBlocks+w.dDecode))
-	return s.cfg.OverlapWeight*(max(0, blocks-cached)+pre) + dec, pre + dec
+	total = s.cfg.OverlapWeight*(max(0, blocks-cached)+pre) + dec
+	if w.lacks {
+		total += s.cfg.AdapterLoadCost
+	}
+	return total, pre + dec
 }
 
 // cost is w's cost for a prompt of blocks blocks.
@@ -278,7 +290,11 @@ func (s *State) cost(w *WorkerState, blocks float64) Cost {
 	cached := float64(dev) + s.cfg.HostWeight*float64(host-dev)
 	prefill := max(0, blocks-cached) + w.PrefillBlocks()
 	decode := w.DecodeBlocks()
-	return Cost{Prefill: prefill, Decode: decode, Total: s.cfg.OverlapWeight*prefill + decode}
+	c := Cost{Prefill: prefill, Decode: decode, Total: s.cfg.OverlapWeight*prefill + decode}
+	if w.lacks {
+		c.Total += s.cfg.AdapterLoadCost
+	}
+	return c
 }
 
 // kv picks by the cost function: the cheapest worker at temperature 0 (ties broken by

@@ -64,6 +64,13 @@ type Config struct {
 	// missing) instead of counting their overlap as unknown.
 	RequireKVEvents bool
 
+	// AdapterLoadCost is what loading a LoRA adapter on a worker costs, in the cost
+	// function's blocks: a request under an adapter the router can load
+	// (Request.AdapterLoadable) may go to a worker without it at this extra cost, which
+	// then loads it (Decision.LoadAdapter); 0 keeps such requests on the workers that
+	// serve the adapter.
+	AdapterLoadCost float64
+
 	// Card is the model's card. If its BlockSize is 0 the first worker's card
 	// is adopted.
 	Card Card
@@ -79,6 +86,8 @@ func DefaultConfig() Config {
 		BusyKVUsage:   0.95,
 		BusyWaiting:   16,
 		AffinityTTL:   10 * time.Minute,
+
+		AdapterLoadCost: 64,
 	}
 }
 
@@ -93,6 +102,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("router: host weight %v must be in [0, 1]", c.HostWeight)
 	case bad(c.BusyKVUsage):
 		return fmt.Errorf("router: busy KV usage %v must be finite and ≥ 0", c.BusyKVUsage)
+	case bad(c.AdapterLoadCost):
+		return fmt.Errorf("router: adapter load cost %v must be finite and ≥ 0", c.AdapterLoadCost)
 	case c.BusyWaiting < 0:
 		return fmt.Errorf("router: busy waiting %d must be ≥ 0", c.BusyWaiting)
 	case c.Card.BlockSize < 0:
@@ -137,6 +148,7 @@ type WorkerState struct {
 	dDecode  int    // decode blocks dispatched since the report
 	dWaiting int    // requests dispatched since the report, before their first token
 	stamp    uint64 // decision whose overlap ovDev/ovHost hold
+	lacks    bool   // this decision: the worker lacks the request's adapter (AdapterLoadCost)
 	ovDev    int
 	ovHost   int
 	ix       *workerRec // the index's record: its block count

@@ -111,12 +111,19 @@ func (l *Router) loadAdapter(ctx context.Context, m *liveModel, name, path strin
 	if w == nil {
 		return fmt.Errorf("%w: loading the LoRA adapter %q: the worker left", llm.ErrUnavailable, name)
 	}
+	return l.loadAdapterOn(ctx, m, w, name, path)
+}
+
+// loadAdapterOn loads the adapter on worker w and records that w serves it.
+func (l *Router) loadAdapterOn(ctx context.Context, m *liveModel, w *liveWorker, name, path string) error {
 	t0 := time.Now()
 	var rep cluster.AdapterReply
 	if err := w.client.Call(ctx, cluster.MethodLoadAdapter, &cluster.AdapterRequest{Name: name, Path: path}, &rep); err != nil {
+		l.met.AdapterLoads.WithLabelValues("error").Inc()
 		l.log.Warn("loading a LoRA adapter on a worker failed", "adapter", name, "path", path, "worker", w.node, "err", err)
 		return fmt.Errorf("%w: loading the LoRA adapter %q on %s: %v", llm.ErrInvalid, name, w.node, err)
 	}
+	l.met.AdapterLoads.WithLabelValues("ok").Inc()
 	l.mu.Lock()
 	m.state.NoteAdapter(w.id, name, rep.ID)
 	l.mu.Unlock()
