@@ -18,18 +18,22 @@ import (
 )
 
 // BenchmarkSpeculation compares single-stream greedy generation with and without prompt
-// lookup decoding on text that quotes its prompt: the stories fixture retelling a story
-// it was given twice (or the model in TANDEM_BENCH_MODEL, given the same text), reporting
-// generated tokens/s and the acceptance rate side by side:
+// lookup decoding, and with a draft model, on text that quotes its prompt: the stories
+// fixture retelling a story it was given (or the model in TANDEM_BENCH_MODEL, given the same
+// text), reporting generated tokens/s and the acceptance rate side by side. The draft model
+// is TANDEM_BENCH_DRAFT, else for the stories fixture its q8_0 file:
 //
 //	go test -run x -bench Speculation -benchtime 4x ./engine
-//	TANDEM_BENCH_MODEL=/tmp/q.gguf go test -run x -bench Speculation -benchtime 2x ./engine
+//	TANDEM_BENCH_MODEL=/tmp/q.gguf TANDEM_BENCH_DRAFT=/tmp/d.gguf go test -run x -bench Speculation -benchtime 2x ./engine
 func BenchmarkSpeculation(b *testing.B) {
 	be := cpu.New(0)
 	defer be.Close()
-	path := os.Getenv("TANDEM_BENCH_MODEL")
+	path, draftPath := os.Getenv("TANDEM_BENCH_MODEL"), os.Getenv("TANDEM_BENCH_DRAFT")
 	if path == "" {
 		path = fixtures.Model(b, "stories260K-f32.gguf")
+		if draftPath == "" {
+			draftPath = fixtures.Model(b, "stories260K-q8_0.gguf")
+		}
 	}
 	m, err := model.Load(path, be)
 	if err != nil {
@@ -37,6 +41,16 @@ func BenchmarkSpeculation(b *testing.B) {
 	}
 	defer m.Close()
 	m.Prefault(be, nil)
+	specs := []Speculation{{}, {Method: SpecNGram, Tokens: 4}, {Method: SpecNGram, Tokens: 8}}
+	if draftPath != "" {
+		d, err := model.Load(draftPath, be)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer d.Close()
+		d.Prefault(be, nil)
+		specs = append(specs, Speculation{Method: SpecDraft, Draft: d, Tokens: 4})
+	}
 	story := "Once upon a time, there was a little girl named Lily. She loved to play with her toys in the park. One day, she saw a big red ball under a tree. "
 	// As many copies as leave room for 128 generated tokens (the stories model's context
 	// is 128 tokens: one copy, and what is left).
@@ -46,10 +60,10 @@ func BenchmarkSpeculation(b *testing.B) {
 	}
 	prompt := m.Tokenizer.Encode(strings.Repeat(story, copies)+"Once upon a time", true, false)
 	genLen := min(128, m.Config.ContextLen-len(prompt)-1)
-	for _, spec := range []Speculation{{}, {Method: SpecNGram, Tokens: 4}, {Method: SpecNGram, Tokens: 8}} {
+	for _, spec := range specs {
 		name := "off"
-		if spec.Method == SpecNGram {
-			name = fmt.Sprintf("ngram-k%d", spec.Tokens)
+		if spec.Method != "" {
+			name = fmt.Sprintf("%s-k%d", spec.Method, spec.Tokens)
 		}
 		b.Run(name, func(b *testing.B) {
 			reg := prometheus.NewRegistry()
