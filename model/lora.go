@@ -148,6 +148,9 @@ func toF32(name string, t hal.DType, rows, cols int, data []byte, be hal.Backend
 	default:
 		return tensorF32{}, fmt.Errorf("tensor %s: type %s (want F32, F16, BF16 or Q8_0)", name, t)
 	}
+	if rows > 1<<24 || cols > 1<<24 {
+		return tensorF32{}, fmt.Errorf("tensor %s: %d × %d: larger than any projection", name, rows, cols)
+	}
 	rb, err := t.RowBytes(cols)
 	if err != nil {
 		return tensorF32{}, fmt.Errorf("tensor %s: %w", name, err)

@@ -294,3 +294,31 @@ func TestAdapterRefusals(t *testing.T) {
 		t.Errorf("an adapter of another model: %v", err)
 	}
 }
+
+// Whatever bytes an adapter file holds, loading it fails with an error or succeeds; it
+// never panics or allocates without bound.
+func FuzzLoadAdapterGGUF(f *testing.F) {
+	be := cpu.New(1)
+	defer be.Close()
+	m := loadFixture(f, be, "stories260K-f32.gguf")
+	dir := f.TempDir()
+	seed := filepath.Join(dir, "seed.gguf")
+	if err := randomAdapter(f, m, 2, 4, 1, RoleQ, RoleDown).WriteGGUF(seed); err != nil {
+		f.Fatal(err)
+	}
+	data, err := os.ReadFile(seed)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(data)
+	f.Add(data[:len(data)/2])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		path := filepath.Join(t.TempDir(), "a.gguf")
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if a, err := LoadAdapter(path, m, be); err == nil && a.Rank == 0 {
+			t.Fatal("an adapter without updates loaded")
+		}
+	})
+}
