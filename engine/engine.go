@@ -131,8 +131,8 @@ func New(m *model.Model, be hal.Backend, cfg Config) (*Engine, error) {
 	e.runner, e.kv = model.NewRunner(m, be), kv
 	e.fwd = runnerForward{e.runner, kv}
 	if d := cfg.Speculation.Draft; cfg.Speculation.Method == SpecDraft {
-		if d.Config.VocabSize != m.Config.VocabSize {
-			return nil, fmt.Errorf("engine: the draft model's vocabulary has %d tokens, the model's %d: they must be the same", d.Config.VocabSize, m.Config.VocabSize)
+		if err := sameVocabulary(m, d); err != nil {
+			return nil, err
 		}
 		if e.spec.draftKV, err = be.NewKVStore(d.KVLayout(cfg.KVBlocks, cfg.BlockSize)); err != nil {
 			return nil, fmt.Errorf("engine: the draft model's KV: %w", err)

@@ -228,6 +228,28 @@ func (e *Engine) draftModel(seqs []*sequence) {
 	}
 }
 
+// sameVocabulary checks that the draft model d speaks the target m's tokens: the same
+// number of logits and, where both have tokenizers, the same text for every id (a draft of
+// another vocabulary would only ever be rejected).
+func sameVocabulary(m, d *model.Model) error {
+	if d.Config.VocabSize != m.Config.VocabSize {
+		return fmt.Errorf("engine: the draft model's vocabulary has %d tokens, the model's %d: they must be the same", d.Config.VocabSize, m.Config.VocabSize)
+	}
+	mt, dt := m.Tokenizer, d.Tokenizer
+	if mt == nil || dt == nil {
+		return nil
+	}
+	if mt.VocabSize() != dt.VocabSize() {
+		return fmt.Errorf("engine: the draft model's tokenizer has %d tokens, the model's %d", dt.VocabSize(), mt.VocabSize())
+	}
+	for id := range int32(mt.VocabSize()) {
+		if mt.TokenText(id) != dt.TokenText(id) {
+			return fmt.Errorf("engine: token %d is %q to the draft model, %q to the model: not the same vocabulary", id, dt.TokenText(id), mt.TokenText(id))
+		}
+	}
+	return nil
+}
+
 // argmax is the index of the largest value, the lowest on ties.
 func argmax(v []float32) int32 {
 	best := 0

@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -337,5 +338,21 @@ func TestSpeculationPausesWhenItDoesNotPay(t *testing.T) {
 	t.Logf("%v tokens drafted without a floor, %v with", a, p)
 	if p > 0.75*a {
 		t.Errorf("%v tokens drafted with the acceptance floor, %v without: it did not pause", p, a)
+	}
+}
+
+// A draft model of another vocabulary is refused.
+func TestDraftModelOfAnotherVocabulary(t *testing.T) {
+	m, be := loadFixture(t, "stories260K-f32.gguf", 1)
+	for _, name := range []string{"rand-llama-llama3vocab-f32.gguf", "rand-qwen2-qwen2vocab-f32.gguf"} {
+		d, err := model.Load(fixtures.Model(t, name), be)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = New(m, be, Config{KVBlocks: 16, Speculation: Speculation{Method: SpecDraft, Draft: d}})
+		d.Close()
+		if err == nil || !strings.Contains(err.Error(), "vocabulary") {
+			t.Errorf("%s drafting for stories260K: %v, want a vocabulary error", name, err)
+		}
 	}
 }

@@ -231,10 +231,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		if draft, err = model.Load(*draftModel, be); err != nil {
 			return fmt.Errorf("--draft-model: %w", err)
 		}
-		defer draft.Close()
-		if draft.Config.VocabSize != m.Config.VocabSize {
-			return fmt.Errorf("--draft-model: its vocabulary has %d tokens, the model's %d: a draft needs the same vocabulary", draft.Config.VocabSize, m.Config.VocabSize)
-		}
+		defer draft.Close() // the engine checks that it has the model's vocabulary
 	}
 	name := *servedName
 	if name == "" {
