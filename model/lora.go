@@ -444,7 +444,7 @@ func (m *Model) qkPermutation(ts TensorSpec, neox bool) func(row int) int {
 		return func(row int) int {
 			h, r := row/hd, row%hd
 			j, i := r/(hd/2), r%(hd/2)
-			return h*hd + j*(hd/2) + i
+			return h*hd + 2*i + j
 		}
 	}
 	return func(row int) int {

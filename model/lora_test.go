@@ -322,3 +322,53 @@ func FuzzLoadAdapterGGUF(f *testing.F) {
 		}
 	})
 }
+
+// An adapter's files apply alike to a model read from GGUF (llama's q and k rows permuted)
+// and from a Hugging Face checkpoint (not): the loader matches B's rows to each model's
+// layout, so both give the same logits (as the two models do without it).
+func TestAdapterOnHFCheckpoint(t *testing.T) {
+	be := cpu.New(2)
+	defer be.Close()
+	for _, name := range []string{"rand-llama-tok512-f32.gguf", "rand-qwen2-tok512-f32.gguf"} {
+		t.Run(name, func(t *testing.T) {
+			ref := loadFixture(t, be, name)
+			hf, err := loadHFWeights(writeHF(t, fixtures.Model(t, name), 1), be)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hf.Close()
+			gen := randomAdapter(t, ref, 4, 8, 5)
+			dir := t.TempDir()
+			files := []string{filepath.Join(dir, "a.gguf"), filepath.Join(dir, "peft")}
+			if err := gen.WriteGGUF(files[0]); err != nil {
+				t.Fatal(err)
+			}
+			if err := gen.WritePEFT(files[1]); err != nil {
+				t.Fatal(err)
+			}
+			prompt := fixturePrompt(ref, 24)
+			for _, f := range files {
+				ar, err := LoadAdapter(f, ref, be)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ah, err := LoadAdapter(f, hf, be)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, got := promptLogits(t, ref, be, prompt, ar), promptLogits(t, hf, be, prompt, ah)
+				base := promptLogits(t, ref, be, prompt, nil)
+				var maxDiff, moved float64
+				for p := range want {
+					for j := range want[p] {
+						maxDiff = max(maxDiff, math.Abs(float64(got[p][j]-want[p][j])))
+						moved = max(moved, math.Abs(float64(base[p][j]-want[p][j])))
+					}
+				}
+				if maxDiff > 1e-3 || moved < 0.1 {
+					t.Errorf("%s: HF checkpoint with the adapter differs from GGUF by %g (the adapter moves logits by %g)", filepath.Base(f), maxDiff, moved)
+				}
+			}
+		})
+	}
+}
