@@ -18,7 +18,7 @@ var allowed = map[string][]string{
 	"bench": {}, "bench/benchtest": {},
 	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {}, "internal/version": {}, "sla": {}, "grammar": {}, "internal/schematest": {},
 	"internal/vulkantest": {"hal/vulkan"},
-	"internal/filehash": {"internal/statefile"},
+	"internal/filehash":   {"internal/statefile"},
 
 	// File formats and the device contract.
 	"gguf": {"dtype"}, "safetensors": {"dtype"}, "hal": {"dtype"}, "hal/cpu": {"hal"},
