@@ -123,11 +123,7 @@ type specState struct {
 	draftLogits []float32
 	drafting    []*sequence
 	want, pass  []int // draftModel's: drafts wanted per sequence, the sequences of a pass
-}
-
-// SpecStats are an engine's speculative decoding totals.
-type SpecStats struct {
-	Drafts, DraftTokens, AcceptedTokens uint64
+	failLogged  bool  // a failed draft pass was logged
 }
 
 // draft appends drafted tokens to the running sequences that may speculate this step.
@@ -216,7 +212,13 @@ func (e *Engine) draftModel(seqs []*sequence) {
 				s := seqs[i]
 				s.Tokens, s.Drafts = s.Tokens[:len(s.Tokens)-s.Drafts], 0
 			}
-			e.log.Warn("the draft model's forward pass failed: no drafts this step", "err", err)
+			if e.cfg.Metrics != nil {
+				e.cfg.Metrics.SpecDraftFailures.Inc()
+			}
+			if !sp.failLogged {
+				sp.failLogged = true
+				e.log.Warn("the draft model's forward pass failed: those steps decode without drafts (counted in tandem:spec_decode_draft_failures_total; logged once)", "err", err)
+			}
 			return
 		}
 		for o, i := range active {

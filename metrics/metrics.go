@@ -61,6 +61,9 @@ type Engine struct {
 	SpecDraftTokens    prometheus.Counter
 	SpecAcceptedTokens prometheus.Counter
 	SpecAcceptanceRate prometheus.Gauge
+	// SpecDraftFailures counts the draft model's failed forward passes: those steps
+	// decoded without drafts.
+	SpecDraftFailures prometheus.Counter
 }
 
 var (
@@ -118,6 +121,7 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 		SpecDraftTokens:    f.counter("tandem:spec_decode_num_draft_tokens_total", "Speculative decoding: tokens drafted."),
 		SpecAcceptedTokens: f.counter("tandem:spec_decode_num_accepted_tokens_total", "Speculative decoding: drafted tokens the target model accepted."),
 		SpecAcceptanceRate: f.gauge("tandem:spec_decode_draft_acceptance_rate", "Speculative decoding: accepted / drafted tokens since start."),
+		SpecDraftFailures:  f.counter("tandem:spec_decode_draft_failures_total", "Speculative decoding: failed forward passes of the draft model (those steps decoded without drafts)."),
 	}
 }
 
