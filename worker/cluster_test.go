@@ -88,12 +88,15 @@ type testCluster struct {
 	path   string
 }
 
-func startRouter(t *testing.T, mode router.Mode) *testCluster {
+func startRouter(t *testing.T, mode router.Mode, adjust ...func(*router.Config)) *testCluster {
 	t.Helper()
 	path := fixtures.Model(t, "stories260K-f32.gguf")
 	logs := &syncBuffer{}
 	pol := router.DefaultConfig()
 	pol.Mode = mode
+	for _, f := range adjust {
+		f(&pol)
+	}
 	srv, err := live.StartServer(live.ServerConfig{
 		Host: "127.0.0.1", StateDir: t.TempDir(),
 		Router: live.Config{Policy: pol, Heartbeat: 50 * time.Millisecond, HeartbeatTimeout: 2 * time.Second},
@@ -358,7 +361,10 @@ func TestClusterGreedyMatchesEngine(t *testing.T) {
 // A prompt whose prefix one worker already holds goes to that worker, even when the policy
 // would otherwise pick the other, and its response reports cached tokens.
 func TestClusterKVAwareRouting(t *testing.T) {
-	c := startRouter(t, router.ModeKV)
+	// At temperature 0 the router picks the cheapest worker, ties going to the one with
+	// fewer cached blocks: the default's softmax draw would send the unrelated prompt
+	// below, which costs the same on both idle workers, to either.
+	c := startRouter(t, router.ModeKV, func(p *router.Config) { p.Temperature = 0 })
 	tok := c.router.Token.String()
 	c.addWorker("w1", tok, 0)
 	c.waitWorkers(1) // w1 registers first: the lower id, preferred on ties
@@ -404,7 +410,11 @@ func TestClusterKVAwareRouting(t *testing.T) {
 			t.Errorf("request %d: %d cached tokens, want ≥ %d of %d", i, cached, 16*(full-1), len(prompt))
 		}
 	}
-	// A different prompt still goes to the cheaper, emptier worker.
+	// A different prompt still goes to the emptier worker.
+	waitFor(t, "w2 to report itself idle", func() bool {
+		w, ok := c.worker("w2")
+		return ok && w.Load == 0
+	})
 	if _, wk := complete(t, rc, "A short unrelated story about a cat", 4); wk != "w1" {
 		t.Errorf("unrelated prompt went to %q, want w1", wk)
 	}

@@ -109,12 +109,15 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		cancel()
 	}
 	w.mu.Lock()
-	stop := w.stopRun
+	w.shut = true // a Run not yet begun (a signal during start-up) returns at once
+	stop, srv := w.stopRun, w.srv
 	w.mu.Unlock()
 	if stop != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), cutGrace)
-		w.srv.Shutdown(sctx) // refuses what still arrives; nothing runs now
-		cancel()
+		if srv != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), cutGrace)
+			srv.Shutdown(sctx) // refuses what still arrives; nothing runs now
+			cancel()
+		}
 		stop() // ends the registrations (the routers remove this worker) and the server
 		<-w.runDone
 	}

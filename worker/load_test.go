@@ -108,3 +108,39 @@ func TestLoadRealEngine(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A node that is signalled during its start-up shuts its worker down before the worker's
+// Run has begun, or while Run is still joining: Run must then end at once (it once ran on,
+// registered, and the node waited for it forever).
+func TestShutdownBeforeOrDuringRun(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		delay time.Duration // from Run's start to Shutdown; <0: Shutdown first
+	}{{"before Run", -1}, {"while joining", 50 * time.Millisecond}} {
+		t.Run(tc.name, func(t *testing.T) {
+			// 127.0.0.1:1 answers nothing: Run keeps trying to join until stopped.
+			w := newWorker(t, &fakeStats{pool: kvcache.NewPool(16, 16)})
+			if tc.delay < 0 {
+				if err := w.Shutdown(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			done := make(chan error, 1)
+			go func() { done <- w.Run(context.Background()) }()
+			if tc.delay >= 0 {
+				time.Sleep(tc.delay)
+				if err := w.Shutdown(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run after Shutdown: %v, want nil", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run went on after Shutdown")
+			}
+		})
+	}
+}

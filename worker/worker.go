@@ -99,7 +99,6 @@ type Worker struct {
 	cfg  Config
 	log  *slog.Logger
 	id   *orpc.Identity
-	srv  *orpc.Server
 	addr string // actual ORPC listen address
 
 	// Before Run: the join token, the identity found in the state directory, or why the
@@ -123,6 +122,8 @@ type Worker struct {
 
 	drain   drain              // drain.go
 	stopRun context.CancelFunc // ends Run (Shutdown); guarded by mu
+	shut    bool               // Shutdown began: a Run starting later returns at once; guarded by mu
+	srv     *orpc.Server       // set by Run; guarded by mu
 	runDone chan struct{}      // closed when Run returns
 }
 
@@ -255,6 +256,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	w.mu.Lock()
+	if w.shut {
+		// A signal during start-up: the node shut down before this ran.
+		w.mu.Unlock()
+		return nil
+	}
 	w.stopRun = stop
 	w.mu.Unlock()
 	pc, err := net.ListenPacket("udp", w.cfg.Listen)
@@ -288,24 +294,30 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	id, err := w.identity(ctx, node)
 	if err != nil {
+		if ctx.Err() != nil && outer.Err() == nil {
+			return nil // Shutdown while joining
+		}
 		return err
 	}
 	w.id = id
 	opts := append([]orpc.Option{orpc.WithLogger(w.log), orpc.WithAgent("tandem-worker " + node)}, w.cfg.Options...)
-	w.srv = orpc.NewServer(opts...)
-	orpc.ServerStream(w.srv, cluster.MethodGenerate, w.generate)
-	orpc.Unary(w.srv, cluster.MethodSnapshot, w.snapshot)
-	w.registerKV(w.srv)
-	w.registerWeights(w.srv)
-	w.registerAdapters(w.srv)
+	srv := orpc.NewServer(opts...)
+	orpc.ServerStream(srv, cluster.MethodGenerate, w.generate)
+	orpc.Unary(srv, cluster.MethodSnapshot, w.snapshot)
+	w.registerKV(srv)
+	w.registerWeights(srv)
+	w.registerAdapters(srv)
+	w.mu.Lock()
+	w.srv = srv
+	w.mu.Unlock()
 	defer w.closePeers()
-	l, err := w.srv.ListenPacket(pc, id.ServerTLS())
+	l, err := srv.ListenPacket(pc, id.ServerTLS())
 	if err != nil {
 		return fmt.Errorf("worker: ORPC listen: %w", err)
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); w.srv.Serve(ctx, l) }()
+	go func() { defer wg.Done(); srv.Serve(ctx, l) }()
 	w.log.Info("worker serving ORPC", "node", node, "addr", w.addr, "advertise", adv, "routers", w.cfg.Routers)
 	close(w.ready)
 	for _, r := range w.cfg.Routers {

@@ -109,7 +109,7 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 			args = append(args, "--model", *modelPath)
 		}
 		sups[i] = &supervised{name: name, bin: bin, args: append(args, extra...),
-			logPath: filepath.Join(*stateDir, name+".log"), out: stderr}
+			logPath: filepath.Join(*stateDir, name+".log"), out: stderr, stopWithin: *drain + 10*time.Second}
 		wg.Go(func() { sups[i].run(ctx) })
 	}
 	<-ctx.Done()
@@ -161,6 +161,9 @@ type supervised struct {
 	args      []string
 	logPath   string
 	out       io.Writer
+	// stopWithin bounds a drain: past it the engine is killed (and that said), so that
+	// Ctrl-C always ends the cluster.
+	stopWithin time.Duration
 }
 
 var serveURL = regexp.MustCompile(`^tandem serve: (http\S+)`)
@@ -231,7 +234,8 @@ func (s *supervised) once(ctx context.Context, restart bool) error {
 		select {
 		case err := <-exited:
 			return err
-		case <-time.After(60 * time.Second):
+		case <-time.After(s.stopWithin):
+			fmt.Fprintf(s.out, "  %s did not stop within %v of SIGTERM (its drain timeout and 10 s): killed; see %s\n", s.name, s.stopWithin, s.logPath)
 			cmd.Process.Kill()
 			return <-exited
 		}

@@ -94,8 +94,26 @@ func (p *readmeProc) stop(t *testing.T) {
 	case <-p.done:
 	case <-time.After(60 * time.Second):
 		p.cmd.Process.Kill()
-		t.Errorf("%v did not stop on SIGINT", p.cmd.Args)
+		<-p.done
+		t.Errorf("%v did not stop on SIGINT within 60 s; it printed:\n%s%s", p.cmd.Args, p.text(), p.logTails())
 	}
+}
+
+// logTails is the end of each log in the state directory a cluster printed, for a
+// failure's message.
+func (p *readmeProc) logTails() string {
+	m := regexp.MustCompile(`state and logs: (\S+)`).FindStringSubmatch(p.text())
+	if m == nil {
+		return ""
+	}
+	logs, _ := filepath.Glob(filepath.Join(m[1], "*.log"))
+	var b strings.Builder
+	for _, l := range logs {
+		data, _ := os.ReadFile(l)
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		fmt.Fprintf(&b, "--- %s (last lines):\n%s\n", l, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+	}
+	return b.String()
 }
 
 // TestReadmeCommandsLeaveNothingBehind runs the README's commands (the set-up command, the
