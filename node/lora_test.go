@@ -138,3 +138,23 @@ func TestNodeRuntimeLoRAOff(t *testing.T) {
 		t.Errorf("load_lora_adapter without RuntimeLoRA: %d, want 404", code)
 	}
 }
+
+// A draft model's KV comes out of the same budget: the pool has fewer blocks.
+func TestNodeDraftModelShareKVBudget(t *testing.T) {
+	m, be := demoModel(t)
+	d, _ := demoModel(t)
+	budget := 256 * 16 * m.KVBytesPerToken()
+	n, err := Start(context.Background(), Config{Model: m, Backend: be, Name: "tandem-demo", KVBudget: budget,
+		BlockSize: 16, HTTP: HTTP{Addr: "127.0.0.1:0"}, Logger: quiet,
+		Speculation: engine.Speculation{Method: engine.SpecDraft, Draft: d}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Shutdown(context.Background()) })
+	if want := int(budget / ((m.KVBytesPerToken() + d.KVBytesPerToken()) * 16)); n.KVBlocks() != want {
+		t.Errorf("%d blocks with a draft model, want %d (the budget over both models' KV)", n.KVBlocks(), want)
+	}
+	if code, body := post(t, n, "/v1/completions", `{"prompt":"Hello hello hello","max_tokens":8,"temperature":0}`); code != 200 {
+		t.Errorf("a completion with a draft model: %d %.300s", code, body)
+	}
+}

@@ -223,6 +223,11 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	perToken := m.KVBytesPerToken()
+	if d := cfg.Speculation.Draft; d != nil && cfg.Sim == nil {
+		// The draft model's KV store has a slot for every slot of the pool: the budget
+		// pays for both.
+		perToken += d.KVBytesPerToken()
+	}
 	budget := cfg.KVBudget
 	if budget <= 0 {
 		budget = DefaultKVBudget(perToken, cfg.MaxSeqs*m.Config.ContextLen)
