@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 
 	"tandem/hal"
 	"tandem/kvcache"
@@ -48,6 +49,9 @@ func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) 
 	}
 	if cfg.Tiers.Enabled() {
 		return nil, errors.New("engine: lower KV tiers need a KV store; a modelled forward pass (the sim backend) keeps none (tandem simulate models the tiers)")
+	}
+	if cfg.Speculation.Method == SpecDraft {
+		return nil, fmt.Errorf("engine: a modelled forward pass cannot run a draft model")
 	}
 	e := newEngine(m, cfg, kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize))
 	e.fwd = f

@@ -68,14 +68,14 @@ func (e *Engine) publishSeqs(running, waiting []*sequence) {
 }
 
 // stepDone records a forward pass of n tokens that took d, and its composition: a
-// sequence computing only its newest generated token is a decode, every other token a
-// prompt (prefill) token. Called by Run's goroutine only.
+// sequence computing only its newest generated token (and its drafts, when it speculates)
+// is a decode, every other token a prompt (prefill) token. Called by Run's goroutine only.
 func (e *Engine) stepDone(d time.Duration, n int) {
 	decode := 0
 	if e.plan != nil {
 		for _, c := range e.plan.Chunks {
 			if c.Decode() {
-				decode++
+				decode += c.N // 1, plus the drafts being verified
 			}
 		}
 	}
