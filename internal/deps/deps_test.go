@@ -65,13 +65,13 @@ var allowed = map[string][]string{
 	"deploy":                 {},
 	"k8s/api/v1alpha1":       {},
 	"k8s/placement":          {},
-	"k8s/connector":          {},
+	"k8s/connector":          {"planner"},
 	"k8s/operator":           {"k8s/api/v1alpha1", "k8s/placement", "orpc"},
 	"internal/k8stest":       {},
 	"internal/k8stest/build": {"internal/k8stest"},
 
 	// Binaries: flags and wiring.
-	"cmd/tandem-router":   {"httpserve", "internal/statefile", "internal/version", "metrics", "planner", "planner/local", "router", "router/live", "sim", "sla", "web"},
+	"cmd/tandem-router":   {"httpserve", "internal/statefile", "internal/version", "k8s/connector", "metrics", "planner", "planner/local", "router", "router/live", "sim", "sla", "web"},
 	"cmd/tandem":          nil, // nil: may import any package of the module
 	"cmd/tandem-operator": {"internal/version", "k8s/operator"},
 }

@@ -91,6 +91,9 @@ func routerDeployment(c *v1.TandemCluster) *appsv1.Deployment {
 	args := []string{"--host", "0.0.0.0", "--port", strconv.Itoa(routerHTTPPort), "--orpc-port", strconv.Itoa(routerORPCPort),
 		"--state-dir", stateDir, "--join-token", "$(TANDEM_JOIN_TOKEN)", "--name", "$(POD_NAME)"}
 	if p := c.Spec.Planner; p != nil && p.Enabled {
+		// The router's planner sizes the pools through their scale subresource; the
+		// spec's own planner flags (SLA targets, bounds) follow and may override.
+		args = append(args, "--planner", "--planner-connector", "kubernetes")
 		args = append(args, p.Args...)
 	}
 	args = append(args, c.Spec.Router.Args...)
