@@ -115,6 +115,9 @@ const (
 	// RequestTokens: min tokens, allowed tokens, prompt logprobs and embeddings
 	// (GenerateRequest), and their answers (GenerateEvent).
 	RequestTokens = 1
+	// RequestAdapters: the LoRA adapter a request runs under and its speculative decoding
+	// switch (GenerateRequest), and the adapters a worker serves (LoadReport).
+	RequestAdapters = 2
 )
 
 // Constraint formats (GenerateRequest's constraint, ModelCard.GrammarFormat).
@@ -285,6 +288,7 @@ func (r *LoadReport) MarshalORPC(e *orpc.Encoder) {
 	}
 	e.Uvarint(uint64(max(r.BlockPrefillMicros, 0)))
 	e.Uvarint(uint64(max(r.PullMicros, 0)))
+	e.String(r.Adapters)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -319,6 +323,9 @@ func (r *LoadReport) UnmarshalORPC(d *orpc.Decoder) error {
 		}
 		r.BlockPrefillMicros = uvint(d)
 		r.PullMicros = uvint(d)
+	}
+	if d.Len() > 0 { // since LoRA adapters (RequestAdapters)
+		r.Adapters = d.String()
 	}
 	return d.Err()
 }
@@ -561,6 +568,9 @@ func (r *GenerateRequest) MarshalORPC(e *orpc.Encoder) {
 	e.String(r.Peer.Node)
 	e.Uvarint(uint64(max(r.Peer.Blocks, 0)))
 	e.Uvarint(uint64(max(r.Peer.TimeoutMs, 0)))
+	// RequestAdapters.
+	e.String(r.Adapter)
+	e.Bool(r.NoSpeculation)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -635,6 +645,10 @@ func (r *GenerateRequest) UnmarshalORPC(d *orpc.Decoder) error {
 		r.Peer.Node = d.String()
 		r.Peer.Blocks = uvint(d)
 		r.Peer.TimeoutMs = durationMs(d)
+	}
+	if d.Len() > 0 { // since LoRA adapters (RequestAdapters)
+		r.Adapter = d.String()
+		r.NoSpeculation = d.Bool()
 	}
 	return d.Err()
 }

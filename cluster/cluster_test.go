@@ -40,7 +40,7 @@ func TestRoundTrip(t *testing.T) {
 	roundTrip(t, &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
 		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
 		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, StepsOverTarget: 20, Onboarding: 14, TierLoadMicros: [4]int{0, 15, 16, 17},
-		BlockPrefillMicros: 18, PullMicros: 19}})
+		BlockPrefillMicros: 18, PullMicros: 19, Adapters: "a@0123456789abcdef b@fedcba9876543210"}})
 	roundTrip(t, &KVEvents{WorkerID: 2, Events: []kvcache.Event{
 		{ID: 1, Kind: kvcache.EventStored, Parent: 0, Hashes: []uint64{1, 2}},
 		{ID: 2, Kind: kvcache.EventRemoved, Tier: kvcache.TierHost, Hashes: []uint64{2}},
@@ -53,7 +53,8 @@ func TestRoundTrip(t *testing.T) {
 		Sampling: llm.SamplingParams{Temperature: 0.5, TopK: 4, TopP: 0.9, MinP: 0.1, RepetitionPenalty: 1.1,
 			PresencePenalty: 0.2, FrequencyPenalty: -0.2, LogitBias: map[int32]float32{3: 1, 7: -2}, Seed: 42,
 			HasSeed: true, TopLogprobs: 2, Logprobs: true, MinTokens: 3, AllowedTokens: []int32{1, 5}},
-		Constraint: llm.Constraint{Grammar: `root ::= "a"`}, PromptLogprobs: true, PromptTopLogprobs: 4, Pooling: llm.PoolMean}, PredictedCached: 16,
+		Constraint: llm.Constraint{Grammar: `root ::= "a"`}, PromptLogprobs: true, PromptTopLogprobs: 4, Pooling: llm.PoolMean,
+		Adapter: "sql-lora", NoSpeculation: true}, PredictedCached: 16,
 		Peer: KVPeer{Addr: "127.0.0.1:7", Node: "w2", Blocks: 40, TimeoutMs: 3000}})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, Logprob: -0.5,
 		Top: []llm.TokenLogprob{{ID: 7, Logprob: -0.5}}, Finish: llm.FinishLength,
@@ -71,7 +72,7 @@ const peerTail = 4
 func TestPeerWireCompatibility(t *testing.T) {
 	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Pooling: llm.PoolMean}, Peer: KVPeer{Addr: "a:1", Node: "n", Blocks: 3, TimeoutMs: 9}}
 	b := orpc.Marshal(req)
-	tail := len(orpc.Marshal(&GenerateRequest{Request: req.Request})) - peerTail
+	tail := len(orpc.Marshal(&GenerateRequest{Request: req.Request})) - peerTail - 2 // the RequestAdapters fields follow
 	var old GenerateRequest
 	if err := orpc.Unmarshal(b[:tail], &old); err != nil || old.Peer != (KVPeer{}) || old.Pooling != llm.PoolMean {
 		t.Errorf("request without the peer: %+v, %v", old, err)
@@ -84,7 +85,7 @@ func TestTierFieldsWireCompatibility(t *testing.T) {
 	lr := &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, CachedBlocks: 13, Onboarding: 4, TierLoadMicros: [4]int{0, 100, 2000, 3000},
 		BlockPrefillMicros: 900000, PullMicros: 500}}
 	b := orpc.Marshal(lr)
-	tail := 1 + 1 + 2 + 2 + 3 + 2 // the uvarints of the six new fields
+	tail := 1 + 1 + 2 + 2 + 3 + 2 + 1 // the uvarints of the six new fields, and the empty adapter list after them
 	var old LoadReport
 	if err := orpc.Unmarshal(b[:len(b)-tail], &old); err != nil || old.CachedBlocks != 13 || old.Onboarding != 0 || old.TierLoadMicros != [4]int{} {
 		t.Errorf("report without the tier fields: %+v, %v", old, err)
@@ -104,7 +105,7 @@ func TestRequestTokensWireCompatibility(t *testing.T) {
 	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Constraint: llm.Constraint{Grammar: "root ::= \"x\""}}}
 	b := orpc.Marshal(req)
 	var got GenerateRequest
-	if err := orpc.Unmarshal(b[:len(b)-peerTail-5], &got); err != nil || got.Constraint != req.Constraint || got.Sampling.MinTokens != 0 {
+	if err := orpc.Unmarshal(b[:len(b)-2-peerTail-5], &got); err != nil || got.Constraint != req.Constraint || got.Sampling.MinTokens != 0 { // the peer and RequestAdapters fields follow
 		t.Errorf("request without the RequestTokens fields: %+v, %v", got, err)
 	}
 	card := orpc.Marshal(&ModelCard{Version: Version, Model: "m", GrammarFormat: GrammarGBNF})
@@ -121,6 +122,31 @@ func TestRequestTokensWireCompatibility(t *testing.T) {
 	}
 }
 
+// The RequestAdapters fields are trailing: a request or load report from a process that
+// predates them decodes with no adapter.
+func TestRequestAdaptersWireCompatibility(t *testing.T) {
+	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Adapter: "a", NoSpeculation: true, Pooling: llm.PoolLast}}
+	b := orpc.Marshal(req)
+	var got GenerateRequest
+	if err := orpc.Unmarshal(b[:len(b)-3], &got); err != nil || got.Adapter != "" || got.NoSpeculation || got.Pooling != llm.PoolLast {
+		t.Errorf("request without the RequestAdapters fields: %+v, %v", got, err)
+	}
+	rep := orpc.Marshal(&LoadReport{WorkerID: 1, Load: llm.Load{CachedBlocks: 3, Adapters: "a@1"}})
+	var r LoadReport
+	if err := orpc.Unmarshal(rep[:len(rep)-4], &r); err != nil || r.Adapters != "" || r.CachedBlocks != 3 {
+		t.Errorf("load report without the adapters: %+v, %v", r, err)
+	}
+	l := llm.Load{Adapters: llm.AdapterList([]llm.AdapterInfo{{Name: "a", ID: "11"}, {Name: "bb", ID: "22"}})}
+	for _, tc := range []struct {
+		name, id string
+		ok       bool
+	}{{"a", "11", true}, {"bb", "22", true}, {"b", "", false}, {"", "", false}} {
+		if id, ok := l.Adapter(tc.name); id != tc.id || ok != tc.ok {
+			t.Errorf("Adapter(%q) in %q: %q %v", tc.name, l.Adapters, id, ok)
+		}
+	}
+}
+
 func TestErrorEvents(t *testing.T) {
 	for _, base := range []error{llm.ErrInvalid, llm.ErrPromptTooLong, llm.ErrQueueFull, llm.ErrUnavailable} {
 		ev := roundTrip(t, ErrorEvent(errors.Join(base, errors.New("detail"))))
@@ -134,15 +160,16 @@ func TestErrorEvents(t *testing.T) {
 }
 
 // A report from a worker that predates a trailing field decodes with the field zero: one
-// without the lower tiers' fields, one without the steps over the ITL target too, one
+// without the adapters, one without the lower tiers' fields too, one without the steps over the ITL target too, one
 // without the queued prompts and the cache size too, and one without the dispatch number
 // too.
 func TestLoadReportFromOlderWorkers(t *testing.T) {
 	now := LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
 		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
 		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, StepsOverTarget: 14}}
-	// The last six bytes are the lower tiers' zero fields; the one before them
-	// StepsOverTarget; the three before it one byte each, as Received and Tracked.
+	// The last byte is the empty adapter list; the six before it the lower tiers' zero
+	// fields; the one before them StepsOverTarget; the three before it one byte each, as
+	// Received and Tracked.
 	b := orpc.Marshal(&now)
 	noSteps := now
 	noSteps.StepsOverTarget = 0
@@ -153,7 +180,7 @@ func TestLoadReportFromOlderWorkers(t *testing.T) {
 	for _, c := range []struct {
 		drop int
 		want LoadReport
-	}{{6, now}, {7, noSteps}, {10, noQueue}, {12, older}} {
+	}{{1, now}, {7, now}, {8, noSteps}, {11, noQueue}, {13, older}} {
 		var got LoadReport
 		if err := orpc.Unmarshal(b[:len(b)-c.drop], &got); err != nil || got != c.want {
 			t.Errorf("without the last %d bytes: %+v (%v), want %+v", c.drop, got, err, c.want)
@@ -166,7 +193,7 @@ func TestLoadReportFromOlderWorkers(t *testing.T) {
 func TestConstraintWireCompatibility(t *testing.T) {
 	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Resumed: 0}, DispatchSeq: 3}
 	b := orpc.Marshal(req)
-	old := b[:len(b)-peerTail-2-5] // the peer; uvarint format 0, empty string; the RequestTokens fields
+	old := b[:len(b)-2-peerTail-2-5] // the RequestAdapters fields; the peer; uvarint format 0, empty string; the RequestTokens fields
 	var got GenerateRequest
 	if err := orpc.Unmarshal(old, &got); err != nil || !got.Constraint.IsZero() || got.DispatchSeq != 3 {
 		t.Errorf("request without the constraint field: %+v, %v", got, err)
@@ -178,7 +205,7 @@ func TestConstraintWireCompatibility(t *testing.T) {
 	}
 	// A format this worker does not know is refused, not ignored.
 	e := orpc.Marshal(&GenerateRequest{Request: llm.Request{ID: "r"}})
-	e = append(e[:len(e)-peerTail-2-5], 9, 1, 'x')
+	e = append(e[:len(e)-2-peerTail-2-5], 9, 1, 'x')
 	if err := orpc.Unmarshal(e, new(GenerateRequest)); err == nil {
 		t.Error("an unknown constraint format decoded")
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -44,6 +45,13 @@ type Config struct {
 	StepClock interface{ Now() time.Time }
 	Metrics   *metrics.Engine
 	Logger    *slog.Logger
+	// ServedName is the model's served name, which with a LoRA adapter's name and content
+	// makes the block hash salt of the adapter's sequences; MaxAdapters is how many
+	// adapters keep their weights in memory at once (0: DefaultMaxAdapters).
+	ServedName  string
+	MaxAdapters int
+	// Speculation configures speculative decoding (speculate.go); the zero value is off.
+	Speculation Speculation
 	// OnPlan, if set, is called by Run's goroutine with each step's plan (its String is
 	// what package sched's tests print) before the forward pass, when the plan runs or
 	// preempts or drops a sequence; the plan is valid during the call only. Tests compare
@@ -114,6 +122,9 @@ type Engine struct {
 	samplers *samplerBufs  // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
 	grammars *grammarCache // constrained requests' compiled grammars (samplerbufs.go)
 
+	adapters adapterTable // LoRA adapters by name (lora.go)
+	spec     specState    // speculative decoding's counters and scratch (speculate.go)
+
 	stats statsBox  // published by Run for Stats
 	held  heldTable // prefill-only sequences' blocks, pinned for a KV transfer (kvexport.go)
 
@@ -130,8 +141,10 @@ type sequence struct {
 	sampler *Sampler
 	grammar *grammar.Bound // the request's constraint; nil: none
 	stop    stopRules
-	hold    uint64      // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
-	rows    *promptRows // outputs at prompt positions (promptrows.go); nil: none
+	hold    uint64         // prefill-only: at finish, pin the blocks under this handle (kvexport.go)
+	rows    *promptRows    // outputs at prompt positions (promptrows.go); nil: none
+	adapter *model.Adapter // the LoRA adapter it runs with; nil: the base model
+	spec    seqSpec        // its speculative decoding (speculate.go)
 	// inboxHits is the prompt tokens expected from the prefix cache when it was submitted
 	// (sched.ExpectedHits), which the load report takes off while it is in the inbox.
 	inboxHits int
@@ -159,6 +172,15 @@ func New(m *model.Model, be hal.Backend, cfg Config) (*Engine, error) {
 	e.tiers = tiers
 	e.runner, e.kv = model.NewRunner(m, be), kv
 	e.fwd = runnerForward{e.runner, kv}
+	if d := cfg.Speculation.Draft; cfg.Speculation.Method == SpecDraft {
+		if err := sameVocabulary(m, d); err != nil {
+			return nil, err
+		}
+		if e.spec.draftKV, err = be.NewKVStore(d.KVLayout(cfg.KVBlocks, cfg.BlockSize)); err != nil {
+			return nil, fmt.Errorf("engine: the draft model's KV: %w", err)
+		}
+		e.spec.draft = model.NewRunner(d, be)
+	}
 	return e, nil
 }
 
@@ -185,7 +207,10 @@ func (cfg *Config) fill() error {
 	if cfg.Loaders <= 0 {
 		cfg.Loaders = 4
 	}
-	return nil
+	if cfg.MaxAdapters <= 0 {
+		cfg.MaxAdapters = DefaultMaxAdapters
+	}
+	return cfg.Speculation.fill()
 }
 
 // newEngine builds the engine's state for cfg, which fill has checked, over pool; micro is
@@ -201,6 +226,7 @@ func newEngine(m *model.Model, cfg Config, pool *kvcache.Pool, micro int) *Engin
 		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
 		grammars: newGrammarCache(m.Tokenizer, m.Config.VocabSize),
 		onboard:  onboard{queue: make(chan *sequence, cfg.MaxSeqs)},
+		adapters: adapterTable{max: cfg.MaxAdapters, byName: map[string]*adapterEntry{}},
 	}
 	sc := sched.Config{MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Salt: cfg.Salt}
 	if (cfg.ITLTarget > 0 || cfg.ITLDecodes > 0) && cfg.Cost != nil {
@@ -282,6 +308,16 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 	if err != nil {
 		return nil, err
 	}
+	var adapter *model.Adapter
+	var salt uint64
+	if req.Adapter != "" {
+		if req.Pooling != llm.PoolNone {
+			return nil, fmt.Errorf("%w: embeddings are of the base model: no LoRA adapter", llm.ErrInvalid)
+		}
+		if adapter, salt, err = e.useAdapter(req.Adapter); err != nil {
+			return nil, err
+		}
+	}
 	seq := &sequence{
 		Seq:     sched.Seq{Priority: req.Priority, Tokens: slices.Clone(req.Prompt), PromptLen: len(req.Prompt)},
 		req:     req,
@@ -292,7 +328,9 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 		arrival: req.Arrival,
 		hold:    hold,
 		rows:    newPromptRows(req),
+		adapter: adapter,
 	}
+	seq.Salt = salt
 	seq.NoPrefixMatch = req.PromptLogprobs || req.Pooling == llm.PoolMean
 	if seq.arrival.IsZero() {
 		seq.arrival = time.Now()
@@ -300,7 +338,7 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 	seq.stream.cancelled = ctx.Done()
 	// The load report counts the request from now, less the cache hits it is expected to
 	// find (a router's report nudged at its arrival must not count a cached prompt whole).
-	seq.inboxHits, _ = sched.ExpectedHits(e.pool, e.cfg.Salt, seq.Tokens, nil)
+	seq.inboxHits, _ = sched.ExpectedHits(e.pool, cmp.Or(salt, e.cfg.Salt), seq.Tokens, nil)
 	e.mu.Lock()
 	if e.stopped {
 		e.mu.Unlock()
@@ -499,6 +537,7 @@ func (e *Engine) reap() {
 // step schedules and runs one step. progress is false when the plan did nothing at all:
 // no tokens, preemptions, drops or admissions.
 func (e *Engine) step() (progress bool, err error) {
+	e.draft()
 	plan := e.sched.Schedule()
 	e.plan = plan
 	moved := e.planned(plan)
@@ -524,6 +563,7 @@ func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 	if e.cfg.Metrics != nil {
 		e.cfg.Metrics.IterationTokens.Observe(float64(len(b.Tokens)))
 	}
+	e.verify(logits) // the drafts' acceptance decides what Commit commits
 	e.sched.Commit()
 	e.committed() // before sampling: KV exports waiting for these blocks go on at once
 	e.sampleStep(plan.Chunks, b, logits)
@@ -535,10 +575,13 @@ func (e *Engine) execute(plan *sched.Plan[*sequence]) error {
 func (e *Engine) buildBatch(b *model.Batch, chunks []sched.Chunk[*sequence], hidden *[]float32) (rows bool) {
 	b.Tokens, b.Outputs = b.Tokens[:0], b.Outputs[:0]
 	b.Attn.Pos, b.Attn.SeqOf, b.Attn.Blocks = b.Attn.Pos[:0], b.Attn.SeqOf[:0], b.Attn.Blocks[:0]
-	embeds := false
+	b.Adapters = b.Adapters[:0]
+	embeds, adapted := false, false
 	for i, c := range chunks {
 		s := c.Seq
 		b.Attn.Blocks = append(b.Attn.Blocks, s.KV.Blocks())
+		b.Adapters = append(b.Adapters, s.adapter)
+		adapted = adapted || s.adapter != nil
 		at := len(b.Tokens)
 		for p := c.From; p < c.From+c.N; p++ {
 			b.Tokens = append(b.Tokens, s.Tokens[p])
@@ -550,8 +593,15 @@ func (e *Engine) buildBatch(b *model.Batch, chunks []sched.Chunk[*sequence], hid
 			rows, embeds = true, embeds || s.rows.pool != llm.PoolNone
 		}
 		if c.Samples() {
-			b.Outputs = append(b.Outputs, len(b.Tokens)-1)
+			s.spec.out = len(b.Outputs)
+			for j := s.Drafts; j >= 0; j-- { // a drafting sequence's verify rows (speculate.go)
+				b.Outputs = append(b.Outputs, len(b.Tokens)-1-j)
+			}
 		}
+	}
+	if !adapted {
+		clear(b.Adapters)
+		b.Adapters = b.Adapters[:0]
 	}
 	b.Hidden = nil
 	if embeds {
@@ -599,6 +649,11 @@ func (e *Engine) sampleStep(chunks []sched.Chunk[*sequence], b *model.Batch, log
 		s := c.Seq
 		if !s.Running() {
 			out += outputsOf(c)
+			continue
+		}
+		if len(s.spec.samples) > 0 {
+			out += s.spec.rows
+			e.emitVerified(s, now)
 			continue
 		}
 		if s.rows != nil {

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 
 	"tandem/hal"
 	"tandem/kvcache"
@@ -50,10 +51,18 @@ func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) 
 	if cfg.Tiers.Enabled() {
 		return nil, errors.New("engine: lower KV tiers need a KV store; a modelled forward pass (the sim backend) or a pipeline's (its stages hold the KV) keeps none here (tandem simulate models the tiers)")
 	}
+	if cfg.Speculation.Method == SpecDraft {
+		return nil, fmt.Errorf("engine: a modelled forward pass cannot run a draft model")
+	}
 	micro := 1
 	pf, ok := f.(PipelineForwarder)
 	if ok {
 		micro = max(pf.InFlight(), 1)
+		if cfg.Speculation.Method != "" && cfg.Speculation.Method != SpecOff {
+			// Drafts would need their verify rows through every stage and a step in flight
+			// to hold them back: not built.
+			return nil, errors.New("engine: speculative decoding on a pipeline replica is not built")
+		}
 	}
 	e := newEngine(m, cfg, kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize), micro)
 	e.fwd = f

@@ -106,6 +106,7 @@ func (e *Engine) land() {
 // runs, and reports whether it moved any sequence.
 func (e *Engine) planned(plan *sched.Plan[*sequence]) bool {
 	for _, s := range plan.Preempted {
+		s.spec.draftLen = 0 // its blocks are gone, the draft model's KV with them
 		e.queued.Add(1)
 		if e.cfg.Metrics != nil {
 			e.cfg.Metrics.Preemptions.Inc()
@@ -145,7 +146,7 @@ func outputsOf(c sched.Chunk[*sequence]) int {
 		n += hi - lo
 	}
 	if c.Samples() {
-		n++
+		n += 1 + c.Seq.Drafts // the sampling row and a drafting sequence's verify rows
 	}
 	return n
 }

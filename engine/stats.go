@@ -68,8 +68,8 @@ func (e *Engine) publishSeqs(running, waiting []*sequence) {
 }
 
 // stepDone records a forward pass of n tokens that took d, and its composition: a
-// sequence computing only its newest generated token is a decode, every other token a
-// prompt (prefill) token. Called by Run's goroutine only.
+// sequence computing only its newest generated token (and its drafts, when it speculates)
+// is a decode, every other token a prompt (prefill) token. Called by Run's goroutine only.
 func (e *Engine) stepDone(d time.Duration, n int) {
 	var chunks []sched.Chunk[*sequence]
 	if e.plan != nil {
@@ -83,7 +83,7 @@ func (e *Engine) stepDoneChunks(d time.Duration, n int, chunks []sched.Chunk[*se
 	decode := 0
 	for _, c := range chunks {
 		if c.Decode() {
-			decode++
+			decode += c.N // 1, plus the drafts being verified
 		}
 	}
 	if met := e.cfg.Metrics; met != nil {

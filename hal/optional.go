@@ -103,3 +103,43 @@ type StepCapturer interface {
 	BeginStep(s *Step) (replayed bool)
 	EndStep() error
 }
+
+// LowRank is one LoRA adapter's update of one projection W (Out × In): out += B·(Scale·A·x),
+// with A of Rank × In and B of Out × Rank. It is held as float32 host slices, A row-major
+// as adapter files store it and B transposed (BT, Rank × Out), the layout the update reads:
+// adapters are a few MiB and come and go at run time, so they are neither in a file's
+// format nor prepared by the backend.
+type LowRank struct {
+	Rank, In, Out int
+	A             []float32 // Rank × In
+	BT            []float32 // Rank × Out: B transposed
+	Scale         float32   // alpha / rank, as the adapter's config says
+}
+
+// LowRankSpan says that rows Row … Row+Rows−1 of a batch take W's update.
+type LowRankSpan struct {
+	Row, Rows int
+	W         *LowRank
+}
+
+// LowRanker adds LoRA adapters' low-rank updates to a projection's output: the rows of a
+// batch that belong to sequences with an adapter, each its own adapter's (the base matmul
+// ran once for the whole batch). x holds the projection's input rows (In wide) and out its
+// output rows (Out wide), both of the whole batch; rows in no span are left alone.
+//
+// Every output row is computed from its own input row alone, in this order, so the update
+// is batch-invariant and a backend's bits can be held to a reference:
+//
+//	t[i]   = Σ_k A[i][k]·x[k]  for i < Rank: the products rounded to float32, added into
+//	         16 float32 lanes (element k into lane k mod 16, in order of k) for the first
+//	         In − In mod 16 elements; the lanes folded as lane l + lane l+8, then l + l+4,
+//	         l + l+2, l + l+1; the remaining products added in order after
+//	s[i]   = Scale·t[i]
+//	u[j]   = (((0 + s[0]·BT[0][j]) + s[1]·BT[1][j]) + …) + s[Rank−1]·BT[Rank−1][j]
+//	out[j] = out[j] + u[j]
+//
+// with every product rounded to float32 before its addition (no fused multiply-add). A
+// backend without the op cannot serve adapters (the engine refuses them on it).
+type LowRanker interface {
+	AddLowRank(out, x Buf, spans []LowRankSpan)
+}

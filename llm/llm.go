@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 )
 
@@ -44,6 +45,22 @@ type Request struct {
 	// hidden states are pooled (PoolLast, PoolMean) and returned on one event
 	// (Event.Embedding, unnormalised), and nothing is generated.
 	Pooling Pooling
+	// Adapter names the LoRA adapter the request runs under ("": the base model): the
+	// OpenAI API's model field when it names an adapter rather than the base.
+	Adapter string
+	// NoSpeculation turns speculative decoding off for the request where the engine would
+	// otherwise draft for it; the tokens are the same either way.
+	NoSpeculation bool
+}
+
+// AdapterInfo describes a LoRA adapter an engine serves.
+type AdapterInfo struct {
+	Name     string // what a request names it by
+	Path     string // where it was loaded from
+	Format   string // "gguf" or "peft"
+	ID       string // a hash of its content
+	Rank     int
+	Resident bool // its weights are in memory (else they are read again when next asked for)
 }
 
 // Pooling is how an embedding is made from a prompt's hidden states.
@@ -261,4 +278,33 @@ type Load struct {
 	TierLoadMicros     [4]int
 	BlockPrefillMicros int
 	PullMicros         int
+	// Adapters are the LoRA adapters the worker serves, each NAME@ID (its name and the
+	// hash of its content, which its KV's block hash salt includes), separated by spaces
+	// (a name has none): a string, so that a Load stays comparable.
+	Adapters string
+}
+
+// Adapter returns the content ID of the adapter name among l.Adapters.
+func (l *Load) Adapter(name string) (id string, ok bool) {
+	rest := l.Adapters
+	for rest != "" {
+		var one string
+		one, rest, _ = strings.Cut(rest, " ")
+		if n, id, _ := strings.Cut(one, "@"); n == name {
+			return id, true
+		}
+	}
+	return "", false
+}
+
+// AdapterList is adapters as Load.Adapters lists them.
+func AdapterList(adapters []AdapterInfo) string {
+	var b strings.Builder
+	for i, a := range adapters {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(a.Name + "@" + a.ID)
+	}
+	return b.String()
 }

@@ -52,6 +52,26 @@ type Engine struct {
 	// from (label source: file, sim, measured, or builtin when a quick profile could not be
 	// fitted and the built-in CPU profile stands in); none without a target.
 	StepCostProfile *prometheus.GaugeVec
+
+	// LoRA adapters: registered (loaded by --lora or the run-time API) and resident
+	// (their weights in memory; the least recently used past the budget are evicted and
+	// read again from their files when next asked for); loads by result and their time;
+	// requests by adapter.
+	LoRARegistered  prometheus.Gauge
+	LoRAResident    prometheus.Gauge
+	LoRALoads       *prometheus.CounterVec // label result: ok, error
+	LoRALoadSeconds prometheus.Observer
+	LoRAEvictions   prometheus.Counter
+	LoRARequests    *prometheus.CounterVec // label lora_name
+	// Speculative decoding (vLLM's names): verification steps of a drafting sequence,
+	// tokens drafted and accepted, and accepted/drafted since start.
+	SpecDrafts         prometheus.Counter
+	SpecDraftTokens    prometheus.Counter
+	SpecAcceptedTokens prometheus.Counter
+	SpecAcceptanceRate prometheus.Gauge
+	// SpecDraftFailures counts the draft model's failed forward passes: those steps
+	// decoded without drafts.
+	SpecDraftFailures prometheus.Counter
 }
 
 var (
@@ -95,6 +115,22 @@ func NewEngine(reg prometheus.Registerer, model string) *Engine {
 		GPUCacheUsage:   f.gauge("tandem:gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of kv_cache_usage_perc). 1 means 100 percent usage."),
 		InferenceTime:   f.histogram("tandem:request_inference_time_seconds", "Histogram of time spent in prefill and decode in seconds.", latencyBuckets),
 		StepsOverTarget: f.counter("tandem:steps_over_itl_target_total", "Engine steps carrying decode tokens whose predicted time exceeded the inter-token latency target: too many streams for the target."),
+
+		LoRARegistered: f.gauge("tandem:lora_adapters_registered", "LoRA adapters that requests may name (loaded at start or at run time)."),
+		LoRAResident:   f.gauge("tandem:lora_adapters_resident", "LoRA adapters whose weights are in memory."),
+		LoRALoads: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:lora_loads_total", Help: "LoRA adapter loads (first loads and reloads after an eviction) by result.", ConstLabels: labels,
+		}, []string{"result"})).(*prometheus.CounterVec),
+		LoRALoadSeconds: f.histogram("tandem:lora_load_seconds", "Histogram of LoRA adapter load times in seconds.", latencyBuckets),
+		LoRAEvictions:   f.counter("tandem:lora_evictions_total", "LoRA adapters evicted from memory past the resident budget (least recently used first)."),
+		LoRARequests: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:lora_requests_total", Help: "Requests served with a LoRA adapter, by adapter.", ConstLabels: labels,
+		}, []string{"lora_name"})).(*prometheus.CounterVec),
+		SpecDrafts:         f.counter("tandem:spec_decode_num_drafts_total", "Speculative decoding: verification steps of drafting sequences."),
+		SpecDraftTokens:    f.counter("tandem:spec_decode_num_draft_tokens_total", "Speculative decoding: tokens drafted."),
+		SpecAcceptedTokens: f.counter("tandem:spec_decode_num_accepted_tokens_total", "Speculative decoding: drafted tokens the target model accepted."),
+		SpecAcceptanceRate: f.gauge("tandem:spec_decode_draft_acceptance_rate", "Speculative decoding: accepted / drafted tokens since start."),
+		SpecDraftFailures:  f.counter("tandem:spec_decode_draft_failures_total", "Speculative decoding: failed forward passes of the draft model (those steps decoded without drafts)."),
 	}
 	cost := f.register(prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tandem:step_cost_correction", ConstLabels: labels,

@@ -34,8 +34,11 @@ type Planner struct {
 	// request in flight), migrated (its drain ran out; its requests moved elsewhere) or
 	// unstarted (stopped before it had registered).
 	ScaleDowns *prometheus.CounterVec
-	// ConnectorErrors counts failed scale requests by pool.
-	ConnectorErrors *prometheus.CounterVec
+	// ConnectorErrors counts failed scale requests by pool; ConnectorReadErrors the
+	// connector's failed reads of a pool's replicas (the planner then goes on with the
+	// last list read).
+	ConnectorErrors     *prometheus.CounterVec
+	ConnectorReadErrors *prometheus.CounterVec
 	// Refused counts decisions that left a pool short of what it needs, by pool and
 	// reason: max (the pool's upper bound), budget (the total bound) or connector (the
 	// connector declined the request).
@@ -63,5 +66,7 @@ func NewPlanner(reg prometheus.Registerer) *Planner {
 		ScaleDowns:       cv("tandem_router:planner_scale_downs_total", "Workers removed by the planner, by pool and result: drained, migrated (requests moved on), unstarted (stopped while starting).", "pool", "result"),
 		Refused:          cv("tandem_router:planner_refused_total", "Planner decisions that left a pool short of what it needs, by pool and reason: max (its bound), budget (the total bound), connector (declined).", "pool", "reason"),
 		ConnectorErrors:  cv("tandem_router:planner_connector_errors_total", "Scale requests the connector failed, by pool.", "pool"),
+		ConnectorReadErrors: cv("tandem_router:planner_connector_read_errors_total",
+			"Reads of a pool's replicas the connector failed (the planner went on with the last list read), by pool.", "pool"),
 	}
 }

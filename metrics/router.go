@@ -32,6 +32,10 @@ type Router struct {
 	// Requests that waited in the router's queue (label cause: busy, no_workers), once per
 	// request; Rejected counts each attempt that found no worker.
 	Queued *prometheus.CounterVec
+	// AdapterLoads counts the LoRA adapter loads the router asked a worker for (its
+	// run-time API, a request no worker could serve, or a cheaper worker without the
+	// adapter), by result: ok, error.
+	AdapterLoads *prometheus.CounterVec
 	// The router's own stalls: heartbeat ticks that came late (the time is not counted
 	// against the workers' heartbeats), and ticks at which most workers had gone silent
 	// at once, which the router took for its own host's or network's trouble rather than
@@ -90,6 +94,8 @@ func NewRouter(reg prometheus.Registerer) *Router {
 			[]string{"worker", "model", "role"}, nil),
 		Queued: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:requests_queued_total",
 			Help: "Requests that waited in the router for a worker, by cause (busy: every worker busy; no_workers: none healthy)."}, []string{"cause"})).(*prometheus.CounterVec),
+		AdapterLoads: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:lora_loads_total",
+			Help: "LoRA adapter loads the router asked a worker for, by result."}, []string{"result"})).(*prometheus.CounterVec),
 		RouterStalls: f.counter("tandem_router:heartbeat_ticks_late_total",
 			"Heartbeat checks that ran late (the router's own host stalled); the lateness is not counted against the workers."),
 		RouterStallTime: f.counter("tandem_router:heartbeat_ticks_late_seconds_total", "Total lateness of the late heartbeat checks."),

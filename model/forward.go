@@ -18,6 +18,9 @@ type Batch struct {
 	// (the input of the logits), len(Outputs)×Embd values in Outputs' order: what an
 	// embedding is pooled from.
 	Hidden []float32
+	// Adapters, if not empty, is each sequence's LoRA adapter (indexed as Attn.Blocks; nil:
+	// the base model): its rows take the adapter's low-rank updates after the base matmuls.
+	Adapters []*Adapter
 }
 
 // Runner runs forward passes of a model on a backend, reusing its activation
@@ -40,6 +43,7 @@ type Runner struct {
 	capture hal.StepCapturer  // be, where it runs a step as one unit
 	prods   [3]hal.MatMulOut
 	step    hal.Step
+	lora    loraStep // the step's adapters (lora.go)
 }
 
 // NewRunner prepares m to run on be.
@@ -51,6 +55,7 @@ func NewRunner(m *Model, be hal.Backend) *Runner {
 		// capture would not replay: stages run their ops one by one.
 		r.capture, _ = be.(hal.StepCapturer)
 	}
+	r.lora.op, _ = be.(hal.LowRanker)
 	return r
 }
 
@@ -169,6 +174,9 @@ func (r *Runner) ForwardStage(kv hal.KVStore, b *Batch, in, out, logits []float3
 	if err := r.reserve(n, outs); err != nil {
 		return err
 	}
+	if err := r.setAdapters(b); err != nil {
+		return err
+	}
 	s := &r.step
 	*s = hal.Step{Tokens: b.Tokens, Attn: &b.Attn, Outputs: b.Outputs, KV: kv}
 	if m.Stage.Last() {
@@ -233,6 +241,9 @@ func (r *Runner) ops(s *hal.Step) {
 		kl := li - lo // the layer's index in the stage's KV store
 		be.RMSNorm(xn, x, l.AttnNorm, c.NormEps)
 		r.matMuls(xn, n, hal.MatMulOut{Out: q, W: l.Wq}, hal.MatMulOut{Out: k, W: l.Wk}, hal.MatMulOut{Out: v, W: l.Wv})
+		r.adapt(q, xn, li, RoleQ, 0, n)
+		r.adapt(k, xn, li, RoleK, 0, n)
+		r.adapt(v, xn, li, RoleV, 0, n)
 		if l.Bq != nil {
 			be.AddBias(q, l.Bq)
 		}
@@ -253,15 +264,20 @@ func (r *Runner) ops(s *hal.Step) {
 		be.StoreKV(s.KV, kl, k, v, s.Attn)
 		be.Attention(att, q, c.Heads, scale, s.KV, kl, s.Attn)
 		be.MatMul(tmp, att, n, l.Wo)
+		r.adapt(tmp, att, li, RoleO, 0, n)
 		be.Add(x, tmp)
 
 		be.RMSNorm(xn, x, l.FFNNorm, c.NormEps)
 		for lo := 0; lo < n; lo += ffnRows {
 			hi := min(n, lo+ffnRows)
 			gate, up := r.gate.Slice(0, (hi-lo)*c.FFN), r.up.Slice(0, (hi-lo)*c.FFN)
-			r.matMuls(xn.Slice(lo*c.Embd, hi*c.Embd), hi-lo, hal.MatMulOut{Out: gate, W: l.Gate}, hal.MatMulOut{Out: up, W: l.Up})
+			xc := xn.Slice(lo*c.Embd, hi*c.Embd)
+			r.matMuls(xc, hi-lo, hal.MatMulOut{Out: gate, W: l.Gate}, hal.MatMulOut{Out: up, W: l.Up})
+			r.adapt(gate, xc, li, RoleGate, lo, hi)
+			r.adapt(up, xc, li, RoleUp, lo, hi)
 			be.SiLUMul(gate, up)
 			be.MatMul(tmp.Slice(lo*c.Embd, hi*c.Embd), gate, hi-lo, l.Down)
+			r.adapt(tmp.Slice(lo*c.Embd, hi*c.Embd), gate, li, RoleDown, lo, hi)
 		}
 		be.Add(x, tmp)
 	}

@@ -16,6 +16,12 @@ import (
 // steps[k][s] is how many tokens sequence s feeds at step k.
 func runBatches(t *testing.T, m *Model, be hal.Backend, bs int, seqs [][]int32, steps [][]int) [][][]float32 {
 	t.Helper()
+	return runAdaptedBatches(t, m, be, bs, seqs, nil, steps)
+}
+
+// runAdaptedBatches is runBatches with sequence s taking adapters[s] (nil: none).
+func runAdaptedBatches(t *testing.T, m *Model, be hal.Backend, bs int, seqs [][]int32, adapters []*Adapter, steps [][]int) [][][]float32 {
+	t.Helper()
 	vocab := m.Config.VocabSize
 	var tables [][]int32
 	next := int32(0)
@@ -43,7 +49,7 @@ func runBatches(t *testing.T, m *Model, be hal.Backend, bs int, seqs [][]int32, 
 	out := make([][][]float32, len(seqs))
 	done := make([]int, len(seqs))
 	for _, step := range steps {
-		b := &Batch{Attn: hal.AttnBatch{Blocks: tables}}
+		b := &Batch{Attn: hal.AttnBatch{Blocks: tables}, Adapters: adapters}
 		var owners []int
 		for s, n := range step {
 			for i := 0; i < n; i++ {

@@ -100,6 +100,13 @@ type Config struct {
 	// Responses configures the Responses API's store.
 	Responses Responses
 	Logger    *slog.Logger
+	// LoRA are the adapters loaded at start; MaxLoRAs how many stay in memory at once
+	// (0: engine.DefaultMaxAdapters); RuntimeLoRA serves the run-time load and unload API.
+	LoRA        []LoRA
+	MaxLoRAs    int
+	RuntimeLoRA bool
+	// Speculation configures speculative decoding (engine.Speculation; zero: off).
+	Speculation engine.Speculation
 
 	// Weights says where the prepared weights may come from besides the model file
 	// (weights.go); Start makes them ready before the engine starts.
@@ -108,6 +115,11 @@ type Config struct {
 	// long the caller took to open Model: the start-up's first phase.
 	Started  time.Time
 	OpenTime time.Duration
+}
+
+// LoRA is an adapter loaded at start: requests name it in the model field.
+type LoRA struct {
+	Name, Path string
 }
 
 // Responses configures the store of the Responses API's stored responses.
@@ -248,6 +260,11 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	perToken := m.KVBytesPerToken()
+	if d := cfg.Speculation.Draft; d != nil && cfg.Sim == nil {
+		// The draft model's KV store has a slot for every slot of the pool: the budget
+		// pays for both.
+		perToken += d.KVBytesPerToken()
+	}
 	budget := cfg.KVBudget
 	if budget <= 0 {
 		budget = DefaultKVBudget(perToken, cfg.MaxSeqs*m.Config.ContextLen)
@@ -315,6 +332,9 @@ func (n *Node) newEngines(ctx context.Context) error {
 		Salt:           kvcache.Salt(cfg.Name, "", ""),
 		Metrics:        metrics.NewEngine(n.reg, cfg.Name),
 		Logger:         n.log,
+		ServedName:     cfg.Name,
+		MaxAdapters:    cfg.MaxLoRAs,
+		Speculation:    cfg.Speculation,
 	}
 	if cfg.ITLTarget > 0 || cfg.ITLTargetDecodes > 0 {
 		ecfg.ITLTarget = cfg.ITLTarget
@@ -360,12 +380,20 @@ func (n *Node) newEngines(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		for _, l := range cfg.LoRA {
+			if err := e.LoadAdapter(context.Background(), l.Name, l.Path); err != nil {
+				return fmt.Errorf("--lora %s=%s: %w", l.Name, l.Path, err)
+			}
+		}
 		eng = e
 		n.engines = []*engine.Engine{e}
 		return nil
 	}
 	if cfg.KVTiers.Enabled() {
 		return errors.New("node: the KV tiers (--kv-host-memory, --kv-disk-dir, --kv-shared-dir) need a real backend: the sim backend keeps no KV (tandem simulate models the tiers)")
+	}
+	if len(cfg.LoRA) > 0 || cfg.RuntimeLoRA {
+		return errors.New("node: the sim backend models the forward pass: it cannot apply LoRA adapters")
 	}
 	tok := m.Tokenizer
 	for i := range cfg.Replicas {
@@ -389,6 +417,15 @@ func (n *Node) newEngines(ctx context.Context) error {
 	return nil
 }
 
+// adapterServer is the engine as the API's LoRA adapter server; nil for the sim backend,
+// which cannot apply them.
+func (n *Node) adapterServer() openai.AdapterServer {
+	if n.cfg.Sim != nil {
+		return nil
+	}
+	return n.engines[0]
+}
+
 func (n *Node) serveHTTP() error {
 	cfg := n.cfg
 	store, err := n.openStore()
@@ -409,7 +446,8 @@ func (n *Node) serveHTTP() error {
 		ToolCallParser:  cfg.ToolCallParser,
 		ReasoningParser: cfg.ReasoningParser,
 		Pooling:         cfg.Pooling,
-	}}, openai.Options{APIKey: cfg.HTTP.APIKey, Logger: n.log, Metrics: httpMet, Responses: store})
+		Adapters:        n.adapterServer(),
+	}}, openai.Options{APIKey: cfg.HTTP.APIKey, Logger: n.log, Metrics: httpMet, Responses: store, RuntimeLoRA: cfg.RuntimeLoRA})
 	dash, err := web.New(web.Config{Kind: web.Engine, Name: cfg.Name, Source: n.reg, Registerer: n.reg,
 		APIKey: cfg.HTTP.APIKey, SLA: cfg.SLA, Logger: n.log})
 	if err != nil {
@@ -496,7 +534,7 @@ func (n *Node) join() error {
 			Salt: kvcache.Salt(cfg.Name, "", ""), KVBlocks: n.blocks, ContextLen: n.contextLen,
 			TokenizerFormat: tokFormat, TokenizerFiles: tokFiles, ChatTemplate: m.ChatTemplate,
 			GrammarFormat: cluster.GrammarGBNF, ToolCallParser: cfg.ToolCallParser, ReasoningParser: cfg.ReasoningParser,
-			RequestLevel: cluster.RequestTokens, Pooling: string(cfg.Pooling),
+			RequestLevel: cluster.RequestAdapters, Pooling: string(cfg.Pooling),
 			Startup: n.startup, Stages: m.Split,
 		},
 		Node:       cc.NodeName,

@@ -136,7 +136,7 @@ func (h *handler) embed(ctx context.Context, r *http.Request, m *Model, req *emb
 	var wg sync.WaitGroup
 	for i, p := range prompts {
 		info.promptTokens += len(p)
-		lreq := &llm.Request{ID: fmt.Sprintf("%s-%d", id, i), Model: m.ID, Prompt: p, Pooling: pool, Session: session(r, req.User)}
+		lreq := &llm.Request{ID: fmt.Sprintf("%s-%d", id, i), Model: m.ID, Prompt: p, Pooling: pool, Session: session(r, req.User), Adapter: m.adapter}
 		st, err := m.Backend.Generate(ctx, lreq)
 		if err == nil && st == nil {
 			err = errors.New("the backend returned no stream")

@@ -68,8 +68,13 @@ type Model struct {
 	// Pooling is how /v1/embeddings pools the model's hidden states (llm.Poolings);
 	// "" is last-token pooling.
 	Pooling llm.Pooling
+	// Adapters, if set, is the backend's LoRA adapters (lora.go): a request's model field
+	// may name one, /v1/models lists them with this model as their parent.
+	Adapters AdapterServer
 
 	fallbackLogged atomic.Bool // a template fallback was logged once
+	adapter        string      // set on the model an adapter makes (underAdapter)
+	parent         *Model
 }
 
 // template is the model's chat template ("" when it has none).
@@ -105,6 +110,9 @@ type Options struct {
 	// Responses keeps the Responses API's stored responses (store, previous_response_id,
 	// GET and DELETE /v1/responses/{id}); nil: requests that would store one are refused.
 	Responses ResponseStore
+	// RuntimeLoRA serves vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+	// (they read files named by the client: off unless the operator allows it).
+	RuntimeLoRA bool
 }
 
 // DefaultMaxBodyBytes is the request body limit when Options.MaxBodyBytes is 0.
@@ -125,6 +133,7 @@ type handler struct {
 	met     *metrics.HTTP
 	mem     memoryReturn
 	store   ResponseStore
+	loraAPI bool
 }
 
 // NewHandler returns the API's HTTP handler for models. Routes:
@@ -170,7 +179,7 @@ type handler struct {
 // It panics if a model is nil, lacks an ID, Tokenizer or Backend, or two
 // models share an ID: those are wiring mistakes.
 func NewHandler(models []*Model, opts Options) http.Handler {
-	h := &handler{byID: map[string]*Model{}, maxBody: opts.MaxBodyBytes, apiKey: opts.APIKey, log: opts.Logger, met: opts.Metrics, store: opts.Responses}
+	h := &handler{byID: map[string]*Model{}, maxBody: opts.MaxBodyBytes, apiKey: opts.APIKey, log: opts.Logger, met: opts.Metrics, store: opts.Responses, loraAPI: opts.RuntimeLoRA}
 	if h.maxBody <= 0 {
 		h.maxBody = DefaultMaxBodyBytes
 	}
@@ -290,6 +299,10 @@ func (h *handler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		fn, methods = h.listModels, get
 	case strings.HasPrefix(path, "/v1/models/") && len(path) > len("/v1/models/"):
 		fn, methods = h.getModel, get
+	case path == "/v1/load_lora_adapter" && h.loraAPI:
+		fn = h.loadAdapter
+	case path == "/v1/unload_lora_adapter" && h.loraAPI:
+		fn = h.unloadAdapter
 	case path == "/tokenize":
 		fn = h.tokenize
 	case path == "/detokenize":
@@ -319,6 +332,9 @@ const RequestIDHeader = httpserve.RequestIDHeader
 func (h *handler) templateFallback(m *Model, fell []string) {
 	if len(fell) == 0 {
 		return
+	}
+	if m.parent != nil {
+		m = m.parent // an adapter's requests log under its base model's flag
 	}
 	if h.met != nil {
 		for _, what := range fell {
@@ -382,6 +398,9 @@ func (h *handler) model(name string) (*Model, *apiError) {
 	if m := h.byID[name]; m != nil {
 		return m, nil
 	}
+	if m := h.adapterModel(name); m != nil {
+		return m, nil
+	}
 	return nil, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", param: "model", code: "model_not_found",
 		msg: fmt.Sprintf("The model `%s` does not exist.", name)}
 }
@@ -392,6 +411,9 @@ type modelObject struct {
 	Created     int64  `json:"created"`
 	OwnedBy     string `json:"owned_by"`
 	MaxModelLen int    `json:"max_model_len,omitempty"`
+	// A LoRA adapter's: where it was loaded from and its base model (vLLM's fields).
+	Root   string `json:"root,omitempty"`
+	Parent string `json:"parent,omitempty"`
 }
 
 func (m *Model) object() modelObject {
@@ -409,6 +431,7 @@ func (h *handler) listModels(w http.ResponseWriter, r *http.Request, info *reqIn
 	}{Object: "list", Data: []modelObject{}}
 	for _, m := range h.models {
 		list.Data = append(list.Data, m.object())
+		list.Data = append(list.Data, m.adapterObjects()...)
 	}
 	writeJSON(w, http.StatusOK, list)
 }
@@ -422,6 +445,14 @@ func (h *handler) getModel(w http.ResponseWriter, r *http.Request, info *reqInfo
 		return
 	}
 	m := h.byID[id]
+	if a := h.adapterModel(id); m == nil && a != nil {
+		for _, o := range a.parent.adapterObjects() {
+			if o.ID == id {
+				writeJSON(w, http.StatusOK, o)
+				return
+			}
+		}
+	}
 	if m == nil {
 		writeError(w, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", param: "model", code: "model_not_found",
 			msg: fmt.Sprintf("The model `%s` does not exist.", id)})

@@ -40,6 +40,9 @@ type samplingFields struct {
 	User              string             `json:"user"`
 	Priority          int64              `json:"priority"`
 	AddSpecialTokens  *bool              `json:"add_special_tokens"`
+	// SpeculativeDecoding false turns the server's speculative decoding off for the
+	// request (the tokens are the same; only the speed differs).
+	SpeculativeDecoding *bool `json:"speculative_decoding"`
 	// vLLM's token-level fields.
 	MinTokens              *int64          `json:"min_tokens"`
 	AllowedTokenIDs        []int64         `json:"allowed_token_ids"`
@@ -309,6 +312,8 @@ func newJob(m *Model, f *samplingFields, chat bool, maxTokens *int64, maxParam s
 	j.req.Priority = int(max(min(f.Priority, math.MaxInt32), math.MinInt32))
 	j.req.MaxTokens = j.maxTokens
 	j.req.Model = m.ID
+	j.req.Adapter = m.adapter
+	j.req.NoSpeculation = f.SpeculativeDecoding != nil && !*f.SpeculativeDecoding
 	return j, nil
 }
 

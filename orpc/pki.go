@@ -176,6 +176,16 @@ func (ca *CA) Save(dir string) error {
 	return statefile.Write(certPath, certToPEM(ca.Cert), 0o644)
 }
 
+// PEM returns the CA's certificate and key encoded as Save writes them to ca.crt and
+// ca.key (the operator keeps them in a Secret instead of a directory).
+func (ca *CA) PEM() (cert, key []byte, err error) {
+	key, err = keyToPEM(ca.Key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return certToPEM(ca.Cert), key, nil
+}
+
 // Issue signs a node certificate for pub: CN = name, usable as both TLS client and server,
 // with hosts (DNS names or IPs) as subject alternative names.
 func (ca *CA) Issue(name string, hosts []string, pub crypto.PublicKey, validity time.Duration) (*x509.Certificate, error) {

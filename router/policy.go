@@ -1,8 +1,14 @@
 package router
 
 import (
+	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
+
+	"tandem/kvcache"
+	"tandem/llm"
 )
 
 // A Request is what the policy needs to know of a request.
@@ -24,6 +30,12 @@ type Request struct {
 	// Key names the request for breaking ties between equally good workers (see
 	// State.Decide); 0 derives one from Hashes and PromptTokens.
 	Key uint64
+	// Adapter, if set, is the LoRA adapter the request runs under: only workers whose
+	// reports list it are considered (and Hashes are salted with it: State.AdapterSalt),
+	// unless AdapterLoadable says the caller can load it on another, which then costs
+	// Config.AdapterLoadCost more.
+	Adapter         string
+	AdapterLoadable bool
 }
 
 // Cost is the breakdown of cost(w) = OverlapWeight·Prefill + Decode, in
@@ -64,6 +76,9 @@ type Decision struct {
 	// Inflight is the record Decide added to the worker's predicted load; see
 	// State.PrefillDone and State.RemoveInflight.
 	Inflight Inflight
+	// LoadAdapter says the worker lacks the request's adapter: the caller loads it there
+	// first (Request.AdapterLoadable).
+	LoadAdapter bool
 }
 
 // Decide routes req with s's policy; it is s.Decide.
@@ -79,8 +94,14 @@ func (s *State) Decide(req Request) (Decision, error) {
 	s.seq++
 	cands := s.cands[:0]
 	healthy, stale := 0, 0
+	lacking := 0 // healthy workers without the request's adapter
 	for _, w := range s.workers {
 		if !w.Healthy || !req.Pool.admits(w.Card.Role) || w.Stale && s.cfg.RequireKVEvents {
+			continue
+		}
+		w.lacks = !w.serves(req.Adapter)
+		if w.lacks && (!req.AdapterLoadable || s.cfg.AdapterLoadCost <= 0) {
+			lacking++
 			continue
 		}
 		healthy++
@@ -92,6 +113,9 @@ func (s *State) Decide(req Request) (Decision, error) {
 		}
 	}
 	s.cands = cands
+	if healthy == 0 && lacking > 0 {
+		return Decision{}, fmt.Errorf("%w: %q", ErrNoAdapter, req.Adapter)
+	}
 	if healthy == 0 {
 		return Decision{}, ErrNoWorkers
 	}
@@ -125,7 +149,7 @@ func (s *State) Decide(req Request) (Decision, error) {
 	sticky := req.SessionID != "" && s.cfg.AffinityTTL > 0
 	if sticky {
 		if b, ok := s.sessions[req.SessionID]; ok && req.Now.Before(b.expires) {
-			if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) && req.Pool.admits(w.Card.Role) {
+			if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) && req.Pool.admits(w.Card.Role) && w.serves(req.Adapter) {
 				pick, reason = w, ReasonAffinity
 			}
 		}
@@ -170,6 +194,7 @@ func (s *State) Decide(req Request) (Decision, error) {
 		d.Peer, d.PeerBlocks, cached = p, n, n
 	}
 	d.Inflight = s.AddInflight(pick.ID, promptBlocks, cached)
+	d.LoadAdapter = pick.lacks
 	return d, nil
 }
 
@@ -208,6 +233,61 @@ func (s *State) pullFor(w *WorkerState) (WorkerID, int) {
 		return 0, 0
 	}
 	return p.w.ID, p.run
+}
+
+// serves reports whether w serves the LoRA adapter (the base model: "").
+func (w *WorkerState) serves(adapter string) bool {
+	if adapter == "" {
+		return true
+	}
+	_, ok := w.Report.Adapter(adapter)
+	return ok
+}
+
+// AdapterSalt returns the block hash salt of the adapter's sequences as the workers that
+// serve it hash them (kvcache.Salt of the model and NAME@ID, docs/block-hashing.md), from
+// the first one's report that lists it; false when none does.
+func (s *State) AdapterSalt(adapter string) (uint64, bool) {
+	for _, w := range s.workers {
+		if id, ok := w.Report.Adapter(adapter); ok {
+			return kvcache.Salt(s.card.Model, "", adapter+"@"+id), true
+		}
+	}
+	return 0, false
+}
+
+// NoteAdapter records that worker id serves the LoRA adapter name of content ID id (it
+// answered a load) until its next load report says otherwise.
+func (s *State) NoteAdapter(worker WorkerID, name, id string) {
+	w := s.lookup(worker)
+	if w == nil || w.serves(name) {
+		return
+	}
+	if w.Report.Adapters != "" {
+		w.Report.Adapters += " "
+	}
+	w.Report.Adapters += name + "@" + id
+}
+
+// Adapters lists the LoRA adapters the workers serve, each once, with the ID the first
+// report listing it gave.
+func (s *State) Adapters() []llm.AdapterInfo {
+	var out []llm.AdapterInfo
+	seen := map[string]bool{}
+	for _, w := range s.workers {
+		rest := w.Report.Adapters
+		for rest != "" {
+			var one string
+			one, rest, _ = strings.Cut(rest, " ")
+			name, id, _ := strings.Cut(one, "@")
+			if name != "" && !seen[name] {
+				seen[name] = true
+				out = append(out, llm.AdapterInfo{Name: name, ID: id, Resident: true})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b llm.AdapterInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }
 
 // unknownOverlap gives the stale candidates, whose index entries cannot be trusted, the
@@ -276,7 +356,11 @@ func (s *State) fastCost(w *WorkerState, blocks, inv float64) (total, load float
 	cached := s.cached(w)
 	pre := max(0, float64(w.Report.PrefillTokens)*inv+float64(w.dPrefill))
 	dec := float64(max(0, w.Report.DecodeBlocks+w.dDecode))
-	return s.cfg.OverlapWeight*(max(0, blocks-cached)+pre) + dec, pre + dec
+	total = s.cfg.OverlapWeight*(max(0, blocks-cached)+pre) + dec
+	if w.lacks {
+		total += s.cfg.AdapterLoadCost
+	}
+	return total, pre + dec
 }
 
 // cost is w's cost for a prompt of blocks blocks.
@@ -284,7 +368,11 @@ func (s *State) cost(w *WorkerState, blocks float64) Cost {
 	cached := s.cached(w)
 	prefill := max(0, blocks-cached) + w.PrefillBlocks()
 	decode := w.DecodeBlocks()
-	return Cost{Prefill: prefill, Decode: decode, Total: s.cfg.OverlapWeight*prefill + decode}
+	c := Cost{Prefill: prefill, Decode: decode, Total: s.cfg.OverlapWeight*prefill + decode}
+	if w.lacks {
+		c.Total += s.cfg.AdapterLoadCost
+	}
+	return c
 }
 
 // kv picks by the cost function: the cheapest worker at temperature 0 (ties broken by

@@ -73,6 +73,13 @@ type Config struct {
 	// missing) instead of counting their overlap as unknown.
 	RequireKVEvents bool
 
+	// AdapterLoadCost is what loading a LoRA adapter on a worker costs, in the cost
+	// function's blocks: a request under an adapter the router can load
+	// (Request.AdapterLoadable) may go to a worker without it at this extra cost, which
+	// then loads it (Decision.LoadAdapter); 0 keeps such requests on the workers that
+	// serve the adapter.
+	AdapterLoadCost float64
+
 	// Card is the model's card. If its BlockSize is 0 the first worker's card
 	// is adopted.
 	Card Card
@@ -92,6 +99,8 @@ func DefaultConfig() Config {
 		BusyKVUsage:   0.95,
 		BusyWaiting:   16,
 		AffinityTTL:   10 * time.Minute,
+
+		AdapterLoadCost: 64,
 	}
 }
 
@@ -110,6 +119,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("router: peer min blocks %d must be ≥ 0", c.PeerMinBlocks)
 	case bad(c.BusyKVUsage):
 		return fmt.Errorf("router: busy KV usage %v must be finite and ≥ 0", c.BusyKVUsage)
+	case bad(c.AdapterLoadCost):
+		return fmt.Errorf("router: adapter load cost %v must be finite and ≥ 0", c.AdapterLoadCost)
 	case c.BusyWaiting < 0:
 		return fmt.Errorf("router: busy waiting %d must be ≥ 0", c.BusyWaiting)
 	case c.Card.BlockSize < 0:
@@ -157,6 +168,7 @@ type WorkerState struct {
 	ov       [numLevels]int     // the prompt's runs by tier level (Match's fields)
 	credit   [numLevels]float64 // fraction of a block's prefill a block of each tier saves
 	pull     float64            // … a block pulled from a peer saves
+	lacks    bool               // this decision: the worker lacks the request's adapter (AdapterLoadCost)
 	ix       *workerRec         // the index's record: its block count
 }
 
@@ -236,6 +248,9 @@ var (
 	// ErrAllBusy: every healthy worker is busy; the caller queues the
 	// request with a timeout, then answers 429 (or 503) with Retry-After.
 	ErrAllBusy = fmt.Errorf("router: every healthy worker is busy: %w", llm.ErrQueueFull)
+	// ErrNoAdapter: healthy workers are there, but none serves the request's LoRA adapter
+	// (answer 400).
+	ErrNoAdapter = fmt.Errorf("router: no healthy worker serves the LoRA adapter: %w", llm.ErrInvalid)
 	// ErrUnknownWorker: the worker is not registered.
 	ErrUnknownWorker = errors.New("router: unknown worker")
 )

@@ -46,7 +46,7 @@ func (s *Scheduler[S]) CensusOf(running, waiting []S) Census {
 		}
 		c.DecodeBlocks += len(seq.KV.Blocks())
 		// The last token of a decoding sequence is uncomputed too, but it is decode work.
-		if n := seq.KV.Len(); n < len(seq.Tokens)-1 || n < seq.PromptLen {
+		if n := seq.KV.Len(); n < len(seq.Tokens)-seq.Drafts-1 || n < seq.PromptLen {
 			c.PrefillTokens += len(seq.Tokens) - n
 		}
 	}
@@ -75,7 +75,7 @@ func (s *Scheduler[S]) expected(seq *Seq) int {
 		return seq.expect
 	}
 	var n int
-	n, s.hashes = ExpectedHits(s.pool, s.cfg.Salt, seq.Tokens, s.hashes)
+	n, s.hashes = ExpectedHits(s.pool, s.salt(seq), seq.Tokens, s.hashes)
 	seq.expect, seq.expectFor = n, len(seq.Tokens)
 	return n
 }

@@ -78,6 +78,17 @@ type Seq struct {
 	// cache: the caller wants an output at each prompt position (prompt log-probabilities,
 	// a mean-pooled embedding). The caller may clear it once it has them.
 	NoPrefixMatch bool
+	// Salt, if not 0, is the block hash salt of the sequence's KV instead of Config.Salt:
+	// a sequence under a LoRA adapter hashes with the adapter's, so that its blocks never
+	// match another adapter's (or the base model's) prefix.
+	Salt uint64
+	// Drafts is how many trailing Tokens are drafted, not yet accepted (speculative
+	// decoding): the caller appends them and sets Drafts before Schedule, which either
+	// plans all of the sequence's uncomputed tokens in one chunk or drops the drafts
+	// (cutting Tokens and zeroing Drafts) where the budget or the pool cannot take them,
+	// and drops them before a preemption. After the step the caller cuts Tokens to the
+	// accepted ones before Commit, which commits only tokens still there.
+	Drafts int
 
 	cached   int    // prompt tokens the prefix cache held at the first admission
 	admitted bool   // admitted at least once
@@ -131,11 +142,11 @@ type Chunk[S Sequence] struct {
 // step yields the logits of the next token.
 func (c Chunk[S]) Samples() bool { return c.From+c.N == len(c.Seq.Sched().Tokens) }
 
-// Decode reports whether the chunk computes one generated token: a decode, not a prompt
-// chunk or the recompute of a preempted sequence.
+// Decode reports whether the chunk computes one generated token (and the drafts after it):
+// a decode, not a prompt chunk or the recompute of a preempted sequence.
 func (c Chunk[S]) Decode() bool {
 	q := c.Seq.Sched()
-	return c.N == 1 && c.From >= q.PromptLen && c.From+1 == len(q.Tokens)
+	return c.N == 1+q.Drafts && c.From >= q.PromptLen && c.From+c.N == len(q.Tokens)
 }
 
 // A Plan is what one step computes and what the scheduler did to make room for it. Its
@@ -301,6 +312,10 @@ func left[S Sequence](q S) int {
 	return len(seq.Tokens) - seq.KV.Len()
 }
 
+// prompting reports whether q reads prompt tokens (or recomputes) this step: more than
+// one token left besides its drafts.
+func prompting[S Sequence](q S) bool { return left(q)-q.Sched().Drafts > 1 }
+
 // Schedule plans the next step. Running sequences come first: those with one token left
 // (decodes), then those reading their prompt, by priority and then fewest tokens left, so
 // that streams keep flowing while long prompts are read. Each takes what is left of its
@@ -339,7 +354,7 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 		if seq.state != running || seq.inFlight {
 			continue // preempted to make room for an earlier one, or in another step
 		}
-		if left(q) > 1 {
+		if prompting(q) {
 			// A prompt chunk: waiting sequences of a higher priority start first.
 			for admitting && budget > 0 && len(s.waiting) > 0 && s.waiting[0].Sched().Priority < seq.Priority {
 				admitting = s.admit(p, &budget)
@@ -348,8 +363,20 @@ func (s *Scheduler[S]) Schedule() *Plan[S] {
 				break // the running sequences left read their prompts too
 			}
 		}
-		n := s.fit(p, seq.KV.Len(), min(left(q), budget))
+		n := min(left(q), budget)
+		if seq.Drafts == 0 {
+			n = s.fit(p, seq.KV.Len(), n) // a decode and its drafts are never cut for time
+		}
+		if seq.Drafts > 0 && n < left(q) {
+			seq.dropDrafts() // a draft verified in part yields nothing
+			n = min(left(q), budget)
+		}
 		for n > 0 && seq.KV.Reserve(n) != nil {
+			if seq.Drafts > 0 {
+				seq.dropDrafts() // drafts are not worth a preemption
+				n = min(left(q), budget)
+				continue
+			}
 			// Sequences started this step are never the victim: they go before q in
 			// priority, and the running ones after q are no earlier. Nor is one in a step
 			// in flight, whose KV that step is writing (q itself is not).
@@ -437,7 +464,7 @@ func (s *Scheduler[S]) victim() S {
 // prompts by priority; within each, fewest tokens left first.
 func runOrder[S Sequence](a, b S) int {
 	la, lb := left(a), left(b)
-	if pa, pb := la > 1, lb > 1; pa != pb {
+	if pa, pb := prompting(a), prompting(b); pa != pb {
 		if pb {
 			return -1
 		}
@@ -473,7 +500,7 @@ func (s *Scheduler[S]) admit(p *Plan[S], budget *int) bool {
 		return false
 	}
 	if seq.KV == nil {
-		seq.KV = s.pool.NewSeq(s.cfg.Salt)
+		seq.KV = s.pool.NewSeq(s.salt(seq))
 	}
 	keep := 1 // the last token is computed, for its logits
 	if seq.NoPrefixMatch {
@@ -557,9 +584,24 @@ func (s *Scheduler[S]) fit(p *Plan[S], from, n int) int {
 	return m
 }
 
+// salt is the block hash salt of seq's KV.
+func (s *Scheduler[S]) salt(seq *Seq) uint64 {
+	if seq.Salt != 0 {
+		return seq.Salt
+	}
+	return s.cfg.Salt
+}
+
+// dropDrafts cuts the sequence's drafted tokens.
+func (s *Seq) dropDrafts() {
+	s.Tokens = s.Tokens[:len(s.Tokens)-s.Drafts]
+	s.Drafts = 0
+}
+
 // preempt releases a running sequence's blocks and queues it again; it will recompute its
 // tokens, mostly from the prefix cache.
 func (s *Scheduler[S]) preempt(q S) {
+	q.Sched().dropDrafts()
 	q.Sched().KV.Release()
 	s.running = slices.DeleteFunc(s.running, func(r S) bool { return r == q })
 	s.enqueue(q)
@@ -581,7 +623,8 @@ func (s *Scheduler[S]) Commit() {
 	for _, c := range s.plan.Chunks {
 		seq := c.Seq.Sched()
 		if seq.state == running {
-			seq.KV.Commit(seq.Tokens[:c.From+c.N])
+			// Rejected drafts were cut from Tokens: their KV is not committed.
+			seq.KV.Commit(seq.Tokens[:min(c.From+c.N, len(seq.Tokens))])
 		}
 	}
 }

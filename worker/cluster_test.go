@@ -141,6 +141,8 @@ type workerOpts struct {
 	// duration on the wall clock (sequences that run for a chosen time).
 	timing  *sim.Timing
 	metrics *metrics.Worker // the worker's membership metrics
+	// adapters are LoRA adapters (name → path) the engine loads before it joins.
+	adapters map[string]string
 }
 
 // addWorkerOpts is addWorker with more choices.
@@ -158,7 +160,7 @@ func (c *testCluster) addWorkerOpts(name, token string, o workerOpts) *node {
 	}
 	salt := kvcache.Salt(modelName, "", "")
 	var eng *engine.Engine
-	ecfg := engine.Config{KVBlocks: 256, BlockSize: blockSize, Salt: salt}
+	ecfg := engine.Config{KVBlocks: 256, BlockSize: blockSize, Salt: salt, ServedName: modelName}
 	if o.timing != nil {
 		tok := m.Tokenizer
 		step, err := simstep.New(simstep.Config{Timing: *o.timing, Vocab: m.Config.VocabSize,
@@ -172,6 +174,11 @@ func (c *testCluster) addWorkerOpts(name, token string, o workerOpts) *node {
 	}
 	if err != nil {
 		t.Fatal(err)
+	}
+	for name, path := range o.adapters {
+		if err := eng.LoadAdapter(context.Background(), name, path); err != nil {
+			t.Fatal(err)
+		}
 	}
 	format, files, err := cluster.EncodeTokenizer(c.path)
 	if err != nil {

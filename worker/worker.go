@@ -40,6 +40,12 @@ type StatsEngine interface {
 	Stats() engine.Stats
 }
 
+// adapterEngine is an Engine that serves LoRA adapters (tandem/engine.Engine does): the
+// load reports list them, so that the router sends an adapter's requests where it is.
+type adapterEngine interface {
+	Adapters() []llm.AdapterInfo
+}
+
 // Config configures a Worker.
 type Config struct {
 	Engine Engine
@@ -305,6 +311,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	orpc.Unary(srv, cluster.MethodSnapshot, w.snapshot)
 	w.registerKV(srv)
 	w.registerWeights(srv)
+	w.registerAdapters(srv)
 	w.mu.Lock()
 	w.srv = srv
 	w.mu.Unlock()
@@ -609,6 +616,9 @@ func (w *Worker) Load() cluster.LoadReport {
 		l.StepsOverTarget = st.StepsOverTarget
 		l.TierLoadMicros, l.BlockPrefillMicros = st.TierLoadMicros, st.BlockPrefillMicros
 		l.PullMicros = int(w.pullCost.Load())
+		if ae, ok := w.cfg.Engine.(adapterEngine); ok {
+			l.Adapters = llm.AdapterList(ae.Adapters())
+		}
 		return cluster.LoadReport{Load: l}
 	}
 	st := w.cfg.Engine.Pool().Stats()

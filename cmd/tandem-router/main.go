@@ -74,6 +74,7 @@ func run(args []string, stderr io.Writer) error {
 	maxMigrations := fs.Int("max-migrations", live.DefaultMaxMigrations, "most times one request moves to another worker when its worker fails mid-stream (0: never)")
 	heartbeat := fs.Duration("heartbeat", 250*time.Millisecond, "heartbeat interval asked of workers")
 	hbTimeout := fs.Duration("heartbeat-timeout", 0, "a worker whose load reports stop this long is declared dead: removed, and its requests retried or migrated elsewhere (0: 8 heartbeat intervals, at least 2s)")
+	runtimeLora := fs.Bool("allow-runtime-lora", false, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter: the router loads an adapter (a path on the workers' machines) on a worker, and again where none serves it")
 	apiKey := fs.String("api-key", "", "require this key as a Bearer token on the API (/v1, /tokenize, /detokenize) and on /metrics (not on /health)")
 	publicMetrics := fs.Bool("public-metrics", false, "with --api-key: serve /metrics without the key")
 	slaTargets := sla.AddFlags(fs)
@@ -169,7 +170,7 @@ func run(args []string, stderr io.Writer) error {
 		Router: live.Config{
 			Policy: pol, Name: *name, Heartbeat: *heartbeat, HeartbeatTimeout: *hbTimeout,
 			QueueTimeout: *queueTimeout, MaxQueue: *maxQueue, APIKey: *apiKey, MaxMigrations: noneIfZero(*maxMigrations),
-			Disagg: dis,
+			Disagg: dis, RuntimeLoRA: *runtimeLora,
 		},
 		DrainTimeout:    *drain,
 		BodyReadTimeout: *bodyTimeout,

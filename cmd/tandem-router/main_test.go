@@ -24,3 +24,21 @@ func TestBadFlags(t *testing.T) {
 		t.Errorf("--sla-itl 0: %v", err)
 	}
 }
+
+func TestBadPlannerConnectorFlags(t *testing.T) {
+	t.Setenv("TANDEM_K8S_CLUSTER", "")
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--planner", "--planner-connector", "ssh"}, "want local or kubernetes"},
+		{[]string{"--planner", "--planner-connector", "kubernetes"}, "needs --planner-k8s-cluster"},
+		{[]string{"--planner", "--planner-connector", "kubernetes", "--planner-k8s-cluster", "c", "--port", "0", "--orpc-port", "0", "--state-dir", t.TempDir()}, "not in a pod"},
+	} {
+		var stderr bytes.Buffer
+		if err := run(tc.args, &stderr); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error saying %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"tandem/k8s/connector"
 	"tandem/planner"
 	"tandem/planner/local"
 	"tandem/router/live"
@@ -38,12 +39,14 @@ type plannerFlags struct {
 	engineDrain   *time.Duration
 	dir           *string
 	model         *string
+	k8sCluster    *string
 }
 
 func addPlannerFlags(fs *flag.FlagSet) *plannerFlags {
 	return &plannerFlags{
 		on:            fs.Bool("planner", false, "run the SLA planner: size the engine pools to --sla-ttft and --sla-itl, starting and draining engines through --planner-connector"),
-		connector:     fs.String("planner-connector", "local", "how the planner starts and stops engines: local (tandem serve processes on this machine, from --planner-engine)"),
+		connector:     fs.String("planner-connector", "local", "how the planner starts and stops engines: local (tandem serve processes on this machine, from --planner-engine) or kubernetes (the TandemCluster's pools through their scale subresource, from a pod tandem-operator runs; docs/kubernetes.md)"),
+		k8sCluster:    fs.String("planner-k8s-cluster", os.Getenv("TANDEM_K8S_CLUSTER"), "kubernetes connector: the TandemCluster whose pools the planner sizes (default: $TANDEM_K8S_CLUSTER, which tandem-operator sets)"),
 		engine:        fs.String("planner-engine", "", "local connector: the engine command without the flags it adds (--port 0, --join, --join-token, --state-dir, --node-name, --role, --drain-timeout), e.g. \"tandem serve --model m.gguf --threads 2\""),
 		timing:        fs.String("planner-timing", "gpu", "one engine's performance model: gpu, cpu or a JSON file from tandem profile"),
 		disaggregated: fs.Bool("planner-disaggregated", false, "size a prefill and a decode pool (engines --role prefill and decode) instead of one pool of both"),
@@ -64,10 +67,16 @@ func addPlannerFlags(fs *flag.FlagSet) *plannerFlags {
 
 // config checks the flags and returns the planner's configuration.
 func (f *plannerFlags) config(targets sla.Targets, minRemote int) (planner.Config, error) {
-	if *f.connector != "local" {
-		return planner.Config{}, fmt.Errorf("--planner-connector %q: want local (the Kubernetes connector runs in tandem-operator's deployments)", *f.connector)
+	switch *f.connector {
+	case "local":
+	case "kubernetes":
+		if *f.k8sCluster == "" {
+			return planner.Config{}, errors.New("--planner-connector kubernetes needs --planner-k8s-cluster (or $TANDEM_K8S_CLUSTER): the TandemCluster whose pools it sizes")
+		}
+	default:
+		return planner.Config{}, fmt.Errorf("--planner-connector %q: want local or kubernetes", *f.connector)
 	}
-	if strings.TrimSpace(*f.engine) == "" {
+	if *f.connector == "local" && strings.TrimSpace(*f.engine) == "" {
 		return planner.Config{}, errors.New("--planner needs --planner-engine, the command that starts an engine (e.g. \"tandem serve --model m.gguf\")")
 	}
 	if *f.minPool < 1 || *f.maxPool < *f.minPool {
@@ -113,6 +122,9 @@ func readTiming(name string) (sim.Timing, error) {
 // drains the connector's engines (each finishes or migrates its requests) and waits for
 // them to exit: call it before the router shuts down, so that it still routes them.
 func (f *plannerFlags) start(ctx context.Context, cfg planner.Config, srv *live.Server, stateDir string, out io.Writer, log *slog.Logger) (stop func(), err error) {
+	if *f.connector == "kubernetes" {
+		return f.startKubernetes(ctx, cfg, srv, log)
+	}
 	dir := *f.dir
 	if dir == "" {
 		dir = filepath.Join(stateDir, "planner")
@@ -141,4 +153,28 @@ func (f *plannerFlags) start(ctx context.Context, cfg planner.Config, srv *live.
 		cancelEngines()
 		conn.Wait()
 	}, nil
+}
+
+// startKubernetes runs the planner with the Kubernetes connector, from the pod's service
+// account, until ctx ends. Stopping leaves the pools as they are: their pods are the
+// operator's, not the router's.
+func (f *plannerFlags) startKubernetes(ctx context.Context, cfg planner.Config, srv *live.Server, log *slog.Logger) (stop func(), err error) {
+	kc, err := connector.InCluster(*f.k8sCluster)
+	if err != nil {
+		return nil, fmt.Errorf("--planner-connector kubernetes: %w", err)
+	}
+	c, err := connector.New(kc)
+	if err != nil {
+		return nil, fmt.Errorf("--planner-connector kubernetes: %w", err)
+	}
+	conn := connector.ForPlanner(c, log, srv.Router.CountConnectorReadError)
+	loop, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Router.RunPlanner(loop, live.PlannerConfig{Planner: cfg, Connector: conn, Model: *f.model}); err != nil {
+			log.Error("planner: stopped", "err", err)
+		}
+	}()
+	return func() { cancel(); <-done }, nil
 }

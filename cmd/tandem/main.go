@@ -21,6 +21,7 @@ func commands() []command {
 		{"run", "generate text from a prompt", runCmd},
 		{"tokenize", "print a text's token ids as JSON", tokenizeCmd},
 		{"gen-model", "write a random-weight GGUF model of a given shape and type", genModelCmd},
+		{"gen-lora", "write a random LoRA adapter (GGUF or PEFT) for a model, for tests and benchmarks", genLoRACmd},
 		{"serve", "serve the OpenAI-compatible API", serveCmd},
 		{"cluster", "run a router and its engines on this machine: one command, one URL", clusterCmd},
 		{"bench-engine", "time prompt processing, generation and batched decode (like llama-bench)", benchEngineCmd},

@@ -9,7 +9,9 @@ import (
 	"testing"
 
 	"tandem/gguf"
+	"tandem/hal/cpu"
 	"tandem/internal/fixtures"
+	"tandem/model"
 )
 
 func runMain(t *testing.T, args ...string) (stdout, stderr string, code int) {
@@ -94,6 +96,29 @@ func TestGenModel(t *testing.T) {
 	}
 }
 
+// gen-lora writes adapters that load: a GGUF file and a PEFT directory of the chosen
+// rank and targets.
+func TestGenLoRA(t *testing.T) {
+	path := fixtures.Model(t, "stories260K-f32.gguf")
+	dir := t.TempDir()
+	for _, tc := range []struct{ format, out string }{{"gguf", filepath.Join(dir, "a.gguf")}, {"peft", filepath.Join(dir, "peft")}} {
+		if _, errOut, code := runMain(t, "gen-lora", "--model", path, "--out", tc.out, "--format", tc.format, "--rank", "4", "--targets", "q,v,down"); code != 0 {
+			t.Fatalf("%s: exit %d: %s", tc.format, code, errOut)
+		}
+		be := cpu.New(1)
+		m, err := model.Load(path, be)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := model.LoadAdapter(tc.out, m, be)
+		m.Close()
+		be.Close()
+		if err != nil || a.Rank != 4 || strings.Join(a.Targets, ",") != "attn_q,attn_v,ffn_down" {
+			t.Errorf("%s: %+v, %v", tc.format, a, err)
+		}
+	}
+}
+
 func TestCLIErrors(t *testing.T) {
 	cases := []struct {
 		args []string
@@ -108,6 +133,14 @@ func TestCLIErrors(t *testing.T) {
 		{[]string{"gen-model", "--out", "/tmp/x.gguf", "--type", "q9_9", "--preset", "qwen2.5-0.5b"}, 1, `unknown type "q9_9"`},
 		{[]string{"gen-model", "--preset", "gpt5"}, 1, "--out is required"},
 		{[]string{"tokenize"}, 1, "want exactly one text"},
+		{[]string{"gen-lora", "--out", "/tmp/x.gguf"}, 1, "--model and --out are required"},
+		{[]string{"gen-lora", "--model", "m", "--out", "o", "--format", "bin"}, 1, `--format "bin"`},
+		{[]string{"gen-lora", "--model", "m", "--out", "o", "--targets", "q,embd"}, 1, `unknown projection "embd"`},
+		{[]string{"serve", "--lora", "nopath"}, 1, `--lora "nopath": want NAME=PATH`},
+		{[]string{"serve", "--speculative", "eagle"}, 1, `--speculative "eagle"`},
+		{[]string{"serve", "--speculative", "draft"}, 1, "--speculative draft needs --draft-model"},
+		{[]string{"serve", "--speculative", "ngram", "--draft-model", "d.gguf"}, 1, "--draft-model drafts for --speculative draft"},
+		{[]string{"serve", "--max-loras", "0"}, 1, "--max-loras 0"},
 	}
 	for _, tc := range cases {
 		_, errOut, code := runMain(t, tc.args...)

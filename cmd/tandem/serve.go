@@ -85,6 +85,14 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	advertise := fs.String("advertise", "", "ORPC address routers dial (default: --host and the ORPC port; an unspecified host means the address used to reach the router)")
 	toolParser := fs.String("tool-call-parser", "auto", "the format the model writes tool calls in: "+strings.Join(openai.ToolCallParsers, ", ")+" (auto: chosen from the chat template)")
 	reasoningParser := fs.String("reasoning-parser", "auto", "split the reasoning off the answer: "+strings.Join(openai.ReasoningParsers, ", ")+" (auto: when the chat template writes <think>)")
+	var loras stringList
+	fs.Var(&loras, "lora", "a LoRA adapter NAME=PATH (a llama.cpp GGUF adapter or a PEFT directory) requests name in the model field (repeatable)")
+	maxLoras := fs.Int("max-loras", engine.DefaultMaxAdapters, "LoRA adapters kept in memory at once; the least recently used past it are read again when asked for")
+	runtimeLora := fs.Bool("allow-runtime-lora", false, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (they read paths the client names)")
+	specMethod := fs.String("speculative", engine.SpecOff, "speculative decoding: off, ngram (prompt lookup) or draft (--draft-model); the tokens are the same as without")
+	draftModel := fs.String("draft-model", "", "a smaller model of the same vocabulary that drafts tokens for speculative decoding (implies --speculative draft)")
+	specTokens := fs.Int("num-speculative-tokens", 4, "with --speculative: the most tokens drafted per step")
+	specBatch := fs.Int("speculative-max-batch", 8, "with --speculative: draft only while at most this many sequences run")
 	bk := addBackendFlags(fs)
 	wf := addWeightsFlags(fs)
 	var sf stageFlags
@@ -146,6 +154,31 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if *responseTTL < 0 {
 		return fmt.Errorf("--response-ttl %v: want a duration of 0 or more", *responseTTL)
+	}
+	var adapters []node.LoRA
+	for _, l := range loras {
+		name, path, ok := strings.Cut(l, "=")
+		if !ok || name == "" || path == "" {
+			return fmt.Errorf("--lora %q: want NAME=PATH", l)
+		}
+		adapters = append(adapters, node.LoRA{Name: name, Path: path})
+	}
+	if *maxLoras < 1 {
+		return fmt.Errorf("--max-loras %d: want at least 1", *maxLoras)
+	}
+	if !slices.Contains(engine.SpecMethods, *specMethod) {
+		return fmt.Errorf("--speculative %q: want one of %s", *specMethod, strings.Join(engine.SpecMethods, ", "))
+	}
+	switch {
+	case *draftModel != "" && *specMethod == engine.SpecOff:
+		*specMethod = engine.SpecDraft
+	case *draftModel != "" && *specMethod != engine.SpecDraft:
+		return fmt.Errorf("--draft-model drafts for --speculative draft, not %s", *specMethod)
+	case *draftModel == "" && *specMethod == engine.SpecDraft:
+		return errors.New("--speculative draft needs --draft-model")
+	}
+	if *specTokens < 1 || *specTokens > 64 {
+		return fmt.Errorf("--num-speculative-tokens %d: want 1..64", *specTokens)
 	}
 	var sendRate int64
 	if *kvSendRate != "" {
@@ -240,6 +273,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--stages with --role %s: a pipeline replica serves as role both for now (KV transfer stage by stage is not built)", *role)
 		case weights.PackCache != "" || len(weights.From) > 0:
 			return errors.New("--stages: a stage holds part of the weights; --pack-cache and --weights-from hold them whole")
+		case *draftModel != "" || *specMethod != engine.SpecOff && *specMethod != "":
+			return errors.New("--stages: speculative decoding on a pipeline replica is not built (drop --speculative and --draft-model)")
 		}
 	}
 
@@ -273,6 +308,14 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	defer closeModel()
 	openTime := time.Since(t0) // node.Start prepares the weights (the sim backend never reads them)
 	weights.Progress = progressPrinters(stderr)
+
+	var draft *model.Model
+	if *draftModel != "" {
+		if draft, err = model.Load(*draftModel, be); err != nil {
+			return fmt.Errorf("--draft-model: %w", err)
+		}
+		defer draft.Close() // the engine checks that it has the model's vocabulary
+	}
 
 	pool := llm.Pooling(*pooling)
 	if pool == "auto" {
@@ -323,6 +366,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		KVTiers: tiers, Sim: bk.simTiming(), Replicas: *bk.replicas, SLA: *slaTargets, ITLTarget: itl.abs, ITLTargetDecodes: itl.decodes, StepCost: stepCost,
 		Pipeline:       headCfg,
 		ToolCallParser: *toolParser, ReasoningParser: *reasoningParser, Pooling: pool, Responses: responses,
+		LoRA: adapters, MaxLoRAs: *maxLoras, RuntimeLoRA: *runtimeLora,
+		Speculation: engine.Speculation{Method: *specMethod, Tokens: *specTokens, MaxBatch: *specBatch, Draft: draft},
 		HTTP: node.HTTP{
 			Addr: net.JoinHostPort(*host, strconv.Itoa(*port)), TLSCert: *tlsCert, TLSKey: *tlsKey,
 			APIKey: *apiKey, PublicMetrics: *publicMetrics, BodyReadTimeout: *bodyTimeout, MinBodyRate: *minBodyRate,

@@ -22,13 +22,14 @@ type Backend struct {
 	packs   packCache // packed copies of weights
 
 	// The ops' pool tasks, reused from op to op.
-	quant  quantTask
-	mm     matmulTask
-	mmPack packedTask
-	norm   normTask
-	rope   ropeTask
-	attn   attnTask
-	silu   siluTask
+	quant   quantTask
+	mm      matmulTask
+	mmPack  packedTask
+	norm    normTask
+	rope    ropeTask
+	attn    attnTask
+	silu    siluTask
+	lowRank lowRankTask
 
 	perHeadAttn bool // tests: attention one query head at a time, grouped kernels or not
 }

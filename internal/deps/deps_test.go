@@ -60,21 +60,39 @@ var allowed = map[string][]string{
 	// The planner's connectors: engines as processes on this machine.
 	"planner/local": {"planner"},
 
+	// Kubernetes (docs/kubernetes.md): the operator's API, its pure placement core, the
+	// operator, and the planner's connector (net/http alone, so tandem-router may link it).
+	// Only these, the test API server's harness and cmd/tandem-operator touch Kubernetes.
+	"deploy":                 {},
+	"k8s/api/v1alpha1":       {},
+	"k8s/placement":          {},
+	"k8s/connector":          {"planner"},
+	"k8s/operator":           {"k8s/api/v1alpha1", "k8s/placement", "orpc"},
+	"internal/k8stest":       {},
+	"internal/k8stest/build": {"internal/k8stest"},
+
 	// Binaries: flags and wiring.
-	"cmd/tandem-router": {"httpserve", "internal/statefile", "internal/version", "metrics", "planner", "planner/local", "router", "router/live", "sim", "sla", "web"},
-	"cmd/tandem":        nil, // nil: may import any package of the module
+	"cmd/tandem-router":   {"httpserve", "internal/statefile", "internal/version", "k8s/connector", "metrics", "planner", "planner/local", "router", "router/live", "sim", "sla", "web"},
+	"cmd/tandem":          nil, // nil: may import any package of the module
+	"cmd/tandem-operator": {"internal/version", "k8s/operator"},
 }
 
 // thirdParty lists the only packages that may import each third-party module directly
 // (tests may import others: the OpenAI SDK, chromedp).
 var thirdParty = map[string][]string{
 	"github.com/quic-go/quic-go":          {"orpc", "httpserve"},
-	"github.com/prometheus/client_golang": {"metrics", "router/live", "node", "web", "cmd/tandem-router"},
+	"github.com/prometheus/client_golang": {"metrics", "router/live", "node", "web", "cmd/tandem-router", "k8s/operator"},
 	"github.com/prometheus/client_model":  {"metrics", "web"},
 	"github.com/ardanlabs/jinja":          {"tokenizer"},
 	// The response store alone opens the database file; the API reaches it through
 	// openai.ResponseStore, so that the format and its locking stay in one package.
 	"go.etcd.io/bbolt": {"respstore"},
+	// Kubernetes' client libraries: the operator alone (its API types, its binary).
+	"k8s.io/api":                     {"k8s/api/v1alpha1", "k8s/operator"},
+	"k8s.io/apimachinery":            {"k8s/api/v1alpha1", "k8s/operator"},
+	"k8s.io/client-go":               {"k8s/operator"},
+	"sigs.k8s.io/controller-runtime": {"k8s/operator", "cmd/tandem-operator"},
+	"github.com/go-logr/logr":        {"cmd/tandem-operator"},
 	// The Vulkan loader, opened at run time (no cgo, no headers to build).
 	"github.com/ebitengine/purego": {"hal/vulkan"},
 }
@@ -94,8 +112,13 @@ var never = map[string][]string{
 	"llm":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"sla":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	"grammar": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	// The placement core and the connector stay free of Kubernetes' libraries, and so do
+	// the engine's and the router's binaries (below).
+	"k8s/placement": {"k8s.io", "sigs.k8s.io"},
+	"k8s/connector": {"k8s.io", "sigs.k8s.io"},
 	// The router binary: pure Go, no engine.
-	"cmd/tandem-router": {"tandem/hal", "tandem/hal/cpu", "tandem/hal/vulkan", "tandem/model", "tandem/engine", "tandem/modelgen", "github.com/ebitengine/purego", "C"},
+	"cmd/tandem-router": {"tandem/hal", "tandem/hal/cpu", "tandem/hal/vulkan", "tandem/model", "tandem/engine", "tandem/modelgen", "github.com/ebitengine/purego", "C", "k8s.io", "sigs.k8s.io"},
+	"cmd/tandem":        {"k8s.io", "sigs.k8s.io"},
 	// The engine's own packages take a hal.Backend; only the binary chooses the device.
 	"node":   {"tandem/hal/vulkan"},
 	"engine": {"tandem/hal/vulkan"},

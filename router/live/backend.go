@@ -91,7 +91,20 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 	l.mu.Lock()
 	c, _ := m.state.Card()
 	l.mu.Unlock()
-	hashes := kvcache.HashBlocks(c.Salt, req.Prompt, c.BlockSize, nil)
+	salt := c.Salt
+	adapterPath, loadable := "", false
+	if req.Adapter != "" {
+		// The adapter's sequences hash with its own salt: the index keys their blocks
+		// apart from the base model's and every other adapter's.
+		var err error
+		if salt, err = l.adapterSalt(ctx, m, req.Adapter); err != nil {
+			return err
+		}
+		l.mu.Lock()
+		adapterPath, loadable = m.adapters[req.Adapter] // the router may load it on another worker
+		l.mu.Unlock()
+	}
+	hashes := kvcache.HashBlocks(salt, req.Prompt, c.BlockSize, nil)
 	greq := &cluster.GenerateRequest{Request: *req}
 	var lastErr error
 	var deadline time.Time
@@ -108,7 +121,8 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 		changed := l.changedCh() // before the state is read: a later change wakes us
 		l.mu.Lock()
 		l.drainLocked()
-		d, err := s.decide(router.Request{Hashes: hashes, PromptTokens: len(req.Prompt), SessionID: s.session, Now: t0})
+		d, err := s.decide(router.Request{Hashes: hashes, PromptTokens: len(req.Prompt), SessionID: s.session, Now: t0,
+			Adapter: req.Adapter, AdapterLoadable: loadable})
 		var w *liveWorker
 		greq.Peer = cluster.KVPeer{}
 		if err == nil {
@@ -170,6 +184,15 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 		}
 		l.log.Debug("routed", "worker", w.node, "reason", d.Reason, "prompt_blocks", d.PromptBlocks, "overlap", d.Overlap,
 			"cost", d.Cost.Total, "candidates", d.Candidates)
+		if d.LoadAdapter {
+			// Cheaper, at the cost of the load, than the workers that serve the adapter.
+			if err := l.loadAdapterOn(ctx, m, w, req.Adapter, adapterPath); err != nil {
+				l.mu.Lock()
+				m.state.RemoveInflight(d.Inflight)
+				l.mu.Unlock()
+				return err
+			}
+		}
 		greq.PredictedCached = min(max(d.Runs[len(d.Runs)-1], d.PeerBlocks)*c.BlockSize, len(req.Prompt))
 		greq.DispatchKey, greq.DispatchSeq = w.key, d.Inflight.Seq()
 		cs, err := s.open(ctx, w, greq)

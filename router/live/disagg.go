@@ -60,9 +60,11 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 	l.mu.Lock()
 	c, _ := m.state.Card()
 	prefillers, _ := m.state.PoolSize(router.PoolPrefill)
-	if prefillers == 0 {
+	if prefillers == 0 || s.orig.Adapter != "" {
+		// No prefill pool, or a LoRA adapter's request (whose prefill worker would need the
+		// adapter too): the aggregated path, untouched.
 		l.mu.Unlock()
-		return &s.orig, nil // no prefill pool: the aggregated path, untouched
+		return &s.orig, nil
 	}
 	deciders, _ := m.state.PoolSize(router.PoolDecode)
 	l.mu.Unlock()

@@ -137,6 +137,13 @@ func (l *Router) retiredLeftLocked(w *liveWorker, inflight int) {
 	l.log.Info("planner: retired worker left", "worker", w.node, "pool", pool, "result", result, "in_flight", inflight)
 }
 
+// CountConnectorReadError counts a connector's failed read of pool's replicas
+// (tandem_router:planner_connector_read_errors_total): a connector whose Replicas cannot
+// fail silently calls it.
+func (l *Router) CountConnectorReadError(pool planner.Pool) {
+	l.planMet.ConnectorReadErrors.WithLabelValues(pool.String()).Inc()
+}
+
 // RunPlanner runs the SLA planner until ctx is done: every load interval it steps the
 // planner on the router's counters and the connector's replicas and applies the decision.
 // It returns an error only for a configuration the planner refuses.

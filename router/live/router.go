@@ -62,6 +62,10 @@ type Config struct {
 	// Responses keeps the Responses API's stored responses, for every model and worker:
 	// the router's API stores them itself, so a response is found whatever worker served it.
 	Responses openai.ResponseStore
+	// RuntimeLoRA serves POST /v1/load_lora_adapter and /v1/unload_lora_adapter: the
+	// router loads an adapter (a path on the workers' machines) on a worker and routes
+	// its requests there, loading it again where none serves it.
+	RuntimeLoRA bool
 	// Disagg configures disaggregated prefill and decode, for models with prefill workers.
 	Disagg  router.DisaggConfig
 	Logger  *slog.Logger
@@ -108,6 +112,10 @@ type liveModel struct {
 	tok     *tokenizer.Tokenizer
 	state   *router.State
 	created int64
+	// adapters are the paths of the LoRA adapters loaded through the router's run-time
+	// API (guarded by the router's lock): where none of its workers serves one, the router
+	// loads it on one (lora.go).
+	adapters map[string]string
 }
 
 type liveWorker struct {
@@ -761,10 +769,11 @@ func (l *Router) rebuildAPILocked() {
 			NoConstraints:   m.card.GrammarFormat < cluster.GrammarGBNF,
 			NoTokenControls: m.card.RequestLevel < cluster.RequestTokens,
 			Pooling:         llm.Pooling(m.card.Pooling),
+			Adapters:        &clusterAdapters{l: l, m: m},
 		})
 	}
 	slices.SortFunc(models, func(a, b *openai.Model) int { return cmp.Compare(a.ID, b.ID) })
-	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet, Responses: l.cfg.Responses})
+	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet, Responses: l.cfg.Responses, RuntimeLoRA: l.cfg.RuntimeLoRA})
 	l.api.Store(&h)
 }
 
