@@ -88,8 +88,11 @@ type Engine struct {
 	kv     hal.KVStore   // nil with NewWithForwarder
 	fwd    Forwarder
 	pipe   PipelineForwarder // with micro-batches (microbatch.go); nil: one step at a time
-	pool   *kvcache.Pool
-	log    *slog.Logger
+	// pipelineKV: the forward pass is a pipeline's (a PipelineForwarder), whose stages hold
+	// the KV and the layers: no block I/O here, no LoRA adapters.
+	pipelineKV bool
+	pool       *kvcache.Pool
+	log        *slog.Logger
 
 	mu        sync.Mutex
 	inbox     []*sequence

@@ -70,6 +70,7 @@ func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) 
 		// Its KV lives in the pipeline's stages, each its layers': no store here to read
 		// blocks from, and the sim format (no payload) would pass for a transfer.
 		e.held.ioOnce.Do(func() { e.held.ioErr = errPipelineKV })
+		e.pipelineKV = true
 	}
 	if micro > 1 {
 		e.pipe, e.flights = pf, make([]flight, micro)

@@ -92,6 +92,11 @@ func (e *Engine) readAdapter(path string) (*model.Adapter, error) {
 // the least recently used adapter's weights are evicted (it stays registered). A bad
 // name, a name in use, or an adapter that does not fit the model is an llm.ErrInvalid.
 func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
+	if e.pipelineKV {
+		// The stages run their layers without it: the tokens would be neither the base
+		// model's nor the adapter's.
+		return fmt.Errorf("%w: LoRA adapters on a pipeline replica are not built (its stages hold none)", llm.ErrInvalid)
+	}
 	if err := e.checkAdapterName(name); err != nil {
 		return err
 	}

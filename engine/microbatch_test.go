@@ -80,6 +80,9 @@ func TestMicroBatchesMatchSolo(t *testing.T) {
 		if _, err := e.KVFormat(); !errors.Is(err, errPipelineKV) {
 			t.Errorf("a pipeline's engine offers KV blocks: %v", err)
 		}
+		if err := e.LoadAdapter(context.Background(), "a", "/nonexistent"); !errors.Is(err, llm.ErrInvalid) {
+			t.Errorf("a pipeline's engine loads a LoRA adapter: %v", err)
+		}
 		waitIdle(t, e)
 	}
 }

@@ -473,6 +473,8 @@ func TestServeStagesRefusals(t *testing.T) {
 		{[]string{"--role", "prefill"}, "serves as role both for now"},
 		{[]string{"--backend", "sim"}, "--backend sim models a forward pass"},
 		{[]string{"--pack-cache", t.TempDir()}, "--pack-cache and --weights-from"},
+		{[]string{"--lora", "a=/x"}, "LoRA adapters on a pipeline replica"},
+		{[]string{"--speculative", "ngram"}, "speculative decoding on a pipeline replica"},
 	} {
 		_, stderr, code := runMain(t, append(slices.Clone(base), tc.extra...)...)
 		if code == 0 || !strings.Contains(stderr, tc.want) {

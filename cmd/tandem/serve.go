@@ -273,6 +273,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--stages with --role %s: a pipeline replica serves as role both for now (KV transfer stage by stage is not built)", *role)
 		case weights.PackCache != "" || len(weights.From) > 0:
 			return errors.New("--stages: a stage holds part of the weights; --pack-cache and --weights-from hold them whole")
+		case len(loras) > 0 || *runtimeLora:
+			return errors.New("--stages: LoRA adapters on a pipeline replica are not built (its stages hold none); drop --lora and --allow-runtime-lora")
 		case *draftModel != "" || *specMethod != engine.SpecOff && *specMethod != "":
 			return errors.New("--stages: speculative decoding on a pipeline replica is not built (drop --speculative and --draft-model)")
 		}
