@@ -240,21 +240,7 @@ func (d *Disk) Read(slot int32, hash uint64, buf []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	n, err := f.ReadAt(buf[:d.size], 0)
-	f.Close()
-	d.Reads.Add(1)
-	d.ReadBytes.Add(uint64(n))
-	if n < d.size {
-		if err == nil || err == io.EOF {
-			return nil, fmt.Errorf("%w: slot %d: truncated to %d bytes of %d", ErrCorrupt, slot, n, d.size)
-		}
-		return nil, d.fail(err)
-	}
-	p, err := d.id.verify(buf[:n], hash)
-	if err != nil {
-		return nil, fmt.Errorf("disk slot %d: %w", slot, err)
-	}
-	return p, nil
+	return readBlockFile(f, d.size, buf, d.id, hash, fmt.Sprintf("disk slot %d", slot), d.fail, &d.Reads, &d.ReadBytes)
 }
 
 // Healthy reports whether the directory is there and takes a block file's worth of

@@ -8,7 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"io/fs"
+	"os"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -199,4 +202,26 @@ func alignedBuf(n int) []byte {
 		off = align - off
 	}
 	return b[off : off+n : off+n]
+}
+
+// readBlockFile reads a block file of size bytes from f (closing it) into buf and checks
+// it against id and hash; what names the block in errors, fail classifies a read error,
+// and the read is counted on reads and readBytes. A short file is ErrCorrupt.
+func readBlockFile(f *os.File, size int, buf []byte, id Identity, hash uint64, what string,
+	fail func(error) error, reads, readBytes *atomic.Uint64) ([]byte, error) {
+	n, err := f.ReadAt(buf[:size], 0)
+	f.Close()
+	reads.Add(1)
+	readBytes.Add(uint64(n))
+	if n < size {
+		if err == nil || err == io.EOF {
+			return nil, fmt.Errorf("%w: %s truncated to %d bytes of %d", ErrCorrupt, what, n, size)
+		}
+		return nil, fail(err)
+	}
+	p, err := id.verify(buf[:n], hash)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return p, nil
 }

@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -169,21 +168,7 @@ func (s *Shared) Read(hash uint64, buf []byte) ([]byte, error) {
 	if err != nil {
 		return nil, s.fail(err)
 	}
-	n, err := f.ReadAt(buf[:s.size], 0)
-	f.Close()
-	s.Reads.Add(1)
-	s.ReadBytes.Add(uint64(n))
-	if n < s.size {
-		if err == nil || err == io.EOF {
-			return nil, fmt.Errorf("%w: shared block %#016x truncated to %d bytes of %d", ErrCorrupt, hash, n, s.size)
-		}
-		return nil, s.fail(err)
-	}
-	p, err := s.id.verify(buf[:n], hash)
-	if err != nil {
-		return nil, fmt.Errorf("shared block %#016x: %w", hash, err)
-	}
-	return p, nil
+	return readBlockFile(f, s.size, buf, s.id, hash, fmt.Sprintf("shared block %#016x", hash), s.fail, &s.Reads, &s.ReadBytes)
 }
 
 func (s *Shared) fail(err error) error {
