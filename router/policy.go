@@ -105,7 +105,7 @@ func (s *State) Decide(req Request) (Decision, error) {
 			continue
 		}
 		healthy++
-		if !w.busy(&s.cfg) {
+		if !w.isBusy {
 			cands = append(cands, w)
 			if w.Stale {
 				stale++
@@ -149,7 +149,7 @@ func (s *State) Decide(req Request) (Decision, error) {
 	sticky := req.SessionID != "" && s.cfg.AffinityTTL > 0
 	if sticky {
 		if b, ok := s.sessions[req.SessionID]; ok && req.Now.Before(b.expires) {
-			if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) && req.Pool.admits(w.Card.Role) && w.serves(req.Adapter) {
+			if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.isBusy && req.Pool.admits(w.Card.Role) && w.serves(req.Adapter) {
 				pick, reason = w, ReasonAffinity
 			}
 		}
@@ -350,12 +350,11 @@ func (s *State) cached(w *WorkerState) float64 {
 	return c
 }
 
-// fastCost is cost(w, blocks).Total and w.Load(), with inv = 1/block size: the decision
-// loop's form, which reads the worker once.
-func (s *State) fastCost(w *WorkerState, blocks, inv float64) (total, load float64) {
+// fastCost is cost(w, blocks).Total and w.Load(): the decision loop's form, which reads
+// the load terms State.refresh keeps.
+func (s *State) fastCost(w *WorkerState, blocks float64) (total, load float64) {
 	cached := s.cached(w)
-	pre := max(0, float64(w.Report.PrefillTokens)*inv+float64(w.dPrefill))
-	dec := float64(max(0, w.Report.DecodeBlocks+w.dDecode))
+	pre, dec := w.pre, w.dec // State.refresh's
 	total = s.cfg.OverlapWeight*(max(0, blocks-cached)+pre) + dec
 	if w.lacks {
 		total += s.cfg.AdapterLoadCost
@@ -378,11 +377,10 @@ func (s *State) cost(w *WorkerState, blocks float64) Cost {
 // kv picks by the cost function: the cheapest worker at temperature 0 (ties broken by
 // s.tieBreak), else a softmax draw over the costs normalised to [0, 1].
 func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerState {
-	inv := 1 / float64(s.card.BlockSize)
 	if s.cfg.Temperature == 0 {
 		var t tie
 		for _, w := range cands {
-			c, l := s.fastCost(w, blocks, inv)
+			c, l := s.fastCost(w, blocks)
 			t.offerLoad(s, w, c, l, key)
 		}
 		return t.best
@@ -390,7 +388,7 @@ func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerStat
 	ws := s.weights[:0]
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, w := range cands {
-		c, _ := s.fastCost(w, blocks, inv)
+		c, _ := s.fastCost(w, blocks)
 		ws = append(ws, c)
 		lo, hi = min(lo, c), max(hi, c)
 	}

@@ -170,6 +170,23 @@ type WorkerState struct {
 	pull     float64            // … a block pulled from a peer saves
 	lacks    bool               // this decision: the worker lacks the request's adapter (AdapterLoadCost)
 	ix       *workerRec         // the index's record: its block count
+
+	// What every decision reads of the worker's load, kept by State.refresh whenever the
+	// report or the deltas change rather than computed per decision: the cost's prefill
+	// and decode terms (PrefillBlocks and DecodeBlocks with the model card's block size)
+	// and busy's verdict.
+	pre, dec float64
+	isBusy   bool
+}
+
+// refresh recomputes w's load terms (pre, dec, isBusy) from its report and deltas: called
+// by every method that changes them, so that a decision reads them as the same
+// expressions of the same fields would give at the decision.
+func (s *State) refresh(w *WorkerState) {
+	inv := 1 / float64(s.card.BlockSize)
+	w.pre = max(0, float64(w.Report.PrefillTokens)*inv+float64(w.dPrefill))
+	w.dec = float64(max(0, w.Report.DecodeBlocks+w.dDecode))
+	w.isBusy = w.busy(&s.cfg)
 }
 
 // credits sets w's tier credits from its report's measured costs, or cfg's priors.
@@ -359,6 +376,7 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 	s.gen++
 	w := &WorkerState{ID: id, Card: card, Healthy: true, gen: s.gen, ix: s.index.rec(id)}
 	w.credits(&s.cfg)
+	s.refresh(w)
 	if card.KVBlocks > 0 {
 		s.index.Reserve(card.KVBlocks)
 	}
@@ -435,6 +453,7 @@ func (s *State) Report(id WorkerID, r LoadReport, now time.Time) error {
 	w.Report, w.ReportedAt, w.Healthy = r, now, r.Healthy
 	w.dPrefill, w.dDecode, w.dWaiting = 0, 0, 0
 	w.credits(&s.cfg)
+	defer s.refresh(w)
 	if !r.Tracked {
 		w.unacked = w.unacked[:0]
 		return nil
@@ -477,7 +496,7 @@ func (s *State) SetStale(id WorkerID, stale bool) error {
 // or waiting requests). Unknown workers are not busy.
 func (s *State) Busy(id WorkerID) bool {
 	w := s.lookup(id)
-	return w != nil && w.busy(&s.cfg)
+	return w != nil && w.isBusy
 }
 
 // ApplyEvent applies a KV event of worker id to the index; see Index.Apply.
@@ -518,6 +537,7 @@ func (s *State) AddInflight(id WorkerID, promptBlocks, cachedBlocks int) Infligh
 	w.dDecode += in.PromptBlocks
 	w.dWaiting++
 	w.Inflight++
+	s.refresh(w)
 	return in
 }
 
@@ -534,6 +554,7 @@ func (s *State) PrefillDone(in *Inflight) {
 		if i, ok := slices.BinarySearchFunc(w.unacked, in.seq, cmpSeq); ok {
 			w.unacked[i].prefilled = true
 		}
+		s.refresh(w)
 	}
 }
 
@@ -551,6 +572,7 @@ func (s *State) RemoveInflight(in Inflight) {
 	}
 	w.dDecode -= in.PromptBlocks
 	w.Inflight--
+	s.refresh(w)
 	if i, ok := slices.BinarySearchFunc(w.unacked, in.seq, cmpSeq); ok {
 		w.unacked = slices.Delete(w.unacked, i, i+1)
 	}
