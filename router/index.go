@@ -1216,9 +1216,7 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 		lo, hi = trim(alive, lo, hi)
 	}
 	for j := lo; j < hi; j++ {
-		for rest := alive[j]; rest != 0; rest &= rest - 1 {
-			dst = append(dst, x.match(wk, j, bits.TrailingZeros64(rest), len(hashes)))
-		}
+		dst = x.drop(wk, dst, j, alive[j], len(hashes))
 		for t := range numLevels {
 			wk.lv[t][j] = 0
 		}
@@ -1309,8 +1307,19 @@ func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint
 // drop appends the Matches of the slots of word j in gone, whose runs (those still
 // unbroken) end at end.
 func (x *Index) drop(wk *Walk, dst []Match, j int, gone uint64, end int) []Match {
+	dst = slices.Grow(dst, bits.OnesCount64(gone))
+	// A slot whose device run is still unbroken (lv[0] ⊆ lv[1] ⊆ …: every level of its is)
+	// ends every level here, with no ends to read: the common case, a block that a worker
+	// holds only on the device. Slots stay in order, which the peer choice's ties follow.
+	full := wk.lv[0][j]
+	base := x.owner[j*64:]
 	for ; gone != 0; gone &= gone - 1 {
-		dst = append(dst, x.match(wk, j, bits.TrailingZeros64(gone), end))
+		b := bits.TrailingZeros64(gone)
+		if full&(1<<b) != 0 {
+			dst = append(dst, Match{Worker: base[b], Device: end, Host: end, Disk: end, Remote: end})
+		} else {
+			dst = append(dst, x.match(wk, j, b, end))
+		}
 	}
 	return dst
 }

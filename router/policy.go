@@ -96,7 +96,7 @@ func (s *State) Decide(req Request) (Decision, error) {
 	healthy, stale := 0, 0
 	lacking := 0 // healthy workers without the request's adapter
 	for _, w := range s.workers {
-		if !w.Healthy || !req.Pool.admits(w.Card.Role) || w.Stale && s.cfg.RequireKVEvents {
+		if !w.Healthy || !req.Pool.admitsWorker(w) || w.Stale && s.cfg.RequireKVEvents {
 			continue
 		}
 		w.lacks = !w.serves(req.Adapter)

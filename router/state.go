@@ -147,36 +147,38 @@ type LoadReport = llm.Load
 // clamped at zero. Reports that a worker sends as soon as another router's
 // request reaches it are how several routers share their in-flight load.
 type WorkerState struct {
+	// What a decision reads of every candidate comes first, so that it takes the first two
+	// cache lines of the struct (the policy visits a thousand workers per decision).
+	stamp uint64         // decision whose overlap ov holds
+	ov    [numLevels]int // the prompt's runs by tier level (Match's fields)
+	// The cost's prefill and decode terms (PrefillBlocks and DecodeBlocks with the model
+	// card's block size) and busy's verdict, kept by State.refresh whenever the report or
+	// the deltas change rather than computed per decision.
+	pre, dec    float64
+	isBusy      bool
+	lacks       bool // this decision: the worker lacks the request's adapter (AdapterLoadCost)
+	prefillRole bool // Card.Role is RolePrefill
+	Healthy     bool // from the last report or SetHealthy; true at registration
+	// Stale: the worker's KV events are missing (SetStale), so the index's view of its
+	// cache cannot be trusted: its overlap counts as unknown (the other candidates' mean),
+	// or, with RequireKVEvents, it gets no requests.
+	Stale  bool
+	credit [numLevels]float64 // fraction of a block's prefill a block of each tier saves
+	pull   float64            // … a block pulled from a peer saves
+	ix     *workerRec         // the index's record: its block count
+
 	ID         WorkerID
 	Card       Card
 	Report     LoadReport
 	ReportedAt time.Time // zero until the first report
-	Healthy    bool      // from the last report or SetHealthy; true at registration
-	// Stale: the worker's KV events are missing (SetStale), so the index's view of its
-	// cache cannot be trusted: its overlap counts as unknown (the other candidates' mean),
-	// or, with RequireKVEvents, it gets no requests.
-	Stale    bool
-	Inflight int // router requests dispatched and not yet removed
+	Inflight   int       // router requests dispatched and not yet removed
 
 	gen      uint64 // registration generation, matched by Inflight handles
 	sent     uint64 // dispatches numbered so far
 	unacked  []dispatch
-	dPrefill int                // prefill blocks dispatched since the report
-	dDecode  int                // decode blocks dispatched since the report
-	dWaiting int                // requests dispatched since the report, before their first token
-	stamp    uint64             // decision whose overlap ov holds
-	ov       [numLevels]int     // the prompt's runs by tier level (Match's fields)
-	credit   [numLevels]float64 // fraction of a block's prefill a block of each tier saves
-	pull     float64            // … a block pulled from a peer saves
-	lacks    bool               // this decision: the worker lacks the request's adapter (AdapterLoadCost)
-	ix       *workerRec         // the index's record: its block count
-
-	// What every decision reads of the worker's load, kept by State.refresh whenever the
-	// report or the deltas change rather than computed per decision: the cost's prefill
-	// and decode terms (PrefillBlocks and DecodeBlocks with the model card's block size)
-	// and busy's verdict.
-	pre, dec float64
-	isBusy   bool
+	dPrefill int // prefill blocks dispatched since the report
+	dDecode  int // decode blocks dispatched since the report
+	dWaiting int // requests dispatched since the report, before their first token
 }
 
 // refresh recomputes w's load terms (pre, dec, isBusy) from its report and deltas: called
@@ -374,7 +376,7 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 	}
 	s.RemoveWorker(id)
 	s.gen++
-	w := &WorkerState{ID: id, Card: card, Healthy: true, gen: s.gen, ix: s.index.rec(id)}
+	w := &WorkerState{ID: id, Card: card, Healthy: true, gen: s.gen, ix: s.index.rec(id), prefillRole: card.Role == RolePrefill}
 	w.credits(&s.cfg)
 	s.refresh(w)
 	if card.KVBlocks > 0 {
