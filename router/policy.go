@@ -92,6 +92,36 @@ func Decide(s *State, req Request) (Decision, error) { return s.Decide(req) }
 // and ErrAllBusy when every healthy one is busy.
 func (s *State) Decide(req Request) (Decision, error) {
 	s.seq++
+	if len(s.workers) == 0 {
+		return Decision{}, ErrNoWorkers
+	}
+	bs := s.card.BlockSize
+	tokens := req.PromptTokens
+	if tokens <= 0 {
+		tokens = len(req.Hashes) * bs
+	}
+	promptBlocks := (tokens + bs - 1) / bs
+	blocksF := float64(tokens) / float64(bs)
+	s.matches = s.index.OverlapWith(&s.walk, req.Hashes, s.matches)
+	s.peer1, s.peer2 = peerRun{}, peerRun{}
+	for _, m := range s.matches {
+		if w := s.lookup(m.Worker); w != nil {
+			w.stamp, w.ov = s.seq, [numLevels]int{m.Device, m.Host, m.Disk, m.Remote}
+			if s.cfg.PeerPulls && w.Healthy && !w.Stale {
+				s.offerPeer(w, m.Disk) // what a peer can send: its device, host and disk
+			}
+		}
+	}
+
+	// One pass over the workers finds the candidates and, in kv mode, costs them as it
+	// goes (the argmin's tie, or the softmax's costs and their range): the same costs in
+	// the same order as kv computes them. A stale candidate's overlap is the others' mean,
+	// known only after the pass: then kv costs them all again.
+	costed := s.cfg.Mode == ModeKV
+	key := s.tieKey(req)
+	var t tie
+	ws := s.weights[:0]
+	lo, hi := math.Inf(1), math.Inf(-1)
 	cands := s.cands[:0]
 	healthy, stale := 0, 0
 	lacking := 0 // healthy workers without the request's adapter
@@ -105,14 +135,24 @@ func (s *State) Decide(req Request) (Decision, error) {
 			continue
 		}
 		healthy++
-		if !w.isBusy {
-			cands = append(cands, w)
-			if w.Stale {
-				stale++
+		if w.isBusy {
+			continue
+		}
+		cands = append(cands, w)
+		if w.Stale {
+			stale++
+		}
+		if costed {
+			c, l := s.fastCost(w, blocksF)
+			if s.cfg.Temperature == 0 {
+				t.offerLoad(s, w, c, l, key)
+			} else {
+				ws = append(ws, c)
+				lo, hi = min(lo, c), max(hi, c)
 			}
 		}
 	}
-	s.cands = cands
+	s.cands, s.weights = cands, ws
 	if healthy == 0 && lacking > 0 {
 		return Decision{}, fmt.Errorf("%w: %q", ErrNoAdapter, req.Adapter)
 	}
@@ -122,27 +162,10 @@ func (s *State) Decide(req Request) (Decision, error) {
 	if len(cands) == 0 {
 		return Decision{}, ErrAllBusy
 	}
-
-	bs := s.card.BlockSize
-	tokens := req.PromptTokens
-	if tokens <= 0 {
-		tokens = len(req.Hashes) * bs
-	}
-	promptBlocks := (tokens + bs - 1) / bs
-	s.matches = s.index.OverlapWith(&s.walk, req.Hashes, s.matches)
-	s.peer1, s.peer2 = peerRun{}, peerRun{}
-	for _, m := range s.matches {
-		if w := s.lookup(m.Worker); w != nil {
-			w.stamp, w.ov = s.seq, [numLevels]int{m.Device, m.Host, m.Disk, m.Remote}
-			if s.cfg.PeerPulls && w.Healthy && !w.Stale {
-				s.offerPeer(w, m.Disk) // what a peer can send: its device, host and disk
-			}
-		}
-	}
 	if stale > 0 {
 		s.unknownOverlap(cands)
+		costed = false
 	}
-	blocksF := float64(tokens) / float64(bs)
 
 	var pick *WorkerState
 	reason := ""
@@ -163,9 +186,13 @@ func (s *State) Decide(req Request) (Decision, error) {
 		case s.cfg.Mode == ModeRandom:
 			pick, reason = cands[s.rng.IntN(len(cands))], ReasonRandom
 		case s.cfg.Mode == ModeLeastLoaded:
-			pick, reason = s.leastLoaded(cands, s.tieKey(req)), ReasonLeastLoaded
+			pick, reason = s.leastLoaded(cands, key), ReasonLeastLoaded
+		case costed && s.cfg.Temperature == 0:
+			pick, reason = t.best, ReasonKV
+		case costed:
+			pick, reason = s.draw(cands, ws, lo, hi), ReasonKV
 		default:
-			pick, reason = s.kv(cands, blocksF, s.tieKey(req)), ReasonKV
+			pick, reason = s.kv(cands, blocksF, key), ReasonKV
 		}
 		if s.cfg.Mode == ModeRoundRobin {
 			s.rrLast, s.rrValid = pick.ID, true
@@ -393,6 +420,12 @@ func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerStat
 		lo, hi = min(lo, c), max(hi, c)
 	}
 	s.weights = ws
+	return s.draw(cands, ws, lo, hi)
+}
+
+// draw is the softmax draw over the candidates' costs ws (lo and hi their least and
+// greatest), at the configured temperature; it overwrites ws with the weights.
+func (s *State) draw(cands []*WorkerState, ws []float64, lo, hi float64) *WorkerState {
 	sum := 0.0
 	for i, c := range ws {
 		x := 0.0
