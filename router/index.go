@@ -1083,6 +1083,18 @@ type Walk struct {
 	lv   [numLevels][]uint64
 	hb   [numLevels][]uint64
 	ends [numLevels - 1][]int32
+
+	// stamp, when set, takes the runs of the workers it knows instead of dst (State.Decide's
+	// walk: no Match to write and read back per worker).
+	stamp *runStamp
+}
+
+// A runStamp writes the walk's runs straight into the policy's workers: worker id's into
+// dense[id], marked with the decision seq. A Match is appended for a worker id beyond
+// dense only; one of dense without a state (not registered) is skipped.
+type runStamp struct {
+	dense []*WorkerState
+	seq   uint64
 }
 
 func (wk *Walk) grow(words, slots int) {
@@ -1307,6 +1319,9 @@ func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint
 // drop appends the Matches of the slots of word j in gone, whose runs (those still
 // unbroken) end at end.
 func (x *Index) drop(wk *Walk, dst []Match, j int, gone uint64, end int) []Match {
+	if sk := wk.stamp; sk != nil {
+		return x.stampRuns(wk, sk, dst, j, gone, end)
+	}
 	dst = slices.Grow(dst, bits.OnesCount64(gone))
 	// A slot whose device run is still unbroken (lv[0] ⊆ lv[1] ⊆ …: every level of its is)
 	// ends every level here, with no ends to read: the common case, a block that a worker
@@ -1319,6 +1334,32 @@ func (x *Index) drop(wk *Walk, dst []Match, j int, gone uint64, end int) []Match
 			dst = append(dst, Match{Worker: base[b], Device: end, Host: end, Disk: end, Remote: end})
 		} else {
 			dst = append(dst, x.match(wk, j, b, end))
+		}
+	}
+	return dst
+}
+
+// stampRuns is drop with wk.stamp set.
+func (x *Index) stampRuns(wk *Walk, sk *runStamp, dst []Match, j int, gone uint64, end int) []Match {
+	full := wk.lv[0][j]
+	base := x.owner[j*64:]
+	for ; gone != 0; gone &= gone - 1 {
+		b := bits.TrailingZeros64(gone)
+		id := base[b]
+		if int(id) >= len(sk.dense) {
+			dst = append(dst, x.match(wk, j, b, end))
+			continue
+		}
+		w := sk.dense[id]
+		if w == nil {
+			continue
+		}
+		w.stamp = sk.seq
+		if full&(1<<b) != 0 {
+			w.ov = [numLevels]int{end, end, end, end}
+		} else {
+			m := x.match(wk, j, b, end)
+			w.ov = [numLevels]int{m.Device, m.Host, m.Disk, m.Remote}
 		}
 	}
 	return dst

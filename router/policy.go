@@ -102,7 +102,13 @@ func (s *State) Decide(req Request) (Decision, error) {
 	}
 	promptBlocks := (tokens + bs - 1) / bs
 	blocksF := float64(tokens) / float64(bs)
+	if !s.cfg.PeerPulls {
+		// The walk stamps the workers' runs itself; peer pulls need every Match (below).
+		s.stamp = runStamp{dense: s.dense, seq: s.seq}
+		s.walk.stamp = &s.stamp
+	}
 	s.matches = s.index.OverlapWith(&s.walk, req.Hashes, s.matches)
+	s.walk.stamp = nil
 	s.peer1, s.peer2 = peerRun{}, peerRun{}
 	for _, m := range s.matches {
 		if w := s.lookup(m.Worker); w != nil {

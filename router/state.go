@@ -307,6 +307,7 @@ type State struct {
 	tieSeed  uint64 // drawn from rng: each router breaks ties its own way
 	index    *Index
 	walk     Walk
+	stamp    runStamp       // walk's, during a decision
 	workers  []*WorkerState // sorted by ID
 	byID     map[WorkerID]*WorkerState
 	dense    []*WorkerState // byID for ids below denseIDs: no map lookup per match
