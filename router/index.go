@@ -1195,11 +1195,20 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 		default:
 			hs := &sh.sets[v&^multiBit]
 			if b := hs.bits; b != nil {
+				// Most words lose no run at a block where a few workers' runs end: test that
+				// here, without step's call and copies.
+				t0, t1, t2, t3 := b.tier[0], b.tier[1], b.tier[2], b.tier[3]
+				l0, l1, l2, l3 := wk.lv[0], wk.lv[1], wk.lv[2], wk.lv[3]
 				for j := lo; j < hi; j++ {
 					var hj [numLevels]uint64
-					if j < len(b.tier[0]) {
-						for t := range numLevels {
-							hj[t] = b.tier[t][j]
+					if j < len(t0) && j < len(t1) && j < len(t2) && j < len(t3) {
+						hj = [numLevels]uint64{t0[j], t1[j], t2[j], t3[j]}
+						c0 := hj[0]
+						c1 := c0 | hj[1]
+						c2 := c1 | hj[2]
+						c3 := c2 | hj[3]
+						if l0[j]&^c0|l1[j]&^c1|l2[j]&^c2|l3[j]&^c3 == 0 {
+							continue
 						}
 					}
 					dst = x.step(wk, dst, j, hj, i)
