@@ -1203,11 +1203,7 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 					var hj [numLevels]uint64
 					if j < len(t0) && j < len(t1) && j < len(t2) && j < len(t3) {
 						hj = [numLevels]uint64{t0[j], t1[j], t2[j], t3[j]}
-						c0 := hj[0]
-						c1 := c0 | hj[1]
-						c2 := c1 | hj[2]
-						c3 := c2 | hj[3]
-						if l0[j]&^c0|l1[j]&^c1|l2[j]&^c2|l3[j]&^c3 == 0 {
+						if keeps(l0[j], l1[j], l2[j], l3[j], hj) {
 							continue
 						}
 					}
@@ -1230,8 +1226,12 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 					}
 				}
 			}
+			hb, lv := &wk.hb, &wk.lv
 			for j := lo; j < hi; j++ {
-				dst = x.step(wk, dst, j, [numLevels]uint64{wk.hb[0][j], wk.hb[1][j], wk.hb[2][j], wk.hb[3][j]}, i)
+				hj := [numLevels]uint64{hb[0][j], hb[1][j], hb[2][j], hb[3][j]}
+				if !keeps(lv[0][j], lv[1][j], lv[2][j], lv[3][j], hj) {
+					dst = x.step(wk, dst, j, hj, i)
+				}
 			}
 		}
 		lo, hi = trim(alive, lo, hi)
@@ -1243,6 +1243,15 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 		}
 	}
 	return dst
+}
+
+// keeps reports whether no run of a word whose runs by level are l0 … l3 breaks at a block
+// whose holders of that word by tier are h: step would change nothing.
+func keeps(l0, l1, l2, l3 uint64, h [numLevels]uint64) bool {
+	c0 := h[0]
+	c1 := c0 | h[1]
+	c2 := c1 | h[2]
+	return l0&^c0|l1&^c1|l2&^c2|l3&^(c2|h[3]) == 0
 }
 
 // step narrows word j of the runs to block i, whose holders of that word by tier are h:
