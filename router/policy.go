@@ -153,8 +153,16 @@ func (s *State) Decide(req Request) (Decision, error) {
 			if s.cfg.Temperature == 0 {
 				t.offerLoad(s, w, c, l, key)
 			} else {
+				// Plain comparisons, not min and max, whose NaN and signed-zero cases cost
+				// branches: costs are finite and ≥ 0, and a -0 against a +0 bound changes
+				// neither the range nor any weight.
 				ws = append(ws, c)
-				lo, hi = min(lo, c), max(hi, c)
+				if c < lo {
+					lo = c
+				}
+				if c > hi {
+					hi = c
+				}
 			}
 		}
 	}
@@ -365,7 +373,15 @@ func (s *State) overlap(w *WorkerState) [numLevels]int {
 func (s *State) cached(w *WorkerState) float64 {
 	var c float64
 	own := 0
-	if w.stamp == s.seq {
+	switch {
+	case w.stamp != s.seq:
+	case w.ov[0] == w.ov[numLevels-1]:
+		// A run on the device alone (the common case): the loop's other terms are credits
+		// times zero and the device's credit is 1 (credits), so this is its sum exactly,
+		// read from the struct's first cache line alone.
+		own = w.ov[0]
+		c = float64(own)
+	default:
 		for t, r := range w.ov {
 			c += w.credit[t] * float64(r-own)
 			own = r
