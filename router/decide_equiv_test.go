@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -149,97 +150,99 @@ func TestDecideMatchesExhaustive(t *testing.T) {
 		{"softmax-hot", 0.5, 4, 70, false},
 		{"softmax-peers", 0.02, 16, 130, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := DefaultConfig()
-			cfg.Temperature, cfg.OverlapWeight, cfg.PeerPulls = tc.temp, tc.weight, tc.peer
-			cfg.AffinityTTL = 0
-			fast, ref := newTestState(t, cfg), newTestState(t, cfg)
-			rng := rand.New(rand.NewPCG(uint64(tc.workers), 9))
-			// A few shared prefixes and their continuations: workers hold prefixes of them.
-			var chains [][]uint64
-			for c := range 6 {
-				sys := toks(1+c%2*7919, 8*testBlock) // two system prompts shared by the chains
-				chains = append(chains, hashes(cat(sys, toks(100000*(c+1), 56*testBlock))))
-			}
-			both := func(f func(s *State) error) {
-				t.Helper()
-				for _, s := range []*State{fast, ref} {
-					if err := f(s); err != nil {
-						t.Fatal(err)
-					}
+		for seed := range uint64(4) {
+			t.Run(fmt.Sprintf("%s/seed%d", tc.name, seed), func(t *testing.T) {
+				cfg := DefaultConfig()
+				cfg.Temperature, cfg.OverlapWeight, cfg.PeerPulls = tc.temp, tc.weight, tc.peer
+				cfg.AffinityTTL = 0
+				fast, ref := newTestState(t, cfg), newTestState(t, cfg)
+				rng := rand.New(rand.NewPCG(uint64(tc.workers), 9+seed))
+				// A few shared prefixes and their continuations: workers hold prefixes of them.
+				var chains [][]uint64
+				for c := range 6 {
+					sys := toks(1+c%2*7919, 8*testBlock) // two system prompts shared by the chains
+					chains = append(chains, hashes(cat(sys, toks(100000*(c+1), 56*testBlock))))
 				}
-			}
-			eventID := map[WorkerID]uint64{}
-			var inflight [][2]Inflight // fast's and ref's record of each dispatch
-			for w := range WorkerID(tc.workers) {
-				both(func(s *State) error { return s.AddWorker(w, testCard) })
-			}
-			decisions, disagreements := 0, 0
-			for step := range 3000 {
-				w := WorkerID(rng.IntN(tc.workers))
-				switch op := rng.IntN(20); {
-				case op < 5: // a load report, small numbers so that costs tie
-					l := LoadReport{Healthy: rng.IntN(30) != 0, DecodeBlocks: rng.IntN(4) * 8, PrefillTokens: rng.IntN(3) * 2 * testBlock,
-						Waiting: rng.IntN(20), KVUsage: float64(rng.IntN(100)) / 100}
-					if rng.IntN(4) == 0 {
-						l.BlockPrefillMicros, l.TierLoadMicros[1], l.PullMicros = 100, rng.IntN(150), rng.IntN(150)
-					}
-					both(func(s *State) error { return s.Report(w, l, t0) })
-				case op < 7:
-					healthy := rng.IntN(3) != 0
-					both(func(s *State) error { return s.SetHealthy(w, healthy) })
-				case op < 8:
-					stale := rng.IntN(4) == 0
-					both(func(s *State) error { return s.SetStale(w, stale) })
-				case op < 12: // the worker caches a prefix of a chain, in some tier
-					c := chains[rng.IntN(len(chains))]
-					n := 1 + rng.IntN(len(c))
-					tier := kvcache.Tier(0)
-					if rng.IntN(4) == 0 {
-						tier = kvcache.Tier(1 + rng.IntN(3))
-					}
-					eventID[w]++
-					ev := stored(eventID[w], tier, 0, c[:n]...)
-					both(func(s *State) error { _, err := s.ApplyEvent(w, ev); return err })
-				case op < 14 && len(inflight) > 0: // a dispatch gets its first token or ends
-					i := rng.IntN(len(inflight))
-					if rng.IntN(2) == 0 {
-						fast.PrefillDone(&inflight[i][0])
-						ref.PrefillDone(&inflight[i][1])
-					} else {
-						fast.RemoveInflight(inflight[i][0])
-						ref.RemoveInflight(inflight[i][1])
-						inflight = append(inflight[:i], inflight[i+1:]...)
-					}
-				default: // a decision
-					c := chains[rng.IntN(len(chains))]
-					r := Request{Hashes: c[:1+rng.IntN(len(c))], Now: t0, Key: uint64(step + 1)}
-					r.PromptTokens = len(r.Hashes)*testBlock - rng.IntN(testBlock)
-					want, ok := exhaustivePick(ref, r)
-					d, err := fast.Decide(r)
-					if !ok {
-						if err == nil {
-							t.Fatalf("step %d: Decide picked %d where no worker is available", step, d.Worker)
+				both := func(f func(s *State) error) {
+					t.Helper()
+					for _, s := range []*State{fast, ref} {
+						if err := f(s); err != nil {
+							t.Fatal(err)
 						}
-						continue
 					}
-					if err != nil {
-						t.Fatalf("step %d: Decide: %v, want worker %d", step, err, want)
-					}
-					decisions++
-					if d.Worker != want {
-						disagreements++
-						t.Errorf("step %d: Decide picked %d, the exhaustive cost %d", step, d.Worker, want)
-						continue
-					}
-					in := ref.AddInflight(want, d.Inflight.PromptBlocks, d.Inflight.CachedBlocks)
-					inflight = append(inflight, [2]Inflight{d.Inflight, in})
 				}
-			}
-			if decisions < 300 {
-				t.Fatalf("only %d decisions were made: the history tests too little", decisions)
-			}
-			t.Logf("%d decisions, %d disagreements", decisions, disagreements)
-		})
+				eventID := map[WorkerID]uint64{}
+				var inflight [][2]Inflight // fast's and ref's record of each dispatch
+				for w := range WorkerID(tc.workers) {
+					both(func(s *State) error { return s.AddWorker(w, testCard) })
+				}
+				decisions, disagreements := 0, 0
+				for step := range 3000 {
+					w := WorkerID(rng.IntN(tc.workers))
+					switch op := rng.IntN(20); {
+					case op < 5: // a load report, small numbers so that costs tie
+						l := LoadReport{Healthy: rng.IntN(30) != 0, DecodeBlocks: rng.IntN(4) * 8, PrefillTokens: rng.IntN(3) * 2 * testBlock,
+							Waiting: rng.IntN(20), KVUsage: float64(rng.IntN(100)) / 100}
+						if rng.IntN(4) == 0 {
+							l.BlockPrefillMicros, l.TierLoadMicros[1], l.PullMicros = 100, rng.IntN(150), rng.IntN(150)
+						}
+						both(func(s *State) error { return s.Report(w, l, t0) })
+					case op < 7:
+						healthy := rng.IntN(3) != 0
+						both(func(s *State) error { return s.SetHealthy(w, healthy) })
+					case op < 8:
+						stale := rng.IntN(4) == 0
+						both(func(s *State) error { return s.SetStale(w, stale) })
+					case op < 12: // the worker caches a prefix of a chain, in some tier
+						c := chains[rng.IntN(len(chains))]
+						n := 1 + rng.IntN(len(c))
+						tier := kvcache.Tier(0)
+						if rng.IntN(4) == 0 {
+							tier = kvcache.Tier(1 + rng.IntN(3))
+						}
+						eventID[w]++
+						ev := stored(eventID[w], tier, 0, c[:n]...)
+						both(func(s *State) error { _, err := s.ApplyEvent(w, ev); return err })
+					case op < 14 && len(inflight) > 0: // a dispatch gets its first token or ends
+						i := rng.IntN(len(inflight))
+						if rng.IntN(2) == 0 {
+							fast.PrefillDone(&inflight[i][0])
+							ref.PrefillDone(&inflight[i][1])
+						} else {
+							fast.RemoveInflight(inflight[i][0])
+							ref.RemoveInflight(inflight[i][1])
+							inflight = append(inflight[:i], inflight[i+1:]...)
+						}
+					default: // a decision
+						c := chains[rng.IntN(len(chains))]
+						r := Request{Hashes: c[:1+rng.IntN(len(c))], Now: t0, Key: uint64(step + 1)}
+						r.PromptTokens = len(r.Hashes)*testBlock - rng.IntN(testBlock)
+						want, ok := exhaustivePick(ref, r)
+						d, err := fast.Decide(r)
+						if !ok {
+							if err == nil {
+								t.Fatalf("step %d: Decide picked %d where no worker is available", step, d.Worker)
+							}
+							continue
+						}
+						if err != nil {
+							t.Fatalf("step %d: Decide: %v, want worker %d", step, err, want)
+						}
+						decisions++
+						if d.Worker != want {
+							disagreements++
+							t.Errorf("step %d: Decide picked %d, the exhaustive cost %d", step, d.Worker, want)
+							continue
+						}
+						in := ref.AddInflight(want, d.Inflight.PromptBlocks, d.Inflight.CachedBlocks)
+						inflight = append(inflight, [2]Inflight{d.Inflight, in})
+					}
+				}
+				if decisions < 300 {
+					t.Fatalf("only %d decisions were made: the history tests too little", decisions)
+				}
+				t.Logf("%d decisions, %d disagreements", decisions, disagreements)
+			})
+		}
 	}
 }
