@@ -16,6 +16,17 @@ const (
 	PoolPrefill      // workers with role prefill
 )
 
+// admitsWorker is admits(w.Card.Role), from the role's flag.
+func (p Pool) admitsWorker(w *WorkerState) bool {
+	switch p {
+	case PoolDecode:
+		return !w.prefillRole
+	case PoolPrefill:
+		return w.prefillRole
+	}
+	return true
+}
+
 func (p Pool) admits(role string) bool {
 	switch p {
 	case PoolDecode:

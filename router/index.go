@@ -1083,6 +1083,18 @@ type Walk struct {
 	lv   [numLevels][]uint64
 	hb   [numLevels][]uint64
 	ends [numLevels - 1][]int32
+
+	// stamp, when set, takes the runs of the workers it knows instead of dst (State.Decide's
+	// walk: no Match to write and read back per worker).
+	stamp *runStamp
+}
+
+// A runStamp writes the walk's runs straight into the policy's workers: worker id's into
+// dense[id], marked with the decision seq. A Match is appended for a worker id beyond
+// dense only; one of dense without a state (not registered) is skipped.
+type runStamp struct {
+	dense []*WorkerState
+	seq   uint64
 }
 
 func (wk *Walk) grow(words, slots int) {
@@ -1183,11 +1195,16 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 		default:
 			hs := &sh.sets[v&^multiBit]
 			if b := hs.bits; b != nil {
+				// Most words lose no run at a block where a few workers' runs end: test that
+				// here, without step's call and copies.
+				t0, t1, t2, t3 := b.tier[0], b.tier[1], b.tier[2], b.tier[3]
+				l0, l1, l2, l3 := wk.lv[0], wk.lv[1], wk.lv[2], wk.lv[3]
 				for j := lo; j < hi; j++ {
 					var hj [numLevels]uint64
-					if j < len(b.tier[0]) {
-						for t := range numLevels {
-							hj[t] = b.tier[t][j]
+					if j < len(t0) && j < len(t1) && j < len(t2) && j < len(t3) {
+						hj = [numLevels]uint64{t0[j], t1[j], t2[j], t3[j]}
+						if keeps(l0[j], l1[j], l2[j], l3[j], hj) {
+							continue
 						}
 					}
 					dst = x.step(wk, dst, j, hj, i)
@@ -1209,21 +1226,32 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 					}
 				}
 			}
+			hb, lv := &wk.hb, &wk.lv
 			for j := lo; j < hi; j++ {
-				dst = x.step(wk, dst, j, [numLevels]uint64{wk.hb[0][j], wk.hb[1][j], wk.hb[2][j], wk.hb[3][j]}, i)
+				hj := [numLevels]uint64{hb[0][j], hb[1][j], hb[2][j], hb[3][j]}
+				if !keeps(lv[0][j], lv[1][j], lv[2][j], lv[3][j], hj) {
+					dst = x.step(wk, dst, j, hj, i)
+				}
 			}
 		}
 		lo, hi = trim(alive, lo, hi)
 	}
 	for j := lo; j < hi; j++ {
-		for rest := alive[j]; rest != 0; rest &= rest - 1 {
-			dst = append(dst, x.match(wk, j, bits.TrailingZeros64(rest), len(hashes)))
-		}
+		dst = x.drop(wk, dst, j, alive[j], len(hashes))
 		for t := range numLevels {
 			wk.lv[t][j] = 0
 		}
 	}
 	return dst
+}
+
+// keeps reports whether no run of a word whose runs by level are l0 … l3 breaks at a block
+// whose holders of that word by tier are h: step would change nothing.
+func keeps(l0, l1, l2, l3 uint64, h [numLevels]uint64) bool {
+	c0 := h[0]
+	c1 := c0 | h[1]
+	c2 := c1 | h[2]
+	return l0&^c0|l1&^c1|l2&^c2|l3&^(c2|h[3]) == 0
 }
 
 // step narrows word j of the runs to block i, whose holders of that word by tier are h:
@@ -1309,8 +1337,48 @@ func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint
 // drop appends the Matches of the slots of word j in gone, whose runs (those still
 // unbroken) end at end.
 func (x *Index) drop(wk *Walk, dst []Match, j int, gone uint64, end int) []Match {
+	if sk := wk.stamp; sk != nil {
+		return x.stampRuns(wk, sk, dst, j, gone, end)
+	}
+	dst = slices.Grow(dst, bits.OnesCount64(gone))
+	// A slot whose device run is still unbroken (lv[0] ⊆ lv[1] ⊆ …: every level of its is)
+	// ends every level here, with no ends to read: the common case, a block that a worker
+	// holds only on the device. Slots stay in order, which the peer choice's ties follow.
+	full := wk.lv[0][j]
+	base := x.owner[j*64:]
 	for ; gone != 0; gone &= gone - 1 {
-		dst = append(dst, x.match(wk, j, bits.TrailingZeros64(gone), end))
+		b := bits.TrailingZeros64(gone)
+		if full&(1<<b) != 0 {
+			dst = append(dst, Match{Worker: base[b], Device: end, Host: end, Disk: end, Remote: end})
+		} else {
+			dst = append(dst, x.match(wk, j, b, end))
+		}
+	}
+	return dst
+}
+
+// stampRuns is drop with wk.stamp set.
+func (x *Index) stampRuns(wk *Walk, sk *runStamp, dst []Match, j int, gone uint64, end int) []Match {
+	full := wk.lv[0][j]
+	base := x.owner[j*64:]
+	for ; gone != 0; gone &= gone - 1 {
+		b := bits.TrailingZeros64(gone)
+		id := base[b]
+		if int(id) >= len(sk.dense) {
+			dst = append(dst, x.match(wk, j, b, end))
+			continue
+		}
+		w := sk.dense[id]
+		if w == nil {
+			continue
+		}
+		w.stamp = sk.seq
+		if full&(1<<b) != 0 {
+			w.ov = [numLevels]int{end, end, end, end}
+		} else {
+			m := x.match(wk, j, b, end)
+			w.ov = [numLevels]int{m.Device, m.Host, m.Disk, m.Remote}
+		}
 	}
 	return dst
 }

@@ -92,44 +92,23 @@ func Decide(s *State, req Request) (Decision, error) { return s.Decide(req) }
 // and ErrAllBusy when every healthy one is busy.
 func (s *State) Decide(req Request) (Decision, error) {
 	s.seq++
-	cands := s.cands[:0]
-	healthy, stale := 0, 0
-	lacking := 0 // healthy workers without the request's adapter
-	for _, w := range s.workers {
-		if !w.Healthy || !req.Pool.admits(w.Card.Role) || w.Stale && s.cfg.RequireKVEvents {
-			continue
-		}
-		w.lacks = !w.serves(req.Adapter)
-		if w.lacks && (!req.AdapterLoadable || s.cfg.AdapterLoadCost <= 0) {
-			lacking++
-			continue
-		}
-		healthy++
-		if !w.busy(&s.cfg) {
-			cands = append(cands, w)
-			if w.Stale {
-				stale++
-			}
-		}
-	}
-	s.cands = cands
-	if healthy == 0 && lacking > 0 {
-		return Decision{}, fmt.Errorf("%w: %q", ErrNoAdapter, req.Adapter)
-	}
-	if healthy == 0 {
+	if len(s.workers) == 0 {
 		return Decision{}, ErrNoWorkers
 	}
-	if len(cands) == 0 {
-		return Decision{}, ErrAllBusy
-	}
-
 	bs := s.card.BlockSize
 	tokens := req.PromptTokens
 	if tokens <= 0 {
 		tokens = len(req.Hashes) * bs
 	}
 	promptBlocks := (tokens + bs - 1) / bs
+	blocksF := float64(tokens) / float64(bs)
+	if !s.cfg.PeerPulls {
+		// The walk stamps the workers' runs itself; peer pulls need every Match (below).
+		s.stamp = runStamp{dense: s.dense, seq: s.seq}
+		s.walk.stamp = &s.stamp
+	}
 	s.matches = s.index.OverlapWith(&s.walk, req.Hashes, s.matches)
+	s.walk.stamp = nil
 	s.peer1, s.peer2 = peerRun{}, peerRun{}
 	for _, m := range s.matches {
 		if w := s.lookup(m.Worker); w != nil {
@@ -139,17 +118,75 @@ func (s *State) Decide(req Request) (Decision, error) {
 			}
 		}
 	}
+
+	// One pass over the workers finds the candidates and, in kv mode, costs them as it
+	// goes (the argmin's tie, or the softmax's costs and their range): the same costs in
+	// the same order as kv computes them. A stale candidate's overlap is the others' mean,
+	// known only after the pass: then kv costs them all again.
+	costed := s.cfg.Mode == ModeKV
+	key := s.tieKey(req)
+	var t tie
+	ws := s.weights[:0]
+	lo, hi := math.Inf(1), math.Inf(-1)
+	cands := s.cands[:0]
+	healthy, stale := 0, 0
+	lacking := 0 // healthy workers without the request's adapter
+	for _, w := range s.workers {
+		if !w.Healthy || !req.Pool.admitsWorker(w) || w.Stale && s.cfg.RequireKVEvents {
+			continue
+		}
+		w.lacks = !w.serves(req.Adapter)
+		if w.lacks && (!req.AdapterLoadable || s.cfg.AdapterLoadCost <= 0) {
+			lacking++
+			continue
+		}
+		healthy++
+		if w.isBusy {
+			continue
+		}
+		cands = append(cands, w)
+		if w.Stale {
+			stale++
+		}
+		if costed {
+			c, l := s.fastCost(w, blocksF)
+			if s.cfg.Temperature == 0 {
+				t.offerLoad(s, w, c, l, key)
+			} else {
+				// Plain comparisons, not min and max, whose NaN and signed-zero cases cost
+				// branches: costs are finite and ≥ 0, and a -0 against a +0 bound changes
+				// neither the range nor any weight.
+				ws = append(ws, c)
+				if c < lo {
+					lo = c
+				}
+				if c > hi {
+					hi = c
+				}
+			}
+		}
+	}
+	s.cands, s.weights = cands, ws
+	if healthy == 0 && lacking > 0 {
+		return Decision{}, fmt.Errorf("%w: %q", ErrNoAdapter, req.Adapter)
+	}
+	if healthy == 0 {
+		return Decision{}, ErrNoWorkers
+	}
+	if len(cands) == 0 {
+		return Decision{}, ErrAllBusy
+	}
 	if stale > 0 {
 		s.unknownOverlap(cands)
+		costed = false
 	}
-	blocksF := float64(tokens) / float64(bs)
 
 	var pick *WorkerState
 	reason := ""
 	sticky := req.SessionID != "" && s.cfg.AffinityTTL > 0
 	if sticky {
 		if b, ok := s.sessions[req.SessionID]; ok && req.Now.Before(b.expires) {
-			if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.busy(&s.cfg) && req.Pool.admits(w.Card.Role) && w.serves(req.Adapter) {
+			if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.isBusy && req.Pool.admits(w.Card.Role) && w.serves(req.Adapter) {
 				pick, reason = w, ReasonAffinity
 			}
 		}
@@ -163,9 +200,13 @@ func (s *State) Decide(req Request) (Decision, error) {
 		case s.cfg.Mode == ModeRandom:
 			pick, reason = cands[s.rng.IntN(len(cands))], ReasonRandom
 		case s.cfg.Mode == ModeLeastLoaded:
-			pick, reason = s.leastLoaded(cands, s.tieKey(req)), ReasonLeastLoaded
+			pick, reason = s.leastLoaded(cands, key), ReasonLeastLoaded
+		case costed && s.cfg.Temperature == 0:
+			pick, reason = t.best, ReasonKV
+		case costed:
+			pick, reason = s.draw(cands, ws, lo, hi), ReasonKV
 		default:
-			pick, reason = s.kv(cands, blocksF, s.tieKey(req)), ReasonKV
+			pick, reason = s.kv(cands, blocksF, key), ReasonKV
 		}
 		if s.cfg.Mode == ModeRoundRobin {
 			s.rrLast, s.rrValid = pick.ID, true
@@ -332,7 +373,15 @@ func (s *State) overlap(w *WorkerState) [numLevels]int {
 func (s *State) cached(w *WorkerState) float64 {
 	var c float64
 	own := 0
-	if w.stamp == s.seq {
+	switch {
+	case w.stamp != s.seq:
+	case w.ov[0] == w.ov[numLevels-1]:
+		// A run on the device alone (the common case): the loop's other terms are credits
+		// times zero and the device's credit is 1 (credits), so this is its sum exactly,
+		// read from the struct's first cache line alone.
+		own = w.ov[0]
+		c = float64(own)
+	default:
 		for t, r := range w.ov {
 			c += w.credit[t] * float64(r-own)
 			own = r
@@ -350,12 +399,11 @@ func (s *State) cached(w *WorkerState) float64 {
 	return c
 }
 
-// fastCost is cost(w, blocks).Total and w.Load(), with inv = 1/block size: the decision
-// loop's form, which reads the worker once.
-func (s *State) fastCost(w *WorkerState, blocks, inv float64) (total, load float64) {
+// fastCost is cost(w, blocks).Total and w.Load(): the decision loop's form, which reads
+// the load terms State.refresh keeps.
+func (s *State) fastCost(w *WorkerState, blocks float64) (total, load float64) {
 	cached := s.cached(w)
-	pre := max(0, float64(w.Report.PrefillTokens)*inv+float64(w.dPrefill))
-	dec := float64(max(0, w.Report.DecodeBlocks+w.dDecode))
+	pre, dec := w.pre, w.dec // State.refresh's
 	total = s.cfg.OverlapWeight*(max(0, blocks-cached)+pre) + dec
 	if w.lacks {
 		total += s.cfg.AdapterLoadCost
@@ -378,11 +426,10 @@ func (s *State) cost(w *WorkerState, blocks float64) Cost {
 // kv picks by the cost function: the cheapest worker at temperature 0 (ties broken by
 // s.tieBreak), else a softmax draw over the costs normalised to [0, 1].
 func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerState {
-	inv := 1 / float64(s.card.BlockSize)
 	if s.cfg.Temperature == 0 {
 		var t tie
 		for _, w := range cands {
-			c, l := s.fastCost(w, blocks, inv)
+			c, l := s.fastCost(w, blocks)
 			t.offerLoad(s, w, c, l, key)
 		}
 		return t.best
@@ -390,11 +437,17 @@ func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerStat
 	ws := s.weights[:0]
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, w := range cands {
-		c, _ := s.fastCost(w, blocks, inv)
+		c, _ := s.fastCost(w, blocks)
 		ws = append(ws, c)
 		lo, hi = min(lo, c), max(hi, c)
 	}
 	s.weights = ws
+	return s.draw(cands, ws, lo, hi)
+}
+
+// draw is the softmax draw over the candidates' costs ws (lo and hi their least and
+// greatest), at the configured temperature; it overwrites ws with the weights.
+func (s *State) draw(cands []*WorkerState, ws []float64, lo, hi float64) *WorkerState {
 	sum := 0.0
 	for i, c := range ws {
 		x := 0.0

@@ -147,29 +147,48 @@ type LoadReport = llm.Load
 // clamped at zero. Reports that a worker sends as soon as another router's
 // request reaches it are how several routers share their in-flight load.
 type WorkerState struct {
+	// What a decision reads of every candidate comes first, so that it takes the first two
+	// cache lines of the struct (the policy visits a thousand workers per decision).
+	stamp uint64         // decision whose overlap ov holds
+	ov    [numLevels]int // the prompt's runs by tier level (Match's fields)
+	// The cost's prefill and decode terms (PrefillBlocks and DecodeBlocks with the model
+	// card's block size) and busy's verdict, kept by State.refresh whenever the report or
+	// the deltas change rather than computed per decision.
+	pre, dec    float64
+	isBusy      bool
+	lacks       bool // this decision: the worker lacks the request's adapter (AdapterLoadCost)
+	prefillRole bool // Card.Role is RolePrefill
+	Healthy     bool // from the last report or SetHealthy; true at registration
+	// Stale: the worker's KV events are missing (SetStale), so the index's view of its
+	// cache cannot be trusted: its overlap counts as unknown (the other candidates' mean),
+	// or, with RequireKVEvents, it gets no requests.
+	Stale  bool
+	credit [numLevels]float64 // fraction of a block's prefill a block of each tier saves
+	pull   float64            // … a block pulled from a peer saves
+	ix     *workerRec         // the index's record: its block count
+
 	ID         WorkerID
 	Card       Card
 	Report     LoadReport
 	ReportedAt time.Time // zero until the first report
-	Healthy    bool      // from the last report or SetHealthy; true at registration
-	// Stale: the worker's KV events are missing (SetStale), so the index's view of its
-	// cache cannot be trusted: its overlap counts as unknown (the other candidates' mean),
-	// or, with RequireKVEvents, it gets no requests.
-	Stale    bool
-	Inflight int // router requests dispatched and not yet removed
+	Inflight   int       // router requests dispatched and not yet removed
 
 	gen      uint64 // registration generation, matched by Inflight handles
 	sent     uint64 // dispatches numbered so far
 	unacked  []dispatch
-	dPrefill int                // prefill blocks dispatched since the report
-	dDecode  int                // decode blocks dispatched since the report
-	dWaiting int                // requests dispatched since the report, before their first token
-	stamp    uint64             // decision whose overlap ov holds
-	ov       [numLevels]int     // the prompt's runs by tier level (Match's fields)
-	credit   [numLevels]float64 // fraction of a block's prefill a block of each tier saves
-	pull     float64            // … a block pulled from a peer saves
-	lacks    bool               // this decision: the worker lacks the request's adapter (AdapterLoadCost)
-	ix       *workerRec         // the index's record: its block count
+	dPrefill int // prefill blocks dispatched since the report
+	dDecode  int // decode blocks dispatched since the report
+	dWaiting int // requests dispatched since the report, before their first token
+}
+
+// refresh recomputes w's load terms (pre, dec, isBusy) from its report and deltas: called
+// by every method that changes them, so that a decision reads them as the same
+// expressions of the same fields would give at the decision.
+func (s *State) refresh(w *WorkerState) {
+	inv := 1 / float64(s.card.BlockSize)
+	w.pre = max(0, float64(w.Report.PrefillTokens)*inv+float64(w.dPrefill))
+	w.dec = float64(max(0, w.Report.DecodeBlocks+w.dDecode))
+	w.isBusy = w.busy(&s.cfg)
 }
 
 // credits sets w's tier credits from its report's measured costs, or cfg's priors.
@@ -288,6 +307,7 @@ type State struct {
 	tieSeed  uint64 // drawn from rng: each router breaks ties its own way
 	index    *Index
 	walk     Walk
+	stamp    runStamp       // walk's, during a decision
 	workers  []*WorkerState // sorted by ID
 	byID     map[WorkerID]*WorkerState
 	dense    []*WorkerState // byID for ids below denseIDs: no map lookup per match
@@ -357,8 +377,9 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 	}
 	s.RemoveWorker(id)
 	s.gen++
-	w := &WorkerState{ID: id, Card: card, Healthy: true, gen: s.gen, ix: s.index.rec(id)}
+	w := &WorkerState{ID: id, Card: card, Healthy: true, gen: s.gen, ix: s.index.rec(id), prefillRole: card.Role == RolePrefill}
 	w.credits(&s.cfg)
+	s.refresh(w)
 	if card.KVBlocks > 0 {
 		s.index.Reserve(card.KVBlocks)
 	}
@@ -435,6 +456,7 @@ func (s *State) Report(id WorkerID, r LoadReport, now time.Time) error {
 	w.Report, w.ReportedAt, w.Healthy = r, now, r.Healthy
 	w.dPrefill, w.dDecode, w.dWaiting = 0, 0, 0
 	w.credits(&s.cfg)
+	defer s.refresh(w)
 	if !r.Tracked {
 		w.unacked = w.unacked[:0]
 		return nil
@@ -477,7 +499,7 @@ func (s *State) SetStale(id WorkerID, stale bool) error {
 // or waiting requests). Unknown workers are not busy.
 func (s *State) Busy(id WorkerID) bool {
 	w := s.lookup(id)
-	return w != nil && w.busy(&s.cfg)
+	return w != nil && w.isBusy
 }
 
 // ApplyEvent applies a KV event of worker id to the index; see Index.Apply.
@@ -518,6 +540,7 @@ func (s *State) AddInflight(id WorkerID, promptBlocks, cachedBlocks int) Infligh
 	w.dDecode += in.PromptBlocks
 	w.dWaiting++
 	w.Inflight++
+	s.refresh(w)
 	return in
 }
 
@@ -534,6 +557,7 @@ func (s *State) PrefillDone(in *Inflight) {
 		if i, ok := slices.BinarySearchFunc(w.unacked, in.seq, cmpSeq); ok {
 			w.unacked[i].prefilled = true
 		}
+		s.refresh(w)
 	}
 }
 
@@ -551,6 +575,7 @@ func (s *State) RemoveInflight(in Inflight) {
 	}
 	w.dDecode -= in.PromptBlocks
 	w.Inflight--
+	s.refresh(w)
 	if i, ok := slices.BinarySearchFunc(w.unacked, in.seq, cmpSeq); ok {
 		w.unacked = slices.Delete(w.unacked, i, i+1)
 	}

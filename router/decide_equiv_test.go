@@ -1,0 +1,248 @@
+package router
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"tandem/kvcache"
+)
+
+// exhaustivePick is the decision's choice as it was computed before the fast path
+// (commit 1022de5): every worker's health, busyness and cost recomputed from its report and
+// deltas, every candidate costed, the softmax over all of them. It is kept here, frozen, as
+// the reference TestDecideMatchesExhaustive holds State.Decide to. Like Decide it advances
+// s.seq, stamps the workers' overlaps and draws from s.rng; unlike it, it records nothing.
+func exhaustivePick(s *State, r Request) (WorkerID, bool) {
+	s.seq++
+	busy := func(w *WorkerState) bool {
+		c := &s.cfg
+		return (c.BusyKVUsage > 0 && w.KVUsage() >= c.BusyKVUsage) ||
+			(c.BusyWaiting > 0 && w.Waiting() >= c.BusyWaiting)
+	}
+	var cands []*WorkerState
+	stale := 0
+	for _, w := range s.workers {
+		if !w.Healthy || !r.Pool.admits(w.Card.Role) || w.Stale && s.cfg.RequireKVEvents {
+			continue
+		}
+		w.lacks = !w.serves(r.Adapter)
+		if w.lacks && (!r.AdapterLoadable || s.cfg.AdapterLoadCost <= 0) {
+			continue
+		}
+		if !busy(w) {
+			cands = append(cands, w)
+			if w.Stale {
+				stale++
+			}
+		}
+	}
+	if len(cands) == 0 {
+		return 0, false
+	}
+	tokens := r.PromptTokens
+	if tokens <= 0 {
+		tokens = len(r.Hashes) * s.card.BlockSize
+	}
+	s.peer1, s.peer2 = peerRun{}, peerRun{}
+	for _, m := range s.index.OverlapInto(r.Hashes, nil) {
+		if w := s.lookup(m.Worker); w != nil {
+			w.stamp, w.ov = s.seq, [numLevels]int{m.Device, m.Host, m.Disk, m.Remote}
+			if s.cfg.PeerPulls && w.Healthy && !w.Stale {
+				s.offerPeer(w, m.Disk)
+			}
+		}
+	}
+	if stale > 0 {
+		s.unknownOverlap(cands)
+	}
+	if len(cands) == 1 {
+		return cands[0].ID, true
+	}
+	blocks := float64(tokens) / float64(s.card.BlockSize)
+	inv := 1 / float64(s.card.BlockSize)
+	cost := func(w *WorkerState) (total, load float64) {
+		var cached float64
+		own := 0
+		if w.stamp == s.seq {
+			for t, r := range w.ov {
+				cached += w.credit[t] * float64(r-own)
+				own = r
+			}
+		}
+		if s.cfg.PeerPulls && w.pull > 0 {
+			p := s.peer1
+			if p.w == w {
+				p = s.peer2
+			}
+			if p.w != nil && p.run-own >= max(s.cfg.PeerMinBlocks, 1) {
+				cached += w.pull * float64(p.run-own)
+			}
+		}
+		pre := max(0, float64(w.Report.PrefillTokens)*inv+float64(w.dPrefill))
+		dec := float64(max(0, w.Report.DecodeBlocks+w.dDecode))
+		total = s.cfg.OverlapWeight*(max(0, blocks-cached)+pre) + dec
+		if w.lacks {
+			total += s.cfg.AdapterLoadCost
+		}
+		return total, pre + dec
+	}
+	key := s.tieKey(r)
+	if s.cfg.Temperature == 0 {
+		var t tie
+		for _, w := range cands {
+			c, l := cost(w)
+			t.offerLoad(s, w, c, l, key)
+		}
+		return t.best.ID, true
+	}
+	ws := make([]float64, len(cands))
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for i, w := range cands {
+		ws[i], _ = cost(w)
+		lo, hi = min(lo, ws[i]), max(hi, ws[i])
+	}
+	sum := 0.0
+	for i, c := range ws {
+		x := 0.0
+		if hi > lo {
+			x = (c - lo) / (hi - lo)
+		}
+		if x > 20*s.cfg.Temperature {
+			ws[i] = 0
+			continue
+		}
+		ws[i] = math.Exp(-x / s.cfg.Temperature)
+		sum += ws[i]
+	}
+	u := s.rng.Float64() * sum
+	last := 0
+	for i, wt := range ws {
+		if wt == 0 {
+			continue
+		}
+		if u < wt {
+			return cands[i].ID, true
+		}
+		u -= wt
+		last = i
+	}
+	return cands[last].ID, true
+}
+
+// Decide's fast path picks exactly the worker the exhaustive computation picks, at
+// temperature 0 and (drawing the same random numbers) above it: two States fed the same
+// random history of reports, health, staleness, KV events, dispatches and completions,
+// one deciding with Decide and the other with exhaustivePick, agree on every decision.
+func TestDecideMatchesExhaustive(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		temp    float64
+		weight  float64
+		workers int
+		peer    bool
+	}{
+		{"argmin", 0, 1, 40, false},
+		{"argmin-weight16", 0, 16, 200, false},
+		{"argmin-peers", 0, 16, 70, true},
+		{"softmax", 0.02, 16, 200, false},
+		{"softmax-hot", 0.5, 4, 70, false},
+		{"softmax-peers", 0.02, 16, 130, true},
+	} {
+		for seed := range uint64(4) {
+			t.Run(fmt.Sprintf("%s/seed%d", tc.name, seed), func(t *testing.T) {
+				cfg := DefaultConfig()
+				cfg.Temperature, cfg.OverlapWeight, cfg.PeerPulls = tc.temp, tc.weight, tc.peer
+				cfg.AffinityTTL = 0
+				fast, ref := newTestState(t, cfg), newTestState(t, cfg)
+				rng := rand.New(rand.NewPCG(uint64(tc.workers), 9+seed))
+				// A few shared prefixes and their continuations: workers hold prefixes of them.
+				var chains [][]uint64
+				for c := range 6 {
+					sys := toks(1+c%2*7919, 8*testBlock) // two system prompts shared by the chains
+					chains = append(chains, hashes(cat(sys, toks(100000*(c+1), 56*testBlock))))
+				}
+				both := func(f func(s *State) error) {
+					t.Helper()
+					for _, s := range []*State{fast, ref} {
+						if err := f(s); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				eventID := map[WorkerID]uint64{}
+				var inflight [][2]Inflight // fast's and ref's record of each dispatch
+				for w := range WorkerID(tc.workers) {
+					both(func(s *State) error { return s.AddWorker(w, testCard) })
+				}
+				decisions, disagreements := 0, 0
+				for step := range 3000 {
+					w := WorkerID(rng.IntN(tc.workers))
+					switch op := rng.IntN(20); {
+					case op < 5: // a load report, small numbers so that costs tie
+						l := LoadReport{Healthy: rng.IntN(30) != 0, DecodeBlocks: rng.IntN(4) * 8, PrefillTokens: rng.IntN(3) * 2 * testBlock,
+							Waiting: rng.IntN(20), KVUsage: float64(rng.IntN(100)) / 100}
+						if rng.IntN(4) == 0 {
+							l.BlockPrefillMicros, l.TierLoadMicros[1], l.PullMicros = 100, rng.IntN(150), rng.IntN(150)
+						}
+						both(func(s *State) error { return s.Report(w, l, t0) })
+					case op < 7:
+						healthy := rng.IntN(3) != 0
+						both(func(s *State) error { return s.SetHealthy(w, healthy) })
+					case op < 8:
+						stale := rng.IntN(4) == 0
+						both(func(s *State) error { return s.SetStale(w, stale) })
+					case op < 12: // the worker caches a prefix of a chain, in some tier
+						c := chains[rng.IntN(len(chains))]
+						n := 1 + rng.IntN(len(c))
+						tier := kvcache.Tier(0)
+						if rng.IntN(4) == 0 {
+							tier = kvcache.Tier(1 + rng.IntN(3))
+						}
+						eventID[w]++
+						ev := stored(eventID[w], tier, 0, c[:n]...)
+						both(func(s *State) error { _, err := s.ApplyEvent(w, ev); return err })
+					case op < 14 && len(inflight) > 0: // a dispatch gets its first token or ends
+						i := rng.IntN(len(inflight))
+						if rng.IntN(2) == 0 {
+							fast.PrefillDone(&inflight[i][0])
+							ref.PrefillDone(&inflight[i][1])
+						} else {
+							fast.RemoveInflight(inflight[i][0])
+							ref.RemoveInflight(inflight[i][1])
+							inflight = append(inflight[:i], inflight[i+1:]...)
+						}
+					default: // a decision
+						c := chains[rng.IntN(len(chains))]
+						r := Request{Hashes: c[:1+rng.IntN(len(c))], Now: t0, Key: uint64(step + 1)}
+						r.PromptTokens = len(r.Hashes)*testBlock - rng.IntN(testBlock)
+						want, ok := exhaustivePick(ref, r)
+						d, err := fast.Decide(r)
+						if !ok {
+							if err == nil {
+								t.Fatalf("step %d: Decide picked %d where no worker is available", step, d.Worker)
+							}
+							continue
+						}
+						if err != nil {
+							t.Fatalf("step %d: Decide: %v, want worker %d", step, err, want)
+						}
+						decisions++
+						if d.Worker != want {
+							disagreements++
+							t.Errorf("step %d: Decide picked %d, the exhaustive cost %d", step, d.Worker, want)
+							continue
+						}
+						in := ref.AddInflight(want, d.Inflight.PromptBlocks, d.Inflight.CachedBlocks)
+						inflight = append(inflight, [2]Inflight{d.Inflight, in})
+					}
+				}
+				if decisions < 300 {
+					t.Fatalf("only %d decisions were made: the history tests too little", decisions)
+				}
+				t.Logf("%d decisions, %d disagreements", decisions, disagreements)
+			})
+		}
+	}
+}
