@@ -131,10 +131,19 @@ func backendError(err error) *apiError {
 var embeddedPrefix = regexp.MustCompile(`\b[a-z]+Fields\.`)
 
 func (h *handler) readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, v any) *apiError {
+	data, aerr := h.readRequest(w, r, maxBody)
+	if aerr != nil {
+		return aerr
+	}
+	return decodeJSON(data, v)
+}
+
+// readRequest reads a JSON body of at most maxBody bytes (readJSON without the decoding).
+func (h *handler) readRequest(w http.ResponseWriter, r *http.Request, maxBody int64) ([]byte, *apiError) {
 	if aerr := checkContentType(r); aerr != nil {
 		h.refused("unsupported_media_type")
 		w.Header().Set("Connection", "close")
-		return aerr
+		return nil, aerr
 	}
 	data, err := readBody(w, r, maxBody)
 	if err != nil {
@@ -143,18 +152,23 @@ func (h *handler) readJSON(w http.ResponseWriter, r *http.Request, maxBody int64
 		switch {
 		case errors.As(err, &mbe):
 			h.refused("body_too_large")
-			return &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
+			return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
 				msg: fmt.Sprintf("The request body is larger than %d bytes.", mbe.Limit), after: discardRest(w, r)}
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			h.refused("body_timeout")
-			return &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",
+			return nil, &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",
 				msg: "The request body did not arrive in time (" + err.Error() + ")."}
 		}
-		return badRequest("", "Reading the request body: %v.", err)
+		return nil, badRequest("", "Reading the request body: %v.", err)
 	}
-	if len(strings.TrimSpace(string(data))) == 0 {
-		return badRequest("", "The request body is empty; send a JSON object.")
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, badRequest("", "The request body is empty; send a JSON object.")
 	}
+	return data, nil
+}
+
+// decodeJSON decodes a request body into v; its errors name the field.
+func decodeJSON(data []byte, v any) *apiError {
 	if err := json.Unmarshal(data, v); err != nil {
 		var te *json.UnmarshalTypeError
 		var se *json.SyntaxError
@@ -182,7 +196,9 @@ func readBody(w http.ResponseWriter, r *http.Request, maxBody int64) ([]byte, er
 	if r.ContentLength <= 0 {
 		return io.ReadAll(body)
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, r.ContentLength+1))
+	// ReadFrom grows a buffer with less than bytes.MinRead free before each read, the
+	// one that finds the end included: that much spare keeps it to one allocation.
+	buf := bytes.NewBuffer(make([]byte, 0, r.ContentLength+bytes.MinRead))
 	_, err := buf.ReadFrom(body)
 	return buf.Bytes(), err
 }
