@@ -714,10 +714,11 @@ func (h *handler) chatJob(r *http.Request, req *chatRequest, info *reqInfo) (*jo
 }
 
 func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo) (*job, *apiError) {
-	data, aerr := h.readRequest(w, r, h.maxBody)
+	data, aerr := h.readRequest(w, r, h.maxBody, h.bodies.get())
 	if aerr != nil {
 		return nil, aerr
 	}
+	defer h.bodies.put(data) // nothing below keeps a part of it
 	var req completionRequest
 	ids, rest, cut := cutPromptIDs(data)
 	if !cut || decodeJSON(rest, &req) != nil {

@@ -41,22 +41,25 @@ func scanTokenIDs(b []byte) (ids []int32, end int, ok bool) {
 	// to the end of b, past the array when b holds more; that only over-sizes.
 	ids = make([]int32, 0, bytes.Count(b[i:], []byte{','})+1)
 	for {
-		if i >= len(b) || b[i] < '0' || b[i] > '9' {
-			return nil, 0, false
-		}
-		var v int64
+		// An id: at most 10 digits (math.MaxInt32 has 10), the first not a 0 unless alone.
 		start := i
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			v = v*10 + int64(b[i]-'0')
-			if v > math.MaxInt32 {
-				return nil, 0, false
+		var v uint64
+		for i < len(b) {
+			d := b[i] - '0'
+			if d > 9 {
+				break
 			}
+			v = v*10 + uint64(d)
 			i++
 		}
-		if b[start] == '0' && i-start > 1 {
-			return nil, 0, false // a leading zero: not JSON
+		if n := i - start; n == 0 || n > 10 || v > math.MaxInt32 || b[start] == '0' && n > 1 {
+			return nil, 0, false // none, too large, or a leading zero (not JSON)
 		}
 		ids = append(ids, int32(v))
+		if i < len(b) && b[i] == ',' { // the common case: no spaces around the comma
+			i++
+			continue
+		}
 		i = skipSpace(b, i)
 		if i >= len(b) {
 			return nil, 0, false
