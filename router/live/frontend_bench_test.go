@@ -159,3 +159,40 @@ func BenchmarkFrontEnd(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFrontEndHTTP: BenchmarkFrontEnd's requests over a real HTTP/1.1 connection on
+// loopback (one client, keep-alive). cpu-µs/req counts the client's CPU too: the
+// process holds both ends.
+func BenchmarkFrontEndHTTP(b *testing.B) {
+	h, tok := frontEndHandler(b)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	client := srv.Client()
+	vocab := tok.VocabSize()
+	for _, c := range []struct {
+		name string
+		body []byte
+	}{
+		{"ids-16k", idsBody(16_000, vocab)},
+		{"ids-64", idsBody(64, vocab)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(c.body)))
+			b.ReportAllocs()
+			cpu0 := processCPU()
+			for b.Loop() {
+				resp, err := client.Post(srv.URL+"/v1/completions", "application/json", bytes.NewReader(c.body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Fatalf("status %d", resp.StatusCode)
+				}
+			}
+			cpu := processCPU() - cpu0
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/req")
+		})
+	}
+}
