@@ -12,6 +12,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 
 	"tandem/llm"
 )
@@ -122,39 +123,54 @@ func backendError(err error) *apiError {
 	return &apiError{status: http.StatusInternalServerError, typ: "server_error", msg: "Internal error: " + err.Error()}
 }
 
-// readJSON reads a body of at most maxBody bytes and decodes it into v. A body the
-// server stops reading (too large, too slow) leaves the connection in an unknown place
-// in the client's bytes, so those answers close it: nothing after them is parsed as
-// another request.
 // embeddedPrefix matches the Go names of the request types' embedded structs in a
 // decoding error's field path.
 var embeddedPrefix = regexp.MustCompile(`\b[a-z]+Fields\.`)
 
+// readJSON reads a body of at most maxBody bytes and decodes it into v. A body the
+// server stops reading (too large, too slow) leaves the connection in an unknown place
+// in the client's bytes, so those answers close it: nothing after them is parsed as
+// another request.
 func (h *handler) readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, v any) *apiError {
+	data, aerr := h.readRequest(w, r, maxBody, nil)
+	if aerr != nil {
+		return aerr
+	}
+	return decodeJSON(data, v)
+}
+
+// readRequest reads a JSON body of at most maxBody bytes (readJSON without the
+// decoding), into buf when it has room for the declared length.
+func (h *handler) readRequest(w http.ResponseWriter, r *http.Request, maxBody int64, buf []byte) ([]byte, *apiError) {
 	if aerr := checkContentType(r); aerr != nil {
 		h.refused("unsupported_media_type")
 		w.Header().Set("Connection", "close")
-		return aerr
+		return nil, aerr
 	}
-	data, err := readBody(w, r, maxBody)
+	data, err := readBody(w, r, maxBody, buf)
 	if err != nil {
 		w.Header().Set("Connection", "close")
 		var mbe *http.MaxBytesError
 		switch {
 		case errors.As(err, &mbe):
 			h.refused("body_too_large")
-			return &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
+			return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
 				msg: fmt.Sprintf("The request body is larger than %d bytes.", mbe.Limit), after: discardRest(w, r)}
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			h.refused("body_timeout")
-			return &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",
+			return nil, &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",
 				msg: "The request body did not arrive in time (" + err.Error() + ")."}
 		}
-		return badRequest("", "Reading the request body: %v.", err)
+		return nil, badRequest("", "Reading the request body: %v.", err)
 	}
-	if len(strings.TrimSpace(string(data))) == 0 {
-		return badRequest("", "The request body is empty; send a JSON object.")
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, badRequest("", "The request body is empty; send a JSON object.")
 	}
+	return data, nil
+}
+
+// decodeJSON decodes a request body into v; its errors name the field.
+func decodeJSON(data []byte, v any) *apiError {
 	if err := json.Unmarshal(data, v); err != nil {
 		var te *json.UnmarshalTypeError
 		var se *json.SyntaxError
@@ -172,8 +188,9 @@ func (h *handler) readJSON(w http.ResponseWriter, r *http.Request, maxBody int64
 	return nil
 }
 
-// readBody reads the whole body, sized once when the client declared its length.
-func readBody(w http.ResponseWriter, r *http.Request, maxBody int64) ([]byte, error) {
+// readBody reads the whole body, sized once when the client declared its length, into
+// buf if it has room.
+func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, buf []byte) ([]byte, error) {
 	if r.ContentLength > maxBody {
 		// Refused before reading a byte: the declared length is over the limit.
 		return nil, &http.MaxBytesError{Limit: maxBody}
@@ -182,9 +199,33 @@ func readBody(w http.ResponseWriter, r *http.Request, maxBody int64) ([]byte, er
 	if r.ContentLength <= 0 {
 		return io.ReadAll(body)
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, r.ContentLength+1))
-	_, err := buf.ReadFrom(body)
-	return buf.Bytes(), err
+	// ReadFrom grows a buffer with less than bytes.MinRead free before each read, the
+	// one that finds the end included: that much spare keeps it to one allocation.
+	if int64(cap(buf)) < r.ContentLength+bytes.MinRead {
+		buf = make([]byte, 0, r.ContentLength+bytes.MinRead)
+	}
+	b := bytes.NewBuffer(buf[:0])
+	_, err := b.ReadFrom(body)
+	return b.Bytes(), err
+}
+
+// bodyBuffers keeps the buffers of bodies that their handler has done with (a
+// completion's, once decoded: encoding/json and cutPromptIDs copy what they keep) for
+// the next request, so that a stream of long prompts does not allocate one each. Buffers
+// over memoryReturnBody are left to the collector.
+type bodyBuffers struct{ pool sync.Pool }
+
+func (p *bodyBuffers) get() []byte {
+	if b, ok := p.pool.Get().(*[]byte); ok {
+		return (*b)[:0]
+	}
+	return nil
+}
+
+func (p *bodyBuffers) put(b []byte) {
+	if cap(b) > 0 && cap(b) <= memoryReturnBody {
+		p.pool.Put(&b)
+	}
 }
 
 // checkContentType refuses a body declared as something other than JSON (a form, plain

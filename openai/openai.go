@@ -132,6 +132,7 @@ type handler struct {
 	log     *slog.Logger
 	met     *metrics.HTTP
 	mem     memoryReturn
+	bodies  bodyBuffers
 	store   ResponseStore
 	loraAPI bool
 }

@@ -714,9 +714,20 @@ func (h *handler) chatJob(r *http.Request, req *chatRequest, info *reqInfo) (*jo
 }
 
 func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *reqInfo) (*job, *apiError) {
-	var req completionRequest
-	if aerr := h.readJSON(w, r, h.maxBody, &req); aerr != nil {
+	data, aerr := h.readRequest(w, r, h.maxBody, h.bodies.get())
+	if aerr != nil {
 		return nil, aerr
+	}
+	defer h.bodies.put(data) // nothing below keeps a part of it
+	var req completionRequest
+	ids, rest, cut := cutPromptIDs(data)
+	if !cut || decodeJSON(rest, &req) != nil {
+		// No prompt of plain token ids, or a body the copy cannot stand for: decoded
+		// as it is, with its own errors.
+		req, ids = completionRequest{}, nil
+		if aerr := decodeJSON(data, &req); aerr != nil {
+			return nil, aerr
+		}
 	}
 	m, aerr := h.resolve(req.Model, info)
 	if aerr != nil {
@@ -766,26 +777,25 @@ func parseCompletion(h *handler, r *http.Request, w http.ResponseWriter, info *r
 	if aerr := j.validateSampling("logprobs"); aerr != nil {
 		return nil, aerr
 	}
-	prompts, texts, aerr := m.completionPrompts(req.Prompt, req.AddSpecialTokens)
-	if aerr != nil {
+	var prompts [][]int32
+	if ids != nil {
+		if aerr := m.checkIDs(ids, "prompt"); aerr != nil {
+			return nil, aerr
+		}
+		prompts = [][]int32{ids}
+	} else if prompts, aerr = m.promptIDs(req.Prompt, req.AddSpecialTokens); aerr != nil {
 		return nil, aerr
 	}
 	j.prompts = prompts
 	if req.Echo {
-		j.echo = texts
+		j.echo = m.promptTexts(req.Prompt, prompts)
 	}
 	return j, j.checkPrompts()
 }
 
-// completionPrompts accepts a string, a list of strings, a list of token ids,
-// or a list of lists of token ids, and returns each prompt's tokens and text (token ids
-// decoded). Texts that encode to more tokens than the context holds are refused (see
-// encodeText).
-func (m *Model) completionPrompts(raw json.RawMessage, addSpecial *bool) ([][]int32, []string, *apiError) {
-	ids, aerr := m.promptIDs(raw, addSpecial)
-	if aerr != nil {
-		return nil, nil, aerr
-	}
+// promptTexts is the text of each of a completion's prompts (raw, read as ids): a
+// string prompt's own, or its token ids decoded.
+func (m *Model) promptTexts(raw json.RawMessage, ids [][]int32) []string {
 	texts := make([]string, len(ids))
 	var one string
 	var list []string
@@ -799,7 +809,18 @@ func (m *Model) completionPrompts(raw json.RawMessage, addSpecial *bool) ([][]in
 			texts[i] = m.Tokenizer.Decode(p)
 		}
 	}
-	return ids, texts, nil
+	return texts
+}
+
+// checkIDs refuses token ids outside the vocabulary, naming the first.
+func (m *Model) checkIDs(ids []int32, param string) *apiError {
+	vocab := int32(m.Tokenizer.VocabSize())
+	for _, id := range ids {
+		if id < 0 || id >= vocab {
+			return badRequest("prompt", "%s: token id %d is outside the vocabulary [0, %d).", param, id, vocab)
+		}
+	}
+	return nil
 }
 
 // promptIDs is completionPrompts' token ids.
@@ -814,6 +835,13 @@ func (m *Model) promptIDs(raw json.RawMessage, addSpecial *bool) ([][]int32, *ap
 			return nil, m.tooLong("prompt")
 		}
 		return ids, nil
+	}
+	if p, end, ok := scanTokenIDs(raw); ok && skipSpace(raw, end) == len(raw) {
+		// A list of plain token ids, read without encoding/json (tokenids.go).
+		if aerr := m.checkIDs(p, "prompt"); aerr != nil {
+			return nil, aerr
+		}
+		return [][]int32{p}, nil
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {

@@ -80,6 +80,25 @@ type liveStream struct {
 	retries   int // dispatches again after a failure before the first token (live_failover.go)
 	prefix    int // tokens generated before the current worker took over
 	done      bool
+
+	// The block hashes of hashed (under hashSalt, hashBlock tokens a block): the
+	// disaggregated decision and the dispatch of the same prompt share them.
+	hashes    []uint64
+	hashed    []int32
+	hashSalt  uint64
+	hashBlock int
+}
+
+// blockHashes returns the block hashes of prompt, computed once for the prompt that was
+// hashed last (the same slice: a migration's longer prompt is hashed anew).
+func (s *liveStream) blockHashes(salt uint64, blockSize int, prompt []int32) []uint64 {
+	if s.hashes != nil && s.hashSalt == salt && s.hashBlock == blockSize &&
+		len(prompt) == len(s.hashed) && len(prompt) > 0 && &prompt[0] == &s.hashed[0] {
+		return s.hashes
+	}
+	s.hashes = kvcache.HashBlocks(salt, prompt, blockSize, nil)
+	s.hashed, s.hashSalt, s.hashBlock = prompt, salt, blockSize
+	return s.hashes
 }
 
 // Worker names the worker(s) serving the stream.
@@ -104,7 +123,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 		adapterPath, loadable = m.adapters[req.Adapter] // the router may load it on another worker
 		l.mu.Unlock()
 	}
-	hashes := kvcache.HashBlocks(salt, req.Prompt, c.BlockSize, nil)
+	hashes := s.blockHashes(salt, c.BlockSize, req.Prompt)
 	greq := &cluster.GenerateRequest{Request: *req}
 	var lastErr error
 	var deadline time.Time

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"tandem/cluster"
-	"tandem/kvcache"
 	"tandem/llm"
 	"tandem/orpc"
 	"tandem/router"
@@ -72,7 +71,7 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 		s.dis.pool = router.PoolDecode
 	}
 	t0 := time.Now()
-	hashes := kvcache.HashBlocks(c.Salt, s.orig.Prompt, c.BlockSize, nil)
+	hashes := s.blockHashes(c.Salt, c.BlockSize, s.orig.Prompt)
 	l.mu.Lock()
 	l.drainLocked()
 	dd, err := router.DecideDisagg(m.state, router.Request{Hashes: hashes, PromptTokens: len(s.orig.Prompt), SessionID: s.session, Now: t0}, cfg)
