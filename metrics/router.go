@@ -40,11 +40,14 @@ type Router struct {
 	// against the workers' heartbeats), and ticks at which most workers had gone silent
 	// at once, which the router took for its own host's or network's trouble rather than
 	// the fleet's death.
-	RouterStalls      prometheus.Counter
-	RouterStallTime   prometheus.Counter
-	MassSilenceHolds  prometheus.Counter
-	KVGaps            *prometheus.CounterVec // label worker: event id gaps
-	KVResyncs         *prometheus.CounterVec // labels worker, cause (join, gap, behind, drift, retry)
+	RouterStalls     prometheus.Counter
+	RouterStallTime  prometheus.Counter
+	MassSilenceHolds prometheus.Counter
+	KVGaps           *prometheus.CounterVec // label worker: event id gaps
+	KVResyncs        *prometheus.CounterVec // labels worker, cause (join, gap, behind, drift, retry)
+	// LocalEngineEvents counts the degraded events of engines this process supervises
+	// (tandem cluster, the planner's local connector), by event: restarted, killed.
+	LocalEngineEvents *prometheus.CounterVec
 	KVResyncFailures  *prometheus.CounterVec // label worker
 	KVDrift           *prometheus.CounterVec // label worker: consistency checks that found the index's block count off
 	KVStale           *prometheus.CounterVec // label worker: times it was marked stale
@@ -103,6 +106,8 @@ func NewRouter(reg prometheus.Registerer) *Router {
 			"Heartbeat checks at which most workers were silent past the timeout at once and none was declared dead (the router suspects itself)."),
 		KVGaps: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:kv_event_gaps_total",
 			Help: "KV event id gaps, per worker."}, []string{"worker"})).(*prometheus.CounterVec),
+		LocalEngineEvents: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:local_engine_events_total",
+			Help: "Engines this process supervises (tandem cluster, the planner's local connector), by event: restarted (died by itself), killed (outlived its drain after SIGTERM)."}, []string{"event"})).(*prometheus.CounterVec),
 		KVResyncs: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:kv_resyncs_total",
 			Help: "KV index resynchronisations from a worker's snapshot, per worker and cause (join, gap, behind, drift, retry)."}, []string{"worker", "cause"})).(*prometheus.CounterVec),
 		KVResyncFailures: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:kv_resync_failures_total",

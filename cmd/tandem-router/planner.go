@@ -132,7 +132,7 @@ func (f *plannerFlags) start(ctx context.Context, cfg planner.Config, srv *live.
 	engines, cancelEngines := context.WithCancel(context.Background())
 	conn, err := local.New(engines, local.Config{
 		Command: strings.Fields(*f.engine), Join: srv.ORPCAddr, Token: srv.Token.String(), StateDir: dir,
-		DrainTimeout: *f.engineDrain, Out: out, Logger: log, SysProcAttr: childProcAttr(),
+		DrainTimeout: *f.engineDrain, Out: out, Logger: log, SysProcAttr: childProcAttr(), Count: srv.Router.CountLocalEngine,
 	})
 	if err != nil {
 		cancelEngines()

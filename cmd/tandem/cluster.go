@@ -108,7 +108,7 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		sups[i] = &local.Supervisor{Name: name, Bin: bin, Args: append(args, extra...),
 			LogPath: filepath.Join(*stateDir, name+".log"), Out: stderr, SysProcAttr: childProcAttr(),
-			KillAfter: *drain + 10*time.Second}
+			KillAfter: *drain + 10*time.Second, Count: srv.Router.CountLocalEngine}
 		wg.Go(func() { sups[i].Run(ctx) })
 	}
 	<-ctx.Done()

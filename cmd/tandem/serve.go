@@ -261,6 +261,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		// The default target needs that profile too: a replica reads prompts by the token
 		// budget alone, as with --itl-target 0.
+		log.Info("--stages: no ITL target (the default needs a step profile of the whole model); prompts are read --max-batch-tokens at a time")
 		itl = itlTarget{}
 	}
 	if sf.count > 1 {

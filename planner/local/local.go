@@ -37,6 +37,9 @@ type Supervisor struct {
 	SysProcAttr *syscall.SysProcAttr
 	// OnExit, if set, is called after each exit with its error.
 	OnExit func(err error)
+	// Count, if set, is told each degraded event: "restarted" (the process died by
+	// itself and is started again), "killed" (it outlived KillAfter after SIGTERM).
+	Count func(event string)
 }
 
 var serveURL = regexp.MustCompile(`^tandem serve: (http\S+)`)
@@ -57,12 +60,19 @@ func (s *Supervisor) Run(ctx context.Context) {
 			backoff = time.Second // it ran a good while: a fresh failure
 		}
 		s.printf("  %s exited (%v); restarting in %v\n", s.Name, err, backoff)
+		s.count("restarted")
 		select {
 		case <-time.After(backoff):
 		case <-ctx.Done():
 			return
 		}
 		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+func (s *Supervisor) count(event string) {
+	if s.Count != nil {
+		s.Count(event)
 	}
 }
 
@@ -122,9 +132,8 @@ func (s *Supervisor) once(ctx context.Context, restart bool) error {
 		case err := <-exited:
 			return err
 		case <-time.After(kill):
-			if s.Out != nil {
-				fmt.Fprintf(s.Out, "  %s did not stop within %v of SIGTERM: killed; see %s\n", s.Name, kill, s.LogPath)
-			}
+			s.printf("  %s did not stop within %v of SIGTERM: killed; see %s\n", s.Name, kill, s.LogPath)
+			s.count("killed")
 			cmd.Process.Kill()
 			return <-exited
 		}
@@ -149,6 +158,8 @@ type Config struct {
 	Out          io.Writer
 	Logger       *slog.Logger
 	SysProcAttr  *syscall.SysProcAttr
+	// Count, if set, counts the engines' degraded events (Supervisor.Count).
+	Count func(event string)
 }
 
 // Connector runs engines as child processes; it implements planner.Connector.
@@ -263,7 +274,7 @@ func (c *Connector) startLocked(pool planner.Pool) error {
 	r := &replica{rep: planner.Replica{Name: name, Started: time.Now()}, stop: stop}
 	c.pools[pool] = append(c.pools[pool], r)
 	sup := &Supervisor{Name: name, Bin: c.cfg.Command[0], Args: args, LogPath: filepath.Join(c.cfg.StateDir, name+".log"),
-		Out: c.cfg.Out, KillAfter: c.cfg.DrainTimeout + 30*time.Second, SysProcAttr: c.cfg.SysProcAttr,
+		Out: c.cfg.Out, KillAfter: c.cfg.DrainTimeout + 30*time.Second, SysProcAttr: c.cfg.SysProcAttr, Count: c.cfg.Count,
 		OnExit: func(err error) {
 			if ctx.Err() == nil { // not asked to stop: it died, and is restarted
 				c.cfg.Logger.Warn("local: engine exited by itself; restarting it", "engine", name, "err", err)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,9 +22,15 @@ import (
 // "drains" (writes a mark) and exits. The connector under test runs it as a real child
 // process.
 func TestMain(m *testing.M) {
-	if os.Getenv("LOCAL_TEST_ENGINE") == "1" {
+	switch os.Getenv("LOCAL_TEST_ENGINE") {
+	case "1":
 		engine(os.Args[1:])
 		return
+	case "stubborn": // ignores SIGTERM, then dies by itself after a while
+		signal.Ignore(syscall.SIGTERM)
+		fmt.Fprintln(os.Stderr, "tandem serve: http://127.0.0.1:1 (stubborn test engine)")
+		time.Sleep(time.Second)
+		os.Exit(4)
 	}
 	os.Exit(m.Run())
 }
@@ -165,3 +172,39 @@ func TestNewChecksItsConfig(t *testing.T) {
 		}
 	}
 }
+
+// A supervised engine that dies by itself is restarted, and one that outlives KillAfter
+// after SIGTERM is killed: both are counted, for the caller's /metrics.
+func TestSupervisorCountsRestartsAndKills(t *testing.T) {
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("LOCAL_TEST_ENGINE", "stubborn")
+	var mu sync.Mutex
+	events := map[string]int{}
+	var out strings.Builder
+	s := &Supervisor{Name: "e", Bin: bin, LogPath: filepath.Join(t.TempDir(), "e.log"), KillAfter: 50 * time.Millisecond,
+		Out:   writerFunc(func(p []byte) { mu.Lock(); out.Write(p); mu.Unlock() }),
+		Count: func(ev string) { mu.Lock(); events[ev]++; mu.Unlock() }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	// The second process is up: it ignores the SIGTERM that cancel sends.
+	waitFor(t, "the restarted engine", func() bool { mu.Lock(); defer mu.Unlock(); return strings.Contains(out.String(), "e restarted") })
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the supervisor did not stop")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if events["restarted"] < 1 || events["killed"] != 1 {
+		t.Errorf("events %v, want a restart and one kill; it printed:\n%s", events, out.String())
+	}
+}
+
+type writerFunc func([]byte)
+
+func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }

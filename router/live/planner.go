@@ -137,6 +137,12 @@ func (l *Router) retiredLeftLocked(w *liveWorker, inflight int) {
 	l.log.Info("planner: retired worker left", "worker", w.node, "pool", pool, "result", result, "in_flight", inflight)
 }
 
+// CountLocalEngine counts a degraded event of an engine this process supervises
+// (tandem_router:local_engine_events_total{event}): local.Supervisor's Count.
+func (l *Router) CountLocalEngine(event string) {
+	l.met.LocalEngineEvents.WithLabelValues(event).Inc()
+}
+
 // CountConnectorReadError counts a connector's failed read of pool's replicas
 // (tandem_router:planner_connector_read_errors_total): a connector whose Replicas cannot
 // fail silently calls it.
