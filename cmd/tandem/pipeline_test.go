@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -31,7 +30,13 @@ type proc struct {
 // startProc runs bin with args until the test ends.
 func startProc(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(bin, args...), done: make(chan struct{})}
+	return startCmd(t, exec.Command(bin, args...))
+}
+
+// startCmd starts cmd, collecting its stderr, and kills it when the test ends.
+func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
+	p := &proc{cmd: cmd, done: make(chan struct{})}
 	pipe, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -62,17 +67,23 @@ func (p *proc) text() string {
 // wait waits up to 60 s for the log to match re and returns the submatches.
 func (p *proc) wait(t *testing.T, re string) []string {
 	t.Helper()
+	return p.waitWithin(t, 60*time.Second, re)
+}
+
+// waitWithin waits up to d for the log to match re and returns the submatches.
+func (p *proc) waitWithin(t *testing.T, d time.Duration, re string) []string {
+	t.Helper()
 	rx := regexp.MustCompile(re)
-	deadline := time.After(60 * time.Second)
+	deadline := time.After(d)
 	for {
 		if m := rx.FindStringSubmatch(p.text()); m != nil {
 			return m
 		}
 		select {
 		case <-p.done:
-			t.Fatalf("the process exited before %q:\n%s", re, p.text())
+			t.Fatalf("%v exited before printing %q:\n%s", p.cmd.Args, re, p.text())
 		case <-deadline:
-			t.Fatalf("no %q in:\n%s", re, p.text())
+			t.Fatalf("%v printed no %q:\n%s", p.cmd.Args, re, p.text())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -258,18 +269,7 @@ func waitHealth(t *testing.T, base string, code int) {
 }
 
 // buildRouter compiles the tandem-router binary once per test binary run.
-var buildRouter = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "tandem-router-bin")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "tandem-router")
-	out, err := exec.Command("go", "build", "-o", bin, "../tandem-router").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
+var buildRouter = sync.OnceValues(func() (string, error) { return goBuild("tandem-router", "../tandem-router") })
 
 // streamed is one streaming completion as it arrives.
 type streamed struct {

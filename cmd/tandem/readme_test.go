@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -13,7 +12,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -60,34 +58,8 @@ func freeTCPPort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// readmeProc is one of the README's commands running.
-type readmeProc struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	log  strings.Builder
-	done chan struct{}
-}
-
-func (p *readmeProc) text() string { p.mu.Lock(); defer p.mu.Unlock(); return p.log.String() }
-
-func (p *readmeProc) wait(t *testing.T, re string) []string {
-	t.Helper()
-	rx := regexp.MustCompile(re)
-	for deadline := time.Now().Add(90 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if m := rx.FindStringSubmatch(p.text()); m != nil {
-			return m
-		}
-		select {
-		case <-p.done:
-			t.Fatalf("%v exited before printing %q:\n%s", p.cmd.Args, re, p.text())
-		default:
-		}
-	}
-	t.Fatalf("%v printed no %q:\n%s", p.cmd.Args, re, p.text())
-	return nil
-}
-
-func (p *readmeProc) stop(t *testing.T) {
+// stop sends the README's Ctrl-C and waits up to 60 s for the process to end.
+func (p *proc) stop(t *testing.T) {
 	t.Helper()
 	p.cmd.Process.Signal(syscall.SIGINT)
 	select {
@@ -101,7 +73,7 @@ func (p *readmeProc) stop(t *testing.T) {
 
 // logTails is the end of each log in the state directory a cluster printed, for a
 // failure's message.
-func (p *readmeProc) logTails() string {
+func (p *proc) logTails() string {
 	m := regexp.MustCompile(`state and logs: (\S+)`).FindStringSubmatch(p.text())
 	if m == nil {
 		return ""
@@ -148,35 +120,16 @@ func TestReadmeCommandsLeaveNothingBehind(t *testing.T) {
 		t.Fatalf("the README has %d blocks of go run commands, want the set-up, cluster and manual ones", len(blocks))
 	}
 
-	start := func(line string, subst map[string]string) *readmeProc {
+	start := func(line string, subst map[string]string) *proc {
 		t.Helper()
 		for from, to := range subst {
 			line = strings.ReplaceAll(line, from, to)
 		}
 		args := strings.Fields(strings.TrimPrefix(line, "go run "))
 		bin := filepath.Join(bins, filepath.Base(args[0]))
-		p := &readmeProc{cmd: exec.Command(bin, args[1:]...), done: make(chan struct{})}
-		p.cmd.Dir, p.cmd.Env = clone, env
-		pipe, err := p.cmd.StderrPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.cmd.Stdout = io.Discard
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			sc := bufio.NewScanner(pipe)
-			for sc.Scan() {
-				p.mu.Lock()
-				p.log.WriteString(sc.Text() + "\n")
-				p.mu.Unlock()
-			}
-			p.cmd.Wait()
-			close(p.done)
-		}()
-		t.Cleanup(func() { p.cmd.Process.Kill(); <-p.done })
-		return p
+		cmd := exec.Command(bin, args[1:]...)
+		cmd.Dir, cmd.Env = clone, env
+		return startCmd(t, cmd)
 	}
 	complete := func(base string) {
 		t.Helper()
@@ -198,12 +151,12 @@ func TestReadmeCommandsLeaveNothingBehind(t *testing.T) {
 
 	// The set-up command: serve on a free port.
 	serve := start(blocks[0][0]+" --port "+strconv.Itoa(freeTCPPort(t)), nil)
-	complete(serve.wait(t, `tandem serve: (http://\S+)`)[1])
+	complete(serve.waitWithin(t, 90*time.Second, `tandem serve: (http://\S+)`)[1])
 	serve.stop(t)
 
 	// The one-command cluster.
 	cl := start(blocks[1][0]+" --port "+strconv.Itoa(freeTCPPort(t)), nil)
-	url := cl.wait(t, `tandem cluster: (http://\S+)`)[1]
+	url := cl.waitWithin(t, 90*time.Second, `tandem cluster: (http://\S+)`)[1]
 	complete(url)
 	cl.stop(t)
 
@@ -211,16 +164,16 @@ func TestReadmeCommandsLeaveNothingBehind(t *testing.T) {
 	manual := blocks[2]
 	rport, oport := freeTCPPort(t), freeTCPPort(t)
 	r := start(manual[0]+" --port "+strconv.Itoa(rport)+" --orpc-port "+strconv.Itoa(oport), nil)
-	m := r.wait(t, `tandem-router: (http://\S+)(?s:.*)join token: (\S+)`)
+	m := r.waitWithin(t, 90*time.Second, `tandem-router: (http://\S+)(?s:.*)join token: (\S+)`)
 	subst := map[string]string{"127.0.0.1:7001": "127.0.0.1:" + strconv.Itoa(oport), "<printed token>": m[2]}
-	var engines []*readmeProc
+	var engines []*proc
 	for _, line := range manual[1:] {
 		line = regexp.MustCompile(`--port \d+`).ReplaceAllString(line, "--port "+strconv.Itoa(freeTCPPort(t)))
 		e := start(line, subst)
-		e.wait(t, `tandem serve: http://`)
+		e.waitWithin(t, 90*time.Second, `tandem serve: http://`)
 		engines = append(engines, e)
 	}
-	r.wait(t, `(?s)worker joined.*worker joined`)
+	r.waitWithin(t, 90*time.Second, `(?s)worker joined.*worker joined`)
 	complete(m[1])
 	for _, e := range engines {
 		e.stop(t)

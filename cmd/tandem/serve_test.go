@@ -24,18 +24,21 @@ import (
 )
 
 // buildTandem compiles the tandem binary once per test binary run.
-var buildTandem = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "tandem-bin")
+var buildTandem = sync.OnceValues(func() (string, error) { return goBuild("tandem", ".") })
+
+// goBuild compiles the package pkg into a temporary directory as name.
+func goBuild(name, pkg string) (string, error) {
+	dir, err := os.MkdirTemp("", name+"-bin")
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "tandem")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	bin := filepath.Join(dir, name)
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("go build: %v\n%s", err, out)
 	}
 	return bin, nil
-})
+}
 
 type server struct {
 	cmd    *exec.Cmd
