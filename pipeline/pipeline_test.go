@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -229,25 +230,13 @@ func TestReplicaMatchesOneEngine(t *testing.T) {
 				if want[i].err != nil || got[i].err != nil {
 					t.Fatalf("%s, %d stages, request %d: %v / %v", tc.name, sp.Count, i, want[i].err, got[i].err)
 				}
-				if len(want[i].ids) == 0 || !slicesEqual(got[i].ids, want[i].ids) || !sameBits(got[i].lps, want[i].lps) {
+				if len(want[i].ids) == 0 || !slices.Equal(got[i].ids, want[i].ids) || !sameBits(got[i].lps, want[i].lps) {
 					t.Errorf("%s, %d stages, request %d: tokens %v, one engine's %v (log-probabilities equal: %v)",
 						tc.name, sp.Count, i, got[i].ids, want[i].ids, sameBits(got[i].lps, want[i].lps))
 				}
 			}
 		}
 	}
-}
-
-func slicesEqual(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestStageRefusesAnotherReplica checks that a stage refuses a head of another split or
@@ -358,7 +347,7 @@ func TestStageDeathFailsRequests(t *testing.T) {
 	}
 	got := generateAll(t, r.e, m.Tokenizer, 16)
 	for i := range want {
-		if got[i].err != nil || !slicesEqual(got[i].ids, want[i].ids) || !sameBits(got[i].lps, want[i].lps) {
+		if got[i].err != nil || !slices.Equal(got[i].ids, want[i].ids) || !sameBits(got[i].lps, want[i].lps) {
 			t.Errorf("after the rejoin, request %d: %v %v, want %v", i, got[i].ids, got[i].err, want[i].ids)
 		}
 	}

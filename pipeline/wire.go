@@ -85,18 +85,15 @@ func (e *encoder) end() []byte {
 func (e *encoder) u32(v uint32) { e.buf = binary.LittleEndian.AppendUint32(e.buf, v) }
 func (e *encoder) u64(v uint64) { e.buf = binary.LittleEndian.AppendUint64(e.buf, v) }
 func (e *encoder) str(s string) { e.u32(uint32(len(s))); e.buf = append(e.buf, s...) }
-func (e *encoder) i32s(v []int32) {
+
+// putInts appends a count and the values as u32s (int32s and ints share the encoding).
+func putInts[T ~int32 | ~int](e *encoder, v []T) {
 	e.u32(uint32(len(v)))
 	for _, x := range v {
 		e.u32(uint32(x))
 	}
 }
-func (e *encoder) ints(v []int) {
-	e.u32(uint32(len(v)))
-	for _, x := range v {
-		e.u32(uint32(x))
-	}
-}
+
 func (e *encoder) f32s(v []float32) {
 	e.u32(uint32(len(v)))
 	e.buf = slices.Grow(e.buf, 4*len(v))
@@ -110,7 +107,7 @@ func (e *encoder) hello(h *hello) []byte {
 	e.u32(h.Version)
 	e.str(h.Model)
 	e.str(h.Shape)
-	e.ints(h.Sizes)
+	putInts(e, h.Sizes)
 	e.u32(uint32(h.Index))
 	e.u32(uint32(h.BlockSize))
 	e.u32(uint32(h.Blocks))
@@ -133,13 +130,13 @@ func (e *encoder) step(s *step) []byte {
 	}
 	e.u32(flags)
 	e.str(s.Err)
-	e.i32s(s.Pos)
-	e.i32s(s.SeqOf)
+	putInts(e, s.Pos)
+	putInts(e, s.SeqOf)
 	e.u32(uint32(len(s.Blocks)))
 	for _, b := range s.Blocks {
-		e.i32s(b)
+		putInts(e, b)
 	}
-	e.ints(s.Outputs)
+	putInts(e, s.Outputs)
 	e.f32s(s.Hidden)
 	return e.end()
 }
@@ -195,24 +192,19 @@ func (d *decoder) count(size int) int {
 	}
 	return n
 }
-func (d *decoder) i32s(dst []int32) []int32 {
+
+// getInts reads what putInts wrote into dst[:0]. T's conversion from the u32 is the
+// decoding: an int32 gets its bits back, an int the u32's value.
+func getInts[T ~int32 | ~int](d *decoder, dst []T) []T {
 	n := d.count(4)
 	dst = dst[:0]
 	p := d.take(4 * n)
 	for i := 0; i < len(p); i += 4 {
-		dst = append(dst, int32(binary.LittleEndian.Uint32(p[i:])))
+		dst = append(dst, T(binary.LittleEndian.Uint32(p[i:])))
 	}
 	return dst
 }
-func (d *decoder) ints(dst []int) []int {
-	n := d.count(4)
-	dst = dst[:0]
-	p := d.take(4 * n)
-	for i := 0; i < len(p); i += 4 {
-		dst = append(dst, int(binary.LittleEndian.Uint32(p[i:])))
-	}
-	return dst
-}
+
 func (d *decoder) f32s(dst []float32) []float32 {
 	n := d.count(4)
 	dst = dst[:0]
@@ -232,7 +224,7 @@ func (d *decoder) done() error {
 
 func decodeHello(p []byte) (hello, error) {
 	d := decoder{b: p}
-	h := hello{Version: d.u32(), Model: d.str(), Shape: d.str(), Sizes: d.ints(nil), Index: d.int(),
+	h := hello{Version: d.u32(), Model: d.str(), Shape: d.str(), Sizes: getInts(&d, []int(nil)), Index: d.int(),
 		BlockSize: d.int(), Blocks: d.int(), KVType: hal.DType(d.u32())}
 	return h, d.done()
 }
@@ -249,17 +241,17 @@ func decodeStep(p []byte, s *step) error {
 	s.ID = d.u64()
 	s.WantHidden = d.u32()&1 != 0
 	s.Err = d.str()
-	s.Pos = d.i32s(s.Pos)
-	s.SeqOf = d.i32s(s.SeqOf)
+	s.Pos = getInts(&d, s.Pos)
+	s.SeqOf = getInts(&d, s.SeqOf)
 	n := d.count(4)
 	for len(s.Blocks) < n {
 		s.Blocks = append(s.Blocks, nil)
 	}
 	s.Blocks = s.Blocks[:n]
 	for i := range s.Blocks {
-		s.Blocks[i] = d.i32s(s.Blocks[i])
+		s.Blocks[i] = getInts(&d, s.Blocks[i])
 	}
-	s.Outputs = d.ints(s.Outputs)
+	s.Outputs = getInts(&d, s.Outputs)
 	s.Hidden = d.f32s(s.Hidden)
 	return d.done()
 }

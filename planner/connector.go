@@ -7,8 +7,8 @@ import (
 
 // A Connector starts and stops the workers of a deployment's pools; the planner's loop in
 // the router drives it. Implementations: planner/local (tandem serve processes on this
-// machine), and the Kubernetes operator's (a pool's scale subresource). A connector
-// never decides which workers or how many: the planner does.
+// machine), and k8s/connector (a TandemPool's scale subresource, through the API server).
+// A connector never decides which workers or how many: the planner does.
 //
 // Both methods may be called from one goroutine at a time (the planner's loop); a
 // connector must still be safe against its own background work (a process exiting, a
