@@ -32,6 +32,8 @@ var allowed = map[string][]string{
 	"router":  {"kvcache", "llm"},
 	"planner": {"sla"},
 	"sim":     {"bench", "kvcache", "planner", "router", "sched"},
+	// The study behind tandem plan: simulations over the planner, and their report.
+	"planstudy": {"bench", "planner", "router", "sim", "sla"},
 
 	// The bytes of the KV cache's lower tiers (host arena, disk block files, shared
 	// directory): files and goroutines, below the engine, beside the pool's books.
@@ -102,16 +104,17 @@ var never = map[string][]string{
 	// The pure cores and the packages the simulator and the router binary share: no
 	// device, no model, no wire, no HTTP, so that each runs the same code live and in
 	// the simulator, and the router binary stays small.
-	"sched":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
-	"router":  {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
-	"planner": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go", "os/exec"},
-	"sim":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
-	"bench":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
-	"kvcache": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
-	"kvtier":  {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
-	"llm":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
-	"sla":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
-	"grammar": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"sched":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
+	"router":    {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
+	"planner":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go", "os/exec"},
+	"sim":       {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
+	"planstudy": {"tandem/hal", "tandem/model", "tandem/orpc", "net/http", "github.com/quic-go/quic-go"},
+	"bench":     {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"kvcache":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"kvtier":    {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"llm":       {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"sla":       {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
+	"grammar":   {"tandem/hal", "tandem/model", "tandem/orpc", "net/http"},
 	// The placement core and the connector stay free of Kubernetes' libraries, and so do
 	// the engine's and the router's binaries (below).
 	"k8s/placement": {"k8s.io", "sigs.k8s.io"},
