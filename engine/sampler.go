@@ -523,17 +523,7 @@ func (s *Sampler) prepare(l []float32) (int32, float32) {
 		case allowed >= 0:
 			return s.uniformAllowed(l, allowed)
 		case s.allowed != nil: // uniform over the allowed tokens
-			for i := range l {
-				if s.allowed[i>>6]&(1<<(i&63)) != 0 {
-					l[i] = 0
-					if best < 0 {
-						best = int32(i)
-					}
-				} else {
-					l[i] = negInf
-				}
-			}
-			return best, 0
+			return uniformOver(l, s.allowed), 0
 		}
 		clear(l)
 		return 0, 0
@@ -553,7 +543,12 @@ func (s *Sampler) uniformAllowed(l []float32, allowed int) (int32, float32) {
 		clear(l)
 		return 0, 0
 	}
-	mask := s.sc.mask
+	return uniformOver(l, s.sc.mask), 0
+}
+
+// uniformOver makes the logits of the tokens in mask (one bit per id) 0 and the others
+// −Inf, a uniform choice among them, and returns the first of them (−1: none).
+func uniformOver(l []float32, mask []uint64) int32 {
 	best := int32(-1)
 	for i := range l {
 		if mask[i>>6]&(1<<(i&63)) != 0 {
@@ -565,7 +560,7 @@ func (s *Sampler) uniformAllowed(l []float32, allowed int) (int32, float32) {
 			l[i] = float32(math.Inf(-1))
 		}
 	}
-	return best, 0
+	return best
 }
 
 // uniform returns the next splitmix64 output as a float64 in [0, 1).

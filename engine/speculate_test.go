@@ -110,6 +110,12 @@ func runSpec(t *testing.T, name string, spec Speculation, reqs []*llm.Request) (
 		t.Fatal(err)
 	}
 	runEngine(t, e)
+	return generateAll(t, e, reqs), reg
+}
+
+// generateAll runs reqs on e at once and returns each one's tokens.
+func generateAll(t *testing.T, e *Engine, reqs []*llm.Request) [][]int32 {
+	t.Helper()
 	out := make([][]int32, len(reqs))
 	var wg sync.WaitGroup
 	for i, r := range reqs {
@@ -121,7 +127,7 @@ func runSpec(t *testing.T, name string, spec Speculation, reqs []*llm.Request) (
 		go func() { defer wg.Done(); out[i], _ = collect(t, s) }()
 	}
 	wg.Wait()
-	return out, reg
+	return out
 }
 
 // draftName is the draft model of each target in the tests: another file of its
@@ -229,18 +235,7 @@ func TestSpeculationUnderPreemption(t *testing.T) {
 			t.Fatal(err)
 		}
 		runEngine(t, e)
-		out := make([][]int32, len(reqs))
-		var wg sync.WaitGroup
-		for i, r := range reqs {
-			s, err := e.Generate(context.Background(), r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			wg.Add(1)
-			go func() { defer wg.Done(); out[i], _ = collect(t, s) }()
-		}
-		wg.Wait()
-		return out
+		return generateAll(t, e, reqs)
 	}
 	plain := run(Speculation{})
 	for _, method := range []string{SpecNGram, SpecDraft} {

@@ -281,9 +281,7 @@ func (p *Pool) ClearTier(t Tier) int {
 	}
 	n := 0
 	for s := range lt.ents {
-		e := &lt.ents[s]
-		if e.state == entReady && e.ref == 0 {
-			lt.drop(int32(s))
+		if lt.dropIdle(int32(s)) {
 			n++
 		}
 	}
@@ -363,8 +361,7 @@ func (p *Pool) Forget(t Tier, hashes []uint64) int {
 	}
 	n := 0
 	for _, h := range hashes {
-		if s, ok := lt.index[h]; ok && lt.ents[s].state == entReady && lt.ents[s].ref == 0 {
-			lt.drop(s)
+		if s, ok := lt.index[h]; ok && lt.dropIdle(s) {
 			n++
 		}
 	}
@@ -661,6 +658,15 @@ func (t *lowerTier) drop(s int32) {
 	t.ready--
 	*e = lent{prev: none, next: none}
 	t.free = append(t.free, s)
+}
+
+// dropIdle drops slot s if it is ready and no reader holds it, and reports whether it did.
+func (t *lowerTier) dropIdle(s int32) bool {
+	if e := &t.ents[s]; e.state != entReady || e.ref != 0 {
+		return false
+	}
+	t.drop(s)
+	return true
 }
 
 func (t *lowerTier) pin(s int32) {

@@ -200,32 +200,15 @@ func (d *Disk) fail(err error) error {
 // h, which must hold it: the host copy is checked first, so a corrupt host slot never
 // reaches the disk.
 func (d *Disk) Write(slot int32, hash, parent uint64, uses uint32, h *Host, src int32, header []byte) error {
-	sh, crc, ok := h.sealed(src)
-	if !ok || sh != hash {
-		return fmt.Errorf("%w: host slot %d holds %#016x, not %#016x", ErrMismatch, src, sh, hash)
+	if err := sealHeader(header, d.id, d.bb, h, src, hash, parent, uses); err != nil {
+		return err
 	}
-	if got := CRC(h.Slot(src)); got != crc {
-		return fmt.Errorf("%w: host slot %d: checksum %08x, sealed %08x", ErrCorrupt, src, got, crc)
-	}
-	putHeader(header, fileHeader{payload: d.bb, hash: hash, parent: parent, salt: d.id.Salt, model: d.id.Model,
-		crc: crc, uses: uses, format: d.id.Format.String()})
 	tmp := d.path(slot) + ".tmp"
 	f, err := d.openPath(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC)
 	if err != nil {
 		return err
 	}
-	_, err = f.WriteAt(header[:headerSize], 0)
-	if err == nil {
-		_, err = f.WriteAt(h.padded(src), headerSize)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, d.path(slot))
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := writeBlockFile(f, tmp, d.path(slot), header, h.padded(src)); err != nil {
 		return d.fail(err)
 	}
 	d.Writes.Add(1)

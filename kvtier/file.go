@@ -112,6 +112,42 @@ type fileHeader struct {
 	format       string
 }
 
+// sealHeader checks that host slot src of h holds block hash, intact, so that a corrupt
+// host slot never reaches a file, and fills header with that block's file header for
+// identity id (payload bb bytes).
+func sealHeader(header []byte, id Identity, bb int, h *Host, src int32, hash, parent uint64, uses uint32) error {
+	sh, crc, ok := h.sealed(src)
+	if !ok || sh != hash {
+		return fmt.Errorf("%w: host slot %d holds %#016x, not %#016x", ErrMismatch, src, sh, hash)
+	}
+	if got := CRC(h.Slot(src)); got != crc {
+		return fmt.Errorf("%w: host slot %d: checksum %08x, sealed %08x", ErrCorrupt, src, got, crc)
+	}
+	putHeader(header, fileHeader{payload: bb, hash: hash, parent: parent, salt: id.Salt, model: id.Model,
+		crc: crc, uses: uses, format: id.Format.String()})
+	return nil
+}
+
+// writeBlockFile writes header and the padded block to f, the temporary file tmp, closes
+// it and renames it to name, so that a block file is whole or absent; on an error it
+// removes tmp.
+func writeBlockFile(f *os.File, tmp, name string, header, padded []byte) error {
+	_, err := f.WriteAt(header[:headerSize], 0)
+	if err == nil {
+		_, err = f.WriteAt(padded, headerSize)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, name)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}
+
 func putHeader(b []byte, h fileHeader) {
 	clear(b[:headerSize])
 	copy(b, fileMagic)

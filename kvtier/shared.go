@@ -120,15 +120,9 @@ func (s *Shared) Write(hash, parent uint64, uses uint32, h *Host, src int32, hea
 		s.note(hash)
 		return false, nil
 	}
-	sh, crc, ok := h.sealed(src)
-	if !ok || sh != hash {
-		return false, fmt.Errorf("%w: host slot %d holds %#016x, not %#016x", ErrMismatch, src, sh, hash)
+	if err := sealHeader(header, s.id, s.bb, h, src, hash, parent, uses); err != nil {
+		return false, err
 	}
-	if got := CRC(h.Slot(src)); got != crc {
-		return false, fmt.Errorf("%w: host slot %d: checksum %08x, sealed %08x", ErrCorrupt, src, got, crc)
-	}
-	putHeader(header, fileHeader{payload: s.bb, hash: hash, parent: parent, salt: s.id.Salt, model: s.id.Model,
-		crc: crc, uses: uses, format: s.id.Format.String()})
 	var rnd [8]byte
 	rand.Read(rnd[:])
 	tmp := s.path(hash) + "." + hex.EncodeToString(rnd[:]) + ".tmp"
@@ -136,18 +130,7 @@ func (s *Shared) Write(hash, parent uint64, uses uint32, h *Host, src int32, hea
 	if err != nil {
 		return false, s.fail(err)
 	}
-	_, err = f.WriteAt(header[:headerSize], 0)
-	if err == nil {
-		_, err = f.WriteAt(h.padded(src), headerSize)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, s.path(hash))
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := writeBlockFile(f, tmp, s.path(hash), header, h.padded(src)); err != nil {
 		return false, s.fail(err)
 	}
 	s.Writes.Add(1)

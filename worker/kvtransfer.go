@@ -333,11 +333,7 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 	m := w.met()
 	missing := im.Missing()
 	t0 := time.Now()
-	timeout := time.Duration(src.TimeoutMs) * time.Millisecond
-	if timeout <= 0 {
-		timeout = w.cfg.KVPullTimeout
-	}
-	pctx, cancel := context.WithTimeout(ctx, timeout)
+	pctx, cancel := context.WithTimeout(ctx, w.pullTimeout(src.TimeoutMs))
 	defer cancel()
 	c, err := w.peer(pctx, src.Addr)
 	if err != nil {
@@ -369,26 +365,13 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 		return 0, w.pullFailed(pctx, fmt.Errorf("%w: from %s: %w", errTransfer, src.Node, err))
 	}
 	defer cs.Close()
-	var blk cluster.KVBlock
-	bytes := 0
-	for {
-		err := cs.RecvMsg(&blk)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err == nil {
-			err = blk.Verify()
-		}
-		if err == nil {
-			err = im.Write(blk.Hash, blk.Data)
-		}
-		if err != nil {
-			n = im.Written()
-			im.Trim() // the blocks received intact are good: keep them; free the rest
-			return n, w.pullFailed(pctx, fmt.Errorf("%w: from %s after %d of %d blocks: %w", errTransfer, src.Node, n, len(missing), err))
-		}
-		bytes += f.BlockBytes() // a modelled block has no payload: count what it stands for
+	received, err := receiveBlocks(cs, im)
+	if err != nil {
+		n = im.Written()
+		im.Trim() // the blocks received intact are good: keep them; free the rest
+		return n, w.pullFailed(pctx, fmt.Errorf("%w: from %s after %d of %d blocks: %w", errTransfer, src.Node, n, len(missing), err))
 	}
+	bytes := received * f.BlockBytes() // a modelled block has no payload: count what it stands for
 	n = im.Written()
 	im.Commit()
 	if n != len(missing) {
@@ -410,6 +393,37 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 	}
 	w.log.Debug("pulled KV blocks", "from", src.Node, "blocks", n, "had", im.Have(), "bytes", bytes, "in", time.Since(t0))
 	return n, nil
+}
+
+// pullTimeout is how long a pull may take: the sender's timeoutMs where it gave one,
+// else the configured KVPullTimeout.
+func (w *Worker) pullTimeout(timeoutMs int) time.Duration {
+	if d := time.Duration(timeoutMs) * time.Millisecond; d > 0 {
+		return d
+	}
+	return w.cfg.KVPullTimeout
+}
+
+// receiveBlocks writes into im, in order, each block that cs carries until the stream
+// ends, checking each block's checksum first. It returns the number of blocks written;
+// a broken stream, a bad checksum or a block im refuses ends it with that error.
+func receiveBlocks(cs *orpc.ClientStream, im *engine.Import) (int, error) {
+	var blk cluster.KVBlock
+	for n := 0; ; n++ {
+		err := cs.RecvMsg(&blk)
+		if errors.Is(err, io.EOF) {
+			return n, nil
+		}
+		if err == nil {
+			err = blk.Verify()
+		}
+		if err == nil {
+			err = im.Write(blk.Hash, blk.Data)
+		}
+		if err != nil {
+			return n, err
+		}
+	}
 }
 
 // notePullCost folds a good pull of n blocks in d into the measured cost per block that

@@ -21,12 +21,12 @@ import (
 	"tandem/worker"
 )
 
-// benchModel writes a random-weight model whose KV blocks are as large as a 0.5B model's:
-// 12 layers, 4 KV heads of 64 → 393,216 bytes per block of 16.
-func benchModel(b *testing.B) string {
+// benchModel writes a random-weight model of contextLen tokens whose KV blocks are as large
+// as a 0.5B model's: 12 layers, 4 KV heads of 64 → 393,216 bytes per block of 16.
+func benchModel(b *testing.B, contextLen int) string {
 	b.Helper()
 	spec := modelgen.Demo
-	spec.Embd, spec.Layers, spec.Heads, spec.KVHeads, spec.HeadDim, spec.FFN, spec.ContextLen = 768, 12, 12, 4, 64, 2048, 2048
+	spec.Embd, spec.Layers, spec.Heads, spec.KVHeads, spec.HeadDim, spec.FFN, spec.ContextLen = 768, 12, 12, 4, 64, 2048, contextLen
 	spec.Type = "q8_0"
 	w, err := modelgen.Build(spec)
 	if err != nil {
@@ -51,7 +51,7 @@ func benchModel(b *testing.B) string {
 // QUIC stream carrying the same bytes in block-sized writes, with the same flow-control
 // windows. MB/s is the transfer throughput.
 func BenchmarkKVPull(b *testing.B) {
-	path := benchModel(b)
+	path := benchModel(b, 2048)
 	b.Run("orpc-pull", func(b *testing.B) { benchPull(b, path) })
 	b.Run("quic-bulk", func(b *testing.B) { benchQUIC(b, 62, 393216) })
 }

@@ -215,6 +215,13 @@ func disagg(t *testing.T, pc, dc *orpc.Client, p *peerNode, prompt []int32, maxT
 		t.Fatal(err)
 	}
 	defer cs.Close()
+	return readGenerate(t, cs, out)
+}
+
+// readGenerate appends to out the tokens of the generate stream cs and returns them with
+// the final usage, or with the error an error event carries; a broken stream fails t.
+func readGenerate(t testing.TB, cs *orpc.ClientStream, out []int32) ([]int32, llm.Usage, error) {
+	t.Helper()
 	var usage llm.Usage
 	for {
 		var ev cluster.GenerateEvent

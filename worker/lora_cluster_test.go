@@ -23,21 +23,7 @@ import (
 // them under the model, a request naming one goes to a worker that serves it and gets what
 // that engine gives alone, and one naming an adapter no worker serves is refused.
 func TestClusterRoutesByAdapter(t *testing.T) {
-	be := cpu.New(1)
-	defer be.Close()
-	m, err := model.Load(fixtures.Model(t, "stories260K-f32.gguf"), be)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	a, err := model.RandomAdapter(m, 4, 8, 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "tell.gguf")
-	if err := a.WriteGGUF(path); err != nil {
-		t.Fatal(err)
-	}
+	path := writeTestAdapter(t)
 
 	c := startRouter(t, router.ModeKV)
 	token := c.router.Token.String()

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"tandem/cluster"
@@ -68,11 +67,7 @@ func (w *Worker) pullCached(ctx context.Context, peer *cluster.KVPeer, im *engin
 		return 0, nil
 	}
 	t0 := time.Now()
-	timeout := time.Duration(peer.TimeoutMs) * time.Millisecond
-	if timeout <= 0 {
-		timeout = w.cfg.KVPullTimeout
-	}
-	pctx, cancel := context.WithTimeout(ctx, timeout)
+	pctx, cancel := context.WithTimeout(ctx, w.pullTimeout(peer.TimeoutMs))
 	defer cancel()
 	fail := func(err error) (int, error) {
 		n := im.Written()
@@ -98,21 +93,8 @@ func (w *Worker) pullCached(ctx context.Context, peer *cluster.KVPeer, im *engin
 		return fail(err)
 	}
 	defer cs.Close()
-	var blk cluster.KVBlock
-	for {
-		err := cs.RecvMsg(&blk)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err == nil {
-			err = blk.Verify()
-		}
-		if err == nil {
-			err = im.Write(blk.Hash, blk.Data)
-		}
-		if err != nil {
-			return fail(err)
-		}
+	if _, err := receiveBlocks(cs, im); err != nil {
+		return fail(err)
 	}
 	n := im.Written()
 	im.Trim()

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,7 +15,6 @@ import (
 	"tandem/kvcache"
 	"tandem/llm"
 	"tandem/model"
-	"tandem/modelgen"
 	"tandem/worker"
 )
 
@@ -27,22 +24,7 @@ import (
 // run with -benchtime 1x. The model has a 0.5B model's KV blocks (12 layers, 4 KV heads of
 // 64: 384 KiB a block) and a lighter forward pass, so the comparison favours recomputing.
 func BenchmarkPeerPullVsRecompute(b *testing.B) {
-	spec := modelgen.Demo
-	spec.Embd, spec.Layers, spec.Heads, spec.KVHeads, spec.HeadDim, spec.FFN, spec.ContextLen = 768, 12, 12, 4, 64, 2048, 8192
-	spec.Type = "q8_0"
-	w, err := modelgen.Build(spec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	path := filepath.Join(b.TempDir(), "bench.gguf")
-	f, err := os.Create(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := w.WriteTo(f); err != nil {
-		b.Fatal(err)
-	}
-	f.Close()
+	path := benchModel(b, 8192)
 	env := newPeerEnv(b)
 	start := func(name string) *peerNode {
 		be := cpu.New(0)

@@ -2,8 +2,6 @@ package worker_test
 
 import (
 	"context"
-	"errors"
-	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -29,27 +27,11 @@ func generateVia(t *testing.T, c *orpc.Client, req *cluster.GenerateRequest) ([]
 		t.Fatal(err)
 	}
 	defer cs.Close()
-	var out []int32
-	var usage llm.Usage
-	for {
-		var ev cluster.GenerateEvent
-		err := cs.RecvMsg(&ev)
-		if errors.Is(err, io.EOF) {
-			return out, usage
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch ev.Kind {
-		case cluster.EventError:
-			t.Fatalf("error event: %v", ev.Error())
-		case cluster.EventToken:
-			out = append(out, ev.Event.Token)
-			if ev.Event.Finish != "" {
-				usage = ev.Event.Usage
-			}
-		}
+	out, usage, err := readGenerate(t, cs, nil)
+	if err != nil {
+		t.Fatalf("error event: %v", err)
 	}
+	return out, usage
 }
 
 // A worker told to pull a prompt's prefix from a peer that holds it in its cache gets the
