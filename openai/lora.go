@@ -63,15 +63,21 @@ type loadAdapterRequest struct {
 	Path string `json:"lora_path"`
 }
 
-// loadAdapter is vLLM's POST /v1/load_lora_adapter {"lora_name", "lora_path"}.
-func (h *handler) loadAdapter(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+// readAdapterRequest reads the body of a load or unload request and finds the model that
+// serves adapters.
+func (h *handler) readAdapterRequest(w http.ResponseWriter, r *http.Request, info *reqInfo) (loadAdapterRequest, *Model, *apiError) {
 	var req loadAdapterRequest
 	if aerr := h.readJSON(w, r, 1<<20, &req); aerr != nil {
-		writeError(w, aerr)
-		return
+		return req, nil, aerr
 	}
 	info.model = req.Name
 	m, aerr := h.adapterServer()
+	return req, m, aerr
+}
+
+// loadAdapter is vLLM's POST /v1/load_lora_adapter {"lora_name", "lora_path"}.
+func (h *handler) loadAdapter(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+	req, m, aerr := h.readAdapterRequest(w, r, info)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
@@ -94,13 +100,7 @@ func (h *handler) loadAdapter(w http.ResponseWriter, r *http.Request, info *reqI
 
 // unloadAdapter is vLLM's POST /v1/unload_lora_adapter {"lora_name"}.
 func (h *handler) unloadAdapter(w http.ResponseWriter, r *http.Request, info *reqInfo) {
-	var req loadAdapterRequest
-	if aerr := h.readJSON(w, r, 1<<20, &req); aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	info.model = req.Name
-	m, aerr := h.adapterServer()
+	req, m, aerr := h.readAdapterRequest(w, r, info)
 	if aerr != nil {
 		writeError(w, aerr)
 		return

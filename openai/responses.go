@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -573,11 +574,10 @@ func (it outputItem) MarshalJSON() ([]byte, error) {
 // respBuilder turns a choice's parsed output into output items, and, for a stream, into
 // events.
 type respBuilder struct {
-	h      *handler
-	items  []*outputItem
-	open   *outputItem                                   // the item text goes to now
-	emit   func(typ string, fields map[string]any) error // nil: not streamed
-	broken int
+	h     *handler
+	items []*outputItem
+	open  *outputItem                                   // the item text goes to now
+	emit  func(typ string, fields map[string]any) error // nil: not streamed
 }
 
 func (b *respBuilder) send(typ string, fields map[string]any) error {
@@ -811,7 +811,7 @@ func (h *handler) runResponse(w http.ResponseWriter, r *http.Request, info *reqI
 		if sse != nil {
 			b.emit("error", map[string]any{"code": aerr.code, "message": aerr.msg, "param": nilIfEmpty(aerr.param)})
 			failed := rs.response("failed", b.items, nil, 0, "")
-			failed["error"] = map[string]string{"code": cmpOr(aerr.code, "server_error"), "message": aerr.msg}
+			failed["error"] = map[string]string{"code": cmp.Or(aerr.code, "server_error"), "message": aerr.msg}
 			b.emit("response.failed", map[string]any{"response": failed})
 			return
 		}
@@ -892,11 +892,4 @@ func nilIfEmpty(s string) any {
 		return nil
 	}
 	return s
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -171,7 +172,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 	var workers []string
 	for _, c := range choices {
 		if ws, ok := c.st.(WorkerStream); ok {
-			if wk := ws.Worker(); wk != "" && !contains(workers, wk) {
+			if wk := ws.Worker(); wk != "" && !slices.Contains(workers, wk) {
 				workers = append(workers, wk)
 			}
 		}
@@ -489,15 +490,6 @@ func (h *handler) endedByServer(w http.ResponseWriter, r *http.Request, sse *sse
 		return
 	}
 	writeError(w, aerr)
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // step takes one event of choice c: it counts the token, detokenizes it
@@ -927,28 +919,10 @@ func (s *sseWriter) send(v any) error {
 	if s.err != nil {
 		return s.err
 	}
-	data, err := json.Marshal(v)
-	if err != nil {
-		data, _ = json.Marshal(errorBody{Error: errorObject{Message: "encoding the response: " + err.Error(), Type: "server_error"}})
-	}
-	return s.raw(data)
+	return s.write("", marshalEvent(v))
 }
 
-func (s *sseWriter) raw(data []byte) error {
-	if s.err != nil {
-		return s.err
-	}
-	buf := make([]byte, 0, len(data)+8)
-	buf = append(buf, "data: "...)
-	buf = append(buf, data...)
-	buf = append(buf, "\n\n"...)
-	if _, err := s.w.Write(buf); err != nil {
-		s.err = err
-		return err
-	}
-	s.flush()
-	return s.err
-}
+func (s *sseWriter) raw(data []byte) error { return s.write("", data) }
 
 func (s *sseWriter) done() { s.raw([]byte("[DONE]")) }
 
@@ -958,14 +932,31 @@ func (s *sseWriter) event(name string, v any) error {
 	if s.err != nil {
 		return s.err
 	}
+	return s.write(name, marshalEvent(v))
+}
+
+// marshalEvent is v as JSON, or an error body when v cannot be encoded: the stream
+// still gets an event that says what went wrong.
+func marshalEvent(v any) []byte {
 	data, err := json.Marshal(v)
 	if err != nil {
 		data, _ = json.Marshal(errorBody{Error: errorObject{Message: "encoding the response: " + err.Error(), Type: "server_error"}})
 	}
+	return data
+}
+
+// write sends one event in a single Write: "event: NAME" when name is set, then the data.
+func (s *sseWriter) write(name string, data []byte) error {
+	if s.err != nil {
+		return s.err
+	}
 	buf := make([]byte, 0, len(name)+len(data)+16)
-	buf = append(buf, "event: "...)
-	buf = append(buf, name...)
-	buf = append(buf, "\ndata: "...)
+	if name != "" {
+		buf = append(buf, "event: "...)
+		buf = append(buf, name...)
+		buf = append(buf, '\n')
+	}
+	buf = append(buf, "data: "...)
 	buf = append(buf, data...)
 	buf = append(buf, "\n\n"...)
 	if _, err := s.w.Write(buf); err != nil {

@@ -329,11 +329,11 @@ func neutral(raw json.RawMessage, values []string) bool {
 		return false
 	}
 	got := buf.String()
+	a, errA := strconv.ParseFloat(got, 64)
 	for _, v := range values {
 		if got == v {
 			return true
 		}
-		a, errA := strconv.ParseFloat(got, 64)
 		b, errB := strconv.ParseFloat(v, 64)
 		if errA == nil && errB == nil && a == b {
 			return true
