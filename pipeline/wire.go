@@ -273,6 +273,7 @@ func (d *decoder) f32s(dst []float32) []float32 {
 	}
 	return dst
 }
+
 // bytes reads a length and that many bytes, aliasing the payload.
 func (d *decoder) bytes() []byte {
 	n := d.count(1)
