@@ -5,16 +5,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"tandem/engine"
+	"tandem/hal"
 	"tandem/hal/cpu"
 	"tandem/internal/fixtures"
 	"tandem/llm"
 	"tandem/model"
+	"tandem/modelgen"
 	"tandem/orpc"
 )
 
@@ -86,9 +89,10 @@ func decode(t *testing.T, e *engine.Engine, req *llm.Request, first int32) ([]in
 }
 
 // TestReplicaKVTransfer moves a prompt's KV between 2-stage replicas, a replica of another
-// split, a 3-stage replica and whole engines, each way: the decode side finds the blocks
-// cached and generates one engine's tokens, and the bytes a replica exports are those one
-// engine over the whole model exports, block for block.
+// split, a 3-stage replica and whole engines, each way, for the stories fixture and a
+// gen-model qwen2 (Q8_0, biases, tied output): the decode side finds the blocks cached and
+// generates one engine's tokens, and the bytes a replica exports are those one engine over
+// the whole model exports, block for block.
 func TestReplicaKVTransfer(t *testing.T) {
 	be := cpu.New(0)
 	defer be.Close()
@@ -96,13 +100,27 @@ func TestReplicaKVTransfer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := fixtures.Model(t, "stories260K-f32.gguf") // 5 layers
+	gen := filepath.Join(t.TempDir(), "gen-qwen2-q8_0.gguf")
+	w, err := modelgen.Build(modelgen.Spec{Arch: "qwen2", Embd: 128, Layers: 6, Heads: 4, KVHeads: 2, HeadDim: 32, FFN: 256,
+		ContextLen: 512, RopeBase: 1e6, NormEps: 1e-6, Tied: true, QKVBias: true, Type: "q8_0", Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteFile(gen); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{fixtures.Model(t, "stories260K-f32.gguf"), gen} { // 5 and 6 layers
+		t.Run(filepath.Base(path), func(t *testing.T) { testKVTransfer(t, path, be, ca) })
+	}
+}
+
+func testKVTransfer(t *testing.T, path string, be hal.Backend, ca *orpc.CA) {
 	ref, m := startWhole(t, path, be)
 	whole, _ := startWhole(t, path, be)
-	p := startReplica(t, path, model.StageSpec{Count: 2}, be, ca) // 3,2
+	p := startReplica(t, path, model.StageSpec{Count: 2}, be, ca)
 	d := startReplica(t, path, model.StageSpec{Count: 2}, be, ca)
-	split := startReplica(t, path, model.StageSpec{Count: 2, Sizes: []int{1, 4}}, be, ca)
-	three := startReplica(t, path, model.StageSpec{Count: 3}, be, ca) // 2,2,1
+	split := startReplica(t, path, model.StageSpec{Count: 2, Sizes: []int{1, m.Config.Layers - 1}}, be, ca)
+	three := startReplica(t, path, model.StageSpec{Count: 3}, be, ca)
 	const maxTokens = 16
 	for i, tc := range []struct {
 		name     string
