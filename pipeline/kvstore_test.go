@@ -159,6 +159,24 @@ func testKVTransfer(t *testing.T, path string, be hal.Backend, ca *orpc.CA) {
 			}
 		}
 	}
+
+	// A peer pull (docs/kv-tiers.md) from a replica's prefix cache into another replica:
+	// the cached blocks move through both replicas' stages the same way.
+	prompt := m.Tokenizer.Encode("Story 0. "+strings.Repeat("Lily and Ben played in the park with a big red ball. ", 6), true, false)
+	im, err := split.e.BeginImport(prompt) // d holds it from the first transfer, split does not
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := d.e.ExportCached(context.Background(), im.Missing(), func(hash uint64, data []byte) error { return im.Write(hash, data) })
+	if err != nil || n != len(prompt)/testBlockSize || im.Commit() != n {
+		t.Fatalf("peer pull: %d blocks sent, %v", n, err)
+	}
+	want, _ := collect(t, ref, &llm.Request{Prompt: prompt, MaxTokens: maxTokens})
+	got, last := collect(t, split.e, &llm.Request{Prompt: prompt, MaxTokens: maxTokens})
+	im.Release()
+	if !slices.Equal(got, want) || last.Usage.CachedTokens != n*testBlockSize {
+		t.Errorf("after a peer pull: %v (cached %d tokens), one engine %v", got, last.Usage.CachedTokens, want)
+	}
 }
 
 // collect runs req on e and returns its tokens.
@@ -296,5 +314,61 @@ func waitDown(t *testing.T, h *Head) {
 		if time.Now().After(deadline) {
 			t.Fatal("the replica did not notice its stage died")
 		}
+	}
+}
+
+// BenchmarkBlockIO gathers (read) and scatters (write) a 1,000-token prompt's 62 blocks
+// (24 MiB; blocks of a 0.5B model's size: 12 layers, 4 KV heads of 64, 384 KiB) through a
+// 2-stage replica on loopback, in the batches a transfer uses: the head's half from its
+// own store, the other half over the stage link (TLS on TCP). MB/s is the blocks' bytes
+// (both halves); the link carries half of them. Set it beside BenchmarkKVPull (package
+// worker), the ORPC pull of the same 24 MiB between two engines.
+func BenchmarkBlockIO(b *testing.B) {
+	spec := modelgen.Demo
+	spec.Embd, spec.Layers, spec.Heads, spec.KVHeads, spec.HeadDim, spec.FFN, spec.ContextLen = 768, 12, 12, 4, 64, 256, 2048
+	spec.Type = "q8_0"
+	w, err := modelgen.Build(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	path := filepath.Join(b.TempDir(), "bench.gguf")
+	if err := w.WriteFile(path); err != nil {
+		b.Fatal(err)
+	}
+	be := cpu.New(1)
+	defer be.Close()
+	ca, _ := orpc.NewCA("bench")
+	r := startReplica(b, path, model.StageSpec{Count: 2}, be, ca)
+	f, err := r.e.KVFormat()
+	if err != nil {
+		b.Fatal(err)
+	}
+	const blocks = 62
+	ids := make([]int32, blocks)
+	for i := range ids {
+		ids[i] = int32(i)
+	}
+	batch := max((4<<20)/f.BlockBytes(), 1) // the engine's batch (engine.blockStoreBatch)
+	buf := make([]byte, batch*f.BlockBytes())
+	ctx := context.Background()
+	for _, op := range []string{"read", "write"} {
+		b.Run(op, func(b *testing.B) {
+			b.SetBytes(int64(blocks * f.BlockBytes()))
+			for b.Loop() {
+				for k := 0; k < blocks; k += batch {
+					n := min(batch, blocks-k)
+					var err error
+					if op == "read" {
+						err = r.head.ReadBlocks(ctx, ids[k:k+n], buf[:n*f.BlockBytes()])
+					} else {
+						err = r.head.WriteBlocks(ctx, ids[k:k+n], buf[:n*f.BlockBytes()])
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(batch), "blocks/call")
+		})
 	}
 }

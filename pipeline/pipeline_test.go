@@ -42,7 +42,7 @@ type replica struct {
 // (each dials the next when the head's hello comes), and an engine over the head on be.
 // Each stage has a backend of its own, as a process would: a backend runs one step at a
 // time, and with micro-batches the stages run at once.
-func startReplica(t *testing.T, path string, sp model.StageSpec, be hal.Backend, ca *orpc.CA) *replica {
+func startReplica(t testing.TB, path string, sp model.StageSpec, be hal.Backend, ca *orpc.CA) *replica {
 	t.Helper()
 	id, err := ca.NewIdentity("stage", []string{"127.0.0.1"})
 	if err != nil {
@@ -354,7 +354,7 @@ func TestStageDeathFailsRequests(t *testing.T) {
 }
 
 // stageBackend is a stage's own CPU backend, closed when the test ends.
-func stageBackend(t *testing.T) hal.Backend {
+func stageBackend(t testing.TB) hal.Backend {
 	be := cpu.New(1)
 	t.Cleanup(func() { be.Close() })
 	return be
