@@ -69,23 +69,8 @@ func decode(t *testing.T, e *engine.Engine, req *llm.Request, first int32) ([]in
 	r := *req
 	r.Prompt = append(slices.Clone(req.Prompt), first)
 	r.MaxTokens--
-	s, err := e.Generate(context.Background(), &r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	ids := []int32{first}
-	for {
-		ev, err := s.Next(ctx)
-		if err != nil {
-			t.Fatalf("decoding: %v", err)
-		}
-		ids = append(ids, ev.Token)
-		if ev.Finish != "" {
-			return ids, ev
-		}
-	}
+	ids, last := collect(t, e, &r)
+	return append([]int32{first}, ids...), last
 }
 
 // TestReplicaKVTransfer moves a prompt's KV between 2-stage replicas, a replica of another
@@ -100,16 +85,7 @@ func TestReplicaKVTransfer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gen := filepath.Join(t.TempDir(), "gen-qwen2-q8_0.gguf")
-	w, err := modelgen.Build(modelgen.Spec{Arch: "qwen2", Embd: 128, Layers: 6, Heads: 4, KVHeads: 2, HeadDim: 32, FFN: 256,
-		ContextLen: 512, RopeBase: 1e6, NormEps: 1e-6, Tied: true, QKVBias: true, Type: "q8_0", Seed: 7})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.WriteFile(gen); err != nil {
-		t.Fatal(err)
-	}
-	for _, path := range []string{fixtures.Model(t, "stories260K-f32.gguf"), gen} { // 5 and 6 layers
+	for _, path := range []string{fixtures.Model(t, "stories260K-f32.gguf"), genQwen2(t)} { // 5 and 6 layers
 		t.Run(filepath.Base(path), func(t *testing.T) { testKVTransfer(t, path, be, ca) })
 	}
 }

@@ -82,6 +82,16 @@ func completeEach(t *testing.T, base string, first, n, maxTokens int) []string {
 	return out
 }
 
+// sameTexts checks that each text of got is want's.
+func sameTexts(t *testing.T, how string, got, want []string) {
+	t.Helper()
+	for i := range got {
+		if got[i] != want[i] {
+			t.Errorf("text %d, %s: %q, one engine %q", i, how, got[i], want[i])
+		}
+	}
+}
+
 // TestPipelineDisaggregated: a router, a 2-stage prefill replica and a 2-stage decode
 // replica (five processes). 8 concurrent long prompts are prefilled on the prefill replica
 // and decoded on the decode replica with one engine's text; the router counts 8 remote
@@ -104,12 +114,7 @@ func TestPipelineDisaggregated(t *testing.T) {
 	router.wait(t, `worker joined[^\n]*worker=p [^\n]*role=prefill stages=2`)
 	router.wait(t, `worker joined[^\n]*worker=d [^\n]*role=decode stages=2`)
 
-	got := completeEach(t, base, 0, 8, maxTokens)
-	for i := range got {
-		if got[i] != want[i] {
-			t.Errorf("prompt %d through two 2-stage replicas: %q, one engine %q", i, got[i], want[i])
-		}
-	}
+	sameTexts(t, "through two 2-stage replicas", completeEach(t, base, 0, 8, maxTokens), want)
 	if n := scrapeURL(t, base, "tandem_router:prefills_total", `where="remote"`); n != 8 {
 		t.Errorf("remote prefills %v, want 8:\n%s", n, grepLines(router.text(), "prefill"))
 	}
@@ -133,12 +138,7 @@ func TestPipelineDisaggregated(t *testing.T) {
 	p.leave(t, router, "p")
 	p2 := startPipelineWorker(t, modelPath, "prefill", "p2", join, "--threads", "1", "--stage-layers", "1,4")
 	router.wait(t, `worker joined[^\n]*worker=p2 `)
-	got = completeEach(t, base, 8, 2, maxTokens)
-	for i := range got {
-		if got[i] != want[8+i] {
-			t.Errorf("prompt %d, prefilled on a replica split 1,4: %q, one engine %q", 8+i, got[i], want[8+i])
-		}
-	}
+	sameTexts(t, "prefilled on a replica split 1,4", completeEach(t, base, 8, 2, maxTokens), want[8:])
 	if n := scrapeURL(t, d.head.url, "tandem:kv_transfer_pulls_total", `result="ok"`); n != 10 {
 		t.Errorf("good pulls %v after a replica of another split prefilled 2 more, want 10", n)
 	}
@@ -147,12 +147,7 @@ func TestPipelineDisaggregated(t *testing.T) {
 	p2.leave(t, router, "p2")
 	startPipelineWorker(t, modelPath, "prefill", "p3", join, "--threads", "1", "--kv-type", "f16")
 	router.wait(t, `worker joined[^\n]*worker=p3 `)
-	got = completeEach(t, base, 10, 2, maxTokens)
-	for i := range got {
-		if got[i] != want[10+i] {
-			t.Errorf("prompt %d, prefilled on an f16 replica and again on the decode replica: %q, one engine %q", 10+i, got[i], want[10+i])
-		}
-	}
+	sameTexts(t, "prefilled on an f16 replica and again on the decode replica", completeEach(t, base, 10, 2, maxTokens), want[10:])
 	if n := scrapeURL(t, d.head.url, "tandem:kv_transfer_pulls_total", `result="layout_mismatch"`); n != 2 {
 		t.Errorf("pulls refused for their layout: %v, want 2", n)
 	}
