@@ -130,6 +130,10 @@ type Engine struct {
 
 	stats statsBox  // published by Run for Stats
 	held  heldTable // prefill-only sequences' blocks, pinned for a KV transfer (kvexport.go)
+	// lost guards epoch, the count of Resets: a KV transfer that read or wrote blocks
+	// across one moved KV a restarted stage no longer holds (kvexport.go).
+	lost  sync.RWMutex
+	epoch uint64
 
 	tiers   *kvtier.Tiers // lower tiers' stores; nil without (tiers.go)
 	onboard onboard
@@ -470,7 +474,7 @@ func (e *Engine) reset(done chan struct{}) {
 	for _, s := range running {
 		e.abort(s, err)
 	}
-	e.pool.Clear()
+	e.lostKV()
 	e.log.Warn("the KV cache was reset: running requests failed, the prefix cache dropped", "failed", len(running))
 }
 

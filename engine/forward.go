@@ -67,9 +67,15 @@ func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) 
 	e := newEngine(m, cfg, kvcache.NewPool(cfg.KVBlocks, cfg.BlockSize), micro)
 	e.fwd = f
 	if ok {
-		// Its KV lives in the pipeline's stages, each its layers': no store here to read
-		// blocks from, and the sim format (no payload) would pass for a transfer.
-		e.held.ioOnce.Do(func() { e.held.ioErr = errPipelineKV })
+		// Its KV lives in the pipeline's stages, each its layers': blocks move through its
+		// BlockStore (gathered from and scattered to the stages), never in the sim format,
+		// which would pass for a transfer without payload.
+		e.held.ioOnce.Do(func() {
+			e.held.ioErr = errPipelineKV
+			if bs, ok := f.(BlockStore); ok {
+				e.held.io, e.held.ioErr = newBlockStoreIO(bs)
+			}
+		})
 		e.pipelineKV = true
 	}
 	if micro > 1 {
@@ -78,9 +84,10 @@ func NewWithForwarder(m *model.Model, f Forwarder, cfg Config) (*Engine, error) 
 	return e, nil
 }
 
-// errPipelineKV is the block I/O error of a pipeline replica's engine: KV exports refuse
-// and imports fail (and are counted) instead of moving blocks without their payload.
-var errPipelineKV = errors.New("engine: the KV lives in the pipeline's stages; moving it block by block (stage by stage) is not built")
+// errPipelineKV is the block I/O error of a pipeline replica's engine whose forwarder has
+// no BlockStore: KV exports refuse and imports fail (and are counted) instead of moving
+// blocks without their payload.
+var errPipelineKV = errors.New("engine: the KV lives in the pipeline's stages, and this forwarder cannot read or write its blocks")
 
 // simBlockIO is the block reader and writer of an engine built with NewWithForwarder, which
 // has no KV memory: its format is the model's layout in the modelled store SimStore, whose
@@ -90,5 +97,5 @@ var errPipelineKV = errors.New("engine: the KV lives in the pipeline's stages; m
 // (BlockBytes) would take.
 func (e *Engine) simBlockIO() *blockIO {
 	l := e.m.KVLayout(e.cfg.KVBlocks, e.cfg.BlockSize)
-	return &blockIO{f: KVFormat{Store: SimStore, DType: kvDTypeName(l.DType), BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}}
+	return &blockIO{f: KVFormat{Store: SimStore, DType: kvDTypeName(l.DType), BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}, batch: 1}
 }

@@ -52,50 +52,162 @@ func kvDTypeName(t hal.DType) string {
 	return ""
 }
 
-// blockIO reads and writes whole blocks of the engine's KV store through its block I/O
-// (hal.KVStore.ReadBlock, WriteBlock), in format f; with no store (a modelled forward pass)
-// it moves nothing.
-type blockIO struct {
-	st hal.KVStore
-	f  KVFormat
+// A BlockStore is KV that a forwarder keeps outside the engine, read and written a run of
+// whole blocks at a time: a pipeline replica's (package pipeline's Head), whose stages each
+// hold their layers' part of every block, gathered on a read and scattered on a write. Its
+// blocks' bytes are the whole model's in the store format KVFormat names.
+type BlockStore interface {
+	KVLayout() hal.KVLayout
+	KVFormat() string
+	ReadBlocks(ctx context.Context, blocks []int32, dst []byte) error
+	WriteBlocks(ctx context.Context, blocks []int32, src []byte) error
 }
+
+// blockIO reads and writes whole blocks of the engine's KV, in format f: through its KV
+// store's block I/O (hal.KVStore.ReadBlock, WriteBlock), or a forwarder's BlockStore; with
+// neither (a modelled forward pass) it moves nothing.
+type blockIO struct {
+	st    hal.KVStore
+	bs    BlockStore
+	f     KVFormat
+	batch int // blocks a read or write moves at once: 1 from a store, more from a BlockStore (each call a round trip)
+}
+
+// blockStoreBatch bounds the bytes of one BlockStore call: enough to amortise a round
+// trip through the stages, little enough to stream (a transfer sends a batch's blocks
+// once they are all read).
+const blockStoreBatch = 4 << 20
 
 func newBlockIO(st hal.KVStore) (*blockIO, error) {
 	if st == nil {
 		return nil, errors.New("engine: this engine keeps no KV data (a modelled forward pass); KV transfer needs a KV store")
 	}
-	l := st.Layout()
+	f, err := kvFormatOf(st.Layout(), st.Format())
+	if err != nil {
+		return nil, err
+	}
+	return &blockIO{st: st, f: f, batch: 1}, nil
+}
+
+func newBlockStoreIO(bs BlockStore) (*blockIO, error) {
+	f, err := kvFormatOf(bs.KVLayout(), bs.KVFormat())
+	if err != nil {
+		return nil, err
+	}
+	return &blockIO{bs: bs, f: f, batch: min(max(blockStoreBatch/max(f.BlockBytes(), 1), 1), 64)}, nil
+}
+
+// kvFormatOf is the transfer format of blocks of layout l in the store format name.
+func kvFormatOf(l hal.KVLayout, name string) (KVFormat, error) {
 	dt := kvDTypeName(l.DType)
 	if dt == "" {
-		return nil, fmt.Errorf("engine: KV transfer carries f32 or f16 blocks, not the KV store's %v", l.DType)
+		return KVFormat{}, fmt.Errorf("engine: KV transfer carries f32 or f16 blocks, not the KV store's %v", l.DType)
 	}
-	name := st.Format()
 	if name == "" {
-		return nil, errors.New("engine: the KV store cannot read and write its blocks; KV transfer needs block I/O")
+		return KVFormat{}, errors.New("engine: the KV store cannot read and write its blocks; KV transfer needs block I/O")
 	}
 	f := KVFormat{Store: name, DType: dt, BlockSize: l.BlockSize, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim}
 	if f.BlockBytes() != l.BlockBytes() {
-		return nil, fmt.Errorf("engine: the KV store's blocks are %d bytes, the format %v says %d", l.BlockBytes(), f, f.BlockBytes())
+		return KVFormat{}, fmt.Errorf("engine: the KV store's blocks are %d bytes, the format %v says %d", l.BlockBytes(), f, f.BlockBytes())
 	}
-	return &blockIO{st: st, f: f}, nil
+	return f, nil
 }
 
-func (b *blockIO) read(block int32, dst []byte) error {
-	if b.st == nil { // modelled: no payload
-		return nil
+// readBlocks copies blocks' bytes, f.WireBytes() each, into dst.
+func (b *blockIO) readBlocks(ctx context.Context, blocks []int32, dst []byte) error {
+	switch {
+	case b.bs != nil:
+		if err := b.bs.ReadBlocks(ctx, blocks, dst); err != nil {
+			return fmt.Errorf("engine: reading %d KV blocks: %w", len(blocks), err)
+		}
+	case b.st != nil:
+		n := b.f.WireBytes()
+		for i, blk := range blocks {
+			if err := b.st.ReadBlock(int(blk), dst[i*n:(i+1)*n]); err != nil {
+				return fmt.Errorf("engine: reading KV block %d: %w", blk, err)
+			}
+		}
 	}
-	if err := b.st.ReadBlock(int(block), dst); err != nil {
-		return fmt.Errorf("engine: reading KV block %d: %w", block, err)
+	return nil // modelled: no payload
+}
+
+// writeBlocks stores src, f.WireBytes() a block, as blocks.
+func (b *blockIO) writeBlocks(ctx context.Context, blocks []int32, src []byte) error {
+	switch {
+	case b.bs != nil:
+		if err := b.bs.WriteBlocks(ctx, blocks, src); err != nil {
+			return fmt.Errorf("engine: writing %d KV blocks: %w", len(blocks), err)
+		}
+	case b.st != nil:
+		n := b.f.WireBytes()
+		for i, blk := range blocks {
+			if err := b.st.WriteBlock(int(blk), src[i*n:(i+1)*n]); err != nil {
+				return fmt.Errorf("engine: writing KV block %d: %w", blk, err)
+			}
+		}
 	}
 	return nil
 }
 
-func (b *blockIO) write(block int32, src []byte) error {
-	if b.st == nil {
-		return nil
+// ErrKVLost is wrapped by the error of a transfer that read or wrote blocks across a Reset:
+// the KV it moved is gone with a restarted pipeline stage.
+var ErrKVLost = errors.New("engine: the replica's KV was reset (a pipeline stage restarted) during the transfer")
+
+// lostKV drops every block whose KV a restarted stage lost: the prefix cache, and the
+// holds of prefill-only sequences (their exports fail). Transfers begun before it fail
+// their next check (kvValid). Called by Run's goroutine (Reset).
+func (e *Engine) lostKV() {
+	e.lost.Lock()
+	defer e.lost.Unlock()
+	e.epoch++
+	e.pool.Clear()
+	t := &e.held
+	t.mu.Lock()
+	var hs []uint64
+	for h := range t.m {
+		hs = append(hs, h)
 	}
-	if err := b.st.WriteBlock(int(block), src); err != nil {
-		return fmt.Errorf("engine: writing KV block %d: %w", block, err)
+	t.mu.Unlock()
+	for _, h := range hs {
+		e.ReleaseHeld(h)
+	}
+}
+
+// kvValid fails with ErrKVLost if the KV was reset since epoch.
+func (e *Engine) kvValid(epoch uint64) error {
+	e.lost.RLock()
+	defer e.lost.RUnlock()
+	if e.epoch != epoch {
+		return ErrKVLost
+	}
+	return nil
+}
+
+// readEach reads blocks, a batch at a time into *buf (grown as needed), and calls fn with
+// each one's index in blocks and its bytes (valid during the call). It fails, before fn
+// sees them, if the KV was reset since epoch.
+func (e *Engine) readEach(ctx context.Context, io *blockIO, epoch uint64, blocks []int32, buf *[]byte, fn func(k int, data []byte) error) error {
+	wb := io.f.WireBytes()
+	for k := 0; k < len(blocks); k += io.batch {
+		n := min(io.batch, len(blocks)-k)
+		if cap(*buf) < n*wb {
+			*buf = make([]byte, io.batch*wb)
+		}
+		b := (*buf)[:n*wb]
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := io.readBlocks(ctx, blocks[k:k+n], b); err != nil {
+			return err
+		}
+		if err := e.kvValid(epoch); err != nil {
+			return err
+		}
+		for j := range n {
+			if err := fn(k+j, b[j*wb:(j+1)*wb]); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -376,27 +488,47 @@ func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn f
 		return err
 	}
 	t := &e.held
+	e.lost.RLock() // a Reset after this fails the reads (the hold is gone before it)
+	epoch := e.epoch
 	t.mu.Lock()
 	x := t.m[h]
+	var prompt []uint64
+	if x != nil {
+		prompt = x.prompt
+	}
+	t.mu.Unlock()
+	e.lost.RUnlock()
 	if x == nil {
-		t.mu.Unlock()
 		return ErrNotHeld
 	}
-	idx := make(map[uint64]int, len(x.prompt))
-	for i, hh := range x.prompt {
+	idx := make(map[uint64]int, len(prompt))
+	for i, hh := range prompt {
 		idx[hh] = i
 	}
 	for _, hh := range want {
 		if _, ok := idx[hh]; !ok {
-			t.mu.Unlock()
-			return fmt.Errorf("engine: block %#016x is not among the %d of the prompt held under handle %d", hh, len(x.prompt), h)
+			return fmt.Errorf("engine: block %#016x is not among the %d of the prompt held under handle %d", hh, len(prompt), h)
 		}
 	}
-	t.mu.Unlock()
-	buf := make([]byte, io.f.WireBytes())
+	var (
+		buf  []byte
+		ids  []int32
+		sent int
+	)
+	// send reads blocks, the next wanted ones, and sends them.
+	send := func(blocks []int32) error {
+		base := sent
+		return e.readEach(ctx, io, epoch, blocks, &buf, func(k int, data []byte) error {
+			hh := want[base+k]
+			if err := fn(idx[hh], hh, data); err != nil {
+				return err
+			}
+			sent++
+			return nil
+		})
+	}
 	// While the prefill runs: pin the computed leading blocks through the prefix cache, send
 	// the wanted ones among them, and wait for more.
-	sent := 0
 	pin := e.pool.NewSeq(e.cfg.Salt) // empty between rounds
 	for {
 		changed := t.changed.wait() // before looking: what changes after the look closes it
@@ -410,20 +542,21 @@ func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn f
 		if done {
 			break
 		}
-		n := pin.MatchHashes(x.prompt) / e.cfg.BlockSize
-		for sent < len(want) && idx[want[sent]] < n {
-			i := idx[want[sent]]
-			if err := io.read(pin.Blocks()[i], buf); err != nil {
-				pin.Release()
-				return err
-			}
-			if err := fn(i, want[sent], buf); err != nil {
-				pin.Release()
-				return err
-			}
-			sent++
+		e.lost.RLock()
+		n := 0
+		if e.epoch == epoch {
+			n = pin.MatchHashes(prompt) / e.cfg.BlockSize
 		}
+		e.lost.RUnlock()
+		ids = ids[:0]
+		for j := sent; j < len(want) && idx[want[j]] < n; j++ {
+			ids = append(ids, pin.Blocks()[idx[want[j]]])
+		}
+		err := send(ids)
 		pin.Release()
+		if err != nil {
+			return err
+		}
 		if sent == len(want) {
 			return nil
 		}
@@ -436,7 +569,6 @@ func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn f
 			return ctx.Err()
 		}
 	}
-	want = want[sent:]
 	t.mu.Lock()
 	if t.m[h] != x || x.seq == nil {
 		t.mu.Unlock()
@@ -457,39 +589,40 @@ func (e *Engine) ExportBlocks(ctx context.Context, h uint64, want []uint64, fn f
 			seq.Release()
 		}
 	}()
-	for _, hh := range want {
-		i, ok := idx[hh]
-		if !ok || i >= len(hashes) || hashes[i] != hh {
+	ids = ids[:0]
+	for _, hh := range want[sent:] {
+		i := idx[hh]
+		if i >= len(hashes) || hashes[i] != hh {
 			return fmt.Errorf("engine: block %#016x is not among the %d held under handle %d", hh, len(hashes), h)
 		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if err := io.read(blocks[i], buf); err != nil {
-			return err
-		}
-		if err := fn(i, hh, buf); err != nil {
-			return err
-		}
+		ids = append(ids, blocks[i])
 	}
-	return nil
+	return send(ids)
 }
 
 // An Import writes blocks received from another engine into this engine's pool. Begin one
 // with BeginImport, Write the missing blocks in order, then Commit; keep it until the
 // request that needs the blocks has been admitted (its prefix match took them), then
 // Release. Blocks written and committed stay in the prefix cache after Release, like
-// computed ones; reserved but unwritten ones are freed.
+// computed ones; reserved but unwritten ones are freed. Into a BlockStore (a pipeline's
+// stages) Write buffers a batch of blocks and writes it in one call; Flush (and Commit)
+// write what is buffered.
 type Import struct {
 	e         *Engine
 	io        *blockIO
+	ctx       context.Context // bounds a BlockStore's writes
+	epoch     uint64          // the KV's at BeginImport (kvValid)
 	seq       *kvcache.Seq
 	tokens    []int32  // the prompt's full blocks
 	hashes    []uint64 // their sequence hashes
 	have      int      // leading blocks the cache had already
 	next      int      // next block to write
+	written   int      // blocks before it stored (next less those buffered)
 	committed int
 	released  bool
+	err       error   // a write failed: the import takes no more
+	pend      []int32 // blocks buffered for a BlockStore's batch, and their bytes
+	buf       []byte
 }
 
 // BeginImport prepares the import of the full blocks of prompt: it takes the leading blocks
@@ -504,14 +637,20 @@ func (e *Engine) BeginImport(prompt []int32) (*Import, error) {
 	n := len(prompt) / bs
 	tokens := prompt[:n*bs]
 	seq := e.pool.NewSeq(e.cfg.Salt)
+	e.lost.RLock() // the blocks matched are the epoch's: a Reset after it fails the import
+	epoch := e.epoch
 	have := seq.Match(tokens, 0) / bs
+	e.lost.RUnlock()
 	if err := seq.Reserve((n - have) * bs); err != nil {
 		seq.Release()
 		return nil, fmt.Errorf("engine: no room for %d imported KV blocks: %w", n-have, err)
 	}
-	return &Import{e: e, io: io, seq: seq, tokens: tokens, hashes: kvcache.HashBlocks(e.cfg.Salt, tokens, bs, nil),
-		have: have, next: have}, nil
+	return &Import{e: e, io: io, ctx: context.Background(), epoch: epoch, seq: seq, tokens: tokens,
+		hashes: kvcache.HashBlocks(e.cfg.Salt, tokens, bs, nil), have: have, next: have, written: have}, nil
 }
+
+// UseContext bounds the import's writes into a BlockStore by ctx (a pull's deadline).
+func (im *Import) UseContext(ctx context.Context) { im.ctx = ctx }
 
 // Have is the number of leading full blocks of the prompt that were cached already.
 func (im *Import) Have() int { return im.have }
@@ -519,17 +658,21 @@ func (im *Import) Have() int { return im.have }
 // Missing returns the sequence hashes of the blocks to fetch, in prompt order.
 func (im *Import) Missing() []uint64 { return im.hashes[im.have:] }
 
-// Written is the number of blocks written so far.
-func (im *Import) Written() int { return im.next - im.have }
+// Written is the number of blocks stored so far (not those Write buffered and Flush has not
+// stored yet).
+func (im *Import) Written() int { return im.written - im.have }
 
 // Write stores the next missing block: hash must be the prompt's hash at that position (the
 // sender's block belongs to another prompt or salt otherwise) and data one block in the
-// engine's KVFormat (empty for a modelled one: its WireBytes).
+// engine's KVFormat (empty for a modelled one: its WireBytes). Into a BlockStore it buffers
+// the block (a copy) and stores a full batch.
 func (im *Import) Write(hash uint64, data []byte) error {
-	if im.released {
+	switch {
+	case im.released:
 		return errors.New("engine: write to a released import")
-	}
-	if im.next >= len(im.hashes) {
+	case im.err != nil:
+		return fmt.Errorf("engine: an earlier write of the import failed: %w", im.err)
+	case im.next >= len(im.hashes):
 		return fmt.Errorf("engine: import of %d blocks is complete; got another", len(im.hashes)-im.have)
 	}
 	if want := im.hashes[im.next]; hash != want {
@@ -539,23 +682,65 @@ func (im *Import) Write(hash uint64, data []byte) error {
 		return fmt.Errorf("engine: imported block of %d bytes, the format's is %d", len(data), im.io.f.WireBytes())
 	}
 	blk, _ := im.seq.Slot(im.next * im.e.cfg.BlockSize)
-	if err := im.io.write(blk, data); err != nil {
+	im.pend = append(im.pend, blk)
+	if im.io.batch == 1 {
+		im.next++
+		return im.store(data) // data as it is: no copy
+	}
+	im.buf = append(im.buf, data...)
+	im.next++
+	if len(im.pend) < im.io.batch {
+		return nil
+	}
+	return im.Flush()
+}
+
+// Flush stores the blocks Write buffered. On failure they are dropped, and the import
+// takes no more writes.
+func (im *Import) Flush() error {
+	if len(im.pend) == 0 || im.released {
+		return im.err
+	}
+	return im.store(im.buf)
+}
+
+// store writes the pending blocks from data.
+func (im *Import) store(data []byte) error {
+	err := im.io.writeBlocks(im.ctx, im.pend, data)
+	if err == nil {
+		err = im.e.kvValid(im.epoch)
+	}
+	im.pend, im.buf = im.pend[:0], im.buf[:0]
+	if err != nil {
+		im.next, im.err = im.written, err
 		return err
 	}
-	im.next++
+	im.written = im.next
 	return nil
 }
 
-// Commit enters the blocks written so far into the prefix cache and returns how many are
-// new since the last Commit.
+// Commit stores what Write buffered, enters the blocks stored so far into the prefix cache
+// and returns how many are new since the last Commit. After a Reset of the KV (a pipeline
+// stage restarted) it enters none: what they held is gone.
 func (im *Import) Commit() int {
-	n := im.next - im.have - im.committed
+	im.Flush() // a failure is kept in im.err: the blocks stored before it still count
+	n := im.written - im.have - im.committed
 	if im.released || n == 0 {
 		return 0
 	}
-	im.seq.Commit(im.tokens[:im.next*im.e.cfg.BlockSize])
+	e := im.e
+	e.lost.RLock()
+	ok := e.epoch == im.epoch
+	if ok {
+		im.seq.Commit(im.tokens[:im.written*e.cfg.BlockSize])
+	}
+	e.lost.RUnlock()
+	if !ok {
+		im.err = ErrKVLost
+		return 0
+	}
 	im.committed += n
-	im.e.held.changed.notify() // the blocks may be what an export of the same prompt waits for
+	e.held.changed.notify() // the blocks may be what an export of the same prompt waits for
 	return n
 }
 

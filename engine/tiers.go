@@ -360,19 +360,21 @@ func (e *Engine) ExportCached(ctx context.Context, want []uint64, fn func(hash u
 		return 0, err
 	}
 	pin := e.pool.NewSeq(e.cfg.Salt)
+	e.lost.RLock() // the blocks matched are the epoch's: a Reset after it fails the reads
+	epoch := e.epoch
 	n := pin.MatchHashes(want) / e.cfg.BlockSize
+	e.lost.RUnlock()
 	defer pin.Release()
-	buf := make([]byte, io.f.WireBytes())
-	for i := range n {
-		if err := ctx.Err(); err != nil {
-			return i, err
+	var buf []byte
+	sent := 0
+	if err := e.readEach(ctx, io, epoch, pin.Blocks()[:n], &buf, func(i int, data []byte) error {
+		if err := fn(want[i], data); err != nil {
+			return err
 		}
-		if err := io.read(pin.Blocks()[i], buf); err != nil {
-			return i, err
-		}
-		if err := fn(want[i], buf); err != nil {
-			return i, err
-		}
+		sent++
+		return nil
+	}); err != nil {
+		return sent, err
 	}
 	if e.tiers == nil || n == len(want) {
 		return n, nil

@@ -20,6 +20,10 @@ type Pipeline struct {
 	// Rejoins counts the times the link came back after a failure (the replica then drops
 	// its prefix cache: the restarted stage's KV is gone).
 	Rejoins prometheus.Counter
+	// KVBytes counts the bytes of this stage's layers' part of the KV blocks a transfer
+	// read (op read: a prefill replica's export) or wrote (op write: a decode replica's
+	// import); the head counts its own part. Summed over the stages: the blocks' bytes.
+	KVBytes *prometheus.CounterVec
 }
 
 // NewPipeline registers a pipeline stage's metrics on reg (nil: counted, served nowhere).
@@ -39,6 +43,11 @@ func NewPipeline(reg prometheus.Registerer) *Pipeline {
 		BytesSent: f.counter("tandem:pipeline_sent_bytes_total", "Bytes of the steps sent to the next pipeline stage (activations and batch layout)."),
 		Rejoins: f.counter("tandem:pipeline_rejoins_total",
 			"Times the link to the next stage came back after a failure (the replica drops its prefix cache then)."),
+		KVBytes: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem:pipeline_kv_bytes_total",
+			Help: "Bytes of this stage's layers' part of KV blocks read for a transfer (op read) or written from one (op write)."}, []string{"op"})).(*prometheus.CounterVec),
+	}
+	for _, op := range []string{"read", "write"} {
+		p.KVBytes.WithLabelValues(op)
 	}
 	for _, r := range []string{"lost", "refused", "dial"} {
 		p.LinkFailures.WithLabelValues(r) // at 0 from the start, so that rates and alerts see them

@@ -230,10 +230,13 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Pipeline != nil && (cfg.ITLTarget > 0 || cfg.ITLTargetDecodes > 0) {
 		return nil, errors.New("node: a pipeline replica has no step profile for an ITL target yet (the quick profile runs the whole model)")
 	}
-	if cfg.Pipeline != nil && (cfg.Sim != nil || cfg.Replicas > 1 || cfg.Cluster.Role != "" && cfg.Cluster.Role != cluster.RoleBoth) {
-		// A replica's KV lives in its stages: moving it for disaggregation (stage by
-		// stage) is not built yet.
-		return nil, errors.New("node: a pipeline replica runs the forward pass, as one replica of role both (prefill and decode roles, KV transfer stage by stage, are not built yet)")
+	if cfg.Pipeline != nil && (cfg.Sim != nil || cfg.Replicas > 1) {
+		return nil, errors.New("node: a pipeline replica runs the forward pass, as one replica")
+	}
+	if cfg.Pipeline != nil && cfg.KVTiers.Enabled() {
+		// Its blocks move through the stages only for a transfer (pipeline.Head's block
+		// I/O); the tiers' saves and loads are not built on it.
+		return nil, errors.New("node: the KV tiers of a pipeline replica are not built (its stages hold the KV)")
 	}
 	if cfg.Replicas > 1 && (cfg.Sim == nil || len(cfg.Cluster.Routers) == 0) {
 		return nil, errors.New("node: replicas need the sim backend and routers to reach them through")

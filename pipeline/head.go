@@ -61,9 +61,14 @@ type Head struct {
 // A headLink is the link to stage 1 and the goroutine that reads its results.
 type headLink struct {
 	l       *link
+	sendMu  sync.Mutex   // steps (the engine's goroutine) and KV operations (transfers') share the link
 	results chan *result // in step order; closed when the link broke
 	free    chan *result
 	err     error // why results closed; set before it is
+
+	kvMu    sync.Mutex
+	kvWaits map[uint64]*kvWait // KV operations sent, by id, until their result comes
+	kvErr   error              // set when the link broke: no operation waits any more
 }
 
 // NewHead allocates the head's KV store and opens the link through every stage: it fails,
@@ -130,17 +135,34 @@ func (h *Head) open(ctx context.Context) (*headLink, error) {
 	return hl, nil
 }
 
-// read passes the link's results on in order until it breaks; then the replica is down.
+// read passes the link's results on in order, and the KV operations' results to their
+// callers, until it breaks; then the replica is down.
 func (hl *headLink) read(h *Head) {
+	var kr kvResult
 	for {
-		res := <-hl.free
-		if err := hl.l.recv(res); err != nil {
+		typ, p, err := hl.l.recvFrame()
+		if err == nil {
+			switch typ {
+			case frameResult:
+				res := <-hl.free
+				if err = decodeResult(p, res); err == nil {
+					hl.results <- res
+				}
+			case frameKVResult:
+				if err = decodeKVResult(p, &kr); err == nil {
+					hl.kvDone(&kr)
+				}
+			default:
+				err = fmt.Errorf("%w: frame type %d for a result", errFrame, typ)
+			}
+		}
+		if err != nil {
 			hl.err = fmt.Errorf("pipeline: the link to stage 1 at %s was lost (a stage stopped or the network failed): %v", hl.l.addr, err) // %v: not io.EOF, which callers read as a clean end
 			close(hl.results)
+			hl.kvFail(fmt.Errorf("%w: %w", llm.ErrUnavailable, hl.err))
 			h.fail(hl, hl.err)
 			return
 		}
-		hl.results <- res
 	}
 }
 
@@ -286,7 +308,10 @@ func (h *Head) launch(b *model.Batch) (*headLink, error) {
 	*st = step{ID: h.id, WantHidden: b.Hidden != nil, Pos: b.Attn.Pos, SeqOf: b.Attn.SeqOf, Blocks: b.Attn.Blocks,
 		Outputs: b.Outputs, Hidden: h.hidden[:n*embd]}
 	frame := h.enc.step(st)
-	if err := hl.l.send(frame); err != nil {
+	hl.sendMu.Lock()
+	err := hl.l.send(frame)
+	hl.sendMu.Unlock()
+	if err != nil {
 		err = fmt.Errorf("pipeline: sending a step to stage 1 at %s: %w", hl.l.addr, err)
 		h.fail(hl, err)
 		h.met.StepsFailed.Inc()

@@ -82,17 +82,10 @@ func (l *link) send(frame []byte) error {
 	return l.w.Flush()
 }
 
-// recv reads the next result into res.
-func (l *link) recv(res *result) error {
-	typ, p, buf, err := readFrame(l.r, l.buf)
-	l.buf = buf
-	if err != nil {
-		return err
-	}
-	if typ != frameResult {
-		return fmt.Errorf("%w: frame type %d for a step's result", errFrame, typ)
-	}
-	return decodeResult(p, res)
+// recvFrame reads the next frame; its payload is valid until the next call.
+func (l *link) recvFrame() (typ byte, payload []byte, err error) {
+	typ, payload, l.buf, err = readFrame(l.r, l.buf)
+	return typ, payload, err
 }
 
 func (l *link) close() { l.c.Close() }

@@ -42,7 +42,7 @@ type replica struct {
 // (each dials the next when the head's hello comes), and an engine over the head on be.
 // Each stage has a backend of its own, as a process would: a backend runs one step at a
 // time, and with micro-batches the stages run at once.
-func startReplica(t *testing.T, path string, sp model.StageSpec, be hal.Backend, ca *orpc.CA) *replica {
+func startReplica(t testing.TB, path string, sp model.StageSpec, be hal.Backend, ca *orpc.CA) *replica {
 	t.Helper()
 	id, err := ca.NewIdentity("stage", []string{"127.0.0.1"})
 	if err != nil {
@@ -186,6 +186,22 @@ func sameBits(a, b []float32) bool {
 	return true
 }
 
+// genQwen2 writes a gen-model model besides the fixtures: qwen2 with biases, tied, Q8_0,
+// 6 layers.
+func genQwen2(t testing.TB) string {
+	t.Helper()
+	gen := filepath.Join(t.TempDir(), "gen-qwen2-q8_0.gguf")
+	w, err := modelgen.Build(modelgen.Spec{Arch: "qwen2", Embd: 128, Layers: 6, Heads: 4, KVHeads: 2, HeadDim: 32, FFN: 256,
+		ContextLen: 512, RopeBase: 1e6, NormEps: 1e-6, Tied: true, QKVBias: true, Type: "q8_0", Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteFile(gen); err != nil {
+		t.Fatal(err)
+	}
+	return gen
+}
+
 // TestReplicaMatchesOneEngine serves 8 concurrent requests through 2- and 3-stage replicas
 // (stages linked over TLS on loopback, each with its own KV store, micro-batches on) and
 // checks that every token and its log-probability are the bits one engine over the whole
@@ -197,16 +213,7 @@ func TestReplicaMatchesOneEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A gen-model model besides the fixtures: qwen2 with biases, tied, Q8_0, 6 layers.
-	gen := filepath.Join(t.TempDir(), "gen-qwen2-q8_0.gguf")
-	w, err := modelgen.Build(modelgen.Spec{Arch: "qwen2", Embd: 128, Layers: 6, Heads: 4, KVHeads: 2, HeadDim: 32, FFN: 256,
-		ContextLen: 512, RopeBase: 1e6, NormEps: 1e-6, Tied: true, QKVBias: true, Type: "q8_0", Seed: 7})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.WriteFile(gen); err != nil {
-		t.Fatal(err)
-	}
+	gen := genQwen2(t)
 	for _, tc := range []struct {
 		name  string
 		specs []model.StageSpec
@@ -354,7 +361,7 @@ func TestStageDeathFailsRequests(t *testing.T) {
 }
 
 // stageBackend is a stage's own CPU backend, closed when the test ends.
-func stageBackend(t *testing.T) hal.Backend {
+func stageBackend(t testing.TB) hal.Backend {
 	be := cpu.New(1)
 	t.Cleanup(func() { be.Close() })
 	return be

@@ -187,82 +187,31 @@ func (s *Stage) serveConn(ctx context.Context, c net.Conn) {
 	s.cfg.Metrics.LinkUp.Set(1)
 	log.Info("pipeline link up", "stage", s.cfg.Model.Stage.String(), "blocks", h.Blocks, "block_size", h.BlockSize)
 
+	sc := &stageConn{s: s, log: log, w: w, next: next}
 	relayDone := make(chan error, 1)
 	if next != nil {
 		// Results come back from the next stage in step order: pass them upstream as they
 		// come, while this stage already runs the steps after.
-		go func() {
-			var res result
-			for {
-				if err := next.recv(&res); err != nil {
-					relayDone <- err
-					c.Close()
-					return
-				}
-				if _, err := w.Write(enc.result(&res)); err != nil {
-					relayDone <- err
-					return
-				}
-				if next.r.Buffered() == 0 {
-					if err := w.Flush(); err != nil {
-						relayDone <- err
-						return
-					}
-				}
-			}
-		}()
+		go func() { relayDone <- sc.relay(c) }()
 	}
-	var (
-		st     step
-		res    result
-		hidden []float32
-		senc   encoder
-	)
-	embd, vocab := s.cfg.Model.Config.Embd, s.cfg.Model.Config.VocabSize
 	for {
 		typ, p, buf, err = readFrame(r, buf)
 		if err != nil {
 			break
 		}
-		if typ != frameStep {
-			log.Error("pipeline link: an unexpected frame", "type", typ)
+		switch typ {
+		case frameStep:
+			err = sc.step(p)
+		case frameKV:
+			err = sc.kv(p)
+		default:
+			err = fmt.Errorf("%w: frame type %d", errFrame, typ)
+		}
+		if err != nil {
+			log.Error("pipeline link: ending it", "err", err)
 			break
 		}
-		if err := decodeStep(p, &st); err != nil {
-			log.Error("pipeline link: a malformed step", "err", err)
-			break
-		}
-		if st.Err == "" {
-			err := s.forward(&st, &res, &hidden, embd, vocab)
-			if err != nil {
-				s.cfg.Metrics.StepsFailed.Inc()
-				log.Error("pipeline step failed", "step", st.ID, "err", err)
-				st.Err = fmt.Sprintf("%s: %v", s.cfg.Model.Stage, err)
-			}
-		}
-		if next != nil {
-			st.Hidden = hidden[:len(st.Pos)*embd]
-			if st.Err != "" {
-				st.Hidden = nil
-			}
-			b := senc.step(&st)
-			if err := next.send(b); err != nil {
-				log.Error("pipeline link to the next stage lost", "next", s.cfg.Next, "err", err)
-				s.cfg.Metrics.LinkFailures.WithLabelValues("lost").Inc()
-				break
-			}
-			s.cfg.Metrics.Steps.Inc()
-			s.cfg.Metrics.BytesSent.Add(float64(len(b)))
-			continue
-		}
-		res.ID, res.Err = st.ID, st.Err
-		if res.Err != "" {
-			res.Logits, res.Hidden = res.Logits[:0], res.Hidden[:0]
-		}
-		if _, err := w.Write(enc.result(&res)); err != nil {
-			break
-		}
-		if r.Buffered() == 0 {
+		if next == nil && r.Buffered() == 0 {
 			if err := w.Flush(); err != nil {
 				break
 			}
@@ -275,6 +224,196 @@ func (s *Stage) serveConn(ctx context.Context, c net.Conn) {
 		<-relayDone
 	}
 	log.Info("pipeline link down")
+}
+
+// A stageConn is the state of one upstream link a stage serves: its main loop runs the
+// steps and KV operations in order and passes them on (or, on the last stage, answers
+// them on w); on the other stages the relay passes the answers upstream.
+type stageConn struct {
+	s    *Stage
+	log  *slog.Logger
+	w    *bufio.Writer // upstream: the last stage's main loop writes it, the others' relay
+	next *link         // nil on the last stage
+	enc  encoder       // the main loop's answers
+	senc encoder       // the main loop's frames to the next stage
+
+	st     step
+	res    result
+	hidden []float32
+	op     kvOp
+	part   []byte // the last stage's part of a read, reused
+	// pending holds a middle stage's parts of the reads it passed on, oldest first, until
+	// their results come back through the relay (nil for a write or a failed read).
+	pendMu  sync.Mutex
+	pending [][]byte
+}
+
+// step runs a step and passes it on, or answers it; an error ends the link.
+func (c *stageConn) step(p []byte) error {
+	s, st := c.s, &c.st
+	if err := decodeStep(p, st); err != nil {
+		return fmt.Errorf("a malformed step: %w", err)
+	}
+	embd, vocab := s.cfg.Model.Config.Embd, s.cfg.Model.Config.VocabSize
+	if st.Err == "" {
+		if err := s.forward(st, &c.res, &c.hidden, embd, vocab); err != nil {
+			s.cfg.Metrics.StepsFailed.Inc()
+			c.log.Error("pipeline step failed", "step", st.ID, "err", err)
+			st.Err = fmt.Sprintf("%s: %v", s.cfg.Model.Stage, err)
+		}
+	}
+	if c.next != nil {
+		st.Hidden = c.hidden[:len(st.Pos)*embd]
+		if st.Err != "" {
+			st.Hidden = nil
+		}
+		b := c.senc.step(st)
+		if err := c.next.send(b); err != nil {
+			s.cfg.Metrics.LinkFailures.WithLabelValues("lost").Inc()
+			return fmt.Errorf("the link to the next stage at %s: %w", s.cfg.Next, err)
+		}
+		s.cfg.Metrics.Steps.Inc()
+		s.cfg.Metrics.BytesSent.Add(float64(len(b)))
+		return nil
+	}
+	res := &c.res
+	res.ID, res.Err = st.ID, st.Err
+	if res.Err != "" {
+		res.Logits, res.Hidden = res.Logits[:0], res.Hidden[:0]
+	}
+	_, err := c.w.Write(c.enc.result(res))
+	return err
+}
+
+// relay passes the next stage's answers upstream, putting this stage's part of each read
+// in front of the parts after it, until the link breaks.
+func (c *stageConn) relay(up net.Conn) error {
+	var (
+		buf []byte
+		r   kvResult
+		enc encoder
+	)
+	for {
+		typ, p, b, err := readFrame(c.next.r, buf)
+		buf = b
+		if err == nil {
+			switch typ {
+			case frameResult:
+				err = writeFrame(c.w, typ, p)
+			case frameKVResult:
+				part := c.popPending()
+				if err = decodeKVResult(p, &r); err == nil {
+					if r.Err != "" {
+						part = nil
+					}
+					_, err = c.w.Write(enc.kvResult(&r, part))
+				}
+			default:
+				err = fmt.Errorf("%w: frame type %d from the next stage", errFrame, typ)
+			}
+		}
+		if err == nil && c.next.r.Buffered() == 0 {
+			err = c.w.Flush()
+		}
+		if err != nil {
+			up.Close()
+			return err
+		}
+	}
+}
+
+func (c *stageConn) pushPending(part []byte) {
+	c.pendMu.Lock()
+	c.pending = append(c.pending, part)
+	c.pendMu.Unlock()
+}
+
+func (c *stageConn) popPending() []byte {
+	c.pendMu.Lock()
+	defer c.pendMu.Unlock()
+	if len(c.pending) == 0 {
+		return nil
+	}
+	part := c.pending[0]
+	c.pending = c.pending[1:]
+	return part
+}
+
+// kv runs a KV operation on this stage's part of the blocks and passes it on, or answers
+// it; an error ends the link (a failed operation does not: it travels on with its error).
+func (c *stageConn) kv(p []byte) error {
+	s, op := c.s, &c.op
+	if err := decodeKV(p, op); err != nil {
+		return fmt.Errorf("a malformed KV operation: %w", err)
+	}
+	var part []byte
+	if op.Err == "" {
+		buf := c.part
+		if c.next != nil {
+			buf = nil // held until the read's result comes back through the relay
+		}
+		var err error
+		if part, err = s.kvApply(op, buf); err != nil {
+			c.log.Error("pipeline KV operation failed", "blocks", len(op.Blocks), "write", op.Write, "err", err)
+			op.Err = fmt.Sprintf("%s: %v", s.cfg.Model.Stage, err)
+			part = nil
+		} else if c.next == nil && part != nil {
+			c.part = part
+		}
+	}
+	if c.next != nil {
+		c.pushPending(part)
+		if op.Err != "" {
+			op.Data = nil
+		}
+		if err := c.next.send(c.senc.kv(op)); err != nil {
+			s.cfg.Metrics.LinkFailures.WithLabelValues("lost").Inc()
+			return fmt.Errorf("the link to the next stage at %s: %w", s.cfg.Next, err)
+		}
+		return nil
+	}
+	_, err := c.w.Write(c.enc.kvResult(&kvResult{ID: op.ID, Err: op.Err}, part))
+	return err
+}
+
+// kvApply reads (into buf, grown as needed) or writes this stage's part of op's blocks;
+// a write consumes its part of op.Data.
+func (s *Stage) kvApply(op *kvOp, buf []byte) ([]byte, error) {
+	mine := s.kv.Format()
+	if mine == "" || op.Format != mine {
+		return nil, fmt.Errorf("the head's KV blocks are %q, this stage's store reads and writes %q: a transfer cannot move them", op.Format, mine)
+	}
+	own := s.layout.BlockBytes()
+	for _, b := range op.Blocks {
+		if b < 0 || int(b) >= s.layout.Blocks {
+			return nil, fmt.Errorf("KV block %d of a store of %d", b, s.layout.Blocks)
+		}
+	}
+	n := len(op.Blocks) * own
+	if op.Write {
+		if len(op.Data) < n || s.cfg.Next == "" && len(op.Data) != n {
+			return nil, fmt.Errorf("a write of %d blocks with %d bytes for this stage and after (%d a block here)", len(op.Blocks), len(op.Data), own)
+		}
+		for i, b := range op.Blocks {
+			if err := s.kv.WriteBlock(int(b), op.Data[i*own:(i+1)*own]); err != nil {
+				return nil, err
+			}
+		}
+		op.Data = op.Data[n:]
+		s.cfg.Metrics.KVBytes.WithLabelValues("write").Add(float64(n))
+		return nil, nil
+	}
+	if cap(buf) < n {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	for i, b := range op.Blocks {
+		if err := s.kv.ReadBlock(int(b), buf[i*own:(i+1)*own]); err != nil {
+			return nil, err
+		}
+	}
+	s.cfg.Metrics.KVBytes.WithLabelValues("read").Add(float64(n))
+	return buf, nil
 }
 
 // check checks a hello against this stage.

@@ -16,16 +16,20 @@ import (
 // upstream side sends frames, each a little-endian u32 length (of what follows), a u8 type
 // and the payload. The first is a hello, answered by a hello reply; then steps, answered by
 // results in the order the steps were sent. Steps may be sent before the earlier ones'
-// results came back: that is how micro-batches keep every stage busy.
+// results came back: that is how micro-batches keep every stage busy. KV operations (a KV
+// transfer's block reads and writes, kvstore.go) travel between the steps, in the same order,
+// and are answered by KV results.
 const (
 	frameHello      = 1
 	frameHelloReply = 2
 	frameStep       = 3
 	frameResult     = 4
+	frameKV         = 5
+	frameKVResult   = 6
 )
 
-// Version is the link protocol's version, in the hello.
-const Version = 1
+// Version is the link protocol's version, in the hello. 2: KV operations.
+const Version = 2
 
 // maxFrame bounds a frame's length, so that a corrupt or hostile length cannot make a
 // stage allocate without limit: 1 GiB holds a step of 8192 tokens of a 32768-wide model.
@@ -74,6 +78,27 @@ type result struct {
 	Hidden []float32
 }
 
+// A kvOp reads or writes whole KV blocks in every stage after the head, each its layers'
+// part of them, in order with the steps (kvstore.go).
+type kvOp struct {
+	ID     uint64
+	Write  bool
+	Format string // the head's KV store format: every stage's must be the same
+	Err    string // an earlier stage failed the operation: the last answers it with Err
+	Blocks []int32
+	// Data, for a write: the parts of the stages from the receiver on, stage by stage, each
+	// the stage's part of every block in order. Empty for a read.
+	Data []byte
+}
+
+// A kvResult answers a kvOp: for a read, Data holds the parts of the stages from the one
+// that answers back to stage 1, stage by stage, each its part of every block in order.
+type kvResult struct {
+	ID   uint64
+	Err  string
+	Data []byte
+}
+
 // encoder appends a frame to buf.
 type encoder struct{ buf []byte }
 
@@ -100,6 +125,39 @@ func (e *encoder) f32s(v []float32) {
 	for _, x := range v {
 		e.buf = binary.LittleEndian.AppendUint32(e.buf, math.Float32bits(x))
 	}
+}
+
+func (e *encoder) bytes(b []byte) { e.u32(uint32(len(b))); e.buf = append(e.buf, b...) }
+
+func (e *encoder) kv(op *kvOp) []byte {
+	e.kvFields(op)
+	e.bytes(op.Data)
+	return e.end()
+}
+
+// kvFields begins a KV operation's frame: every field but Data, which the caller appends.
+func (e *encoder) kvFields(op *kvOp) {
+	e.begin(frameKV)
+	e.u64(op.ID)
+	flags := uint32(0)
+	if op.Write {
+		flags |= 1
+	}
+	e.u32(flags)
+	e.str(op.Format)
+	e.str(op.Err)
+	putInts(e, op.Blocks)
+}
+
+// kvResult encodes r with parts (when not empty) before r.Data: a middle stage's part of a
+// read goes in front of the parts of the stages after it.
+func (e *encoder) kvResult(r *kvResult, parts []byte) []byte {
+	e.begin(frameKVResult)
+	e.u64(r.ID)
+	e.str(r.Err)
+	e.u32(uint32(len(parts) + len(r.Data)))
+	e.buf = append(append(e.buf, parts...), r.Data...)
+	return e.end()
 }
 
 func (e *encoder) hello(h *hello) []byte {
@@ -215,6 +273,13 @@ func (d *decoder) f32s(dst []float32) []float32 {
 	}
 	return dst
 }
+
+// bytes reads a length and that many bytes, aliasing the payload.
+func (d *decoder) bytes() []byte {
+	n := d.count(1)
+	return d.take(n)
+}
+
 func (d *decoder) done() error {
 	if d.err == nil && len(d.b) != 0 {
 		d.err = errFrame
@@ -264,6 +329,37 @@ func decodeResult(p []byte, r *result) error {
 	r.Logits = d.f32s(r.Logits)
 	r.Hidden = d.f32s(r.Hidden)
 	return d.done()
+}
+
+// decodeKV reads a KV operation into op, reusing its blocks; Data aliases p.
+func decodeKV(p []byte, op *kvOp) error {
+	d := decoder{b: p}
+	op.ID = d.u64()
+	op.Write = d.u32()&1 != 0
+	op.Format = d.str()
+	op.Err = d.str()
+	op.Blocks = getInts(&d, op.Blocks)
+	op.Data = d.bytes()
+	return d.done()
+}
+
+// decodeKVResult reads a KV result into r; Data aliases p.
+func decodeKVResult(p []byte, r *kvResult) error {
+	d := decoder{b: p}
+	r.ID = d.u64()
+	r.Err = d.str()
+	r.Data = d.bytes()
+	return d.done()
+}
+
+// writeFrame writes a frame of type typ around payload p (a relayed frame, as it came).
+func writeFrame(w *bufio.Writer, typ byte, p []byte) error {
+	hdr := append(binary.LittleEndian.AppendUint32(w.AvailableBuffer(), uint32(len(p)+1)), typ)
+	if _, err := w.Write(hdr); err != nil {
+		return err
+	}
+	_, err := w.Write(p)
+	return err
 }
 
 // readFrame reads one frame into buf (grown as needed) and returns its type and payload.

@@ -44,6 +44,31 @@ func TestWireRoundTrip(t *testing.T) {
 	if hr, derr := decodeHelloReply(p); err != nil || typ != frameHelloReply || derr != nil || hr.Err != "no" {
 		t.Errorf("hello reply %+v %v %v", hr, err, derr)
 	}
+	// KV operations and their results; a relayed frame reads back as it was.
+	op := kvOp{ID: 9, Write: true, Format: "cpu-kv/1", Blocks: []int32{3, 1}, Data: []byte{1, 2, 3, 4}}
+	kr := kvResult{ID: 9, Data: []byte{7, 8}}
+	stream.Reset()
+	stream.Write(e.kv(&op))
+	var enc2 encoder
+	stream.Write(enc2.kvResult(&kr, []byte{5, 6}))
+	w := bufio.NewWriter(&stream)
+	writeFrame(w, frameResult, e.result(&res)[5:])
+	w.Flush()
+	r = bufio.NewReader(&stream)
+	typ, p, _, err = readFrame(r, nil)
+	var gop kvOp
+	if err != nil || typ != frameKV || decodeKV(p, &gop) != nil || !reflect.DeepEqual(gop, op) {
+		t.Errorf("KV operation %+v (%v), want %+v", gop, err, op)
+	}
+	typ, p, _, err = readFrame(r, nil)
+	var gkr kvResult
+	if err != nil || typ != frameKVResult || decodeKVResult(p, &gkr) != nil || gkr.ID != 9 || !bytes.Equal(gkr.Data, []byte{5, 6, 7, 8}) {
+		t.Errorf("KV result %+v (%v): want this stage's part in front", gkr, err)
+	}
+	typ, p, _, err = readFrame(r, nil)
+	if err != nil || typ != frameResult || decodeResult(p, &gr) != nil || !reflect.DeepEqual(gr.Logits, res.Logits) {
+		t.Errorf("relayed result %+v (%v)", gr, err)
+	}
 	// A frame longer than the limit is refused before anything is allocated for it.
 	if _, _, _, err := readFrame(bufio.NewReader(bytes.NewReader([]byte{0xff, 0xff, 0xff, 0xff, 3})), nil); err == nil {
 		t.Error("a 4 GiB frame was read")
@@ -57,6 +82,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(e.step(&step{ID: 1, Pos: []int32{0}, SeqOf: []int32{0}, Blocks: [][]int32{{0}}, Outputs: []int{0}, Hidden: []float32{1}})[5:])
 	f.Add(e.hello(&hello{Version: 1, Model: "m", Sizes: []int{1, 1}})[5:])
 	f.Add(e.result(&result{ID: 1, Logits: []float32{1}})[5:])
+	f.Add(e.kv(&kvOp{ID: 1, Format: "cpu-kv/1", Blocks: []int32{2}, Data: []byte{1}})[5:])
+	f.Add(e.kvResult(&kvResult{ID: 1, Err: "x", Data: []byte{1}}, nil)[5:])
 	f.Add([]byte{0xff, 0xff, 0xff, 0x7f})
 	f.Fuzz(func(t *testing.T, p []byte) {
 		decodeHello(p)
@@ -67,5 +94,9 @@ func FuzzDecode(f *testing.F) {
 		}
 		var r result
 		decodeResult(p, &r)
+		var op kvOp
+		decodeKV(p, &op)
+		var kr kvResult
+		decodeKVResult(p, &kr)
 	})
 }

@@ -46,6 +46,7 @@ type kvXfer struct {
 	mu        sync.Mutex
 	peers     map[string]*orpc.Client
 	transfers map[uint64]*transfer
+	refused   map[string]bool // the layout refusals logged (layoutRefused)
 }
 
 // A transfer is a prefill whose blocks peers may pull, by its transfer id (chosen by the
@@ -335,6 +336,7 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 	t0 := time.Now()
 	pctx, cancel := context.WithTimeout(ctx, w.pullTimeout(src.TimeoutMs))
 	defer cancel()
+	im.UseContext(pctx) // a pipeline's writes into its stages; every one is done when pull returns
 	c, err := w.peer(pctx, src.Addr)
 	if err != nil {
 		return 0, w.pullFailed(pctx, fmt.Errorf("%w: dialling %s at %s: %w", errTransfer, src.Node, src.Addr, err))
@@ -367,13 +369,16 @@ func (w *Worker) pull(ctx context.Context, src *cluster.KVSource, im *engine.Imp
 	defer cs.Close()
 	received, err := receiveBlocks(cs, im)
 	if err != nil {
-		n = im.Written()
 		im.Trim() // the blocks received intact are good: keep them; free the rest
+		n = im.Written()
+		if received == 0 && orpc.CodeOf(err) == orpc.FailedPrecondition {
+			return 0, w.layoutRefused(src.Node, f, err)
+		}
 		return n, w.pullFailed(pctx, fmt.Errorf("%w: from %s after %d of %d blocks: %w", errTransfer, src.Node, n, len(missing), err))
 	}
 	bytes := received * f.BlockBytes() // a modelled block has no payload: count what it stands for
-	n = im.Written()
 	im.Commit()
+	n = im.Written()
 	if n != len(missing) {
 		im.Trim()
 		return n, w.pullFailed(pctx, fmt.Errorf("%w: %s sent %d of %d blocks", errTransfer, src.Node, n, len(missing)))
@@ -405,14 +410,15 @@ func (w *Worker) pullTimeout(timeoutMs int) time.Duration {
 }
 
 // receiveBlocks writes into im, in order, each block that cs carries until the stream
-// ends, checking each block's checksum first. It returns the number of blocks written;
-// a broken stream, a bad checksum or a block im refuses ends it with that error.
+// ends, checking each block's checksum first. It returns the number of blocks received;
+// a broken stream, a bad checksum or a block im refuses (or fails to store) ends it with
+// that error.
 func receiveBlocks(cs *orpc.ClientStream, im *engine.Import) (int, error) {
 	var blk cluster.KVBlock
 	for n := 0; ; n++ {
 		err := cs.RecvMsg(&blk)
 		if errors.Is(err, io.EOF) {
-			return n, nil
+			return n, im.Flush() // the last batch, into a pipeline's stages
 		}
 		if err == nil {
 			err = blk.Verify()
@@ -448,6 +454,35 @@ func releaseRemote(c *orpc.Client, handle uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	c.Call(ctx, cluster.MethodReleaseKV, &cluster.ReleaseRequest{Handle: handle}, &cluster.ReleaseReply{})
+}
+
+// errLayout marks a pull the holder refused before any block moved: the two engines'
+// KV layouts differ (or the holder cannot export blocks at all), so they never exchange
+// blocks, and the request's prompt is computed here.
+var errLayout = errors.New("KV layouts differ")
+
+// layoutRefused counts a pull refused for its layout (result layout_mismatch) and logs it
+// once per message: the message names both layouts, and every request between the same
+// two engines would repeat it.
+func (w *Worker) layoutRefused(from string, ours engine.KVFormat, err error) error {
+	if m := w.met(); m != nil {
+		m.Pulls.WithLabelValues("layout_mismatch").Inc()
+	}
+	msg := orpc.StatusOf(err).Message
+	w.kvx.mu.Lock()
+	first := !w.kvx.refused[msg]
+	if first {
+		if w.kvx.refused == nil {
+			w.kvx.refused = map[string]bool{}
+		}
+		w.kvx.refused[msg] = true
+	}
+	w.kvx.mu.Unlock()
+	if first {
+		w.log.Warn("KV transfer refused before any block moved: this engine and the prefill worker store KV differently, so prompts it prefills are prefilled here again (logged once per pair of layouts; counted in tandem:kv_transfer_pulls_total{result=\"layout_mismatch\"})",
+			"from", from, "layout", ours.String(), "refusal", msg)
+	}
+	return fmt.Errorf("%w: %w: from %s: %w", errTransfer, errLayout, from, err)
 }
 
 func (w *Worker) pullFailed(ctx context.Context, err error) error {
@@ -503,7 +538,9 @@ func (w *Worker) decode(ctx context.Context, req *cluster.DecodeRequest, send fu
 		if src.Strict {
 			return send(cluster.ErrorEvent(fmt.Errorf("%w: %w", llm.ErrUnavailable, err)))
 		}
-		w.log.Warn("KV transfer failed; prefilling locally", "from", src.Node, "err", err)
+		if !errors.Is(err, errLayout) { // logged once by layoutRefused
+			w.log.Warn("KV transfer failed; prefilling locally", "from", src.Node, "err", err)
+		}
 	}
 	bs := w.cfg.Card.BlockSize
 	accepted := false

@@ -69,9 +69,10 @@ func (w *Worker) pullCached(ctx context.Context, peer *cluster.KVPeer, im *engin
 	t0 := time.Now()
 	pctx, cancel := context.WithTimeout(ctx, w.pullTimeout(peer.TimeoutMs))
 	defer cancel()
+	im.UseContext(pctx)
 	fail := func(err error) (int, error) {
-		n := im.Written()
 		im.Trim() // the blocks received intact are good: keep them; free the rest
+		n := im.Written()
 		if errors.Is(pctx.Err(), context.DeadlineExceeded) {
 			w.peerPulled("timeout")
 		} else {
@@ -96,8 +97,8 @@ func (w *Worker) pullCached(ctx context.Context, peer *cluster.KVPeer, im *engin
 	if _, err := receiveBlocks(cs, im); err != nil {
 		return fail(err)
 	}
-	n := im.Written()
 	im.Trim()
+	n := im.Written()
 	d := time.Since(t0)
 	if n > 0 {
 		w.notePullCost(d, n)

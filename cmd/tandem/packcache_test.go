@@ -44,10 +44,21 @@ func greedy(t *testing.T, s *server) string {
 // scrapeValue is the value of the sample of name whose labels include label, -1 if absent.
 func scrapeValue(t *testing.T, s *server, name, label string) float64 {
 	t.Helper()
-	_, body := get(t, s.url+"/metrics")
+	return scrapeURL(t, s.url, name, label)
+}
+
+// scrapeURL is the value of the sample of name on base's /metrics whose labels include
+// every label given, -1 if absent.
+func scrapeURL(t *testing.T, base, name string, labels ...string) float64 {
+	t.Helper()
+	_, body := get(t, base+"/metrics")
 	rx := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? (\S+)$`)
 	for _, m := range rx.FindAllStringSubmatch(body, -1) {
-		if strings.Contains(m[1], label) {
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(m[1], l)
+		}
+		if ok {
 			v, _ := strconv.ParseFloat(m[2], 64)
 			return v
 		}

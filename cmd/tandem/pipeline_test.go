@@ -364,15 +364,7 @@ func TestPipelineReplicaInCluster(t *testing.T) {
 	}
 	one.cmd.Process.Kill()
 
-	rbin, err := buildRouter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	oport := freeTCPPort(t)
-	router := startProc(t, rbin, "--port", "0", "--orpc-port", strconv.Itoa(oport), "--state-dir", t.TempDir(), "--routing", "round-robin")
-	m := router.wait(t, `tandem-router: (http://\S+)(?s:.*)join token: (\S+)`)
-	base, token := m[1], m[2]
-	join := []string{"--join", "127.0.0.1:" + strconv.Itoa(oport), "--join-token", token}
+	router, base, join := startTestRouter(t, "--routing", "round-robin")
 
 	ca := filepath.Join(t.TempDir(), "ca")
 	stage, addr := startStage(t, modelPath, 2, 1, "", ca)
@@ -470,7 +462,7 @@ func TestServeStagesRefusals(t *testing.T) {
 		want  string
 	}{
 		{[]string{"--itl-target", "2x"}, "--itl-target with --stages"},
-		{[]string{"--role", "prefill"}, "serves as role both for now"},
+		{[]string{"--kv-host-memory", "1GiB"}, "the KV tiers (--kv-host-memory, --kv-disk-dir, --kv-shared-dir) of a pipeline replica"},
 		{[]string{"--backend", "sim"}, "--backend sim models a forward pass"},
 		{[]string{"--pack-cache", t.TempDir()}, "--pack-cache and --weights-from"},
 		{[]string{"--lora", "a=/x"}, "LoRA adapters on a pipeline replica"},

@@ -270,8 +270,8 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 			return errors.New("--stages runs the model's layers in several processes; --backend sim models a forward pass instead")
 		case *bk.replicas > 1:
 			return errors.New("--stages makes one replica of several processes; --replicas is for the sim backend")
-		case *role != cluster.RoleBoth:
-			return fmt.Errorf("--stages with --role %s: a pipeline replica serves as role both for now (KV transfer stage by stage is not built)", *role)
+		case tiers.Enabled():
+			return errors.New("--stages: the KV tiers (--kv-host-memory, --kv-disk-dir, --kv-shared-dir) of a pipeline replica are not built (its stages hold the KV); drop them")
 		case weights.PackCache != "" || len(weights.From) > 0:
 			return errors.New("--stages: a stage holds part of the weights; --pack-cache and --weights-from hold them whole")
 		case len(loras) > 0 || *runtimeLora:
