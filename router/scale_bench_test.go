@@ -23,7 +23,7 @@ const (
 func scaleState(b *testing.B, s *State) Request { return scaleStateN(b, s, scaleBlocksPerW) }
 
 // scaleStateN is scaleState with perWorker blocks per worker.
-func scaleStateN(b *testing.B, s *State, perWorker int) Request {
+func scaleStateN(b testing.TB, s *State, perWorker int) Request {
 	b.Helper()
 	rng := rand.New(rand.NewPCG(7, 7))
 	sys := toks(1, scaleSystemBlocks*testBlock)
