@@ -210,7 +210,11 @@ func runExhaustive(t *testing.T, tc exhaustiveCase, forced bool, seed uint64) {
 		both(func(s *State) error { _, err := s.ApplyEvent(w, ev); return err })
 	}
 	var inflight [][2]Inflight // fast's and ref's record of each dispatch
-	for w := range WorkerID(tc.workers) {
+	for i := range WorkerID(tc.workers) {
+		w := i
+		if seed%2 == 1 {
+			w = WorkerID(tc.workers) - 1 - i // registered in reverse: slots against the workers' order
+		}
 		both(func(s *State) error { return s.AddWorker(w, testCard) })
 		if !tc.shared {
 			continue
@@ -222,6 +226,8 @@ func runExhaustive(t *testing.T, tc exhaustiveCase, forced bool, seed uint64) {
 			apply(w, kvcache.TierHost, c[:8])
 		case r < 5: // part of a conversation past it
 			apply(w, kvcache.TierDevice, c[:9+rng.IntN(len(c)-9)])
+		case r < 10: // a second shared level: runs of 16 on each chain (a second group)
+			apply(w, kvcache.TierDevice, c[:16])
 		default:
 			apply(w, kvcache.TierDevice, c[:8])
 		}
@@ -251,6 +257,14 @@ func runExhaustive(t *testing.T, tc exhaustiveCase, forced bool, seed uint64) {
 				tier = kvcache.Tier(1 + rng.IntN(3))
 			}
 			apply(w, tier, c[:n])
+		case op == 12 && rng.IntN(8) == 0: // a resync: the worker's entries replaced by a snapshot
+			c := chains[rng.IntN(len(chains))]
+			eventID[w] += 5
+			snap := kvcache.Snapshot{LastID: eventID[w]}
+			for _, h := range c[:rng.IntN(len(c))] {
+				snap.Blocks = append(snap.Blocks, kvcache.CachedBlock{Hash: h})
+			}
+			both(func(s *State) error { return s.ResetWorker(w, snap) })
 		case op < 14 && len(inflight) > 0: // a dispatch gets its first token or ends
 			i := rng.IntN(len(inflight))
 			if rng.IntN(2) == 0 {

@@ -99,6 +99,7 @@ func (s *State) track(w *WorkerState, gone bool) {
 	}
 	if w.slot != noSlot && int(w.slot) < len(s.slotPre) {
 		s.slotPre[w.slot], s.slotDec[w.slot] = w.pre, w.dec
+		setBit(&s.idleSlots, int(w.slot), w.inOrd && w.pre == 0 && w.dec == 0)
 	}
 	if sc := elig && w.Stale; sc != w.staleCand {
 		w.staleCand = sc
@@ -202,9 +203,9 @@ func (s *State) renumber() {
 	}
 	words := (len(s.workers) + 63) / 64
 	if cap(s.pickBits) < words {
-		s.pickBits = make([]uint64, words)
+		s.pickBits, s.cls0, s.cls1 = make([]uint64, words), make([]uint64, words), make([]uint64, words)
 	}
-	s.pickBits = s.pickBits[:words]
+	s.pickBits, s.cls0, s.cls1 = s.pickBits[:words], s.cls0[:words], s.cls1[:words]
 	if cap(s.wtPos) < len(s.workers) {
 		s.wtPos = make([]float64, len(s.workers)+64)
 	}
@@ -221,15 +222,17 @@ func (s *State) syncSlots() {
 	s.slotW = slices.Grow(s.slotW[:0], n)[:n]
 	s.slotPre = slices.Grow(s.slotPre[:0], n)[:n]
 	s.slotDec = slices.Grow(s.slotDec[:0], n)[:n]
+	s.slotPos = slices.Grow(s.slotPos[:0], n)[:n]
 	clear(s.slotW)
 	for _, w := range s.workers {
 		w.slot = noSlot
 		if r := w.ix; r != nil && !r.removed {
 			w.slot = r.slot
-			s.slotW[w.slot], s.slotPre[w.slot], s.slotDec[w.slot] = w, w.pre, w.dec
+			s.slotW[w.slot], s.slotPre[w.slot], s.slotDec[w.slot], s.slotPos[w.slot] = w, w.pre, w.dec, w.pos
 		}
 	}
 	clear(s.eligSlots)
+	clear(s.idleSlots)
 	s.nSlotless = 0
 	for i := range s.ord {
 		e := &s.ord[i]
@@ -238,6 +241,7 @@ func (s *State) syncSlots() {
 			s.nSlotless++
 		} else {
 			setBit(&s.eligSlots, int(e.slot), true)
+			setBit(&s.idleSlots, int(e.slot), e.w.pre == 0 && e.w.dec == 0)
 		}
 	}
 }
@@ -296,7 +300,7 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 				break
 			}
 			if g := s.classify(e.slot); g >= 0 {
-				if c := s.groupCost(e.w, g); c < lo {
+				if c := s.groupCost(e.slot, g); c < lo {
 					lo = c
 				}
 			}
@@ -307,7 +311,7 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 				break
 			}
 			if g := s.classify(e.slot); g >= 0 {
-				if c := s.groupCost(e.w, g); c > hi {
+				if c := s.groupCost(e.slot, g); c > hi {
 					hi = c
 				}
 			}
@@ -322,6 +326,9 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 		// candidates, so the draw takes the candidate at the drawn index in worker order.
 		k := int(s.rng.Float64() * float64(ncands))
 		return s.settle(s.workers[nthBit(s.eligPos, min(k, ncands-1))]), ReasonKV, ncands, nil, true
+	}
+	if s.nbits <= 1 && s.cfg.OverlapWeight >= minIdleWeight {
+		return s.settle(s.drawIdle(lo, hi, amin)), ReasonKV, ncands, nil, true
 	}
 	return s.settle(s.drawGrouped(lo, hi, amin)), ReasonKV, ncands, nil, true
 }
@@ -362,7 +369,7 @@ func (s *State) walkGroups(hashes []uint64, blocks float64) {
 			s.grp = append(s.grp, costGroup{wa: s.cfg.OverlapWeight * a, a: a, run: g.run, bits: g.bits})
 		}
 	}
-	s.group0 = -1
+	s.group0, s.nbits = -1, len(s.grp)
 	switch n := andCount(s.eligSlots, wk.h0, true); {
 	case n == 0:
 	case n <= smallGroup:
@@ -438,7 +445,7 @@ func (s *State) classify(slot uint32) int {
 	if h0 := s.walk.h0; j >= len(h0) || h0[j]&bit == 0 {
 		return s.group0
 	}
-	for g := range s.grp {
+	for g := range s.grp[:s.nbits] {
 		if b := s.grp[g].bits; j < len(b) && b[j]&bit != 0 {
 			return g
 		}
@@ -446,10 +453,10 @@ func (s *State) classify(slot uint32) int {
 	return -1
 }
 
-// groupCost is cost(w).Total for w in group g: the reference's expression, with the
-// group's uncached blocks.
-func (s *State) groupCost(w *WorkerState, g int) float64 {
-	return s.cfg.OverlapWeight*(s.grp[g].a+w.pre) + w.dec
+// groupCost is cost(w).Total for the candidate at slot, of group g: the reference's
+// expression, with the group's uncached blocks.
+func (s *State) groupCost(slot uint32, g int) float64 {
+	return s.cfg.OverlapWeight*(s.grp[g].a+s.slotPre[slot]) + s.slotDec[slot]
 }
 
 // settle makes w's runs of the prompt readable by Decide (s.overlap): the runs of its
@@ -477,8 +484,7 @@ func (s *State) settle(w *WorkerState) *WorkerState {
 func (s *State) argmin(lo, amin float64, key uint64) *WorkerState {
 	for _, p := range s.sp {
 		if p.c == lo {
-			w := s.slotW[p.slot]
-			s.pickBits[w.pos/64] |= 1 << (w.pos % 64)
+			s.mark(p.slot)
 		}
 	}
 	if len(s.grp) > 0 {
@@ -487,8 +493,8 @@ func (s *State) argmin(lo, amin float64, key uint64) *WorkerState {
 			if (amin+e.key)*(1-costMargin) > lo {
 				break
 			}
-			if g := s.classify(e.slot); g >= 0 && s.groupCost(e.w, g) == lo {
-				s.pickBits[e.w.pos/64] |= 1 << (e.w.pos % 64)
+			if g := s.classify(e.slot); g >= 0 && s.groupCost(e.slot, g) == lo {
+				s.mark(e.slot)
 			}
 		}
 	}
@@ -503,66 +509,246 @@ func (s *State) argmin(lo, amin float64, key uint64) *WorkerState {
 	return t.best
 }
 
+// mark puts the candidate at slot in pickBits, by its position.
+func (s *State) mark(slot uint32) {
+	p := s.slotPos[slot]
+	s.pickBits[p/64] |= 1 << (p % 64)
+}
+
 // drawGrouped is draw over the candidates whose weight is not 0 (normalised cost within
 // 20·T of the cheapest), found from the specials and the cheap end of ord: the same
 // weights, summed and drawn in worker order, as draw computes them over every candidate.
+// Every such candidate is visited: the draw's sum depends on each weight, in order.
 func (s *State) drawGrouped(lo, hi, amin float64) *WorkerState {
 	span, cut, temp := hi-lo, 20*s.cfg.Temperature, s.cfg.Temperature
 	// Beyond bound a cost's weight is 0 whatever the rounding of its normalisation.
 	bound := lo + cut*span*(1+1e-9) + lo*costMargin
 	lastC, lastW := math.NaN(), 0.0
-	weigh := func(w *WorkerState, c float64) {
-		x := (c - lo) / span
-		if x > cut {
-			return
-		}
+	weights, marks := s.wtPos, s.pickBits
+	weigh := func(slot uint32, c float64) {
 		if c != lastC { // equal costs, equal weights: one exponential
+			x := (c - lo) / span
+			if x > cut {
+				return
+			}
 			lastC, lastW = c, math.Exp(-x/temp)
 		}
-		s.wtPos[w.pos] = lastW
-		s.pickBits[w.pos/64] |= 1 << (w.pos % 64)
+		p := uint32(s.slotPos[slot])
+		weights[p] = lastW
+		marks[p>>6] |= 1 << (p & 63)
 	}
 	for _, p := range s.sp {
-		if (p.c-lo)/span <= cut {
-			weigh(s.slotW[p.slot], p.c)
-		}
+		weigh(p.slot, p.c)
 	}
-	if len(s.grp) > 0 {
-		for i := range s.ord {
-			e := &s.ord[i]
-			if (amin+e.key)*(1-costMargin) > bound {
-				break
-			}
-			if g := s.classify(e.slot); g >= 0 {
-				weigh(e.w, s.groupCost(e.w, g))
-			}
+	// The cheap end of ord, classified and costed inline: at many candidates (an idle
+	// cluster, where most weights are not 0) this loop is the decision.
+	w, h0, pre, dec, pos := s.cfg.OverlapWeight, s.walk.h0, s.slotPre, s.slotDec, s.slotPos
+	// The first bitmap group (most decisions have one) and the first block's non-holders.
+	var g1 []uint64
+	a1, a0 := 0.0, 0.0
+	if s.nbits > 0 {
+		g1, a1 = s.grp[0].bits, s.grp[0].a
+	}
+	if s.group0 >= 0 {
+		a0 = s.grp[s.group0].a
+	}
+	for i := range s.ord {
+		e := &s.ord[i]
+		if (amin+e.key)*(1-costMargin) > bound {
+			break
 		}
+		slot := e.slot
+		j, bit := int(slot>>6), uint64(1)<<(slot&63)
+		var a float64
+		switch {
+		case j >= len(h0) || h0[j]&bit == 0:
+			if s.group0 < 0 {
+				continue // a special, weighed above
+			}
+			a = a0
+		case j < len(g1) && g1[j]&bit != 0:
+			a = a1
+		default:
+			g := s.classify(slot)
+			if g < 0 {
+				continue
+			}
+			a = s.grp[g].a
+		}
+		c := w*(a+pre[slot]) + dec[slot]
+		if c != lastC {
+			x := (c - lo) / span
+			if x > cut {
+				continue
+			}
+			lastC, lastW = c, math.Exp(-x/temp)
+		}
+		p := uint32(pos[slot])
+		weights[p] = lastW
+		marks[p>>6] |= 1 << (p & 63)
 	}
 	sum := 0.0
-	for j, b := range s.pickBits {
+	for j, b := range marks {
+		ws := weights[j*64 : min(j*64+64, len(weights))]
 		for ; b != 0; b &= b - 1 {
-			sum += s.wtPos[j*64+bits.TrailingZeros64(b)]
+			sum += ws[bits.TrailingZeros64(b)]
 		}
 	}
 	r := s.rng.Float64() * sum
 	var pick *WorkerState
 	last := -1
-	for j, b := range s.pickBits {
+	for j, b := range marks {
+		ws := weights[j*64 : min(j*64+64, len(weights))]
 		for ; b != 0 && pick == nil; b &= b - 1 {
-			p := j*64 + bits.TrailingZeros64(b)
-			if wt := s.wtPos[p]; r < wt {
-				pick = s.workers[p]
+			k := bits.TrailingZeros64(b)
+			if wt := ws[k]; r < wt {
+				pick = s.workers[j*64+k]
 			} else {
 				r -= wt
-				last = p
+				last = j*64 + k
 			}
 		}
-		s.pickBits[j] = 0
+		marks[j] = 0
 	}
 	if pick == nil {
 		pick = s.workers[last] // rounding: the last one with a weight
 	}
 	return pick
+}
+
+// minIdleWeight: below this overlap weight a load term can round to zero, so an idle
+// worker is not told by its key alone (drawIdle is not used).
+const minIdleWeight = 1e-200
+
+// drawIdle is drawGrouped for the common shape of a large cluster, at most one bitmap
+// group: the idle candidates (no load: key 0) of a group all cost the same, so their
+// weight is computed once, and they are marked by position from the words of the idle,
+// group and candidate bitmaps instead of being costed from ord one by one; only the
+// loaded ones are. The sum and the draw still add and subtract every weight in worker
+// order, as draw does.
+func (s *State) drawIdle(lo, hi, amin float64) *WorkerState {
+	span, cut, temp := hi-lo, 20*s.cfg.Temperature, s.cfg.Temperature
+	bound := lo + cut*span*(1+1e-9) + lo*costMargin
+	w := s.cfg.OverlapWeight
+	weight := func(c float64) float64 {
+		if x := (c - lo) / span; x <= cut {
+			return math.Exp(-x / temp)
+		}
+		return 0
+	}
+	marks, weights, pos := s.pickBits, s.wtPos, s.slotPos
+	lastC, lastW := math.NaN(), 0.0
+	weigh := func(slot uint32, c float64) {
+		if c != lastC {
+			x := (c - lo) / span
+			if x > cut {
+				return
+			}
+			lastC, lastW = c, math.Exp(-x/temp)
+		}
+		p := uint32(pos[slot])
+		weights[p] = lastW
+		marks[p>>6] |= 1 << (p & 63)
+	}
+	for _, p := range s.sp {
+		weigh(p.slot, p.c)
+	}
+	// The loaded candidates of the groups: ord past its idle prefix (keys are ≥ 0, and 0
+	// only for an idle worker at this weight).
+	i, _ := slices.BinarySearchFunc(s.ord, 0, func(e ordEntry, _ int) int {
+		if e.key <= 0 {
+			return -1
+		}
+		return 1
+	})
+	pre, dec := s.slotPre, s.slotDec
+	for ; i < len(s.ord); i++ {
+		e := &s.ord[i]
+		if (amin+e.key)*(1-costMargin) > bound {
+			break
+		}
+		if g := s.classify(e.slot); g >= 0 {
+			weigh(e.slot, w*(s.grp[g].a+pre[e.slot])+dec[e.slot])
+		}
+	}
+	// The idle candidates: of the first block's non-holders (class 0) and of the bitmap
+	// group (class 1), by position, with their class's weight.
+	h0 := s.walk.h0
+	var g1 []uint64
+	w0, w1 := 0.0, 0.0
+	if s.group0 >= 0 {
+		w0 = weight(w*(s.grp[s.group0].a+0) + 0)
+	}
+	if s.nbits == 1 {
+		g1, w1 = s.grp[0].bits, weight(w*(s.grp[0].a+0)+0)
+	}
+	cls0, cls1 := s.cls0, s.cls1
+	for j, idle := range s.idleSlots {
+		var m0, m1 uint64
+		if w0 > 0 {
+			m0 = idle
+			if j < len(h0) {
+				m0 &^= h0[j]
+			}
+		}
+		if w1 > 0 && j < len(g1) {
+			m1 = idle & g1[j]
+		}
+		for ; m0 != 0; m0 &= m0 - 1 {
+			p := uint32(pos[j*64+bits.TrailingZeros64(m0)])
+			cls0[p>>6] |= 1 << (p & 63)
+		}
+		for ; m1 != 0; m1 &= m1 - 1 {
+			p := uint32(pos[j*64+bits.TrailingZeros64(m1)])
+			cls1[p>>6] |= 1 << (p & 63)
+		}
+	}
+	// Sum and draw in worker order.
+	sum := 0.0
+	for j := range marks {
+		c0, c1 := cls0[j], cls1[j]
+		ws := weights[j*64 : min(j*64+64, len(weights))]
+		for b := marks[j] | c0 | c1; b != 0; b &= b - 1 {
+			k := bits.TrailingZeros64(b)
+			switch bit := uint64(1) << k; {
+			case c0&bit != 0:
+				sum += w0
+			case c1&bit != 0:
+				sum += w1
+			default:
+				sum += ws[k]
+			}
+		}
+	}
+	r := s.rng.Float64() * sum
+	pick, last := -1, -1
+	for j := range marks {
+		c0, c1 := cls0[j], cls1[j]
+		ws := weights[j*64 : min(j*64+64, len(weights))]
+		for b := marks[j] | c0 | c1; b != 0 && pick < 0; b &= b - 1 {
+			k := bits.TrailingZeros64(b)
+			var wt float64
+			switch bit := uint64(1) << k; {
+			case c0&bit != 0:
+				wt = w0
+			case c1&bit != 0:
+				wt = w1
+			default:
+				wt = ws[k]
+			}
+			if r < wt {
+				pick = j*64 + k
+			} else {
+				r -= wt
+				last = j*64 + k
+			}
+		}
+		marks[j], cls0[j], cls1[j] = 0, 0, 0
+	}
+	if pick < 0 {
+		pick = last // rounding: the last one with a weight
+	}
+	return s.workers[pick]
 }
 
 // nthBit is the position of the k-th (from 0) set bit of b.

@@ -350,12 +350,18 @@ type State struct {
 	sp                    []special
 	grp                   []costGroup
 	group0                int // index in grp of the workers without the first block, -1: none
+	nbits                 int // grp's groups with a bitmap: grp[:nbits]
 	pickBits              []uint64
 	wtPos                 []float64
 	// By index slot (as of slotEpoch): the workers and their load terms, so that a decision
 	// costs the walk's workers without reading each one's state.
 	slotW            []*WorkerState
 	slotPre, slotDec []float64
+	slotPos          []int32
+	// drawIdle's: the candidates without load, by slot; its classes of idle candidates by
+	// position.
+	idleSlots  []uint64
+	cls0, cls1 []uint64
 }
 
 // NewState returns an empty State with configuration cfg. rng drives the
