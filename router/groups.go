@@ -293,11 +293,23 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 	for _, g := range s.grp {
 		amin, amax = min(amin, g.wa), max(amax, g.wa)
 	}
+	// The idle candidates of a group all cost the same (no load: key 0): one cost per
+	// group, from the bitmaps, and the scans below start past ord's idle prefix.
+	idle := 0
+	if s.cfg.OverlapWeight >= minIdleWeight {
+		idle = s.idlePrefix()
+		for g := range s.grp {
+			if s.hasIdle(g) {
+				c := s.cfg.OverlapWeight*(s.grp[g].a+0) + 0
+				lo, hi = min(lo, c), max(hi, c)
+			}
+		}
+	}
 	if len(s.grp) > 0 {
-		for i := range s.ord {
+		for i := idle; i < len(s.ord); i++ {
 			e := &s.ord[i]
-			if (amin+e.key)*(1-costMargin) > lo {
-				break
+			if (amin+e.key)*(1-costMargin) >= lo {
+				break // no member further on costs less (an equal cost is the same lo)
 			}
 			if g := s.classify(e.slot); g >= 0 {
 				if c := s.groupCost(e.slot, g); c < lo {
@@ -305,9 +317,9 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 				}
 			}
 		}
-		for i := len(s.ord) - 1; i >= 0; i-- {
+		for i := len(s.ord) - 1; i >= idle; i-- {
 			e := &s.ord[i]
-			if (amax+e.key)*(1+costMargin) < hi {
+			if (amax+e.key)*(1+costMargin) <= hi {
 				break
 			}
 			if g := s.classify(e.slot); g >= 0 {
@@ -616,6 +628,38 @@ func (s *State) drawGrouped(lo, hi, amin float64) *WorkerState {
 	return pick
 }
 
+// idlePrefix is the number of ord's first entries with key 0: the idle candidates, at an
+// overlap weight of at least minIdleWeight.
+func (s *State) idlePrefix() int {
+	i, _ := slices.BinarySearchFunc(s.ord, 0, func(e ordEntry, _ int) int {
+		if e.key <= 0 {
+			return -1
+		}
+		return 1
+	})
+	return i
+}
+
+// hasIdle reports whether group g has an idle candidate.
+func (s *State) hasIdle(g int) bool {
+	b := s.grp[g].bits
+	h0 := s.walk.h0
+	for j, idle := range s.idleSlots {
+		switch {
+		case b != nil && j < len(b):
+			idle &= b[j]
+		case b != nil:
+			idle = 0
+		case j < len(h0):
+			idle &^= h0[j]
+		}
+		if idle != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // minIdleWeight: below this overlap weight a load term can round to zero, so an idle
 // worker is not told by its key alone (drawIdle is not used).
 const minIdleWeight = 1e-200
@@ -655,12 +699,7 @@ func (s *State) drawIdle(lo, hi, amin float64) *WorkerState {
 	}
 	// The loaded candidates of the groups: ord past its idle prefix (keys are ≥ 0, and 0
 	// only for an idle worker at this weight).
-	i, _ := slices.BinarySearchFunc(s.ord, 0, func(e ordEntry, _ int) int {
-		if e.key <= 0 {
-			return -1
-		}
-		return 1
-	})
+	i := s.idlePrefix()
 	pre, dec := s.slotPre, s.slotDec
 	for ; i < len(s.ord); i++ {
 		e := &s.ord[i]

@@ -116,6 +116,7 @@ type shard struct {
 
 	cursor int           // Sweep's position in tab
 	passes atomic.Uint64 // Sweep's completed passes over tab
+	sink   uint32        // touch's loads go here, so that they are not dropped
 
 	_ [64]byte // keep shards' locks on separate cache lines
 }
@@ -208,6 +209,25 @@ func (x *Index) lookup(h uint64) (*shard, uint32) {
 			return sh, 0
 		}
 	}
+}
+
+// touch reads the table entries where the hashes hs start their probes, and the holder
+// sets they name, before they are updated: the loads do not depend on each other, so their
+// cache misses (a large table's entries are all misses) overlap instead of each update
+// waiting for its own. Called with the write lock held.
+func (sh *shard) touch(hs []uint64) {
+	tab := sh.tab
+	m := len(tab) - 1
+	var t uint32
+	for _, h := range hs {
+		t += tab[int(mix(h)>>24)&m].v
+	}
+	for _, h := range hs {
+		if v := tab[int(mix(h)>>24)&m].v; v&multiBit != 0 && int(v&^multiBit) < len(sh.sets) {
+			t += uint32(len(sh.sets[v&^multiBit].list))
+		}
+	}
+	sh.sink += t
 }
 
 // get returns h's value, 0 if none.
@@ -782,6 +802,7 @@ func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 		for len(part) > 0 {
 			n := min(len(part), applyChunk)
 			sh.mu.Lock()
+			sh.touch(part[:n])
 			for _, h := range part[:n] {
 				x.updateLocked(sh, rec, h, set, clear)
 			}
