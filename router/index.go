@@ -1384,19 +1384,21 @@ func (x *Index) stepBlock(wk *Walk, dst []Match, sh *shard, v uint32, lo, hi, i 
 			}
 			return dst
 		}
-		var tiers uint8
+		// On the device alone (the common case): one bitmap of holders, as for a bitmap
+		// set above; a holder in another tier sends the block to the general case below.
+		present, alive := wk.hb[0], wk.lv[numLevels-1]
+		clear(present[lo:hi])
+		deviceOnly := true
 		for _, hd := range hs.list {
-			tiers |= holderMask(hd)
-		}
-		if tiers&usedBits&^devBit == 0 {
-			// On the device alone: one bitmap of holders, as for a bitmap set above.
-			present, alive := wk.hb[0], wk.lv[numLevels-1]
-			clear(present[lo:hi])
-			for _, hd := range hs.list {
-				if s := holderSlot(hd); hd&uint32(devBit) != 0 && int(s/64) >= lo && int(s/64) < hi {
-					present[s/64] |= 1 << (s % 64)
-				}
+			if hd&uint32(usedBits&^devBit) != 0 {
+				deviceOnly = false
+				break
 			}
+			if s := holderSlot(hd); hd&uint32(devBit) != 0 && int(s/64) >= lo && int(s/64) < hi {
+				present[s/64] |= 1 << (s % 64)
+			}
+		}
+		if deviceOnly {
 			for j := lo; j < hi; j++ {
 				if alive[j]&^present[j] != 0 {
 					dst = x.stepDevice(wk, dst, j, present[j], i)
@@ -1465,10 +1467,17 @@ func (x *Index) flush(wk *Walk, dst []Match, end int) []Match {
 		g.bits = append(g.bits[:0], wk.pend...)
 		clear(wk.pend)
 	} else {
+		e := int32(end)
 		for j, b := range wk.pend {
-			if b != 0 {
-				dst = x.drop(wk, dst, j, b, b, end)
-				wk.pend[j] = 0
+			if b == 0 {
+				continue
+			}
+			wk.pend[j] = 0
+			for ; b != 0; b &= b - 1 { // listRuns of full runs, inline
+				slot := j*64 + bits.TrailingZeros64(b)
+				r := &wk.runs[slot]
+				r[0], r[1], r[2], r[3] = e, e, e, e
+				wk.sp = append(wk.sp, uint32(slot))
 			}
 		}
 	}
