@@ -684,6 +684,9 @@ func (s *State) drawIdle(lo, hi, amin float64) *WorkerState {
 	lastC, lastW := math.NaN(), 0.0
 	weigh := func(slot uint32, c float64) {
 		if c != lastC {
+			if c > bound {
+				return
+			}
 			x := (c - lo) / span
 			if x > cut {
 				return

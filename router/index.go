@@ -1273,12 +1273,14 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 	for i := 1; i < len(hashes) && lo < hi; i++ {
 		// Jump over the blocks held by the same workers as the block before (a chain on
 		// the same workers, the common case): their runs all go on.
-		var sh *shard
-		var v uint32
-		if i, sh, v = x.nextChange(hashes, i, prev); i == len(hashes) {
-			break
-		}
+		sh, v := x.lookup(hashes[i])
 		cur := fpOf(sh, v)
+		if cur == prev && prev != 0 { // no change at i (else, the common case in a busy region)
+			if i, sh, v = x.nextChange(hashes, i+1, prev); i == len(hashes) {
+				break
+			}
+			cur = fpOf(sh, v)
+		}
 		if h, ok := unFP(prev ^ cur); ok && int(holderSlot(h)) < len(x.owner) {
 			slot := holderSlot(h)
 			// One holder fewer than the block before, the others unchanged (a worker's
@@ -1559,6 +1561,9 @@ func (x *Index) step(wk *Walk, dst []Match, j int, h [numLevels]uint64, i int) [
 // the runs in the same way.
 func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint32) {
 	n := len(hashes)
+	if i == n {
+		return n, nil, 0
+	}
 	if sh, v := x.lookup(hashes[i]); fp == 0 || fpOf(sh, v) != fp {
 		return i, sh, v
 	}
