@@ -265,7 +265,8 @@ func recordReplay(tb testing.TB, rows []replayRow, workers int) []replayStep {
 // Dynamo's benchmark times as a request (find_matches). Besides our units it reports
 // Dynamo's: dyn-block-ops/s counts the requests' blocks and the Stored events' blocks, not
 // the Removed ones' (ops/s is the same unit in both: requests plus events). With -short
-// it replays the trace's first 2,000 prompts.
+// it replays the trace's first 2,000 prompts. workers=N/events applies the events alone
+// (no requests), one goroutine per core, and reports their blocks per second.
 func BenchmarkReplay(b *testing.B) {
 	rows, err := replayTrace()
 	if err != nil {
@@ -284,6 +285,7 @@ func BenchmarkReplay(b *testing.B) {
 				}
 				b.Run(name, func(b *testing.B) { replayTimed(b, steps, workers, lookup) })
 			}
+			b.Run("events", func(b *testing.B) { replayEvents(b, steps, workers) })
 		})
 	}
 }
@@ -360,4 +362,42 @@ func replayTimed(b *testing.B, steps []replayStep, workers int, lookup bool) {
 	reportLatencies(b, "cpu-", cpu)
 	b.ReportMetric(float64(x.Entries()), "entries")
 	b.ReportMetric(float64(x.Bytes())/float64(max(1, x.Entries())), "B/entry")
+}
+
+// replayEvents applies the replay's events alone into a fresh router, one goroutine per
+// core (each worker's events in order), and reports their blocks per second.
+func replayEvents(b *testing.B, steps []replayStep, workers int) {
+	blocks := 0
+	for _, st := range steps {
+		for _, ev := range st.events {
+			blocks += len(ev.Hashes)
+		}
+	}
+	appliers := max(1, runtime.GOMAXPROCS(0))
+	var elapsed time.Duration
+	for b.Loop() {
+		x := replayState(b, workers).Index()
+		t0 := time.Now()
+		var wg sync.WaitGroup
+		for g := range appliers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for _, st := range steps {
+					if int(st.w)%appliers != g {
+						continue
+					}
+					for _, ev := range st.events {
+						if x.Apply(st.w, ev) {
+							panic("replay: gap")
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		elapsed += time.Since(t0)
+	}
+	b.ReportMetric(float64(blocks)*float64(b.N)/elapsed.Seconds(), "blocks/s")
+	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(blocks*b.N), "ns/block")
 }
