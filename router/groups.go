@@ -339,9 +339,6 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 		k := int(s.rng.Float64() * float64(ncands))
 		return s.settle(s.workers[nthBit(s.eligPos, min(k, ncands-1))]), ReasonKV, ncands, nil, true
 	}
-	if s.nbits <= 1 && s.cfg.OverlapWeight >= minIdleWeight {
-		return s.settle(s.drawIdle(lo, hi, amin)), ReasonKV, ncands, nil, true
-	}
 	return s.settle(s.drawGrouped(lo, hi, amin)), ReasonKV, ncands, nil, true
 }
 
@@ -528,104 +525,143 @@ func (s *State) mark(slot uint32) {
 }
 
 // drawGrouped is draw over the candidates whose weight is not 0 (normalised cost within
-// 20·T of the cheapest), found from the specials and the cheap end of ord: the same
-// weights, summed and drawn in worker order, as draw computes them over every candidate.
-// Every such candidate is visited: the draw's sum depends on each weight, in order.
+// 20·T of the cheapest): the specials, the loaded members of the groups from the cheap end
+// of ord, and, with at most one bitmap group, each group's idle members (no load: key 0) at
+// their group's weight, marked by position from the idle, group and candidate bitmaps
+// instead of one by one. The sum and the draw add and subtract every weight in worker
+// order, as draw does over every candidate: the draw's sum depends on each weight, in order.
 func (s *State) drawGrouped(lo, hi, amin float64) *WorkerState {
-	span, cut, temp := hi-lo, 20*s.cfg.Temperature, s.cfg.Temperature
+	wg := weigher{lo: lo, span: hi - lo, cut: 20 * s.cfg.Temperature, temp: s.cfg.Temperature,
+		lastC: math.NaN(), weights: s.wtPos, marks: s.pickBits, pos: s.slotPos}
 	// Beyond bound a cost's weight is 0 whatever the rounding of its normalisation.
-	bound := lo + cut*span*(1+1e-9) + lo*costMargin
-	lastC, lastW := math.NaN(), 0.0
-	weights, marks := s.wtPos, s.pickBits
-	weigh := func(slot uint32, c float64) {
-		if c != lastC { // equal costs, equal weights: one exponential
-			x := (c - lo) / span
-			if x > cut {
-				return
-			}
-			lastC, lastW = c, math.Exp(-x/temp)
-		}
-		p := uint32(s.slotPos[slot])
-		weights[p] = lastW
-		marks[p>>6] |= 1 << (p & 63)
-	}
+	wg.bound = lo + wg.cut*wg.span*(1+1e-9) + lo*costMargin
 	for _, p := range s.sp {
-		weigh(p.slot, p.c)
+		wg.weigh(p.slot, p.c)
 	}
-	// The cheap end of ord, classified and costed inline: at many candidates (an idle
-	// cluster, where most weights are not 0) this loop is the decision.
-	w, h0, pre, dec, pos := s.cfg.OverlapWeight, s.walk.h0, s.slotPre, s.slotDec, s.slotPos
-	// The first bitmap group (most decisions have one) and the first block's non-holders.
-	var g1 []uint64
-	a1, a0 := 0.0, 0.0
-	if s.nbits > 0 {
-		g1, a1 = s.grp[0].bits, s.grp[0].a
+	w := s.cfg.OverlapWeight
+	classes := s.nbits <= 1 && w >= minIdleWeight
+	i := 0
+	if classes {
+		i = s.idlePrefix() // keys are ≥ 0, and 0 only for an idle worker at this weight
 	}
-	if s.group0 >= 0 {
-		a0 = s.grp[s.group0].a
-	}
-	for i := range s.ord {
+	pre, dec := s.slotPre, s.slotDec
+	for ; i < len(s.ord); i++ {
 		e := &s.ord[i]
-		if (amin+e.key)*(1-costMargin) > bound {
+		if (amin+e.key)*(1-costMargin) > wg.bound {
 			break
 		}
-		slot := e.slot
-		j, bit := int(slot>>6), uint64(1)<<(slot&63)
-		var a float64
-		switch {
-		case j >= len(h0) || h0[j]&bit == 0:
-			if s.group0 < 0 {
-				continue // a special, weighed above
-			}
-			a = a0
-		case j < len(g1) && g1[j]&bit != 0:
-			a = a1
-		default:
-			g := s.classify(slot)
-			if g < 0 {
-				continue
-			}
-			a = s.grp[g].a
+		if g := s.classify(e.slot); g >= 0 {
+			wg.weigh(e.slot, w*(s.grp[g].a+pre[e.slot])+dec[e.slot])
 		}
-		c := w*(a+pre[slot]) + dec[slot]
-		if c != lastC {
-			x := (c - lo) / span
-			if x > cut {
-				continue
-			}
-			lastC, lastW = c, math.Exp(-x/temp)
-		}
-		p := uint32(pos[slot])
-		weights[p] = lastW
-		marks[p>>6] |= 1 << (p & 63)
 	}
+	// The idle candidates: of the first block's non-holders (class 0) and of the bitmap
+	// group (class 1), by position, with their class's weight.
+	cls0, cls1 := s.cls0, s.cls1
+	w0, w1 := 0.0, 0.0
+	if classes {
+		h0 := s.walk.h0
+		var g1 []uint64
+		if s.group0 >= 0 {
+			w0 = wg.weight(w*(s.grp[s.group0].a+0) + 0)
+		}
+		if s.nbits == 1 {
+			g1, w1 = s.grp[0].bits, wg.weight(w*(s.grp[0].a+0)+0)
+		}
+		for j, idle := range s.idleSlots {
+			var m0, m1 uint64
+			if w0 > 0 {
+				m0 = idle
+				if j < len(h0) {
+					m0 &^= h0[j]
+				}
+			}
+			if w1 > 0 && j < len(g1) {
+				m1 = idle & g1[j]
+			}
+			for ; m0 != 0; m0 &= m0 - 1 {
+				p := uint32(wg.pos[j*64+bits.TrailingZeros64(m0)])
+				cls0[p>>6] |= 1 << (p & 63)
+			}
+			for ; m1 != 0; m1 &= m1 - 1 {
+				p := uint32(wg.pos[j*64+bits.TrailingZeros64(m1)])
+				cls1[p>>6] |= 1 << (p & 63)
+			}
+		}
+	}
+	// Sum and draw in worker order.
+	weightAt := func(j, k int, c0, c1 uint64, ws []float64) float64 {
+		switch bit := uint64(1) << k; {
+		case c0&bit != 0:
+			return w0
+		case c1&bit != 0:
+			return w1
+		}
+		return ws[k]
+	}
+	marks, weights := wg.marks, wg.weights
 	sum := 0.0
-	for j, b := range marks {
+	for j := range marks {
+		c0, c1 := cls0[j], cls1[j]
 		ws := weights[j*64 : min(j*64+64, len(weights))]
-		for ; b != 0; b &= b - 1 {
-			sum += ws[bits.TrailingZeros64(b)]
+		for b := marks[j] | c0 | c1; b != 0; b &= b - 1 {
+			sum += weightAt(j, bits.TrailingZeros64(b), c0, c1, ws)
 		}
 	}
 	r := s.rng.Float64() * sum
-	var pick *WorkerState
-	last := -1
-	for j, b := range marks {
+	pick, last := -1, -1
+	for j := range marks {
+		c0, c1 := cls0[j], cls1[j]
 		ws := weights[j*64 : min(j*64+64, len(weights))]
-		for ; b != 0 && pick == nil; b &= b - 1 {
+		for b := marks[j] | c0 | c1; b != 0 && pick < 0; b &= b - 1 {
 			k := bits.TrailingZeros64(b)
-			if wt := ws[k]; r < wt {
-				pick = s.workers[j*64+k]
+			if wt := weightAt(j, k, c0, c1, ws); r < wt {
+				pick = j*64 + k
 			} else {
 				r -= wt
 				last = j*64 + k
 			}
 		}
-		marks[j] = 0
+		marks[j], cls0[j], cls1[j] = 0, 0, 0
 	}
-	if pick == nil {
-		pick = s.workers[last] // rounding: the last one with a weight
+	if pick < 0 {
+		pick = last // rounding: the last one with a weight
 	}
-	return pick
+	return s.workers[pick]
+}
+
+// A weigher computes the softmax weights of one draw (as draw does: the cost normalised to
+// the range [lo, lo+span], 0 beyond cut) and marks them by position in weights and marks.
+type weigher struct {
+	lo, span, cut, temp, bound float64
+	lastC, lastW               float64 // equal costs, equal weights: one exponential
+	weights                    []float64
+	marks                      []uint64
+	pos                        []int32 // by slot
+}
+
+// weight is the weight of cost c, 0 beyond the softmax's reach.
+func (wg *weigher) weight(c float64) float64 {
+	if x := (c - wg.lo) / wg.span; x <= wg.cut {
+		return math.Exp(-x / wg.temp)
+	}
+	return 0
+}
+
+// weigh records the weight of the candidate at slot, whose cost is c, if it is not 0.
+func (wg *weigher) weigh(slot uint32, c float64) {
+	if c != wg.lastC {
+		if c > wg.bound {
+			return
+		}
+		x := (c - wg.lo) / wg.span
+		if x > wg.cut {
+			return
+		}
+		wg.lastC, wg.lastW = c, math.Exp(-x/wg.temp)
+	}
+	p := uint32(wg.pos[slot])
+	wg.weights[p] = wg.lastW
+	wg.marks[p>>6] |= 1 << (p & 63)
 }
 
 // idlePrefix is the number of ord's first entries with key 0: the idle candidates, at an
@@ -661,137 +697,8 @@ func (s *State) hasIdle(g int) bool {
 }
 
 // minIdleWeight: below this overlap weight a load term can round to zero, so an idle
-// worker is not told by its key alone (drawIdle is not used).
+// worker is not told by its key alone (no idle classes).
 const minIdleWeight = 1e-200
-
-// drawIdle is drawGrouped for the common shape of a large cluster, at most one bitmap
-// group: the idle candidates (no load: key 0) of a group all cost the same, so their
-// weight is computed once, and they are marked by position from the words of the idle,
-// group and candidate bitmaps instead of being costed from ord one by one; only the
-// loaded ones are. The sum and the draw still add and subtract every weight in worker
-// order, as draw does.
-func (s *State) drawIdle(lo, hi, amin float64) *WorkerState {
-	span, cut, temp := hi-lo, 20*s.cfg.Temperature, s.cfg.Temperature
-	bound := lo + cut*span*(1+1e-9) + lo*costMargin
-	w := s.cfg.OverlapWeight
-	weight := func(c float64) float64 {
-		if x := (c - lo) / span; x <= cut {
-			return math.Exp(-x / temp)
-		}
-		return 0
-	}
-	marks, weights, pos := s.pickBits, s.wtPos, s.slotPos
-	lastC, lastW := math.NaN(), 0.0
-	weigh := func(slot uint32, c float64) {
-		if c != lastC {
-			if c > bound {
-				return
-			}
-			x := (c - lo) / span
-			if x > cut {
-				return
-			}
-			lastC, lastW = c, math.Exp(-x/temp)
-		}
-		p := uint32(pos[slot])
-		weights[p] = lastW
-		marks[p>>6] |= 1 << (p & 63)
-	}
-	for _, p := range s.sp {
-		weigh(p.slot, p.c)
-	}
-	// The loaded candidates of the groups: ord past its idle prefix (keys are ≥ 0, and 0
-	// only for an idle worker at this weight).
-	i := s.idlePrefix()
-	pre, dec := s.slotPre, s.slotDec
-	for ; i < len(s.ord); i++ {
-		e := &s.ord[i]
-		if (amin+e.key)*(1-costMargin) > bound {
-			break
-		}
-		if g := s.classify(e.slot); g >= 0 {
-			weigh(e.slot, w*(s.grp[g].a+pre[e.slot])+dec[e.slot])
-		}
-	}
-	// The idle candidates: of the first block's non-holders (class 0) and of the bitmap
-	// group (class 1), by position, with their class's weight.
-	h0 := s.walk.h0
-	var g1 []uint64
-	w0, w1 := 0.0, 0.0
-	if s.group0 >= 0 {
-		w0 = weight(w*(s.grp[s.group0].a+0) + 0)
-	}
-	if s.nbits == 1 {
-		g1, w1 = s.grp[0].bits, weight(w*(s.grp[0].a+0)+0)
-	}
-	cls0, cls1 := s.cls0, s.cls1
-	for j, idle := range s.idleSlots {
-		var m0, m1 uint64
-		if w0 > 0 {
-			m0 = idle
-			if j < len(h0) {
-				m0 &^= h0[j]
-			}
-		}
-		if w1 > 0 && j < len(g1) {
-			m1 = idle & g1[j]
-		}
-		for ; m0 != 0; m0 &= m0 - 1 {
-			p := uint32(pos[j*64+bits.TrailingZeros64(m0)])
-			cls0[p>>6] |= 1 << (p & 63)
-		}
-		for ; m1 != 0; m1 &= m1 - 1 {
-			p := uint32(pos[j*64+bits.TrailingZeros64(m1)])
-			cls1[p>>6] |= 1 << (p & 63)
-		}
-	}
-	// Sum and draw in worker order.
-	sum := 0.0
-	for j := range marks {
-		c0, c1 := cls0[j], cls1[j]
-		ws := weights[j*64 : min(j*64+64, len(weights))]
-		for b := marks[j] | c0 | c1; b != 0; b &= b - 1 {
-			k := bits.TrailingZeros64(b)
-			switch bit := uint64(1) << k; {
-			case c0&bit != 0:
-				sum += w0
-			case c1&bit != 0:
-				sum += w1
-			default:
-				sum += ws[k]
-			}
-		}
-	}
-	r := s.rng.Float64() * sum
-	pick, last := -1, -1
-	for j := range marks {
-		c0, c1 := cls0[j], cls1[j]
-		ws := weights[j*64 : min(j*64+64, len(weights))]
-		for b := marks[j] | c0 | c1; b != 0 && pick < 0; b &= b - 1 {
-			k := bits.TrailingZeros64(b)
-			var wt float64
-			switch bit := uint64(1) << k; {
-			case c0&bit != 0:
-				wt = w0
-			case c1&bit != 0:
-				wt = w1
-			default:
-				wt = ws[k]
-			}
-			if r < wt {
-				pick = j*64 + k
-			} else {
-				r -= wt
-				last = j*64 + k
-			}
-		}
-		marks[j], cls0[j], cls1[j] = 0, 0, 0
-	}
-	if pick < 0 {
-		pick = last // rounding: the last one with a weight
-	}
-	return s.workers[pick]
-}
 
 // nthBit is the position of the k-th (from 0) set bit of b.
 func nthBit(b []uint64, k int) int {

@@ -1311,13 +1311,8 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 		lo, hi = trim(alive, lo, hi)
 	}
 	for j := lo; j < hi; j++ {
-		gone, full := alive[j], wk.lv[0][j]
-		if grouping {
-			wk.pend[j] = gone & full
-			wk.npend += bits.OnesCount64(gone & full)
-			gone &^= full
-		}
-		dst = x.drop(wk, dst, j, gone, full, len(hashes))
+		full := wk.lv[0][j]
+		dst = x.drop(wk, dst, j, wk.pending(j, alive[j], full), full, len(hashes))
 		for t := range numLevels {
 			wk.lv[t][j] = 0
 		}
@@ -1496,17 +1491,23 @@ func keeps(l0, l1, l2, l3 uint64, h [numLevels]uint64) bool {
 	return l0&^c0|l1&^c1|l2&^c2|l3&^(c2|h[3]) == 0
 }
 
+// pending returns the slots of word j whose runs end (gone) that drop must match: in a
+// grouping walk, those whose device runs end whole (full) are left in pend instead.
+func (wk *Walk) pending(j int, gone, full uint64) uint64 {
+	if !wk.grouping {
+		return gone
+	}
+	wk.pend[j] |= gone & full
+	wk.npend += bits.OnesCount64(gone & full)
+	return gone &^ full
+}
+
 // stepDevice is step for a block held on the device alone, by the slots h of word j: a
 // slot that holds it keeps every level it had, so no level's run breaks but with the
 // slot's whole run.
 func (x *Index) stepDevice(wk *Walk, dst []Match, j int, h uint64, i int) []Match {
 	gone, full := wk.lv[numLevels-1][j]&^h, wk.lv[0][j]
-	if wk.grouping {
-		wk.pend[j] |= gone & full
-		wk.npend += bits.OnesCount64(gone & full)
-		gone &^= full
-	}
-	dst = x.drop(wk, dst, j, gone, full, i)
+	dst = x.drop(wk, dst, j, wk.pending(j, gone, full), full, i)
 	l := &wk.lv
 	l[0][j] &= h
 	l[1][j] &= h
@@ -1534,12 +1535,7 @@ func (x *Index) step(wk *Walk, dst []Match, j int, h [numLevels]uint64, i int) [
 	}
 	top := nl[numLevels-1]
 	gone, full := wk.lv[numLevels-1][j]&^top, wk.lv[0][j]
-	if wk.grouping {
-		wk.pend[j] |= gone & full
-		wk.npend += bits.OnesCount64(gone & full)
-		gone &^= full
-	}
-	dst = x.drop(wk, dst, j, gone, full, i)
+	dst = x.drop(wk, dst, j, wk.pending(j, gone, full), full, i)
 	for t := range numLevels - 1 {
 		for lost := wk.lv[t][j] &^ nl[t] & top; lost != 0; lost &= lost - 1 {
 			wk.ends[t][j*64+bits.TrailingZeros64(lost)] = int32(i)

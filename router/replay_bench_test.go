@@ -303,7 +303,6 @@ func replayTimed(b *testing.B, steps []replayStep, workers int, lookup bool) {
 			}
 		}
 	}
-	appliers := max(1, runtime.GOMAXPROCS(0))
 	var lat, cpu []time.Duration
 	var elapsed time.Duration
 	var last *State
@@ -313,24 +312,7 @@ func replayTimed(b *testing.B, steps []replayStep, workers int, lookup bool) {
 		s := replayState(b, workers)
 		lat, cpu = lat[:0], cpu[:0]
 		t0 := time.Now()
-		var wg sync.WaitGroup
-		for g := range appliers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				x := s.Index()
-				for _, st := range steps {
-					if int(st.w)%appliers != g {
-						continue
-					}
-					for _, ev := range st.events {
-						if x.Apply(st.w, ev) {
-							panic("replay: gap")
-						}
-					}
-				}
-			}()
-		}
+		wg := applyReplay(s.Index(), steps)
 		runtime.LockOSThread()
 		for _, st := range steps {
 			t, c := time.Now(), threadCPU()
@@ -373,31 +355,37 @@ func replayEvents(b *testing.B, steps []replayStep, workers int) {
 			blocks += len(ev.Hashes)
 		}
 	}
-	appliers := max(1, runtime.GOMAXPROCS(0))
 	var elapsed time.Duration
 	for b.Loop() {
 		x := replayState(b, workers).Index()
 		t0 := time.Now()
-		var wg sync.WaitGroup
-		for g := range appliers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for _, st := range steps {
-					if int(st.w)%appliers != g {
-						continue
-					}
-					for _, ev := range st.events {
-						if x.Apply(st.w, ev) {
-							panic("replay: gap")
-						}
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		applyReplay(x, steps).Wait()
 		elapsed += time.Since(t0)
 	}
 	b.ReportMetric(float64(blocks)*float64(b.N)/elapsed.Seconds(), "blocks/s")
 	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(blocks*b.N), "ns/block")
+}
+
+// applyReplay starts one goroutine per core applying the steps' events to x, each worker's
+// in order (the workers split among the goroutines); wait on the result.
+func applyReplay(x *Index, steps []replayStep) *sync.WaitGroup {
+	appliers := max(1, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for g := range appliers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, st := range steps {
+				if int(st.w)%appliers != g {
+					continue
+				}
+				for _, ev := range st.events {
+					if x.Apply(st.w, ev) {
+						panic("replay: gap")
+					}
+				}
+			}
+		}()
+	}
+	return &wg
 }

@@ -358,7 +358,7 @@ type State struct {
 	slotW            []*WorkerState
 	slotPre, slotDec []float64
 	slotPos          []int32
-	// drawIdle's: the candidates without load, by slot; its classes of idle candidates by
+	// drawGrouped's: the candidates without load, by slot; its classes of idle candidates by
 	// position.
 	idleSlots  []uint64
 	cls0, cls1 []uint64
