@@ -6,24 +6,25 @@ import (
 	"slices"
 )
 
-// The grouped decision (pickGrouped): a kv decision whose work does not grow with the
-// number of workers that share a prefix. docs/routing.md ("Decisions by groups") explains
-// it; in short:
+// The grouped decision (pickGrouped): a kv decision that does not cost every worker that
+// shares a prefix. docs/routing.md ("Decisions by groups") explains it; in short:
 //
 //   - The State keeps its candidates (healthy, not busy) in ord, sorted by their load key
 //     OverlapWeight·prefill + decode, moved as reports and dispatches change it (track).
-//   - The walk stamps only the workers whose runs of the prompt differ from their
-//     neighbours'; the slots whose device runs end at the same block, when at least
-//     walkGroupMin of them do, it records as one group (a bitmap over slots), and the
-//     workers that do not hold the prompt's first block are one more group, of run 0.
+//   - The walk reports only the workers whose runs of the prompt differ from their
+//     neighbours' (the specials); the slots whose device runs end at the same block, when
+//     at least walkGroupMin of them do, it records as one group (a bitmap over slots), and
+//     the workers that do not hold the prompt's first block are one more group, of run 0.
 //   - Within a group every member's cost is OverlapWeight·(uncached + prefill) + decode
 //     with the same uncached blocks, so the group's cheapest and dearest members are at the
-//     ends of ord: the decision reads the few entries of ord it needs (the least and the
-//     greatest cost, the candidates within the softmax's reach) instead of costing all.
+//     ends of ord, and its idle members (key 0) all cost the same: the least and the
+//     greatest cost come from the specials, a few entries of ord and one cost per group.
 //   - The floating-point cost is not exactly the key plus a constant, so entries are
 //     bounded with a margin (costMargin) and every candidate that can matter is costed with
 //     the reference's expression; the weights are summed and drawn in worker order, as the
-//     exhaustive decision does. The pick is the same worker (TestDecideMatchesExhaustive).
+//     exhaustive decision does, so the draw still adds one weight per candidate within the
+//     softmax's reach (a few instructions for an idle one). The pick is the same worker
+//     (TestDecideMatchesExhaustive).
 
 // noSlot marks a worker without an index slot (its index record was removed).
 const noSlot = ^uint32(0)
@@ -67,12 +68,6 @@ func (s *State) groupable(req Request) bool {
 	return len(s.workers) >= s.groupFrom && s.cfg.Mode == ModeKV && !s.cfg.PeerPulls &&
 		req.Adapter == "" && s.nStaleCands == 0 &&
 		(req.Pool == PoolAny || req.Pool == PoolDecode && s.prefillers == 0)
-}
-
-// eligible reports whether w is a candidate of a decision that admits every worker and
-// adapter: healthy, not busy, and not kept off for missing KV events.
-func (s *State) eligible(w *WorkerState) bool {
-	return w.Healthy && !w.isBusy && !(w.Stale && s.cfg.RequireKVEvents)
 }
 
 // track brings the State's candidate bookkeeping up to date with w: called whenever w's
