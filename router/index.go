@@ -80,8 +80,9 @@ func fpOf(sh *shard, v uint32) uint64 {
 }
 
 type setBits struct {
-	tier [numLevels][]uint64 // by tier: the slots holding the block there
-	n    int                 // slots with a bit in any
+	tier  [numLevels][]uint64 // by tier: the slots holding the block there
+	n     int                 // slots with a bit in any
+	upper int                 // slots with a bit in a tier above the device
 }
 
 // workerRec is what the index knows of one worker. mu serialises the worker's events,
@@ -115,6 +116,7 @@ type shard struct {
 
 	cursor int           // Sweep's position in tab
 	passes atomic.Uint64 // Sweep's completed passes over tab
+	sink   uint32        // touch's loads go here, so that they are not dropped
 
 	_ [64]byte // keep shards' locks on separate cache lines
 }
@@ -145,6 +147,9 @@ type Index struct {
 	live    []uint64   // bitmap of the slots in use
 	retired []retiredSlot
 	free    []uint32 // slots free for reuse
+	// slotEpoch counts changes of the workers' slots (assignments and retirements), so that
+	// a State that caches its workers' slots (State.syncSlots) knows when to read them again.
+	slotEpoch uint64
 
 	dead      atomic.Int64 // retired slots not freed yet: Sweep has work
 	sweepNext atomic.Uint32
@@ -185,6 +190,44 @@ func (sh *shard) find(h uint64) int {
 		}
 		i = (i + 1) & m
 	}
+}
+
+// lookup returns h's shard and value (0: none), mixing h once for both.
+func (x *Index) lookup(h uint64) (*shard, uint32) {
+	m := mix(h)
+	sh := &x.shards[m>>(64-shardBits)]
+	if h == 0 {
+		return sh, sh.zero
+	}
+	tab := sh.tab
+	mask := len(tab) - 1
+	for i := int(m>>24) & mask; ; i = (i + 1) & mask {
+		switch k := tab[i].key(); k {
+		case h:
+			return sh, tab[i].v
+		case 0:
+			return sh, 0
+		}
+	}
+}
+
+// touch reads the table entries where the hashes hs start their probes, and the holder
+// sets they name, before they are updated: the loads do not depend on each other, so their
+// cache misses (a large table's entries are all misses) overlap instead of each update
+// waiting for its own. Called with the write lock held.
+func (sh *shard) touch(hs []uint64) {
+	tab := sh.tab
+	m := len(tab) - 1
+	var t uint32
+	for _, h := range hs {
+		t += tab[int(mix(h)>>24)&m].v
+	}
+	for _, h := range hs {
+		if v := tab[int(mix(h)>>24)&m].v; v&multiBit != 0 && int(v&^multiBit) < len(sh.sets) {
+			t += uint32(len(sh.sets[v&^multiBit].list))
+		}
+	}
+	sh.sink += t
 }
 
 // get returns h's value, 0 if none.
@@ -403,9 +446,11 @@ func (b *setBits) put(slot uint32, m uint8) {
 		}
 	}
 	bit := uint64(1) << (slot % 64)
-	had := false
+	had, hadUp := false, false
 	for t := range b.tier {
-		had = had || b.tier[t][w]&bit != 0
+		if b.tier[t][w]&bit != 0 {
+			had, hadUp = true, hadUp || t > 0
+		}
 		b.tier[t][w] &^= bit
 		if m&(1<<t) != 0 {
 			b.tier[t][w] |= bit
@@ -416,6 +461,12 @@ func (b *setBits) put(slot uint32, m uint8) {
 		b.n++
 	case had && !now:
 		b.n--
+	}
+	switch up := m&usedBits&^devBit != 0; {
+	case up && !hadUp:
+		b.upper++
+	case hadUp && !up:
+		b.upper--
 	}
 }
 
@@ -474,8 +525,12 @@ func (x *Index) purgeBits(hs *holderSet) {
 		}
 		for gone := b.any(w) &^ lv; gone != 0; gone &= gone - 1 {
 			slot := uint32(w*64 + bits.TrailingZeros64(gone))
-			hs.fp ^= holderFP(holder(slot, b.mask(slot)))
+			m := b.mask(slot)
+			hs.fp ^= holderFP(holder(slot, m))
 			b.n--
+			if m&^devBit != 0 {
+				b.upper--
+			}
 		}
 		for t := range b.tier {
 			b.tier[t][w] &= lv
@@ -565,6 +620,7 @@ func (x *Index) newSlotLocked(w WorkerID) uint32 {
 		x.owner = append(x.owner, 0)
 	}
 	x.owner[s] = w
+	x.slotEpoch++
 	for int(s/64) >= len(x.live) {
 		x.live = append(x.live, 0)
 	}
@@ -577,6 +633,7 @@ func (x *Index) newSlotLocked(w WorkerID) uint32 {
 func (x *Index) retireLocked(rec *workerRec) {
 	s := rec.slot
 	x.live[s/64] &^= 1 << (s % 64)
+	x.slotEpoch++
 	r := retiredSlot{slot: s}
 	for i := range x.shards {
 		r.need[i] = x.shards[i].passes.Load() + 2
@@ -745,6 +802,7 @@ func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 		for len(part) > 0 {
 			n := min(len(part), applyChunk)
 			sh.mu.Lock()
+			sh.touch(part[:n])
 			for _, h := range part[:n] {
 				x.updateLocked(sh, rec, h, set, clear)
 			}
@@ -1087,7 +1145,36 @@ type Walk struct {
 	// stamp, when set, takes the runs of the workers it knows instead of dst (State.Decide's
 	// walk: no Match to write and read back per worker).
 	stamp *runStamp
+
+	// grouping (the grouped decision's walk, State.pickGrouped) reports runs by slot: h0
+	// holds the slots that hold the prompt's first block; groups the sets of at least
+	// walkGroupMin slots whose device runs ended at the same block, recorded as bitmaps
+	// instead of one by one; the other slots of h0 are listed in sp, with their runs in
+	// runs[slot]; pend holds the device runs ending at the block being stepped, until the
+	// block is done and their number known. dst gets no Match.
+	grouping bool
+	h0       []uint64
+	pend     []uint64
+	npend    int
+	groups   []walkGroup
+	ngroups  int
+	sp       []uint32
+	runs     [][numLevels]int32
 }
+
+// A walkGroup is slots whose runs of the prompt are all run blocks on the device.
+type walkGroup struct {
+	run  int
+	bits []uint64 // by slot
+}
+
+// Grouping limits: a block where fewer device runs end stamps them one by one; a walk
+// records at most maxWalkGroups groups (each of at least walkGroupMin slots), and stamps
+// further ones.
+const (
+	walkGroupMin  = 64
+	maxWalkGroups = 8
+)
 
 // A runStamp writes the walk's runs straight into the policy's workers: worker id's into
 // dense[id], marked with the decision seq. A Match is appended for a worker id beyond
@@ -1102,15 +1189,21 @@ func (wk *Walk) grow(words, slots int) {
 		for t := range wk.lv {
 			wk.lv[t], wk.hb[t] = make([]uint64, words), make([]uint64, words)
 		}
+		wk.h0, wk.pend = make([]uint64, words), make([]uint64, words)
+		wk.groups = nil
 	}
 	if cap(wk.ends[0]) < slots {
 		for t := range wk.ends {
 			wk.ends[t] = make([]int32, slots+64)
 		}
 	}
+	if wk.grouping && len(wk.runs) < slots {
+		wk.runs = make([][numLevels]int32, slots+64)
+	}
 	for t := range wk.lv {
 		wk.lv[t], wk.hb[t] = wk.lv[t][:words], wk.hb[t][:words]
 	}
+	wk.h0, wk.pend = wk.h0[:words], wk.pend[:words]
 }
 
 // OverlapWith is OverlapInto with the caller's scratch wk, which must not be used by
@@ -1120,27 +1213,40 @@ func (x *Index) OverlapWith(wk *Walk, hashes []uint64, dst []Match) []Match {
 	if len(hashes) == 0 {
 		return dst
 	}
+	x.rlock()
+	dst = x.walk(wk, hashes, dst)
+	x.runlock()
+	return dst
+}
+
+// rlock takes the read locks a lookup holds: the slot table's and every shard's.
+func (x *Index) rlock() {
 	x.wmu.RLock()
 	for i := range x.shards {
 		x.shards[i].mu.RLock()
 	}
-	dst = x.walk(wk, hashes, dst)
+}
+
+func (x *Index) runlock() {
 	for i := range x.shards {
 		x.shards[i].mu.RUnlock()
 	}
 	x.wmu.RUnlock()
-	return dst
 }
 
 // walk is OverlapWith with the locks held.
 func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
-	sh0 := x.shardOf(hashes[0])
-	v := sh0.get(hashes[0])
+	grouping := wk.grouping
+	nw := len(x.live)
+	wk.grow(nw, len(x.owner))
+	wk.ngroups, wk.npend = 0, 0
+	if grouping {
+		clear(wk.h0)
+	}
+	sh0, v := x.lookup(hashes[0])
 	if v == 0 {
 		return dst
 	}
-	nw := len(x.live)
-	wk.grow(nw, len(x.owner))
 	alive := wk.lv[numLevels-1]
 	lo, hi := x.holderWords(sh0, v, wk.hb, 0, nw)
 	if lo >= hi {
@@ -1159,89 +1265,220 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 			}
 		}
 	}
+	if grouping {
+		copy(wk.h0[lo:hi], alive[lo:hi])
+	}
 	lo, hi = trim(alive, lo, hi)
 	prev := fpOf(sh0, v)
 	for i := 1; i < len(hashes) && lo < hi; i++ {
 		// Jump over the blocks held by the same workers as the block before (a chain on
 		// the same workers, the common case): their runs all go on.
-		var sh *shard
-		var v uint32
-		if i, sh, v = x.nextChange(hashes, i, prev); i == len(hashes) {
-			break
-		}
-		prev = fpOf(sh, v)
-		var h [numLevels]uint64 // the block's holders of one word, by tier
-		switch {
-		case v == 0 || v&multiBit == 0 && holderMask(v)&usedBits == 0:
-			// Nobody (that counts): every run ends here.
-			for j := lo; j < hi; j++ {
-				dst = x.step(wk, dst, j, h, i)
-			}
-		case v&multiBit == 0:
-			// One holder: every other worker's run ends here.
-			s, m := holderSlot(v), holderMask(v)
-			j0, bit := int(s/64), uint64(1)<<(s%64)
-			for j := lo; j < hi; j++ {
-				var hj [numLevels]uint64
-				if j == j0 {
-					for t := range numLevels {
-						if m&(1<<t) != 0 {
-							hj[t] = bit
-						}
-					}
-				}
-				dst = x.step(wk, dst, j, hj, i)
-			}
-		default:
-			hs := &sh.sets[v&^multiBit]
-			if b := hs.bits; b != nil {
-				// Most words lose no run at a block where a few workers' runs end: test that
-				// here, without step's call and copies.
-				t0, t1, t2, t3 := b.tier[0], b.tier[1], b.tier[2], b.tier[3]
-				l0, l1, l2, l3 := wk.lv[0], wk.lv[1], wk.lv[2], wk.lv[3]
-				for j := lo; j < hi; j++ {
-					var hj [numLevels]uint64
-					if j < len(t0) && j < len(t1) && j < len(t2) && j < len(t3) {
-						hj = [numLevels]uint64{t0[j], t1[j], t2[j], t3[j]}
-						if keeps(l0[j], l1[j], l2[j], l3[j], hj) {
-							continue
-						}
-					}
-					dst = x.step(wk, dst, j, hj, i)
-				}
+		sh, v := x.lookup(hashes[i])
+		cur := fpOf(sh, v)
+		if cur == prev && prev != 0 { // no change at i (else, the common case in a busy region)
+			if i, sh, v = x.nextChange(hashes, i+1, prev); i == len(hashes) {
 				break
 			}
-			for t := range numLevels {
-				clear(wk.hb[t][lo:hi])
+			cur = fpOf(sh, v)
+		}
+		if h, ok := unFP(prev ^ cur); ok && int(holderSlot(h)) < len(x.owner) {
+			slot := holderSlot(h)
+			// One holder fewer than the block before, the others unchanged (a worker's
+			// run of a prompt that others hold further ends here): only its run ends, so
+			// only its word changes, whatever the number of workers.
+			j, bit := int(slot/64), uint64(1)<<(slot%64)
+			if j < len(alive) && alive[j]&bit != 0 {
+				if l := &wk.lv; grouping && l[0][j]&bit != 0 {
+					r, e := &wk.runs[slot], int32(i) // the common case, inline
+					r[0], r[1], r[2], r[3] = e, e, e, e
+					wk.sp = append(wk.sp, slot)
+				} else {
+					dst = x.drop(wk, dst, j, bit, l[0][j], i)
+				}
+				l := &wk.lv
+				l[0][j] &^= bit
+				l[1][j] &^= bit
+				l[2][j] &^= bit
+				l[3][j] &^= bit
 			}
-			for _, hd := range hs.list {
-				s := holderSlot(hd)
-				j, bit := int(s/64), uint64(1)<<(s%64)
-				if j < lo || j >= hi {
-					continue
-				}
-				for t := range numLevels {
-					if hd&(1<<t) != 0 {
-						wk.hb[t][j] |= bit
-					}
-				}
-			}
-			hb, lv := &wk.hb, &wk.lv
-			for j := lo; j < hi; j++ {
-				hj := [numLevels]uint64{hb[0][j], hb[1][j], hb[2][j], hb[3][j]}
-				if !keeps(lv[0][j], lv[1][j], lv[2][j], lv[3][j], hj) {
-					dst = x.step(wk, dst, j, hj, i)
-				}
+		} else {
+			dst = x.stepBlock(wk, dst, sh, v, lo, hi, i)
+			if grouping {
+				dst = x.flush(wk, dst, i)
 			}
 		}
+		prev = cur
 		lo, hi = trim(alive, lo, hi)
 	}
 	for j := lo; j < hi; j++ {
-		dst = x.drop(wk, dst, j, alive[j], len(hashes))
+		full := wk.lv[0][j]
+		dst = x.drop(wk, dst, j, wk.pending(j, alive[j], full), full, len(hashes))
 		for t := range numLevels {
 			wk.lv[t][j] = 0
 		}
 	}
+	if grouping {
+		dst = x.flush(wk, dst, len(hashes))
+	}
+	return dst
+}
+
+// stepBlock narrows the runs of words [lo, hi) to block i, whose holders are v (of shard
+// sh).
+func (x *Index) stepBlock(wk *Walk, dst []Match, sh *shard, v uint32, lo, hi, i int) []Match {
+	var h [numLevels]uint64 // the block's holders of one word, by tier
+	switch {
+	case v == 0 || v&multiBit == 0 && holderMask(v)&usedBits == 0:
+		// Nobody (that counts): every run ends here.
+		for j := lo; j < hi; j++ {
+			dst = x.step(wk, dst, j, h, i)
+		}
+	case v&multiBit == 0:
+		// One holder: every other worker's run ends here.
+		s, m := holderSlot(v), holderMask(v)
+		j0, bit := int(s/64), uint64(1)<<(s%64)
+		for j := lo; j < hi; j++ {
+			var hj [numLevels]uint64
+			if j == j0 {
+				for t := range numLevels {
+					if m&(1<<t) != 0 {
+						hj[t] = bit
+					}
+				}
+			}
+			dst = x.step(wk, dst, j, hj, i)
+		}
+	default:
+		hs := &sh.sets[v&^multiBit]
+		if b := hs.bits; b != nil && b.upper == 0 {
+			// Held on the device alone, the common case: a word loses a run where an
+			// unbroken run's slot does not hold the block.
+			t0, alive := b.tier[0], wk.lv[numLevels-1]
+			for j := lo; j < hi; j++ {
+				var h0 uint64
+				if j < len(t0) {
+					h0 = t0[j]
+				}
+				if alive[j]&^h0 != 0 {
+					dst = x.stepDevice(wk, dst, j, h0, i)
+				}
+			}
+			return dst
+		} else if b != nil {
+			// Most words lose no run at a block where a few workers' runs end: test that
+			// here, without step's call and copies.
+			t0, t1, t2, t3 := b.tier[0], b.tier[1], b.tier[2], b.tier[3]
+			l0, l1, l2, l3 := wk.lv[0], wk.lv[1], wk.lv[2], wk.lv[3]
+			for j := lo; j < hi; j++ {
+				var hj [numLevels]uint64
+				if j < len(t0) && j < len(t1) && j < len(t2) && j < len(t3) {
+					hj = [numLevels]uint64{t0[j], t1[j], t2[j], t3[j]}
+					if keeps(l0[j], l1[j], l2[j], l3[j], hj) {
+						continue
+					}
+				}
+				dst = x.step(wk, dst, j, hj, i)
+			}
+			return dst
+		}
+		// On the device alone (the common case): one bitmap of holders, as for a bitmap
+		// set above; a holder in another tier sends the block to the general case below.
+		present, alive := wk.hb[0], wk.lv[numLevels-1]
+		clear(present[lo:hi])
+		deviceOnly := true
+		for _, hd := range hs.list {
+			if hd&uint32(usedBits&^devBit) != 0 {
+				deviceOnly = false
+				break
+			}
+			if s := holderSlot(hd); hd&uint32(devBit) != 0 && int(s/64) >= lo && int(s/64) < hi {
+				present[s/64] |= 1 << (s % 64)
+			}
+		}
+		if deviceOnly {
+			for j := lo; j < hi; j++ {
+				if alive[j]&^present[j] != 0 {
+					dst = x.stepDevice(wk, dst, j, present[j], i)
+				}
+			}
+			return dst
+		}
+		for t := range numLevels {
+			clear(wk.hb[t][lo:hi])
+		}
+		for _, hd := range hs.list {
+			s := holderSlot(hd)
+			j, bit := int(s/64), uint64(1)<<(s%64)
+			if j < lo || j >= hi {
+				continue
+			}
+			for t := range numLevels {
+				if hd&(1<<t) != 0 {
+					wk.hb[t][j] |= bit
+				}
+			}
+		}
+		hb, lv := &wk.hb, &wk.lv
+		for j := lo; j < hi; j++ {
+			hj := [numLevels]uint64{hb[0][j], hb[1][j], hb[2][j], hb[3][j]}
+			if !keeps(lv[0][j], lv[1][j], lv[2][j], lv[3][j], hj) {
+				dst = x.step(wk, dst, j, hj, i)
+			}
+		}
+	}
+	return dst
+}
+
+// unFP inverts holderFP: the holder whose share of a fingerprint is d, if d is one. The
+// walk uses it on the XOR of two consecutive blocks' fingerprints: the fingerprint is a
+// bijective mix of a holder, so a difference of one holder names it. If that holder's run
+// is still unbroken it ends there: an unbroken run's slot holds the block before (the
+// runs only shrink), so d is its leaving, not another worker arriving. That no other
+// holder changed rests on the fingerprints, as nextChange's jumps do.
+func unFP(d uint64) (uint32, bool) {
+	x := d ^ d>>31 ^ d>>62
+	x *= 0x319642b2d24d8ec3 // 0x94d049bb133111eb⁻¹ mod 2⁶⁴
+	x ^= x>>27 ^ x>>54
+	x *= 0x96de1b173f119089 // 0xbf58476d1ce4e5b9⁻¹
+	x ^= x>>30 ^ x>>60
+	h := x - 0x9e3779b97f4a7c15
+	if m := uint8(h); h>>32 != 0 || m == 0 || m&^usedBits != 0 {
+		return 0, false
+	}
+	return uint32(h), true
+}
+
+// flush ends the device runs pend holds at end: as a group when there are enough of them
+// (and room for one more), else stamped one by one.
+func (x *Index) flush(wk *Walk, dst []Match, end int) []Match {
+	if wk.npend == 0 {
+		return dst
+	}
+	if wk.npend >= walkGroupMin && wk.ngroups < maxWalkGroups {
+		if wk.ngroups == len(wk.groups) {
+			wk.groups = append(wk.groups, walkGroup{})
+		}
+		g := &wk.groups[wk.ngroups]
+		wk.ngroups++
+		g.run = end
+		g.bits = append(g.bits[:0], wk.pend...)
+		clear(wk.pend)
+	} else {
+		e := int32(end)
+		for j, b := range wk.pend {
+			if b == 0 {
+				continue
+			}
+			wk.pend[j] = 0
+			for ; b != 0; b &= b - 1 { // listRuns of full runs, inline
+				slot := j*64 + bits.TrailingZeros64(b)
+				r := &wk.runs[slot]
+				r[0], r[1], r[2], r[3] = e, e, e, e
+				wk.sp = append(wk.sp, uint32(slot))
+			}
+		}
+	}
+	wk.npend = 0
 	return dst
 }
 
@@ -1254,9 +1491,34 @@ func keeps(l0, l1, l2, l3 uint64, h [numLevels]uint64) bool {
 	return l0&^c0|l1&^c1|l2&^c2|l3&^(c2|h[3]) == 0
 }
 
+// pending returns the slots of word j whose runs end (gone) that drop must match: in a
+// grouping walk, those whose device runs end whole (full) are left in pend instead.
+func (wk *Walk) pending(j int, gone, full uint64) uint64 {
+	if !wk.grouping {
+		return gone
+	}
+	wk.pend[j] |= gone & full
+	wk.npend += bits.OnesCount64(gone & full)
+	return gone &^ full
+}
+
+// stepDevice is step for a block held on the device alone, by the slots h of word j: a
+// slot that holds it keeps every level it had, so no level's run breaks but with the
+// slot's whole run.
+func (x *Index) stepDevice(wk *Walk, dst []Match, j int, h uint64, i int) []Match {
+	gone, full := wk.lv[numLevels-1][j]&^h, wk.lv[0][j]
+	dst = x.drop(wk, dst, j, wk.pending(j, gone, full), full, i)
+	l := &wk.lv
+	l[0][j] &= h
+	l[1][j] &= h
+	l[2][j] &= h
+	l[3][j] &= h
+	return dst
+}
+
 // step narrows word j of the runs to block i, whose holders of that word by tier are h:
 // a slot whose run of level t breaks has it end at i, and one held in no tier any more is
-// matched.
+// matched (or, in a grouped walk, its full device run is left in pend).
 func (x *Index) step(wk *Walk, dst []Match, j int, h [numLevels]uint64, i int) []Match {
 	if wk.lv[numLevels-1][j] == 0 {
 		return dst
@@ -1272,7 +1534,8 @@ func (x *Index) step(wk *Walk, dst []Match, j int, h [numLevels]uint64, i int) [
 		return dst // nobody's run ends at this word
 	}
 	top := nl[numLevels-1]
-	dst = x.drop(wk, dst, j, wk.lv[numLevels-1][j]&^top, i)
+	gone, full := wk.lv[numLevels-1][j]&^top, wk.lv[0][j]
+	dst = x.drop(wk, dst, j, wk.pending(j, gone, full), full, i)
 	for t := range numLevels - 1 {
 		for lost := wk.lv[t][j] &^ nl[t] & top; lost != 0; lost &= lost - 1 {
 			wk.ends[t][j*64+bits.TrailingZeros64(lost)] = int32(i)
@@ -1294,57 +1557,60 @@ func (x *Index) step(wk *Walk, dst []Match, j int, h [numLevels]uint64, i int) [
 // the runs in the same way.
 func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint32) {
 	n := len(hashes)
-	var csh *shard // the shard and value of the last block found different
-	var cv uint32
-	same := func(k int) bool {
-		sh := x.shardOf(hashes[k])
-		v := sh.get(hashes[k])
-		if fp != 0 && fpOf(sh, v) == fp {
-			return true
-		}
-		csh, cv = sh, v
-		return false
+	if i == n {
+		return n, nil, 0
 	}
-	if !same(i) {
-		return i, csh, cv
+	if sh, v := x.lookup(hashes[i]); fp == 0 || fpOf(sh, v) != fp {
+		return i, sh, v
 	}
+	var jsh *shard // the shard and value of block j, the first found different
+	var jv uint32
 	good, step := i, 1 // blocks i … good hold the same
+	j := n
 	for {
-		j := good + step
-		if j >= n {
-			if same(n - 1) {
-				return n, nil, 0
-			}
-			j = n - 1
-		} else if same(j) {
-			good, step = j, 2*step
-			continue
+		k := good + step
+		if k >= n {
+			k = n - 1
 		}
-		// good is the same, j is not: the change is in (good, j].
-		jsh, jv := csh, cv
-		for j-good > 1 {
-			m := good + (j-good)/2
-			if same(m) {
-				good = m
-			} else {
-				j, jsh, jv = m, csh, cv
-			}
+		if k == good {
+			return n, nil, 0 // the same to the end
 		}
-		return j, jsh, jv
+		sh, v := x.lookup(hashes[k])
+		if fpOf(sh, v) != fp {
+			j, jsh, jv = k, sh, v
+			break
+		}
+		good, step = k, 2*step
 	}
+	// good is the same, j is not: the change is in (good, j].
+	for j-good > 1 {
+		m := good + (j-good)/2
+		if sh, v := x.lookup(hashes[m]); fpOf(sh, v) == fp {
+			good = m
+		} else {
+			j, jsh, jv = m, sh, v
+		}
+	}
+	return j, jsh, jv
 }
 
 // drop appends the Matches of the slots of word j in gone, whose runs (those still
-// unbroken) end at end.
-func (x *Index) drop(wk *Walk, dst []Match, j int, gone uint64, end int) []Match {
+// unbroken) end at end; full are the slots whose device run is unbroken (lv[0] ⊆ lv[1] ⊆
+// …: every level of theirs is), which end every level here with no ends to read: the
+// common case, a block that a worker holds only on the device. Slots stay in order, which
+// the peer choice's ties follow.
+func (x *Index) drop(wk *Walk, dst []Match, j int, gone, full uint64, end int) []Match {
+	if gone == 0 {
+		return dst
+	}
+	if wk.grouping {
+		x.listRuns(wk, j, gone, full, end)
+		return dst
+	}
 	if sk := wk.stamp; sk != nil {
-		return x.stampRuns(wk, sk, dst, j, gone, end)
+		return x.stampRuns(wk, sk, dst, j, gone, full, end)
 	}
 	dst = slices.Grow(dst, bits.OnesCount64(gone))
-	// A slot whose device run is still unbroken (lv[0] ⊆ lv[1] ⊆ …: every level of its is)
-	// ends every level here, with no ends to read: the common case, a block that a worker
-	// holds only on the device. Slots stay in order, which the peer choice's ties follow.
-	full := wk.lv[0][j]
 	base := x.owner[j*64:]
 	for ; gone != 0; gone &= gone - 1 {
 		b := bits.TrailingZeros64(gone)
@@ -1358,29 +1624,42 @@ func (x *Index) drop(wk *Walk, dst []Match, j int, gone uint64, end int) []Match
 }
 
 // stampRuns is drop with wk.stamp set.
-func (x *Index) stampRuns(wk *Walk, sk *runStamp, dst []Match, j int, gone uint64, end int) []Match {
-	full := wk.lv[0][j]
+func (x *Index) stampRuns(wk *Walk, sk *runStamp, dst []Match, j int, gone, full uint64, end int) []Match {
 	base := x.owner[j*64:]
 	for ; gone != 0; gone &= gone - 1 {
 		b := bits.TrailingZeros64(gone)
-		id := base[b]
-		if int(id) >= len(sk.dense) {
-			dst = append(dst, x.match(wk, j, b, end))
+		m := Match{Worker: base[b], Device: end, Host: end, Disk: end, Remote: end}
+		if full&(1<<b) == 0 {
+			m = x.match(wk, j, b, end)
+		}
+		if int(m.Worker) >= len(sk.dense) {
+			dst = append(dst, m)
 			continue
 		}
-		w := sk.dense[id]
+		w := sk.dense[m.Worker]
 		if w == nil {
 			continue
 		}
-		w.stamp = sk.seq
-		if full&(1<<b) != 0 {
-			w.ov = [numLevels]int{end, end, end, end}
-		} else {
-			m := x.match(wk, j, b, end)
-			w.ov = [numLevels]int{m.Device, m.Host, m.Disk, m.Remote}
-		}
+		w.stamp, w.ov = sk.seq, [numLevels]int{m.Device, m.Host, m.Disk, m.Remote}
 	}
 	return dst
+}
+
+// listRuns is drop in a grouping walk: the runs go to wk.runs by slot.
+func (x *Index) listRuns(wk *Walk, j int, gone, full uint64, end int) {
+	for ; gone != 0; gone &= gone - 1 {
+		b := bits.TrailingZeros64(gone)
+		slot := j*64 + b
+		r := &wk.runs[slot] // written in place: a copy from the stack stalls its load
+		if full&(1<<b) != 0 {
+			e := int32(end)
+			r[0], r[1], r[2], r[3] = e, e, e, e
+		} else {
+			m := x.match(wk, j, b, end)
+			r[0], r[1], r[2], r[3] = int32(m.Device), int32(m.Host), int32(m.Disk), int32(m.Remote)
+		}
+		wk.sp = append(wk.sp, uint32(slot))
+	}
 }
 
 // match is the Match of the slot at word j, bit b, whose run in any tier ends at end: a

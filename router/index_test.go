@@ -610,11 +610,19 @@ func checkFingerprints(t *testing.T, x *Index) {
 				fp ^= holderFP(h)
 			}
 			if b := hs.bits; b != nil {
+				n, upper := 0, 0
 				for w := range b.tier[0] {
 					for rest := b.any(w); rest != 0; rest &= rest - 1 {
 						slot := uint32(w*64 + bits.TrailingZeros64(rest))
 						fp ^= holderFP(holder(slot, b.mask(slot)))
+						n++
+						if b.mask(slot)&^devBit != 0 {
+							upper++
+						}
 					}
+				}
+				if n != b.n || upper != b.upper {
+					t.Fatalf("shard %d set %d: %d holders, %d above the device; counted %d, %d", si, i, b.n, b.upper, n, upper)
 				}
 			}
 			if fp != hs.fp {
@@ -697,5 +705,25 @@ func TestIndexRunsAssumePrefixes(t *testing.T) {
 	x.Apply(1, removed(4, kvcache.TierDevice, h[37]))
 	if got := x.Overlap(h)[1]; got != 64 {
 		t.Errorf("hole at block 37 of 64 held by the same worker: overlap %d, want 64 (jumped over)", got)
+	}
+}
+
+// unFP inverts holderFP for every holder a lookup counts, and names no holder for the XOR
+// of two holders' shares (a block that lost two holders, or changed one's tiers).
+func TestUnFP(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	for range 100000 {
+		h := holder(uint32(rng.IntN(maxSlots)), uint8(1+rng.IntN(int(usedBits))))
+		got, ok := unFP(holderFP(h))
+		if !ok || got != h {
+			t.Fatalf("unFP(holderFP(%#x)) = %#x, %v", h, got, ok)
+		}
+		h2 := holder(uint32(rng.IntN(maxSlots)), uint8(1+rng.IntN(int(usedBits))))
+		if h2 == h {
+			continue
+		}
+		if got, ok := unFP(holderFP(h) ^ holderFP(h2)); ok {
+			t.Fatalf("unFP of two holders %#x, %#x names %#x", h, h2, got)
+		}
 	}
 }

@@ -102,6 +102,71 @@ func (s *State) Decide(req Request) (Decision, error) {
 	}
 	promptBlocks := (tokens + bs - 1) / bs
 	blocksF := float64(tokens) / float64(bs)
+	key := s.tieKey(req)
+	var (
+		pick   *WorkerState
+		reason string
+		cands  int
+		err    error
+		done   bool
+	)
+	if s.groupable(req) {
+		pick, reason, cands, err, done = s.pickGrouped(req, blocksF, key)
+	}
+	if !done {
+		pick, reason, cands, err = s.pickAll(req, blocksF, key)
+	}
+	if err != nil {
+		return Decision{}, err
+	}
+	if req.SessionID != "" && s.cfg.AffinityTTL > 0 {
+		if len(s.sessions) >= s.sweepAt {
+			s.Sweep(req.Now)
+		}
+		s.sessions[req.SessionID] = session{worker: pick.ID, gen: pick.gen, expires: req.Now.Add(s.cfg.AffinityTTL)}
+	}
+
+	runs := s.overlap(pick)
+	d := Decision{
+		Worker:       pick.ID,
+		Reason:       reason,
+		PromptBlocks: promptBlocks,
+		Overlap:      runs[0],
+		HostOverlap:  runs[1],
+		Runs:         runs,
+		Cost:         s.cost(pick, blocksF),
+		Candidates:   cands,
+	}
+	cached := runs[numLevels-1]
+	if p, n := s.pullFor(pick); n > 0 {
+		d.Peer, d.PeerBlocks, cached = p, n, n
+	}
+	d.Inflight = s.AddInflight(pick.ID, promptBlocks, cached)
+	d.LoadAdapter = pick.lacks
+	return d, nil
+}
+
+// affinity returns the worker req's session is bound to, if the binding holds and the
+// worker can take req; nil otherwise.
+func (s *State) affinity(req Request) *WorkerState {
+	if req.SessionID == "" || s.cfg.AffinityTTL <= 0 {
+		return nil
+	}
+	b, ok := s.sessions[req.SessionID]
+	if !ok || !req.Now.Before(b.expires) {
+		return nil
+	}
+	if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.isBusy && req.Pool.admits(w.Card.Role) && w.serves(req.Adapter) {
+		return w
+	}
+	return nil
+}
+
+// pickAll is the decision that visits every worker: the candidates' pass over all of
+// them, every candidate costed. Decide takes it for the modes other than kv, for
+// adapters, pools of roles, peer pulls and stale workers, and for small pools
+// (pickGrouped is the rest).
+func (s *State) pickAll(req Request, blocksF float64, key uint64) (*WorkerState, string, int, error) {
 	if !s.cfg.PeerPulls {
 		// The walk stamps the workers' runs itself; peer pulls need every Match (below).
 		s.stamp = runStamp{dense: s.dense, seq: s.seq}
@@ -124,7 +189,6 @@ func (s *State) Decide(req Request) (Decision, error) {
 	// the same order as kv computes them. A stale candidate's overlap is the others' mean,
 	// known only after the pass: then kv costs them all again.
 	costed := s.cfg.Mode == ModeKV
-	key := s.tieKey(req)
 	var t tie
 	ws := s.weights[:0]
 	lo, hi := math.Inf(1), math.Inf(-1)
@@ -168,75 +232,44 @@ func (s *State) Decide(req Request) (Decision, error) {
 	}
 	s.cands, s.weights = cands, ws
 	if healthy == 0 && lacking > 0 {
-		return Decision{}, fmt.Errorf("%w: %q", ErrNoAdapter, req.Adapter)
+		return nil, "", 0, fmt.Errorf("%w: %q", ErrNoAdapter, req.Adapter)
 	}
 	if healthy == 0 {
-		return Decision{}, ErrNoWorkers
+		return nil, "", 0, ErrNoWorkers
 	}
 	if len(cands) == 0 {
-		return Decision{}, ErrAllBusy
+		return nil, "", 0, ErrAllBusy
 	}
 	if stale > 0 {
 		s.unknownOverlap(cands)
 		costed = false
 	}
 
+	if w := s.affinity(req); w != nil {
+		return w, ReasonAffinity, len(cands), nil
+	}
 	var pick *WorkerState
-	reason := ""
-	sticky := req.SessionID != "" && s.cfg.AffinityTTL > 0
-	if sticky {
-		if b, ok := s.sessions[req.SessionID]; ok && req.Now.Before(b.expires) {
-			if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.isBusy && req.Pool.admits(w.Card.Role) && w.serves(req.Adapter) {
-				pick, reason = w, ReasonAffinity
-			}
-		}
+	var reason string
+	switch {
+	case len(cands) == 1:
+		pick, reason = cands[0], ReasonOnlyWorker
+	case s.cfg.Mode == ModeRoundRobin:
+		pick, reason = s.roundRobin(cands), ReasonRoundRobin
+	case s.cfg.Mode == ModeRandom:
+		pick, reason = cands[s.rng.IntN(len(cands))], ReasonRandom
+	case s.cfg.Mode == ModeLeastLoaded:
+		pick, reason = s.leastLoaded(cands, key), ReasonLeastLoaded
+	case costed && s.cfg.Temperature == 0:
+		pick, reason = t.best, ReasonKV
+	case costed:
+		pick, reason = s.draw(cands, ws, lo, hi), ReasonKV
+	default:
+		pick, reason = s.kv(cands, blocksF, key), ReasonKV
 	}
-	if pick == nil {
-		switch {
-		case len(cands) == 1:
-			pick, reason = cands[0], ReasonOnlyWorker
-		case s.cfg.Mode == ModeRoundRobin:
-			pick, reason = s.roundRobin(cands), ReasonRoundRobin
-		case s.cfg.Mode == ModeRandom:
-			pick, reason = cands[s.rng.IntN(len(cands))], ReasonRandom
-		case s.cfg.Mode == ModeLeastLoaded:
-			pick, reason = s.leastLoaded(cands, key), ReasonLeastLoaded
-		case costed && s.cfg.Temperature == 0:
-			pick, reason = t.best, ReasonKV
-		case costed:
-			pick, reason = s.draw(cands, ws, lo, hi), ReasonKV
-		default:
-			pick, reason = s.kv(cands, blocksF, key), ReasonKV
-		}
-		if s.cfg.Mode == ModeRoundRobin {
-			s.rrLast, s.rrValid = pick.ID, true
-		}
+	if s.cfg.Mode == ModeRoundRobin {
+		s.rrLast, s.rrValid = pick.ID, true
 	}
-	if sticky {
-		if len(s.sessions) >= s.sweepAt {
-			s.Sweep(req.Now)
-		}
-		s.sessions[req.SessionID] = session{worker: pick.ID, gen: pick.gen, expires: req.Now.Add(s.cfg.AffinityTTL)}
-	}
-
-	runs := s.overlap(pick)
-	d := Decision{
-		Worker:       pick.ID,
-		Reason:       reason,
-		PromptBlocks: promptBlocks,
-		Overlap:      runs[0],
-		HostOverlap:  runs[1],
-		Runs:         runs,
-		Cost:         s.cost(pick, blocksF),
-		Candidates:   len(cands),
-	}
-	cached := runs[numLevels-1]
-	if p, n := s.pullFor(pick); n > 0 {
-		d.Peer, d.PeerBlocks, cached = p, n, n
-	}
-	d.Inflight = s.AddInflight(pick.ID, promptBlocks, cached)
-	d.LoadAdapter = pick.lacks
-	return d, nil
+	return pick, reason, len(cands), nil
 }
 
 // peerRun is a worker whose blocks a peer pull could take, and its run.

@@ -259,72 +259,133 @@ func recordReplay(tb testing.TB, rows []replayRow, workers int) []replayStep {
 	return steps
 }
 
+// BenchmarkReplay's sub-benchmarks: workers=N/decide routes every request (the router's
+// decision: the overlap walk, the costs and the draw, the in-flight bookkeeping);
+// workers=N/lookup only looks its prompt up in the index (Index.OverlapWith), which is what
+// Dynamo's benchmark times as a request (find_matches). Besides our units it reports
+// Dynamo's: dyn-block-ops/s counts the requests' blocks and the Stored events' blocks, not
+// the Removed ones' (ops/s is the same unit in both: requests plus events). With -short
+// it replays the trace's first 2,000 prompts. workers=N/events applies the events alone
+// (no requests), one goroutine per core, and reports their blocks per second.
 func BenchmarkReplay(b *testing.B) {
 	rows, err := replayTrace()
 	if err != nil {
 		b.Skipf("no Mooncake trace (%v); set TANDEM_WORKLOADS to shared/workloads", err)
 	}
+	if testing.Short() {
+		rows = rows[:min(len(rows), 2000)]
+	}
 	for _, workers := range []int{16, 256, 1000} {
 		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
 			steps := recordReplay(b, rows, workers)
-			var events, blocks, looked int
-			for _, st := range steps {
-				events += len(st.events)
-				looked += len(st.req.Hashes)
-				for _, ev := range st.events {
-					blocks += len(ev.Hashes)
+			for _, lookup := range []bool{false, true} {
+				name := "decide"
+				if lookup {
+					name = "lookup"
 				}
+				b.Run(name, func(b *testing.B) { replayTimed(b, steps, workers, lookup) })
 			}
-			appliers := max(1, runtime.GOMAXPROCS(0))
-			var lat, cpu []time.Duration
-			var elapsed time.Duration
-			var last *State
-			for b.Loop() {
-				s := replayState(b, workers)
-				lat, cpu = lat[:0], cpu[:0]
-				t0 := time.Now()
-				var wg sync.WaitGroup
-				for g := range appliers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						x := s.Index()
-						for _, st := range steps {
-							if int(st.w)%appliers != g {
-								continue
-							}
-							for _, ev := range st.events {
-								if x.Apply(st.w, ev) {
-									panic("replay: gap")
-								}
-							}
-						}
-					}()
-				}
-				runtime.LockOSThread()
-				for _, st := range steps {
-					t, c := time.Now(), threadCPU()
-					d, err := s.Decide(st.req)
-					cpu = append(cpu, threadCPU()-c)
-					lat = append(lat, time.Since(t))
-					if err != nil {
-						b.Fatal(err)
-					}
-					s.RemoveInflight(d.Inflight)
-				}
-				runtime.UnlockOSThread()
-				wg.Wait()
-				elapsed += time.Since(t0)
-				last = s
-			}
-			sec := elapsed.Seconds() / float64(b.N)
-			x := last.Index()
-			b.ReportMetric(float64(events+len(steps))/sec, "ops/s")
-			b.ReportMetric(float64(blocks+looked)/sec, "block-ops/s")
-			reportLatencies(b, "", lat)
-			reportLatencies(b, "cpu-", cpu)
-			b.ReportMetric(float64(x.Entries()), "entries")
-			b.ReportMetric(float64(x.Bytes())/float64(max(1, x.Entries())), "B/entry")
+			b.Run("events", func(b *testing.B) { replayEvents(b, steps, workers) })
 		})
 	}
+}
+
+// replayTimed replays steps into a fresh router (see BenchmarkReplay) and reports.
+func replayTimed(b *testing.B, steps []replayStep, workers int, lookup bool) {
+	var events, blocks, stored, looked int
+	for _, st := range steps {
+		events += len(st.events)
+		looked += len(st.req.Hashes)
+		for _, ev := range st.events {
+			blocks += len(ev.Hashes)
+			if ev.Kind == kvcache.EventStored {
+				stored += len(ev.Hashes)
+			}
+		}
+	}
+	var lat, cpu []time.Duration
+	var elapsed time.Duration
+	var last *State
+	var wk Walk
+	var matches []Match
+	for b.Loop() {
+		s := replayState(b, workers)
+		lat, cpu = lat[:0], cpu[:0]
+		t0 := time.Now()
+		wg := applyReplay(s.Index(), steps)
+		runtime.LockOSThread()
+		for _, st := range steps {
+			t, c := time.Now(), threadCPU()
+			if lookup {
+				matches = s.Index().OverlapWith(&wk, st.req.Hashes, matches)
+				cpu = append(cpu, threadCPU()-c)
+				lat = append(lat, time.Since(t))
+				continue
+			}
+			d, err := s.Decide(st.req)
+			cpu = append(cpu, threadCPU()-c)
+			lat = append(lat, time.Since(t))
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.RemoveInflight(d.Inflight)
+		}
+		runtime.UnlockOSThread()
+		wg.Wait()
+		elapsed += time.Since(t0)
+		last = s
+	}
+	sec := elapsed.Seconds() / float64(b.N)
+	x := last.Index()
+	b.ReportMetric(float64(events+len(steps))/sec, "ops/s")
+	b.ReportMetric(float64(blocks+looked)/sec, "block-ops/s")
+	b.ReportMetric(float64(stored+looked)/sec, "dyn-block-ops/s")
+	reportLatencies(b, "", lat)
+	reportLatencies(b, "cpu-", cpu)
+	b.ReportMetric(float64(x.Entries()), "entries")
+	b.ReportMetric(float64(x.Bytes())/float64(max(1, x.Entries())), "B/entry")
+}
+
+// replayEvents applies the replay's events alone into a fresh router, one goroutine per
+// core (each worker's events in order), and reports their blocks per second.
+func replayEvents(b *testing.B, steps []replayStep, workers int) {
+	blocks := 0
+	for _, st := range steps {
+		for _, ev := range st.events {
+			blocks += len(ev.Hashes)
+		}
+	}
+	var elapsed time.Duration
+	for b.Loop() {
+		x := replayState(b, workers).Index()
+		t0 := time.Now()
+		applyReplay(x, steps).Wait()
+		elapsed += time.Since(t0)
+	}
+	b.ReportMetric(float64(blocks)*float64(b.N)/elapsed.Seconds(), "blocks/s")
+	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(blocks*b.N), "ns/block")
+}
+
+// applyReplay starts one goroutine per core applying the steps' events to x, each worker's
+// in order (the workers split among the goroutines); wait on the result.
+func applyReplay(x *Index, steps []replayStep) *sync.WaitGroup {
+	appliers := max(1, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for g := range appliers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, st := range steps {
+				if int(st.w)%appliers != g {
+					continue
+				}
+				for _, ev := range st.events {
+					if x.Apply(st.w, ev) {
+						panic("replay: gap")
+					}
+				}
+			}
+		}()
+	}
+	return &wg
 }

@@ -23,7 +23,7 @@ const (
 func scaleState(b *testing.B, s *State) Request { return scaleStateN(b, s, scaleBlocksPerW) }
 
 // scaleStateN is scaleState with perWorker blocks per worker.
-func scaleStateN(b *testing.B, s *State, perWorker int) Request {
+func scaleStateN(b testing.TB, s *State, perWorker int) Request {
 	b.Helper()
 	rng := rand.New(rand.NewPCG(7, 7))
 	sys := toks(1, scaleSystemBlocks*testBlock)
@@ -58,7 +58,9 @@ func scaleStateN(b *testing.B, s *State, perWorker int) Request {
 
 // BenchmarkDecideScale: one routing decision over 1,000 workers with ~1M indexed blocks,
 // for a 4096-token (256-block) prompt; kv-28k with 28,000 blocks per worker (28M entries,
-// a full 80 GB GPU's cache each). Besides the mean it reports the decisions' latency
+// a full 80 GB GPU's cache each); kv-idle with every worker idle but one in fifty (with a
+// long prompt to prefill), as on the replay's cluster, so that the softmax gives most of
+// the workers a weight. Besides the mean it reports the decisions' latency
 // percentiles (each timed alone) and the index's bytes per (worker, block) entry.
 func BenchmarkDecideScale(b *testing.B) {
 	for _, bc := range []struct {
@@ -66,8 +68,10 @@ func BenchmarkDecideScale(b *testing.B) {
 		mode      Mode
 		perWorker int
 		argmin    bool // temperature 0 and weight 1: the defaults before 2026-12
-	}{{"kv", ModeKV, scaleBlocksPerW, false}, {"kv-argmin", ModeKV, scaleBlocksPerW, true},
-		{"least-loaded", ModeLeastLoaded, scaleBlocksPerW, false}, {"kv-28k", ModeKV, 28000, false}} {
+		idle      bool
+	}{{"kv", ModeKV, scaleBlocksPerW, false, false}, {"kv-argmin", ModeKV, scaleBlocksPerW, true, false},
+		{"least-loaded", ModeLeastLoaded, scaleBlocksPerW, false, false}, {"kv-28k", ModeKV, 28000, false, false},
+		{"kv-idle", ModeKV, scaleBlocksPerW, false, true}} {
 		b.Run(bc.name, func(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.Mode = bc.mode
@@ -77,6 +81,15 @@ func BenchmarkDecideScale(b *testing.B) {
 			cfg.BusyWaiting = 0
 			s := newTestState(b, cfg)
 			r := scaleStateN(b, s, bc.perWorker)
+			if bc.idle {
+				for w := range WorkerID(scaleWorkers) {
+					l := load{}
+					if w%50 == 0 {
+						l = load{decode: 750, prefillTokens: 750 * testBlock, waiting: 1, usage: 0.3}
+					}
+					setLoad(b, s, w, l)
+				}
+			}
 			x := s.Index()
 			lat := make([]time.Duration, 0, 1<<16)
 			cpu := make([]time.Duration, 0, 1<<16)

@@ -167,6 +167,14 @@ type WorkerState struct {
 	pull   float64            // … a block pulled from a peer saves
 	ix     *workerRec         // the index's record: its block count
 
+	// The grouped decision's bookkeeping (groups.go, State.track): whether the worker is
+	// counted healthy, a candidate in State.ord (under key okey), a stale candidate; its
+	// index slot as of State.slotEpoch and its position in State.workers.
+	counted, inOrd, staleCand bool
+	okey                      float64
+	slot                      uint32
+	pos                       int32
+
 	ID         WorkerID
 	Card       Card
 	Report     LoadReport
@@ -189,6 +197,7 @@ func (s *State) refresh(w *WorkerState) {
 	w.pre = max(0, float64(w.Report.PrefillTokens)*inv+float64(w.dPrefill))
 	w.dec = float64(max(0, w.Report.DecodeBlocks+w.dDecode))
 	w.isBusy = w.busy(&s.cfg)
+	s.track(w, false)
 }
 
 // credits sets w's tier credits from its report's measured costs, or cfg's priors.
@@ -325,6 +334,34 @@ type State struct {
 	matches      []Match
 	weights      []float64
 	peer1, peer2 peerRun // the decision's two longest runs a peer pull could take
+
+	// The grouped decision (groups.go): the candidates by load key, as bitmaps by index
+	// slot and by position in workers; counts of healthy workers, of stale candidates and
+	// of candidates without a slot; the index's slot epoch the slots were read at.
+	ord                   []ordEntry
+	eligSlots, eligPos    []uint64
+	nHealthy, nStaleCands int
+	nSlotless             int
+	slotEpoch             uint64
+	slotsSynced           bool
+	groupFrom             int    // workers from which Decide decides by groups
+	byGroups              uint64 // decisions taken by groups (tests)
+	stamped               []*WorkerState
+	sp                    []special
+	grp                   []costGroup
+	group0                int // index in grp of the workers without the first block, -1: none
+	nbits                 int // grp's groups with a bitmap: grp[:nbits]
+	pickBits              []uint64
+	wtPos                 []float64
+	// By index slot (as of slotEpoch): the workers and their load terms, so that a decision
+	// costs the walk's workers without reading each one's state.
+	slotW            []*WorkerState
+	slotPre, slotDec []float64
+	slotPos          []int32
+	// drawGrouped's: the candidates without load, by slot; its classes of idle candidates by
+	// position.
+	idleSlots  []uint64
+	cls0, cls1 []uint64
 }
 
 // NewState returns an empty State with configuration cfg. rng drives the
@@ -341,14 +378,15 @@ func NewState(cfg Config, rng *rand.Rand) (*State, error) {
 		rng = rand.New(rand.NewPCG(1, 2))
 	}
 	return &State{
-		cfg:      cfg,
-		card:     cfg.Card,
-		rng:      rng,
-		tieSeed:  rng.Uint64(),
-		index:    NewIndex(),
-		byID:     make(map[WorkerID]*WorkerState),
-		sessions: make(map[string]session),
-		sweepAt:  1024,
+		cfg:       cfg,
+		card:      cfg.Card,
+		rng:       rng,
+		tieSeed:   rng.Uint64(),
+		index:     NewIndex(),
+		byID:      make(map[WorkerID]*WorkerState),
+		sessions:  make(map[string]session),
+		sweepAt:   1024,
+		groupFrom: groupFrom,
 	}, nil
 }
 
@@ -377,14 +415,16 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 	}
 	s.RemoveWorker(id)
 	s.gen++
-	w := &WorkerState{ID: id, Card: card, Healthy: true, gen: s.gen, ix: s.index.rec(id), prefillRole: card.Role == RolePrefill}
+	w := &WorkerState{ID: id, Card: card, Healthy: true, gen: s.gen, ix: s.index.rec(id), prefillRole: card.Role == RolePrefill, slot: noSlot}
 	w.credits(&s.cfg)
+	s.slotsSynced = false
 	s.refresh(w)
 	if card.KVBlocks > 0 {
 		s.index.Reserve(card.KVBlocks)
 	}
 	i, _ := slices.BinarySearchFunc(s.workers, id, func(w *WorkerState, id WorkerID) int { return cmpID(w.ID, id) })
 	s.workers = slices.Insert(s.workers, i, w)
+	s.renumber()
 	s.byID[id] = w
 	if id < denseIDs {
 		for int(id) >= len(s.dense) {
@@ -405,14 +445,18 @@ func (s *State) RemoveWorker(id WorkerID) {
 	if s.lookup(id) == nil {
 		return
 	}
-	if s.lookup(id).Card.Role == RolePrefill {
+	w := s.lookup(id)
+	if w.Card.Role == RolePrefill {
 		s.prefillers--
 	}
+	s.track(w, true)
+	s.slotsSynced = false
 	delete(s.byID, id)
 	if id < denseIDs {
 		s.dense[id] = nil
 	}
 	s.workers = slices.DeleteFunc(s.workers, func(w *WorkerState) bool { return w.ID == id })
+	s.renumber()
 }
 
 // denseIDs bounds the worker ids kept in State.dense (a slice indexed by id): the live
@@ -481,6 +525,7 @@ func (s *State) SetHealthy(id WorkerID, healthy bool) error {
 		return fmt.Errorf("%w %d", ErrUnknownWorker, id)
 	}
 	w.Healthy = healthy
+	s.track(w, false)
 	return nil
 }
 
@@ -492,6 +537,7 @@ func (s *State) SetStale(id WorkerID, stale bool) error {
 		return fmt.Errorf("%w %d", ErrUnknownWorker, id)
 	}
 	w.Stale = stale
+	s.track(w, false)
 	return nil
 }
 
