@@ -38,7 +38,8 @@ type Config struct {
 	// measured: the throughput loop sizes for the load expected when replicas asked for
 	// now are up, and until the next ones could be.
 	Startup time.Duration
-	// DownCooldown: a pool that grew does not shrink for this long (0: one Interval).
+	// DownCooldown: a pool that grew does not shrink for this long after its new
+	// replicas serve, the start-up time after they were asked for (0: one Interval).
 	DownCooldown time.Duration
 	// DownMargin: the throughput loop shrinks a pool only to the size that would still
 	// meet the targets at this much more load (0: 0.1), so that a load near a size's edge
@@ -416,7 +417,7 @@ func (p *Planner) throughput(s State, d *Decision) {
 				d.Reason[pool] += " (at most: the targets are not met within bounds)"
 				d.Held[pool] = "max"
 			}
-		case down < cur && s.Now-p.lastUp[pool] >= p.cfg.DownCooldown:
+		case down < cur && p.cooled(pool, s):
 			step := max(1, cur/4)
 			p.target[pool] = max(down, cur-step)
 			d.Reason[pool] = fmt.Sprintf("down: %.3g req/s predicted needs %d (%d at +%.0f%%)", pred.Rate, need, down, 100*p.cfg.DownMargin)
@@ -460,6 +461,12 @@ func (p *Planner) correct(w *Counters, obs Workload, ready [NumPools]int, prevRa
 	// While the load moves, latency is a transient's (a queue building up behind a rise),
 	// which the model's steady state does not describe: learn only from steady intervals.
 	if prevRate <= 0 || math.Abs(obs.Rate-prevRate) > 0.2*prevRate {
+		return
+	}
+	// Nor while a backlog builds up or drains (a pool that was short, or replicas that
+	// were starting): fewer or more requests finish than arrive, and their latency is the
+	// backlog's, not the pool's.
+	if f, a := float64(w.Finished), float64(w.Arrived); f < 0.8*a || f > 1.25*a {
 		return
 	}
 	ttftPool, tpotPool := Aggregated, Aggregated
@@ -571,7 +578,7 @@ func (p *Planner) load(s State, d *Decision) {
 			// One more, or what the model sizes for the load of the window if that is more:
 			// a sudden rise is met within a window, not an interval.
 			up := max(p.target[pool]+1, short)
-			p.missed[pool] = miss{size: s.Ready[pool], rate: max(wl.Rate, p.predicted.Rate), at: s.Now}
+			p.missed[pool] = miss{size: s.Ready[pool], rate: wl.Rate, at: s.Now}
 			p.overSince[pool] = -1
 			p.target[pool] = up
 			p.lastUp[pool] = s.Now
@@ -587,20 +594,30 @@ func (p *Planner) load(s State, d *Decision) {
 			// Over target and the pool at its bound.
 			d.Reason[pool] = fmt.Sprintf("hold: over target at the pool's maximum of %d", p.cfg.Bounds[pool].Max)
 			d.Held[pool] = "max"
-		case well && p.target[pool] > max(p.need[pool], p.cfg.Bounds[pool].Min, floor) && s.Now-p.lastUp[pool] >= p.cfg.DownCooldown:
+		case well && p.target[pool] > max(p.need[pool], p.cfg.Bounds[pool].Min, floor) && p.cooled(pool, s):
 			p.target[pool]--
 			d.Reason[pool] = fmt.Sprintf("down: measured TTFT p%.1f %v, ITL %v: well under target", 100*p.m.goal, m.TTFTq.Round(time.Millisecond), m.TPOTq.Round(time.Millisecond))
 		}
 	}
 }
 
+// cooled says whether pool may shrink: the cooldown after it last grew has passed since
+// the replicas it asked for then serve (a replica cancelled while it starts was asked for
+// in vain, and the miss that asked for it is not yet answered).
+func (p *Planner) cooled(pool Pool, s State) bool {
+	return s.Now-p.lastUp[pool] >= p.startup(s)+p.cfg.DownCooldown
+}
+
 // floor is the fewest workers the loops may shrink pool to under a load of rate: one
 // more than the size the load loop last measured a miss at, for missMemory intervals
-// while the load is no lower (less the down margin) than it was then; 0 otherwise.
+// while the load is no lower (less the down margin) than it was then; 0 otherwise. It
+// corrects a model a little optimistic, by a worker over what the model needs: a miss
+// far above that (a backlog from a pool that was far too small) says nothing of the
+// size the load needs.
 func (p *Planner) floor(pool Pool, rate float64, now time.Duration) int {
 	ms := p.missed[pool]
 	if ms.size > 0 && now-ms.at < missMemory*p.cfg.Interval && rate >= (1-p.cfg.DownMargin)*ms.rate {
-		return ms.size + 1
+		return min(ms.size, p.need[pool]) + 1
 	}
 	return 0
 }
