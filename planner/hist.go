@@ -117,27 +117,78 @@ func (h *Hist) Quantile(q float64) float64 {
 // the bucket's mean (the buckets' midpoints, scaled so that the points' mean is Mean),
 // weights summing to 1.
 func (h *Hist) Dist() []Weighted {
-	if h.Count <= 0 {
+	var b [histBuckets]float64
+	for i, c := range h.Buckets {
+		b[i] = float64(c)
+	}
+	return dist(&b, float64(h.Count), h.Sum)
+}
+
+func dist(b *[histBuckets]float64, count, sum float64) []Weighted {
+	if count <= 0 {
 		return nil
 	}
 	var d []Weighted
 	mean := 0.0
-	for i, c := range h.Buckets {
+	for i, c := range b {
 		if c <= 0 {
 			continue
 		}
 		lo, hi := bucketBounds(i)
-		w := float64(c) / float64(h.Count)
+		w := c / count
 		d = append(d, Weighted{Value: (lo + hi) / 2, Weight: w})
 		mean += w * (lo + hi) / 2
 	}
 	if mean > 0 {
-		k := h.Mean() / mean
+		k := sum / count / mean
 		for i := range d {
 			d[i].Value *= k
 		}
 	}
 	return d
+}
+
+// A decayed histogram adds each interval's observations to the past's, weighed down by
+// keep: the shape of a heavy-tailed distribution (a few prompts of 100k tokens among
+// thousands of short ones) from more samples than one interval has, which would swing
+// the sizes with the handful of long prompts each interval happens to draw.
+type decayed struct {
+	buckets    [histBuckets]float64
+	count, sum float64
+}
+
+func (d *decayed) add(h *Hist, keep float64) {
+	for i, c := range h.Buckets {
+		d.buckets[i] = keep*d.buckets[i] + float64(c)
+	}
+	d.count = keep*d.count + float64(h.Count)
+	d.sum = keep*d.sum + h.Sum
+}
+
+func (d *decayed) dist() []Weighted { return dist(&d.buckets, d.count, d.sum) }
+
+// coarsen merges a distribution's points (in increasing order, as dist makes them) into
+// one per 1/perOctave of an octave, each at its points' weighted mean: fewer points for
+// a computation that goes over all of them, the mean kept.
+func coarsen(d []Weighted, perOctave float64) []Weighted {
+	var out []Weighted
+	start, sum := 0.0, 0.0
+	closeGroup := func() {
+		if n := len(out); n > 0 && out[n-1].Weight > 0 {
+			out[n-1].Value = sum / out[n-1].Weight
+		}
+	}
+	for _, x := range d {
+		if len(out) == 0 || x.Value >= start*math.Exp2(1/perOctave) {
+			closeGroup()
+			out = append(out, Weighted{Value: x.Value})
+			start, sum = x.Value, 0
+		}
+		out[len(out)-1].Weight += x.Weight
+		sum += x.Weight * x.Value
+	}
+	closeGroup()
+	return out
 }
 
 // A Weighted value is one point of a distribution.
@@ -156,6 +207,7 @@ type Counters struct {
 	// and output.
 	Input, Cached, Output float64
 	Uncached              Hist // uncached prompt tokens per finished request
+	Outputs               Hist // output tokens per finished request
 	Pools                 [NumPools]PoolCounters
 }
 
@@ -163,6 +215,10 @@ type Counters struct {
 type PoolCounters struct {
 	TTFT Hist // time to first token of the first tokens its workers produced
 	TPOT Hist // mean inter-token latency of the requests its workers decoded (2+ tokens)
+	// Gaps and GapTime count the gaps between tokens of those requests and their time:
+	// GapTime/Gaps is the mean inter-token latency by token, which a few short answers
+	// with long gaps do not sway as they sway TPOT's mean.
+	Gaps, GapTime float64
 }
 
 // Arrive counts a request received.
@@ -184,8 +240,11 @@ func (c *Counters) Finish(p Pool, input, cached, output int, tpot time.Duration)
 	c.Cached += float64(cached)
 	c.Output += float64(output)
 	c.Uncached.Observe(float64(max(0, input-cached)))
+	c.Outputs.Observe(float64(output))
 	if output > 1 && p >= 0 && p < NumPools {
 		c.Pools[p].TPOT.Observe(tpot.Seconds())
+		c.Pools[p].Gaps += float64(output - 1)
+		c.Pools[p].GapTime += float64(output-1) * tpot.Seconds()
 	}
 }
 
@@ -193,10 +252,12 @@ func (c *Counters) Finish(p Pool, input, cached, output int, tpot time.Duration)
 func (c *Counters) sub(prev *Counters) Counters {
 	d := Counters{Arrived: c.Arrived - prev.Arrived, Finished: c.Finished - prev.Finished,
 		Input: c.Input - prev.Input, Cached: c.Cached - prev.Cached, Output: c.Output - prev.Output,
-		Uncached: c.Uncached.Sub(&prev.Uncached)}
+		Uncached: c.Uncached.Sub(&prev.Uncached), Outputs: c.Outputs.Sub(&prev.Outputs)}
 	for i := range d.Pools {
 		d.Pools[i].TTFT = c.Pools[i].TTFT.Sub(&prev.Pools[i].TTFT)
 		d.Pools[i].TPOT = c.Pools[i].TPOT.Sub(&prev.Pools[i].TPOT)
+		d.Pools[i].Gaps = c.Pools[i].Gaps - prev.Pools[i].Gaps
+		d.Pools[i].GapTime = c.Pools[i].GapTime - prev.Pools[i].GapTime
 	}
 	return d
 }

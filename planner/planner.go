@@ -38,7 +38,8 @@ type Config struct {
 	// measured: the throughput loop sizes for the load expected when replicas asked for
 	// now are up, and until the next ones could be.
 	Startup time.Duration
-	// DownCooldown: a pool that grew does not shrink for this long (0: one Interval).
+	// DownCooldown: a pool that grew does not shrink for this long after its new
+	// replicas serve, the start-up time after they were asked for (0: one Interval).
 	DownCooldown time.Duration
 	// DownMargin: the throughput loop shrinks a pool only to the size that would still
 	// meet the targets at this much more load (0: 0.1), so that a load near a size's edge
@@ -51,6 +52,12 @@ type Config struct {
 	// MinSamples is the fewest requests a window needs before the load loop or a
 	// correction reads its latency (0: 10).
 	MinSamples int
+	// PrefillRouting says that the router weighs the prefill work queued on each worker
+	// when it places a prompt (kv routing with an overlap weight, least-loaded): the
+	// pool's prompts then wait far less than behind a heavy-tailed prompt on a worker
+	// chosen without regard to it (round robin, random), which is what the model takes
+	// otherwise.
+	PrefillRouting bool
 	// Fixed pools keep the size they have: to compare a planner that scales one pool.
 	Fixed [NumPools]bool
 	// NoLoadLoop and NoThroughputLoop turn a loop off (for comparisons).
@@ -187,7 +194,14 @@ type Planner struct {
 	target, need     [NumPools]int
 	ready            [NumPools]int
 	lastUp, changed  [NumPools]time.Duration
-	shape            []Weighted
+	overSince        [NumPools]time.Duration // when the load loop found the pool over target, -1: it is not
+	missed           [NumPools]miss
+	longUncached     decayed // the uncached tokens' distribution over the last intervals
+	longOutputs      decayed // the output lengths'
+	shape, outShape  []Weighted
+	rateErr          float64 // by how much the rate's forecasts fell short lately, smoothed
+	rateVar          float64 // their squares, smoothed
+	tpRuns           int     // throughput loop runs
 	predicted        Workload
 	observed         Workload
 	horizon          int
@@ -198,6 +212,33 @@ type snap struct {
 	c  Counters
 }
 
+// miss is the load loop's evidence that a pool of size workers missed its goal, at a
+// predicted rate: the throughput loop does not shrink it back to that size while the
+// load is no lower, for missMemory intervals, so that a model that is a little
+// optimistic does not have the two loops take turns.
+type miss struct {
+	size int
+	rate float64
+	at   time.Duration
+}
+
+// missMemory is how many adjustment intervals a measured miss holds a pool's size.
+const missMemory = 10
+
+// shapeKeep is the weight an interval's distributions of uncached and output tokens
+// keep per interval after it: their shape is estimated over the last few intervals
+// (about 1/(1 − shapeKeep)), their means by the predictors.
+const shapeKeep = 0.8
+
+// errKeep is the weight of the latest interval's forecast error (measured less
+// forecast) in the smoothed one the throughput loop adds when it is positive.
+const errKeep = 0.3
+
+// loadZ is how many standard deviations (binomial, at the goal's rate) the misses of a
+// load window must exceed what the goal allows by before the load loop adds a replica:
+// a window of a few dozen requests misses more than its share by chance alone often.
+const loadZ = 2
+
 // New returns a Planner; it validates cfg.
 func New(cfg Config) (*Planner, error) {
 	if err := cfg.Validate(); err != nil {
@@ -205,7 +246,7 @@ func New(cfg Config) (*Planner, error) {
 	}
 	cfg.defaults()
 	p := &Planner{cfg: cfg, pools: Pools(cfg.Disaggregated),
-		m: newModel(cfg.Perf, cfg.Capacity, cfg.SLA.TTFT, cfg.SLA.ITL, cfg.Goal, cfg.MinRemoteTokens)}
+		m: modelOf(&cfg)}
 	for i := range p.pred {
 		p.pred[i], _ = NewPredictor(cfg.Predictor)
 	}
@@ -228,6 +269,7 @@ func (p *Planner) Step(s State) (Decision, bool) {
 			p.need[pool] = p.target[pool]
 			p.ready[pool] = s.Ready[pool]
 			p.changed[pool] = s.Now
+			p.overSince[pool] = -1
 		}
 		p.push(s)
 		return Decision{}, false
@@ -262,9 +304,10 @@ func (p *Planner) Step(s State) (Decision, bool) {
 	d.Target = p.target
 	d.Observed, d.Predicted, d.Horizon = p.observed, p.predicted, p.horizon
 	d.Observed.Uncached, d.Predicted.Uncached = nil, nil
+	d.Observed.Outputs, d.Predicted.Outputs = nil, nil
 	d.Correction = [2]float64{p.m.corrPrefill, p.m.corrDC}
 	for _, pool := range p.pools {
-		d.Pred[pool] = p.m.eval(pool, p.target[pool], p.predicted)
+		d.Pred[pool] = p.m.evalTail(pool, p.target[pool], p.predicted)
 		if d.Reason[pool] == "" {
 			d.Reason[pool] = "hold"
 		}
@@ -297,13 +340,25 @@ func (p *Planner) throughput(s State, d *Decision) {
 	w := s.Counters.sub(&p.tpPrev)
 	dt := (s.Now - p.lastTP).Seconds()
 	p.tpPrev, p.lastTP = *s.Counters, s.Now
-	obs := Workload{Rate: float64(w.Arrived) / dt, Input: p.observed.Input, Output: p.observed.Output, Uncached: p.shape}
+	obs := Workload{Rate: float64(w.Arrived) / dt, Input: p.observed.Input, Output: p.observed.Output, Uncached: p.shape, Outputs: p.outShape}
+	if p.tpRuns > 0 {
+		e := obs.Rate - p.pred[0].Forecast(1)
+		p.rateErr += errKeep * (e - p.rateErr)
+		p.rateVar += errKeep * (e*e - p.rateVar)
+	}
+	p.tpRuns++
 	p.pred[0].Observe(obs.Rate)
 	if w.Finished > 0 {
 		f := float64(w.Finished)
 		obs.Input, obs.Output = w.Input/f, w.Output/f
-		p.shape = w.Uncached.Dist()
-		obs.Uncached = p.shape
+		// The interval's own distributions, for the corrections; the sizing reads their
+		// shapes over the last intervals.
+		obs.Uncached, obs.Outputs = w.Uncached.Dist(), coarsen(w.Outputs.Dist(), 2)
+		p.longUncached.add(&w.Uncached, shapeKeep)
+		p.longOutputs.add(&w.Outputs, shapeKeep)
+		// The model goes over every output length for each size it tries: two points an
+		// octave are plenty.
+		p.shape, p.outShape = p.longUncached.dist(), coarsen(p.longOutputs.dist(), 2)
 		p.pred[1].Observe(obs.Input)
 		p.pred[2].Observe(obs.Output)
 		p.pred[3].Observe(w.Uncached.Mean())
@@ -312,22 +367,30 @@ func (p *Planner) throughput(s State, d *Decision) {
 	p.observed = obs
 	p.correct(&w, obs, s.Ready, prevRate)
 
-	// Size for the most the next intervals may bring, and never less than the interval
-	// just measured: a falling trend's forecast undershoots, and replicas removed on it
-	// would be asked for again.
+	// Size for the most the next intervals may bring, by the predictor, plus what its
+	// forecasts fell short by lately (a rise that its trend is still catching up with),
+	// and never less than the interval just measured; shrink only to what would hold
+	// that, too (with the down margin): a falling trend's forecast undershoots, and
+	// replicas removed on it would be asked for again. The lengths are the predictors':
+	// an interval's mean of heavy-tailed prompts is noise that would swing the sizes.
 	h := max(1, int(math.Ceil(float64(p.startup(s)+p.cfg.Interval)/float64(p.cfg.Interval))))
-	f := [4]float64{obs.Rate, obs.Input, obs.Output, obs.Input}
-	if w.Finished > 0 {
-		f[3] = w.Uncached.Mean()
-	} else {
-		f[1], f[2], f[3] = p.pred[1].Forecast(1), p.pred[2].Forecast(1), p.pred[3].Forecast(1)
-	}
+	var f [4]float64
 	for k := 1; k <= h; k++ {
 		for i := range f {
 			f[i] = max(f[i], p.pred[i].Forecast(k))
 		}
 	}
-	pred := Workload{Rate: f[0], Input: f[1], Output: f[2], Uncached: scaled(p.shape, f[3])}
+	// A forecast is an interval's mean; a rising load is highest at the interval's end,
+	// half an interval's trend further.
+	f[0] = max(f[0], (p.pred[0].Forecast(h)+p.pred[0].Forecast(h+1))/2)
+	// Replicas asked for now serve only after the start-up time: the pool must carry
+	// what the load may rise by meanwhile, by the forecasts' errors lately.
+	up := p.startup(s).Seconds() / p.cfg.Interval.Seconds()
+	f[0] = max(obs.Rate, f[0]+max(0, p.rateErr)+math.Sqrt(p.rateVar*up))
+	if f[1] == 0 {
+		f[1], f[2], f[3] = obs.Input, obs.Output, obs.Input
+	}
+	pred := Workload{Rate: f[0], Input: f[1], Output: f[2], Uncached: scaled(p.shape, f[3]), Outputs: scaled(p.outShape, f[2])}
 	p.predicted, p.horizon = pred, h
 
 	for _, pool := range p.pools {
@@ -341,8 +404,10 @@ func (p *Planner) throughput(s State, d *Decision) {
 		p.need[pool] = need
 		cur := p.target[pool]
 		more := pred
-		more.Rate *= 1 + p.cfg.DownMargin
+		more.Rate = max(pred.Rate, obs.Rate) * (1 + p.cfg.DownMargin)
 		down, _ := p.m.size(pool, more, b.Min, b.Max)
+		floor := p.floor(pool, pred.Rate, s.Now)
+		down = max(down, min(floor, cur))
 		switch {
 		case need > cur:
 			p.target[pool] = need
@@ -352,12 +417,14 @@ func (p *Planner) throughput(s State, d *Decision) {
 				d.Reason[pool] += " (at most: the targets are not met within bounds)"
 				d.Held[pool] = "max"
 			}
-		case down < cur && s.Now-p.lastUp[pool] >= p.cfg.DownCooldown:
+		case down < cur && p.cooled(pool, s):
 			step := max(1, cur/4)
 			p.target[pool] = max(down, cur-step)
 			d.Reason[pool] = fmt.Sprintf("down: %.3g req/s predicted needs %d (%d at +%.0f%%)", pred.Rate, need, down, 100*p.cfg.DownMargin)
 		case down < cur:
 			d.Reason[pool] = "hold: in the cooldown after growing"
+		case floor > need && floor >= cur:
+			d.Reason[pool] = fmt.Sprintf("hold: %.3g req/s predicted needs %d, but %d missed the goal at %v", pred.Rate, need, floor-1, p.missed[pool].at.Round(time.Second))
 		default:
 			d.Reason[pool] = fmt.Sprintf("hold: %.3g req/s predicted needs %d", pred.Rate, need)
 		}
@@ -396,12 +463,21 @@ func (p *Planner) correct(w *Counters, obs Workload, ready [NumPools]int, prevRa
 	if prevRate <= 0 || math.Abs(obs.Rate-prevRate) > 0.2*prevRate {
 		return
 	}
+	// Nor while a backlog builds up or drains (a pool that was short, or replicas that
+	// were starting): fewer or more requests finish than arrive, and their latency is the
+	// backlog's, not the pool's.
+	if f, a := float64(w.Finished), float64(w.Arrived); f < 0.8*a || f > 1.25*a {
+		return
+	}
 	ttftPool, tpotPool := Aggregated, Aggregated
 	if p.cfg.Disaggregated {
 		ttftPool, tpotPool = Prefill, Decode
 	}
-	if h := &w.Pools[tpotPool].TPOT; h.Count >= int64(p.cfg.MinSamples) && ready[tpotPool] > 0 {
-		p.m.corrDC = p.fit(&p.m.corrDC, h.Mean(), func() float64 { return p.m.eval(tpotPool, ready[tpotPool], obs).ITL.Seconds() })
+	// The decode factor from the mean gap by token, which the model's mean ITL is: the
+	// mean of requests' TPOT is swayed by a few short answers that shared a step with a
+	// prompt's chunk (which the model's attainment counts, not its mean).
+	if pc := &w.Pools[tpotPool]; pc.TPOT.Count >= int64(p.cfg.MinSamples) && pc.Gaps > 0 && ready[tpotPool] > 0 {
+		p.m.corrDC = p.fit(&p.m.corrDC, pc.GapTime/pc.Gaps, func() float64 { return p.m.eval(tpotPool, ready[tpotPool], obs).ITL.Seconds() })
 	}
 	if h := &w.Pools[ttftPool].TTFT; h.Count >= int64(p.cfg.MinSamples) && ready[ttftPool] > 0 {
 		p.m.corrPrefill = p.fit(&p.m.corrPrefill, h.Mean(), func() float64 { return p.m.eval(ttftPool, ready[ttftPool], obs).TTFT.Seconds() })
@@ -434,7 +510,8 @@ func (p *Planner) fit(factor *float64, measured float64, modelled func() float64
 func (p *Planner) load(s State, d *Decision) {
 	w := s.Counters.sub(&p.ring[0].c)
 	t := p.cfg.SLA
-	gT := p.ttftGoal(p.windowLoad(&w, s.Now))
+	wl := p.windowLoad(&w, s.Now)
+	allowed := p.allowed(wl)
 	for _, pool := range p.pools {
 		var ttft, tpot *Hist
 		switch pool {
@@ -446,34 +523,64 @@ func (p *Planner) load(s State, d *Decision) {
 			ttft, tpot = &w.Pools[Decode].TTFT, &w.Pools[Decode].TPOT
 		}
 		m := &d.Measured[pool]
-		miss, well, any := false, true, false
+		missed, n := 0.0, int64(0) // the fraction of requests over a target, of n
+		well, any := true, false
 		if ttft != nil && ttft.Count >= int64(p.cfg.MinSamples) {
 			any = true
 			m.NTTFT, m.TTFT, m.TTFTq = ttft.Count, ttft.Below(t.TTFT.Seconds()), seconds(ttft.Quantile(p.m.goal))
-			miss = miss || m.TTFT < gT && pool != Decode // a decode pool's own prefills are short
+			if pool != Decode { // a decode pool's own prefills are short
+				missed, n = missed+1-m.TTFT, ttft.Count
+			}
 			well = well && m.TTFTq.Seconds() < p.cfg.DownFraction*t.TTFT.Seconds()
 		}
 		if tpot != nil && tpot.Count >= int64(p.cfg.MinSamples) {
 			any = true
 			m.NTPOT, m.TPOT, m.TPOTq = tpot.Count, tpot.Below(t.ITL.Seconds()), seconds(tpot.Quantile(p.m.goal))
-			miss = miss || m.TPOT < p.m.goal
+			missed += 1 - m.TPOT
+			if n == 0 || tpot.Count < n {
+				n = tpot.Count
+			}
 			well = well && m.TPOTq.Seconds() < p.cfg.DownFraction*t.ITL.Seconds()
 		}
+		allow := allowed[pool]
+		// Over target: more misses than the goal allows, by more than chance would give a
+		// window of n requests.
+		over := n > 0 && missed > allow+loadZ*math.Sqrt(allow*(1-allow)/float64(n))
+		// Misses come in bursts: one long prompt's chunks stall every request decoding on
+		// its worker, and a window can hold little else. Unless the window's load explains
+		// them, only a pool over target for a whole window more (every check of it) is
+		// short of replicas.
+		switch {
+		case !over || !any || s.Now-p.changed[pool] < p.cfg.LoadWindow:
+			p.overSince[pool] = -1
+		case p.overSince[pool] < 0:
+			p.overSince[pool] = s.Now
+		}
+		sustained := over && p.overSince[pool] >= 0 && s.Now-p.overSince[pool] >= p.cfg.LoadWindow
+		short := 0
+		if over {
+			short, _ = p.m.size(pool, wl, p.cfg.Bounds[pool].Min, p.cfg.Bounds[pool].Max)
+		}
+		// A miss the window's load explains (the model sizes it above the target) is a
+		// rise, met at once.
+		risen := short > p.target[pool]
+		floor := p.floor(pool, max(wl.Rate, p.predicted.Rate), s.Now)
 		switch {
 		case p.cfg.Fixed[pool]:
 			d.Reason[pool] = "hold: fixed"
 		case !any || s.Now-p.changed[pool] < p.cfg.LoadWindow:
 			// Nothing measured, or the window predates the pool's last change.
-		case miss && s.Replicas[pool] > s.Ready[pool]:
+		case over && !sustained && !risen:
+			d.Reason[pool] = fmt.Sprintf("hold: over target since %v (%.1f%% missed of %d requests, the goal allows %.1f%%)", p.overSince[pool].Round(time.Second), 100*missed, n, 100*allow)
+		case over && s.Replicas[pool] > s.Ready[pool]:
 			d.Reason[pool] = "hold: over target, replicas are starting"
-		case miss && p.target[pool] < p.cfg.Bounds[pool].Max:
+		case over && p.target[pool] < p.cfg.Bounds[pool].Max:
 			// One more, or what the model sizes for the load of the window if that is more:
 			// a sudden rise is met within a window, not an interval.
-			n := p.target[pool] + 1
-			if short, _ := p.m.size(pool, p.windowLoad(&w, s.Now), p.cfg.Bounds[pool].Min, p.cfg.Bounds[pool].Max); short > n {
-				n = short
-			}
-			p.target[pool] = n
+			up := max(p.target[pool]+1, short)
+			p.missed[pool] = miss{size: s.Ready[pool], rate: wl.Rate, at: s.Now}
+			p.overSince[pool] = -1
+			p.target[pool] = up
 			p.lastUp[pool] = s.Now
 			var parts []string
 			if m.NTTFT > 0 {
@@ -482,42 +589,68 @@ func (p *Planner) load(s State, d *Decision) {
 			if m.NTPOT > 0 {
 				parts = append(parts, fmt.Sprintf("ITL %.1f%%", 100*m.TPOT))
 			}
-			d.Reason[pool] = fmt.Sprintf("up: measured %s within target (goals %.1f%%, %.1f%%)", strings.Join(parts, ", "), 100*gT, 100*p.m.goal)
-		case miss:
+			d.Reason[pool] = fmt.Sprintf("up: measured %s within target of %d requests: %.1f%% missed, the goal allows %.1f%%", strings.Join(parts, ", "), n, 100*missed, 100*allow)
+		case over:
 			// Over target and the pool at its bound.
 			d.Reason[pool] = fmt.Sprintf("hold: over target at the pool's maximum of %d", p.cfg.Bounds[pool].Max)
 			d.Held[pool] = "max"
-		case well && p.target[pool] > max(p.need[pool], p.cfg.Bounds[pool].Min) && s.Now-p.lastUp[pool] >= p.cfg.DownCooldown:
+		case well && p.target[pool] > max(p.need[pool], p.cfg.Bounds[pool].Min, floor) && p.cooled(pool, s):
 			p.target[pool]--
 			d.Reason[pool] = fmt.Sprintf("down: measured TTFT p%.1f %v, ITL %v: well under target", 100*p.m.goal, m.TTFTq.Round(time.Millisecond), m.TPOTq.Round(time.Millisecond))
 		}
 	}
 }
 
-// ttftGoal is the TTFT attainment the load loop holds the pools to: the goal, but no more
-// than wl's prompts can attain (those that alone take longer than the target miss it at
-// any size, and must not ask for replicas that cannot help).
-func (p *Planner) ttftGoal(wl Workload) float64 {
+// cooled says whether pool may shrink: the cooldown after it last grew has passed since
+// the replicas it asked for then serve (a replica cancelled while it starts was asked for
+// in vain, and the miss that asked for it is not yet answered).
+func (p *Planner) cooled(pool Pool, s State) bool {
+	return s.Now-p.lastUp[pool] >= p.startup(s)+p.cfg.DownCooldown
+}
+
+// floor is the fewest workers the loops may shrink pool to under a load of rate: one
+// more than the size the load loop last measured a miss at, for missMemory intervals
+// while the load is no lower (less the down margin) than it was then; 0 otherwise. It
+// corrects a model a little optimistic, by a worker over what the model needs: a miss
+// far above that (a backlog from a pool that was far too small) says nothing of the
+// size the load needs.
+func (p *Planner) floor(pool Pool, rate float64, now time.Duration) int {
+	ms := p.missed[pool]
+	if ms.size > 0 && now-ms.at < missMemory*p.cfg.Interval && rate >= (1-p.cfg.DownMargin)*ms.rate {
+		return min(ms.size, p.need[pool]) + 1
+	}
+	return 0
+}
+
+// allowed is the fraction of requests each pool may have miss a target under wl: all
+// together in an aggregated pool, and the prefill and decode pools' shares in a
+// disaggregated one. Prompts that alone take longer than the TTFT target miss it at any
+// size: they are allowed for, and must not ask for replicas that cannot help.
+func (p *Planner) allowed(wl Workload) (a [NumPools]float64) {
 	ps := p.m.points(wl)
 	if p.cfg.Disaggregated {
 		ps, _, _ = p.m.split(ps)
 	}
-	if len(ps) == 0 || wl.Rate <= 0 {
-		return p.m.goal
+	u := 0.0
+	if len(ps) > 0 && wl.Rate > 0 {
+		u = 1 - p.m.attainable(ps)
 	}
-	return p.m.ttftGoal(p.m.attainable(ps))
+	a[Aggregated] = p.m.allowed(u)
+	a[Prefill], a[Decode] = p.m.shares(u)
+	return a
 }
 
-// windowLoad is the load the load loop's window saw: its arrival rate, with the
-// lengths and shape of the last throughput interval (or the window's, when that had none).
+// windowLoad is the load the load loop's window saw: its arrival rate less its Poisson
+// noise (a window of a few seconds is a small sample), with the lengths and shapes the
+// throughput loop predicted (or the window's, before it has).
 func (p *Planner) windowLoad(w *Counters, now time.Duration) Workload {
-	wl := p.observed
+	wl := p.predicted
 	if dt := (now - p.ring[0].at).Seconds(); dt > 0 {
-		wl.Rate = float64(w.Arrived) / dt
+		wl.Rate = max(0, float64(w.Arrived)-math.Sqrt(float64(w.Arrived))) / dt
 	}
 	if wl.Input == 0 && w.Finished > 0 {
 		f := float64(w.Finished)
-		wl.Input, wl.Output, wl.Uncached = w.Input/f, w.Output/f, w.Uncached.Dist()
+		wl.Input, wl.Output, wl.Uncached, wl.Outputs = w.Input/f, w.Output/f, w.Uncached.Dist(), coarsen(w.Outputs.Dist(), 2)
 	}
 	return wl
 }

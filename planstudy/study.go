@@ -128,10 +128,19 @@ type outcome struct {
 	Failed        int     `json:"failed"`
 	Startup       float64 `json:"startup_s"`
 	Planner       bool    `json:"planner"`
-	MeanReplicas  []float64
-	PeakReplicas  []int
-	res           *sim.Result
+	// Hindsight: the pools sized per window knowing the whole workload (a bound on what
+	// any sizing policy can save), not a deployment one could run.
+	Hindsight    bool `json:"hindsight,omitempty"`
+	MeanReplicas []float64
+	PeakReplicas []int
+	res          *sim.Result
+	wins         []window // per window, by arrival
+	fine         []window // per adjustment interval (the planner's), by arrival
+	peak         bool     // the smallest fixed pools meeting the SLA at peak: the reference
 }
+
+// window is one window's requests and those that met the SLA.
+type window struct{ n, good int }
 
 // meets says whether o meets the SLA overall (a planner's test) and in every window
 // (a fixed pool's "at peak").
@@ -154,6 +163,7 @@ func (p *Study) simulate(name string, cfg sim.Config) (*outcome, error) {
 	o := p.measure(name, res)
 	o.Startup = cfg.Startup.Seconds()
 	o.Planner = cfg.Planner != nil
+	o.Hindsight = cfg.Scripted != nil
 	p.mu.Lock()
 	p.cache[name] = o
 	p.sims++
@@ -169,17 +179,21 @@ func (p *Study) measure(name string, res *sim.Result) *outcome {
 		o.WorkerSeconds += s
 	}
 	slo := bench.SLO{TTFT: p.targets.TTFT, TPOT: p.targets.ITL}
-	type win struct{ n, good int }
-	wins := map[int]*win{}
+	wins := o.wins
 	good := 0
 	var ttft, tpot []float64
 	for i := range res.Bench.Requests {
 		r := &res.Bench.Requests[i]
 		k := int(r.Start / p.window)
-		if wins[k] == nil {
-			wins[k] = &win{}
+		for len(wins) <= k {
+			wins = append(wins, window{})
 		}
 		wins[k].n++
+		f := int(r.Start / p.pcfg.Interval)
+		for len(o.fine) <= f {
+			o.fine = append(o.fine, window{})
+		}
+		o.fine[f].n++
 		if !r.OK() {
 			o.Failed++
 			continue
@@ -191,8 +205,10 @@ func (p *Study) measure(name string, res *sim.Result) *outcome {
 		if slo.Meets(r) {
 			good++
 			wins[k].good++
+			o.fine[f].good++
 		}
 	}
+	o.wins = wins
 	o.Attainment = float64(good) / float64(len(res.Bench.Requests))
 	o.Worst = 1
 	for _, w := range wins {
@@ -232,6 +248,109 @@ func (p *Study) disaggregated(np, nd int) (*outcome, error) {
 	}
 	return o, err
 }
+
+// hindsight sizes the aggregated pool knowing the whole workload, from fixed pools of
+// each size below peak (the smallest meeting the SLA in every window) down to one with
+// no window that meets the goal. Two schedules: each window at its smallest size that
+// meets the goal there (every), and the cheapest sizes per adjustment interval that
+// meet it overall (cheapest: greedily, one worker more to the interval where it meets
+// the most requests per second of it, from the smallest size up), a bound on what a
+// planner that resizes every interval can save. Each is replayed in the simulator, a
+// size asked for the start-up time before it is due, for what it costs and attains
+// with the transitions. It also returns the smallest fixed pool that meets the goal
+// overall, not in every window.
+func (p *Study) hindsight(peak int, startup time.Duration) (overall, every, cheapest *outcome, err error) {
+	outs := map[int]*outcome{}
+	lo := peak
+	for n := peak; n >= 1; n-- {
+		if outs[n], err = p.aggregated(n); err != nil {
+			return nil, nil, nil, err
+		}
+		lo = n
+		if p.meetsOverall(outs[n]) {
+			overall = outs[n]
+		}
+		if !slices.ContainsFunc(outs[n].wins, func(w window) bool { return w.n > 0 && p.windowMeets(w) }) {
+			break
+		}
+	}
+	overall = rename(overall, "fixed aggregated, smallest meeting the SLA overall")
+	stat := func(fine bool, n, k int) window {
+		w := outs[n].wins
+		if fine {
+			w = outs[n].fine
+		}
+		if k < len(w) {
+			return w[k]
+		}
+		return window{}
+	}
+	each := make([]int, len(outs[peak].wins))
+	for k := range each {
+		each[k] = peak
+		for n := lo; n < peak; n++ {
+			if p.windowMeets(stat(false, n, k)) {
+				each[k] = n
+				break
+			}
+		}
+	}
+	// The greedy fill: an interval's worker-seconds are its length (the last one ends
+	// with the last arrival).
+	step := p.pcfg.Interval
+	last := p.reqs[len(p.reqs)-1].At - p.reqs[0].At
+	length := func(k int) float64 {
+		return max(1, min(step, last-time.Duration(k)*step).Seconds())
+	}
+	cheap := make([]int, len(outs[peak].fine))
+	good, all := 0, 0
+	for k := range cheap {
+		cheap[k] = lo
+		good += stat(true, lo, k).good
+		all += stat(true, lo, k).n
+	}
+	for float64(good) < p.goal*float64(all) {
+		best, gain := -1, math.Inf(-1)
+		for k, n := range cheap {
+			if n < peak {
+				if g := float64(stat(true, n+1, k).good-stat(true, n, k).good) / length(k); g > gain {
+					best, gain = k, g
+				}
+			}
+		}
+		if best < 0 {
+			break
+		}
+		good += stat(true, cheap[best]+1, best).good - stat(true, cheap[best], best).good
+		cheap[best]++
+	}
+	replay := func(name string, sizes []int, per time.Duration) (*outcome, error) {
+		at := func(t time.Duration) int { return sizes[min(len(sizes)-1, int(t/per))] }
+		cfg := p.base
+		cfg.Workers, cfg.Startup = sizes[0], startup
+		cfg.Scripted = func(t time.Duration) (n [planner.NumPools]int) {
+			n[planner.Aggregated] = max(at(t), at(t+startup))
+			return n
+		}
+		o, err := p.simulate(fmt.Sprintf("%s, start-up %v", name, startup), cfg)
+		if err != nil {
+			return nil, err
+		}
+		o = rename(o, name)
+		o.Pools = fmt.Sprintf("%d–%d (mean %.1f)", slices.Min(sizes), slices.Max(sizes), o.res.Plan.MeanReplicas[planner.Aggregated])
+		return o, nil
+	}
+	if every, err = replay(fmt.Sprintf("hindsight: each %v window's smallest size", p.window), each, p.window); err != nil {
+		return nil, nil, nil, err
+	}
+	if cheapest, err = replay(fmt.Sprintf("hindsight: cheapest %v sizes meeting it overall", step), cheap, step); err != nil {
+		return nil, nil, nil, err
+	}
+	return overall, every, cheapest, nil
+}
+
+// windowMeets says whether a window's requests met the goal (an empty one does).
+func (p *Study) windowMeets(w window) bool { return float64(w.good) >= p.goal*float64(w.n) }
 
 // smallest finds the smallest n in [1, p.max] for which ok(run(n)) holds, from a first
 // guess: halving below a guess that passes, doubling above one that fails, then bisecting.
@@ -292,24 +411,29 @@ func (p *Study) smallest(guess int, run func(int) (*outcome, error), ok func(*ou
 	return hi, nil
 }
 
-// peakLoad is the workload of the busiest window (by arrivals), with the trace's mean
-// lengths, for the model's first guesses.
+// loadOf is the workload of the requests arriving in [from, to), for the model's first
+// guesses: their rate, mean lengths, and the distributions of their prompt lengths (all
+// taken as uncached: the guess does not know the cache) and output lengths, whose tails
+// a mean alone would miss.
 func (p *Study) loadOf(from, to time.Duration) planner.Workload {
-	n, in, out := 0, 0.0, 0.0
+	var c planner.Counters
 	for _, r := range p.reqs {
 		if r.At < from || r.At >= to {
 			continue
 		}
-		n++
+		in := 0
 		for _, s := range r.Segments {
-			in += float64(s.Len)
+			in += s.Len
 		}
-		out += float64(r.OutputLen)
+		c.Arrive()
+		c.Finish(planner.Aggregated, in, 0, r.OutputLen, 0)
 	}
-	if n == 0 {
+	if c.Finished == 0 {
 		return planner.Workload{}
 	}
-	return planner.Workload{Rate: float64(n) / (to - from).Seconds(), Input: in / float64(n), Output: out / float64(n)}
+	n := float64(c.Finished)
+	return planner.Workload{Rate: n / (to - from).Seconds(), Input: c.Input / n, Output: c.Output / n,
+		Uncached: c.Uncached.Dist(), Outputs: c.Outputs.Dist()}
 }
 
 func (p *Study) peakLoad() planner.Workload {
@@ -329,6 +453,7 @@ func (p *Study) guess(pool planner.Pool, wl planner.Workload) int {
 	cfg.Disaggregated = pool != planner.Aggregated
 	cfg.MinRemoteTokens = p.base.Disagg.MinRemoteTokens
 	cfg.Capacity = planner.Capacity{KVTokens: p.base.KVBlocks * p.base.BlockSize, TokenBudget: p.base.TokenBudget, MaxSeqs: p.base.MaxSeqs}
+	cfg.PrefillRouting = sim.PrefillRouting(p.base.Router)
 	n, _, _ := planner.Size(cfg, pool, wl, p.max)
 	return n
 }
@@ -401,6 +526,7 @@ func (p *Study) Run(mode string, ups []time.Duration) (*Report, error) {
 	fmt.Fprintf(p.stderr, "tandem plan: %d requests; busiest %v window %.2f req/s (mean prompt %.0f, output %.0f tokens)\n",
 		len(p.reqs), p.window, peak.Rate, peak.Input, peak.Output)
 	var agg, aggMean, aggPlan, dis, disMean, disPlan *outcome
+	var aggOverall, hindEvery, hindCheap *outcome
 	var nAgg, nP, nD int
 	var err error
 	s0 := ups[0]
@@ -410,7 +536,8 @@ func (p *Study) Run(mode string, ups []time.Duration) (*Report, error) {
 		}
 		if nAgg <= p.max {
 			agg, _ = p.aggregated(nAgg)
-			agg.Name = "fixed aggregated, smallest meeting the SLA at peak"
+			agg = rename(agg, "fixed aggregated, smallest meeting the SLA at peak")
+			agg.peak = true
 			rep.fixedAgg = agg
 			// KV-aware routing against round robin at that size.
 			cfg := p.base
@@ -422,6 +549,11 @@ func (p *Study) Run(mode string, ups []time.Duration) (*Report, error) {
 			}
 			if rr.TTFTMean > 0 {
 				rep.kvSaves = 1 - agg.TTFTMean/rr.TTFTMean
+			}
+		}
+		if nAgg <= p.max {
+			if aggOverall, hindEvery, hindCheap, err = p.hindsight(nAgg, s0); err != nil {
+				return nil, err
 			}
 		}
 		if aggPlan, err = p.withPlanner("planner, aggregated", false, s0, nil); err != nil {
@@ -451,9 +583,29 @@ func (p *Study) Run(mode string, ups []time.Duration) (*Report, error) {
 				}
 			}
 		}
+		// A larger decode pool takes what a busy prefill pool hands back (short prompts,
+		// conditional disaggregation), and a smaller prefill pool may then do: try one
+		// decode worker more at a time while the total falls.
+		for nP > 2 && nP <= p.max && nD < p.max {
+			// Only a prefill pool two smaller lowers the total: if that does not meet the
+			// SLA, none smaller does.
+			o, err := p.disaggregated(nP-2, nD+1)
+			if err != nil {
+				return nil, err
+			}
+			if !p.meetsPeak(o) {
+				break
+			}
+			np, err := p.smallest(nP-2, func(n int) (*outcome, error) { return p.disaggregated(n, nD+1) }, p.meetsPeak)
+			if err != nil {
+				return nil, err
+			}
+			nP, nD = np, nD+1
+		}
 		if nP <= p.max && nD <= p.max {
 			dis, _ = p.disaggregated(nP, nD)
 			dis = rename(dis, "fixed disaggregated, smallest meeting the SLA at peak")
+			dis.peak = true
 		}
 		if disPlan, err = p.withPlanner("planner, disaggregated", true, s0, nil); err != nil {
 			return nil, err
@@ -489,7 +641,7 @@ func (p *Study) Run(mode string, ups []time.Duration) (*Report, error) {
 			return nil, err
 		}
 	}
-	for _, o := range []*outcome{agg, aggMean, aggPlan, dis, disMean, disPlan, onlyP, onlyD} {
+	for _, o := range []*outcome{agg, aggOverall, hindEvery, hindCheap, aggMean, aggPlan, dis, disMean, disPlan, onlyP, onlyD} {
 		if o != nil {
 			rep.rows = append(rep.rows, o)
 		}
@@ -616,7 +768,7 @@ func (r *Report) Write(w io.Writer) error {
 func (r *Report) fixedPeak() *outcome {
 	var best *outcome
 	for _, o := range r.rows {
-		if !o.Planner && strings.Contains(o.Name, "smallest") && (best == nil || o.WorkerSeconds < best.WorkerSeconds) {
+		if o.peak && (best == nil || o.WorkerSeconds < best.WorkerSeconds) {
 			best = o
 		}
 	}

@@ -132,6 +132,11 @@ func (s *sim) waitForWorkers() bool {
 }
 
 func (s *sim) startPlanner() error {
+	if s.cfg.Scripted != nil {
+		s.plan = &PlanResult{Config: planner.Config{Disaggregated: s.cfg.disaggregated()}}
+		s.push(event{t: s.t0, kind: evPlan})
+		return nil
+	}
 	pc := *s.cfg.Planner
 	if pc.Perf == nil {
 		pc.Perf = s.cfg.Timing
@@ -146,6 +151,7 @@ func (s *sim) startPlanner() error {
 	if pc.Startup == 0 {
 		pc.Startup = s.cfg.Startup
 	}
+	pc.PrefillRouting = pc.PrefillRouting || PrefillRouting(s.cfg.Router)
 	var err error
 	if s.pl, err = planner.New(pc); err != nil {
 		return fmt.Errorf("sim: %w", err)
@@ -155,10 +161,31 @@ func (s *sim) startPlanner() error {
 	return nil
 }
 
-// planTick runs the planner's loops that are due and applies its decision.
+// PrefillRouting says whether a router of configuration c weighs the prefill work
+// queued on each worker when it places a prompt (planner.Config.PrefillRouting): kv
+// routing with an overlap weight, and least-loaded.
+func PrefillRouting(c router.Config) bool {
+	switch c.Mode {
+	case router.ModeLeastLoaded:
+		return true
+	case router.ModeKV, "":
+		return c.OverlapWeight > 0
+	}
+	return false
+}
+
+// scriptTick is how often a scripted deployment (Config.Scripted) is brought to its sizes.
+const scriptTick = 5 * time.Second
+
+// planTick runs the planner's loops that are due, or reads the script, and applies the
+// decision.
 func (s *sim) planTick() {
+	tick := scriptTick
+	if s.pl != nil {
+		tick = s.pl.Config().LoadInterval
+	}
 	if s.left > 0 {
-		s.push(event{t: s.now + s.pl.Config().LoadInterval, kind: evPlan})
+		s.push(event{t: s.now + tick, kind: evPlan})
 	}
 	st := planner.State{Now: s.now - s.t0, Counters: &s.counters, Startup: s.cfg.Startup}
 	for _, w := range s.workers {
@@ -170,7 +197,16 @@ func (s *sim) planTick() {
 			st.Ready[poolOf(w.role)]++
 		}
 	}
-	d, ran := s.pl.Step(st)
+	var d planner.Decision
+	ran := true
+	if s.pl != nil {
+		d, ran = s.pl.Step(st)
+	} else {
+		d = planner.Decision{At: st.Now, Loop: "script", Was: st.Replicas, Target: s.cfg.Scripted(st.Now)}
+		for _, pool := range planner.Pools(s.cfg.disaggregated()) {
+			d.Target[pool] = max(d.Target[pool], 1)
+		}
+	}
 	if ran {
 		s.plan.Loops++
 	}

@@ -30,7 +30,12 @@ type Config struct {
 	// every LoadInterval of virtual time; a new worker serves Startup after it is asked
 	// for, and a removed one drains (its requests finish) before it leaves. Its Perf and
 	// Capacity default to this simulation's.
-	Planner        *planner.Config
+	Planner *planner.Config
+	// Scripted, instead of a planner, sizes the pools by script: every 5 s of virtual
+	// time each pool is brought to Scripted(t) workers (t from the first arrival; at
+	// least one), asked for and removed as the planner's are. A deployment sized in
+	// hindsight, knowing the whole workload, is one.
+	Scripted       func(t time.Duration) [planner.NumPools]int
 	Startup        time.Duration
 	Router         router.Config // the policy; its Card is filled in by Run
 	Timing         Timing        // compute model; zero → GPUTiming
@@ -72,6 +77,9 @@ func (c *Config) defaults() error {
 		c.Disagg.MinRemoteTokens = cmp.Or(c.Disagg.MinRemoteTokens, router.DefaultDisaggConfig().MinRemoteTokens)
 	} else {
 		c.Workers = cmp.Or(c.Workers, 4)
+	}
+	if c.Planner != nil && c.Scripted != nil {
+		return errors.New("sim: a planner and a script both size the pools")
 	}
 	c.KVBytesPerToken = cmp.Or(c.KVBytesPerToken, 131072)
 	if c.Startup < 0 || c.KVBytesPerToken < 0 {
@@ -378,7 +386,7 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 			}
 		}
 	}
-	if cfg.Planner != nil {
+	if cfg.Planner != nil || cfg.Scripted != nil {
 		if err := s.startPlanner(); err != nil {
 			return nil, err
 		}
@@ -619,6 +627,21 @@ func (s *sim) schedule(w *worker) (time.Duration, bool) {
 	}
 	if s.cfg.OnPlan != nil && (len(p.Chunks) > 0 || len(p.Preempted) > 0 || len(p.Dropped) > 0) {
 		s.cfg.OnPlan(w.id, p)
+	}
+	if len(p.Chunks) == 0 && len(w.sched.Running()) == 0 {
+		// The blocks that waiting requests' imports hold (disagg.go) can fill a decode
+		// worker's KV so that none of them can start: the latest gives its blocks back to
+		// the prefix cache, which it may still match when its turn comes, as an engine
+		// evicts; counted as a preemption.
+		waiting := w.sched.Waiting()
+		for i := len(waiting) - 1; i >= 0; i-- {
+			if r := waiting[i]; r.imp != nil {
+				r.imp.Release()
+				r.imp = nil
+				w.stats.Preemptions++
+				return s.schedule(w)
+			}
+		}
 	}
 	if len(p.Chunks) == 0 {
 		return 0, false

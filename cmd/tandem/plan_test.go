@@ -46,6 +46,7 @@ func TestPlanCmd(t *testing.T) {
 		Runs    []struct {
 			Name          string
 			Planner       bool
+			Hindsight     bool
 			WorkerSeconds float64 `json:"worker_seconds"`
 			Attainment    float64
 		}
@@ -55,7 +56,11 @@ func TestPlanCmd(t *testing.T) {
 		t.Fatal(err)
 	}
 	var fixed, planned float64
+	var hindsight []float64
 	for _, r := range m.Runs {
+		if r.Hindsight {
+			hindsight = append(hindsight, r.WorkerSeconds)
+		}
 		switch r.Name {
 		case "fixed aggregated, smallest meeting the SLA at peak":
 			fixed = r.WorkerSeconds
@@ -68,6 +73,10 @@ func TestPlanCmd(t *testing.T) {
 	}
 	if fixed == 0 || planned == 0 || planned >= fixed {
 		t.Errorf("worker-seconds: fixed peak pool %.0f, planner %.0f: want the planner cheaper", fixed, planned)
+	}
+	// The pools sized in hindsight: each window's smallest, and the cheapest per interval.
+	if len(hindsight) != 2 || hindsight[0] > fixed || hindsight[1] > fixed || !strings.Contains(out, "hindsight: cheapest 30s sizes meeting it overall") {
+		t.Errorf("hindsight runs %v against the fixed pool's %.0f worker-seconds:\n%s", hindsight, fixed, out)
 	}
 	if len(m.Timeline.Points) == 0 || !strings.HasPrefix(m.Verdict, "several aggregated") {
 		t.Errorf("JSON: %d timeline points, verdict %q", len(m.Timeline.Points), m.Verdict)
