@@ -66,11 +66,19 @@ type Config struct {
 	// router loads an adapter (a path on the workers' machines) on a worker and routes
 	// its requests there, loading it again where none serves it.
 	RuntimeLoRA bool
+	// StreamInterval, above 1, streams tokens that many at a time: workers send them so
+	// (GenerateRequest.StreamInterval) and the API writes them so (openai.Options), the
+	// first token at once. 0 or 1: each as it comes.
+	StreamInterval int
 	// Disagg configures disaggregated prefill and decode, for models with prefill workers.
 	Disagg  router.DisaggConfig
 	Logger  *slog.Logger
 	Options []orpc.Option // for the connections to workers
 }
+
+// MaxStreamInterval bounds Config.StreamInterval: the most tokens a worker puts in one
+// message.
+const MaxStreamInterval = cluster.MaxStreamInterval
 
 // Router is the running router: the registry of workers that dialled in, one policy State per
 // model, the ORPC services workers call, and the OpenAI API over a Backend that routes to
@@ -773,7 +781,8 @@ func (l *Router) rebuildAPILocked() {
 		})
 	}
 	slices.SortFunc(models, func(a, b *openai.Model) int { return cmp.Compare(a.ID, b.ID) })
-	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet, Responses: l.cfg.Responses, RuntimeLoRA: l.cfg.RuntimeLoRA})
+	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet, Responses: l.cfg.Responses, RuntimeLoRA: l.cfg.RuntimeLoRA,
+		StreamInterval: l.cfg.StreamInterval})
 	l.api.Store(&h)
 }
 
