@@ -308,6 +308,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	opts := append([]orpc.Option{orpc.WithLogger(w.log), orpc.WithAgent("tandem-worker " + node)}, w.cfg.Options...)
 	srv := orpc.NewServer(opts...)
 	orpc.ServerStream(srv, cluster.MethodGenerate, w.generate)
+	orpc.ServerStream(srv, cluster.MethodPublish, w.publish)
 	orpc.Unary(srv, cluster.MethodSnapshot, w.snapshot)
 	w.registerKV(srv)
 	w.registerWeights(srv)
@@ -490,6 +491,11 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 
 	me := w.regs.add(reply.DispatchKey)
 	defer func() {
+		if p := me.pub.Swap(nil); p != nil {
+			p.end() // the router's Worker.Publish call for this registration returns
+		}
+	}()
+	defer func() {
 		if ctx.Err() != nil {
 			w.regs.remove(me) // stopping: the server ends the calls, or lets them finish
 			return
@@ -504,14 +510,42 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		}
 	}()
 	tracked := reply.DispatchKey != 0
-	report := func() error { return w.heartbeat(sctx, c, reply.WorkerID, me, tracked, lossTimeout) }
+	// Reports go on the router's Worker.Publish stream when it opened one (publish.go),
+	// but for one call every probeEvery, whose answer says the router is alive.
+	probeEvery := lossTimeout / 3
+	lastCall := time.Now()
+	// A periodic report that says what the last one said is sent only every keepalive, a
+	// half of the silence after which the router stops sending new requests
+	// (suspectAfter in router/live); a router that does not say its timeout gets every one.
+	keepalive := time.Duration(0)
+	if reply.HeartbeatTimeoutMs > 0 {
+		keepalive = min(4*interval, time.Duration(reply.HeartbeatTimeoutMs)*time.Millisecond/2) / 2
+	}
+	var last cluster.LoadReport
+	var lastAt time.Time
+	report := func(periodic bool) error {
+		r := w.loadReport(reply.WorkerID, me, tracked)
+		now := time.Now()
+		if periodic && r == last && now.Sub(lastAt) < keepalive && now.Sub(lastCall) < probeEvery {
+			return nil // nothing changed, and the router heard from us lately
+		}
+		last, lastAt = r, now
+		if now.Sub(lastCall) < probeEvery && publishOn(me, &cluster.Publication{Kind: cluster.PublishReport, Report: r}) {
+			return nil
+		}
+		if err := w.heartbeat(sctx, c, &r, lossTimeout); err != nil {
+			return err
+		}
+		lastCall = time.Now()
+		return nil
+	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	gap := time.NewTimer(0) // armed while a nudged report waits for minReportGap
 	<-gap.C
 	gapArmed := false
 	lastReport := time.Now()
-	if err := report(); err != nil {
+	if err := report(false); err != nil {
 		return true, err
 	}
 	batch := &cluster.KVEvents{WorkerID: reply.WorkerID}
@@ -540,14 +574,18 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 					break drain
 				}
 			}
+			if publishOn(me, &cluster.Publication{Kind: cluster.PublishEvents, Events: *batch}) {
+				break
+			}
 			ectx, cancel := context.WithTimeout(sctx, lossTimeout)
 			err := c.Call(ectx, cluster.MethodEvents, batch, &cluster.Ack{})
 			cancel()
 			if err != nil {
 				return true, fmt.Errorf("sending KV events: %w", err)
 			}
+			lastCall = time.Now()
 		case <-tick.C:
-			if err := report(); err != nil {
+			if err := report(true); err != nil {
 				return true, err
 			}
 			lastReport = time.Now()
@@ -560,13 +598,13 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 				gapArmed = true
 				break
 			}
-			if err := report(); err != nil {
+			if err := report(false); err != nil {
 				return true, err
 			}
 			lastReport = time.Now()
 		case <-gap.C:
 			gapArmed = false
-			if err := report(); err != nil {
+			if err := report(false); err != nil {
 				return true, err
 			}
 			lastReport = time.Now()
@@ -574,15 +612,21 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	}
 }
 
-func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64, reg *registration, tracked bool, timeout time.Duration) error {
+// loadReport is the worker's load report now, for registration reg (worker id id there).
+func (w *Worker) loadReport(id uint64, reg *registration, tracked bool) cluster.LoadReport {
 	// Read it first: a dispatch recorded here is already in the engine's figures.
 	received := reg.received.Load()
 	r := w.Load()
 	r.WorkerID = id
 	r.Received, r.Tracked = received, tracked
+	return r
+}
+
+// heartbeat sends r as a Router.Heartbeat call, answered within timeout.
+func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, r *cluster.LoadReport, timeout time.Duration) error {
 	hctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := c.Call(hctx, cluster.MethodHeartbeat, &r, &cluster.Ack{}); err != nil {
+	if err := c.Call(hctx, cluster.MethodHeartbeat, r, &cluster.Ack{}); err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -643,6 +644,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	}
 	l.met.KVResyncs.WithLabelValues(w.node, "join").Inc()
 	go l.resync(w) // a new member starts from a snapshot
+	go l.subscribe(ctx, w)
 	select {
 	case <-ctx.Done():
 		w.remove("registration ended: " + context.Cause(ctx).Error())
@@ -740,6 +742,43 @@ func (l *Router) dropLocked(w *liveWorker) {
 	l.signal()
 }
 
+// subscribe reads w's load reports and KV event batches from its Worker.Publish stream
+// until the registration (ctx) ends, and applies each as Router.Heartbeat and
+// Router.Events do. A worker that does not serve the method keeps making those calls.
+func (l *Router) subscribe(ctx context.Context, w *liveWorker) {
+	cs, err := w.client.Stream(ctx, cluster.MethodPublish, &cluster.PublishRequest{DispatchKey: w.key})
+	if err != nil {
+		return
+	}
+	defer cs.Close()
+	reports, events := l.met.WorkerMessages.WithLabelValues("report", "stream"), l.met.WorkerMessages.WithLabelValues("events", "stream")
+	for {
+		var p cluster.Publication
+		if err := cs.RecvMsg(&p); err != nil {
+			switch {
+			case ctx.Err() != nil || errors.Is(err, io.EOF):
+			case errors.Is(err, orpc.ErrNotFound):
+				l.log.Info("the worker does not publish its reports over a stream (an older engine); it sends them as calls", "worker", w.node)
+			default:
+				l.log.Warn("the worker's report stream ended; it sends its reports as calls", "worker", w.node, "err", err)
+			}
+			return
+		}
+		switch p.Kind {
+		case cluster.PublishReport:
+			if p.Report.WorkerID != uint64(w.id) {
+				l.log.Warn("a load report for another registration on the worker's report stream; ending the stream", "worker", w.node, "worker_id", p.Report.WorkerID)
+				return
+			}
+			reports.Inc()
+			l.report(w, &p.Report)
+		case cluster.PublishEvents:
+			events.Inc()
+			l.applyEvents(w, &p.Events)
+		}
+	}
+}
+
 // heartbeat serves Router.Heartbeat without the router's lock: the report waits for the
 // next decision (post), the KV checks take only the worker's own lock.
 func (l *Router) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster.Ack, error) {
@@ -747,13 +786,19 @@ func (l *Router) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster
 	if err != nil {
 		return nil, err
 	}
+	l.met.WorkerMessages.WithLabelValues("report", "call").Inc()
+	l.report(w, r)
+	return &cluster.Ack{}, nil
+}
+
+// report takes a load report of w.
+func (l *Router) report(w *liveWorker, r *cluster.LoadReport) {
 	now := time.Now()
 	w.beat.Store(now.UnixNano())
 	w.report.Store(&mailReport{load: r.Load, at: now})
 	l.post(w)
 	l.checkReport(w, r.Load, now)
 	l.signal()
-	return &cluster.Ack{}, nil
 }
 
 // rebuildAPI makes a new OpenAI handler over the models known now.
