@@ -305,11 +305,7 @@ func (j *job) fastChatChunk(c *choice, d *delta, lp *chatLogprobs) bool {
 
 // appendChatChunk appends the JSON of j.chatChunk(c, d, nil, finish) when fastChatChunk.
 func (j *job) appendChatChunk(b []byte, c *choice, d *delta, finish *string) []byte {
-	b = j.appendChunkHead(b)
-	b = append(b, '{')
-	b = appendKey(b, "index")
-	b = strconv.AppendInt(b, int64(c.index), 10)
-	b = append(b, ',')
+	b = appendChoiceHead(j.appendChunkHead(b), c)
 	b = appendKey(b, "delta")
 	b = append(b, '{')
 	comma := false
@@ -337,17 +333,7 @@ func (j *job) appendChatChunk(b []byte, c *choice, d *delta, finish *string) []b
 		b = appendJSONString(b, *d.Reasoning)
 	}
 	b = append(b, '}', ',')
-	b = appendKey(b, "logprobs")
-	b = append(b, "null,"...)
-	b = appendKey(b, "finish_reason")
-	b = appendOptString(b, finish)
-	if ids := c.takeIDs(); len(ids) > 0 {
-		b = append(b, ',')
-		b = appendKey(b, "token_ids")
-		b = appendIDs(b, ids)
-	}
-	b = append(b, '}')
-	return j.appendChunkTail(b)
+	return j.appendChunkTail(appendChoiceTail(b, c, finish))
 }
 
 // fastCompletionChunk reports whether completionChunk's JSON can be written by hand: no
@@ -359,14 +345,24 @@ func (j *job) fastCompletionChunk(c *choice, lp *completionLogprobs) bool {
 // appendCompletionChunk appends the JSON of j.completionChunk(c, text, nil, finish) when
 // fastCompletionChunk.
 func (j *job) appendCompletionChunk(b []byte, c *choice, text string, finish *string) []byte {
-	b = j.appendChunkHead(b)
-	b = append(b, '{')
-	b = appendKey(b, "index")
-	b = strconv.AppendInt(b, int64(c.index), 10)
-	b = append(b, ',')
+	b = appendChoiceHead(j.appendChunkHead(b), c)
 	b = appendKey(b, "text")
 	b = appendJSONString(b, text)
 	b = append(b, ',')
+	return j.appendChunkTail(appendChoiceTail(b, c, finish))
+}
+
+// appendChoiceHead opens a chunk's choice with its index.
+func appendChoiceHead(b []byte, c *choice) []byte {
+	b = append(b, '{')
+	b = appendKey(b, "index")
+	b = strconv.AppendInt(b, int64(c.index), 10)
+	return append(b, ',')
+}
+
+// appendChoiceTail ends a chunk's choice: no logprobs, the finish reason, the token ids
+// not sent yet.
+func appendChoiceTail(b []byte, c *choice, finish *string) []byte {
 	b = appendKey(b, "logprobs")
 	b = append(b, "null,"...)
 	b = appendKey(b, "finish_reason")
@@ -376,8 +372,7 @@ func (j *job) appendCompletionChunk(b []byte, c *choice, text string, finish *st
 		b = appendKey(b, "token_ids")
 		b = appendIDs(b, ids)
 	}
-	b = append(b, '}')
-	return j.appendChunkTail(b)
+	return append(b, '}')
 }
 
 // sendChatChunk writes j.chatChunk(c, d, lp, finish) as one event.

@@ -3,14 +3,13 @@ package orpc
 import (
 	"context"
 	"io"
-	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
+
+	"tandem/internal/costs"
 )
 
 // BenchmarkUnaryCall measures the round trip of a small unary call on loopback (one call at a
@@ -89,38 +88,6 @@ func BenchmarkStreamThroughput(b *testing.B) {
 	}
 }
 
-// udpDatagramsSent reads the host's UDP OutDatagrams counter (Linux; 0 elsewhere): both
-// ends of a loopback benchmark count, and so does anything else on the host.
-func udpDatagramsSent() int64 {
-	b, err := os.ReadFile("/proc/net/snmp")
-	if err != nil {
-		return 0
-	}
-	lines := strings.Split(string(b), "\n")
-	for i := 0; i+1 < len(lines); i++ {
-		if !strings.HasPrefix(lines[i], "Udp:") || !strings.HasPrefix(lines[i+1], "Udp:") {
-			continue
-		}
-		names, vals := strings.Fields(lines[i]), strings.Fields(lines[i+1])
-		for k, n := range names {
-			if n == "OutDatagrams" && k < len(vals) {
-				v, _ := strconv.ParseInt(vals[k], 10, 64)
-				return v
-			}
-		}
-	}
-	return 0
-}
-
-// processCPU is the process's user and system CPU time.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // BenchmarkStreamTokens streams token-sized messages (24 bytes, a GenerateEvent's) on
 // several calls of one connection in steps, as an engine's decode steps make them: every
 // step wakes every call's handler, which sends one message, and the next step begins
@@ -188,7 +155,7 @@ func BenchmarkStreamTokens(b *testing.B) {
 			started.Wait()
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu0, dg0 := processCPU(), udpDatagramsSent()
+			cpu0, dg0 := costs.ProcessCPU(), costs.UDPDatagramsSent()
 			for range n {
 				mu.Lock()
 				for _, w := range wakes {
@@ -201,8 +168,8 @@ func BenchmarkStreamTokens(b *testing.B) {
 			}
 			b.StopTimer()
 			msgs := float64(n * streams)
-			b.ReportMetric(float64(processCPU()-cpu0)/msgs, "cpu-ns/msg")
-			b.ReportMetric(float64(udpDatagramsSent()-dg0)/msgs, "datagrams/msg")
+			b.ReportMetric(float64(costs.ProcessCPU()-cpu0)/msgs, "cpu-ns/msg")
+			b.ReportMetric(float64(costs.UDPDatagramsSent()-dg0)/msgs, "datagrams/msg")
 			readers.Wait()
 		})
 	}

@@ -12,11 +12,9 @@ import (
 
 	"tandem/cluster"
 	"tandem/engine"
-	"tandem/hal/cpu"
 	"tandem/internal/fixtures"
 	"tandem/kvcache"
 	"tandem/llm"
-	"tandem/model"
 	"tandem/orpc"
 	"tandem/router"
 	"tandem/router/live"
@@ -99,27 +97,10 @@ func TestReportsToOldRouter(t *testing.T) {
 	wid, _ := ca.NewIdentity("w1", []string{"127.0.0.1"})
 	r := startOldRouter(t, rid)
 
-	path := fixtures.Model(t, "stories260K-f32.gguf")
-	be := cpu.New(1)
-	m, err := model.Load(path, be)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng, err := engine.New(m, be, engine.Config{KVBlocks: 64, BlockSize: 16, Salt: kvcache.Salt(modelName, "", "")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := worker.New(worker.Config{Engine: eng, Card: cluster.ModelCard{Model: modelName, BlockSize: 16}, Routers: []string{r.addr},
-		Identity: wid, StateDir: t.TempDir(), Listen: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	engDone, wDone := make(chan struct{}), make(chan struct{})
-	go func() { eng.Run(ctx); close(engDone) }()
-	go func() { w.Run(ctx); close(wDone) }()
-	t.Cleanup(func() { cancel(); <-wDone; <-engDone; m.Close(); be.Close() })
-
+	var eng *engine.Engine
+	m := runWorker(t, worker.Config{Card: cluster.ModelCard{Model: modelName, BlockSize: 16}, Routers: []string{r.addr}, Identity: wid},
+		func(e *engine.Engine) worker.Engine { eng = e; return e })
+	ctx := testCtx(t)
 	st, err := eng.Generate(ctx, &llm.Request{Prompt: m.Tokenizer.Encode(longPrompt, true, false), MaxTokens: 2})
 	if err != nil {
 		t.Fatal(err)

@@ -7,17 +7,14 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"tandem/cluster"
 	"tandem/engine"
 	"tandem/hal/cpu"
+	"tandem/internal/costs"
 	"tandem/internal/fixtures"
 	"tandem/kvcache"
 	"tandem/llm"
@@ -92,36 +89,6 @@ func (s *pacedStream) Next(ctx context.Context) (llm.Event, error) {
 
 func (s *pacedStream) Close() error { return nil }
 
-// benchCPU is the process's user and system CPU time.
-func benchCPU() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// udpSent reads the host's UDP OutDatagrams (Linux; 0 elsewhere).
-func udpSent() int64 {
-	b, err := os.ReadFile("/proc/net/snmp")
-	if err != nil {
-		return 0
-	}
-	lines := strings.Split(string(b), "\n")
-	for i := 0; i+1 < len(lines); i++ {
-		if strings.HasPrefix(lines[i], "Udp:") && strings.HasPrefix(lines[i+1], "Udp:") {
-			names, vals := strings.Fields(lines[i]), strings.Fields(lines[i+1])
-			for k, n := range names {
-				if n == "OutDatagrams" && k < len(vals) {
-					v, _ := strconv.ParseInt(vals[k], 10, 64)
-					return v
-				}
-			}
-		}
-	}
-	return 0
-}
-
 // BenchmarkStreamRouted: a token's whole way through a live router, in one process: a
 // worker's engine stream (pacedEngine: a token every 2 ms for each of its streams at once),
 // Worker.Generate over ORPC/QUIC, the router's stream and API layer, SSE over loopback
@@ -154,7 +121,7 @@ func BenchmarkStreamRouted(b *testing.B) {
 			rounds := max(1, b.N/(tokens*c.streams))
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu0, dg0 := benchCPU(), udpSent()
+			cpu0, dg0 := costs.ProcessCPU(), costs.UDPDatagramsSent()
 			for range rounds {
 				var wg sync.WaitGroup
 				for range c.streams {
@@ -165,8 +132,8 @@ func BenchmarkStreamRouted(b *testing.B) {
 			}
 			b.StopTimer()
 			n := float64(rounds * tokens * c.streams)
-			b.ReportMetric(float64(benchCPU()-cpu0)/1e3/n, "cpu-µs/token")
-			b.ReportMetric(float64(udpSent()-dg0)/n, "datagrams/token")
+			b.ReportMetric(float64(costs.ProcessCPU()-cpu0)/1e3/n, "cpu-µs/token")
+			b.ReportMetric(float64(costs.UDPDatagramsSent()-dg0)/n, "datagrams/token")
 		})
 	}
 }
@@ -180,47 +147,62 @@ func benchCluster(b *testing.B, cfg live.Config, eng *pacedEngine) *live.Server 
 	if err != nil {
 		b.Fatal(err)
 	}
-	path := fixtures.Model(b, "stories260K-f32.gguf")
-	be := cpu.New(1)
-	m, err := model.Load(path, be)
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	format, files, err := cluster.EncodeTokenizer(fixtures.Model(b, "stories260K-f32.gguf"))
 	if err != nil {
 		b.Fatal(err)
 	}
 	salt := kvcache.Salt(modelName, "", "")
-	e, err := engine.New(m, be, engine.Config{KVBlocks: 256, BlockSize: 16, Salt: salt, ServedName: modelName})
-	if err != nil {
-		b.Fatal(err)
-	}
-	eng.Engine = e
-	format, files, err := cluster.EncodeTokenizer(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	w, err := worker.New(worker.Config{Engine: eng, Node: "w1", Routers: []string{srv.ORPCAddr}, Token: srv.Token.String(),
-		StateDir: b.TempDir(), Listen: "127.0.0.1:0", Logger: quiet,
+	runWorker(b, worker.Config{Node: "w1", Routers: []string{srv.ORPCAddr}, Token: srv.Token.String(),
 		Card: cluster.ModelCard{Model: modelName, HashVersion: kvcache.HashVersion, BlockSize: 16, Salt: salt,
-			KVBlocks: 256, ContextLen: m.Config.ContextLen, TokenizerFormat: format, TokenizerFiles: files}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	engDone, wDone := make(chan struct{}), make(chan struct{})
-	go func() { e.Run(ctx); close(engDone) }()
-	go func() { w.Run(ctx); close(wDone) }()
-	b.Cleanup(func() {
-		cancel()
-		<-wDone
-		<-engDone
-		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer scancel()
-		srv.Shutdown(sctx)
-		m.Close()
-		be.Close()
-	})
+			KVBlocks: 256, ContextLen: 128, TokenizerFormat: format, TokenizerFiles: files}},
+		func(e *engine.Engine) worker.Engine { eng.Engine = e; return eng })
 	for deadline := time.Now().Add(20 * time.Second); len(srv.Router.Workers()) == 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			b.Fatal("the worker did not register")
 		}
 	}
 	return srv
+}
+
+// runWorker runs a worker with cfg (its state directory, listen address and logger
+// filled in) over an engine on the stories model, wrapped by wrap when it is set, until
+// the test ends; it returns the model.
+func runWorker(tb testing.TB, cfg worker.Config, wrap func(*engine.Engine) worker.Engine) *model.Model {
+	tb.Helper()
+	be := cpu.New(1)
+	m, err := model.Load(fixtures.Model(tb, "stories260K-f32.gguf"), be)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	eng, err := engine.New(m, be, engine.Config{KVBlocks: 256, BlockSize: 16, Salt: kvcache.Salt(modelName, "", ""), ServedName: modelName})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.Engine = eng
+	if wrap != nil {
+		cfg.Engine = wrap(eng)
+	}
+	cfg.StateDir, cfg.Listen = tb.TempDir(), "127.0.0.1:0"
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	w, err := worker.New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	engDone, wDone := make(chan struct{}), make(chan struct{})
+	go func() { eng.Run(ctx); close(engDone) }()
+	go func() { w.Run(ctx); close(wDone) }()
+	tb.Cleanup(func() {
+		cancel()
+		<-wDone
+		<-engDone
+		m.Close()
+		be.Close()
+	})
+	return m
 }

@@ -9,11 +9,9 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"tandem/gguf"
-	"tandem/internal/fixtures"
+	"tandem/internal/costs"
 	"tandem/llm"
 	"tandem/openai"
-	"tandem/tokenizer"
 )
 
 // tokensBackend answers every request with a stream of n tokens (words of the Llama 3
@@ -52,15 +50,7 @@ func (s *tokensStream) Close() error { return nil }
 // streamHandler is the API handler over tokensBackend, with the Llama 3 vocabulary.
 func streamHandler(b *testing.B, be *tokensBackend, interval int) http.Handler {
 	b.Helper()
-	f, err := gguf.Open(fixtures.Model(b, "rand-llama-llama3vocab-f32.gguf"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	tok, err := tokenizer.FromGGUF(f)
-	f.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
+	tok := llama3Tokenizer(b)
 	be.ids = tok.Encode(" Once upon a time, a small dog named Max lived in a quiet town by the sea, and every morning he ran to the beach.", false, false)
 	models := []*openai.Model{{ID: "m", Tokenizer: tok, ContextLen: 1 << 17, Backend: be}}
 	return openai.NewHandler(models, openai.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), StreamInterval: interval})
@@ -96,7 +86,7 @@ func BenchmarkStreamSSE(b *testing.B) {
 			body := []byte(c.body)
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu0 := processCPU()
+			cpu0 := costs.ProcessCPU()
 			reqs := 0
 			for n := 0; n < b.N; n += tokens {
 				w := httptest.NewRecorder()
@@ -106,7 +96,7 @@ func BenchmarkStreamSSE(b *testing.B) {
 				}
 				reqs++
 			}
-			b.ReportMetric(float64(processCPU()-cpu0)/float64(reqs*tokens), "cpu-ns/token")
+			b.ReportMetric(float64(costs.ProcessCPU()-cpu0)/float64(reqs*tokens), "cpu-ns/token")
 		})
 	}
 }
@@ -126,7 +116,7 @@ func BenchmarkStreamHTTP(b *testing.B) {
 			path := c.path
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu0 := processCPU()
+			cpu0 := costs.ProcessCPU()
 			reqs := 0
 			for n := 0; n < b.N; n += tokens {
 				resp, err := client.Post(srv.URL+path, "application/json", bytes.NewReader([]byte(c.body)))
@@ -140,7 +130,7 @@ func BenchmarkStreamHTTP(b *testing.B) {
 				}
 				reqs++
 			}
-			b.ReportMetric(float64(processCPU()-cpu0)/float64(reqs*tokens), "cpu-ns/token")
+			b.ReportMetric(float64(costs.ProcessCPU()-cpu0)/float64(reqs*tokens), "cpu-ns/token")
 		})
 	}
 }
