@@ -44,6 +44,7 @@ type sseWriter struct {
 	// first token's): Options.StreamInterval. tokens counts the tokens written or held,
 	// held those held.
 	interval, tokens, held int
+	heldBytes              int // of pending, at the last tokenDone
 }
 
 // newSSE starts a stream with the handler's options.
@@ -139,7 +140,7 @@ func (s *sseWriter) commit(b []byte) error {
 
 // release writes the pending events in one write, and flushes.
 func (s *sseWriter) release() error {
-	s.hold = false
+	s.hold, s.heldBytes = false, 0
 	if s.err != nil || len(s.pending) == 0 {
 		s.pending = s.pending[:0]
 		return s.err
@@ -158,18 +159,24 @@ func (s *sseWriter) release() error {
 const maxHeld = 64 << 10
 
 // tokenDone writes the events a token made, and those held before them, unless the next
-// token is ready already (more) or the stream interval holds them.
+// token is ready already (more) or the stream interval holds them. The interval counts
+// the tokens that made events: the first to show the client something goes at once (a
+// first token that gives no text yet, a piece of a character, must not hold the first
+// text for an interval).
 func (s *sseWriter) tokenDone(more bool) error {
 	if s == nil {
 		return nil
 	}
-	s.tokens++
-	s.held++
+	if len(s.pending) > s.heldBytes {
+		s.tokens++
+		s.held++
+	}
+	s.heldBytes = len(s.pending)
 	if len(s.pending) < maxHeld && (more || (s.interval > 1 && s.tokens > 1 && s.held < s.interval)) {
 		s.hold = true
 		return s.err
 	}
-	s.held = 0
+	s.held, s.heldBytes = 0, 0
 	return s.release()
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -152,5 +153,35 @@ func TestSSEWriterHolds(t *testing.T) {
 	sse.done()
 	if got, want := rec.Body.String(), "data: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\ndata: [DONE]\n\n"; got != want {
 		t.Fatalf("wrote %q, want %q", got, want)
+	}
+}
+
+// With a stream interval, the first token that shows the client something is written at
+// once, even after tokens that showed nothing; then every interval's worth of tokens
+// that made events, and whatever is held at the end.
+func TestSSEWriterInterval(t *testing.T) {
+	rec := httptest.NewRecorder()
+	sse := newSSEWriter(rec)
+	sse.interval = 3
+	writes := func() int { return strings.Count(rec.Body.String(), "\n\n") }
+	sse.hold = true
+	sse.tokenDone(false) // a token that gave no text yet
+	if writes() != 0 {
+		t.Fatal("a token with no events wrote something")
+	}
+	for i, want := range []int{1, 1, 1, 4, 4, 4, 7} {
+		sse.hold = true
+		sse.raw([]byte(strconv.Itoa(i)))
+		if i == 2 {
+			sse.tokenDone(false) // another token without events does not count
+		}
+		sse.tokenDone(false)
+		if got := writes(); got != want {
+			t.Fatalf("after token %d: %d events written, want %d", i, got, want)
+		}
+	}
+	sse.done()
+	if got := writes(); got != 8 {
+		t.Fatalf("at the end: %d events written, want 8 (7 and [DONE])", got)
 	}
 }
