@@ -511,7 +511,8 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	}()
 	tracked := reply.DispatchKey != 0
 	// Reports go on the router's Worker.Publish stream when it opened one (publish.go),
-	// but for one call every probeEvery, whose answer says the router is alive.
+	// and every probeEvery one goes as a call too, whose answer says the router is alive
+	// (the router takes it for that alone: on the stream, reports keep their order).
 	probeEvery := lossTimeout / 3
 	lastCall := time.Now()
 	// A periodic report that says what the last one said is sent only every keepalive, a
@@ -530,7 +531,7 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			return nil // nothing changed, and the router heard from us lately
 		}
 		last, lastAt = r, now
-		if now.Sub(lastCall) < probeEvery && publishOn(me, &cluster.Publication{Kind: cluster.PublishReport, Report: r}) {
+		if publishOn(me, &cluster.Publication{Kind: cluster.PublishReport, Report: r}) && now.Sub(lastCall) < probeEvery {
 			return nil
 		}
 		if err := w.heartbeat(sctx, c, &r, lossTimeout); err != nil {

@@ -135,6 +135,10 @@ type liveWorker struct {
 	client *orpc.Client
 	joined time.Time
 	beat   atomic.Int64 // unix nanoseconds of the last load report, less the router's own stalls
+	// publishing is set while the worker's reports come on its Worker.Publish stream: a
+	// report by a call is then the worker's liveness probe, which says it is alive and
+	// nothing more (its figures could overtake an older report still on the stream).
+	publishing atomic.Bool
 	// The worker's KV sync (kvsync.go): its own lock, never held while taking l.mu.
 	kv  sync.Mutex
 	kvs kvSync
@@ -751,10 +755,15 @@ func (l *Router) subscribe(ctx context.Context, w *liveWorker) {
 		return
 	}
 	defer cs.Close()
+	defer w.publishing.Store(false)
 	reports, events := l.met.WorkerMessages.WithLabelValues("report", "stream"), l.met.WorkerMessages.WithLabelValues("events", "stream")
 	for {
 		var p cluster.Publication
-		if err := cs.RecvMsg(&p); err != nil {
+		err := cs.RecvMsg(&p)
+		if err == nil {
+			w.publishing.Store(true) // the worker publishes: its calls are probes from now on
+		}
+		if err != nil {
 			switch {
 			case ctx.Err() != nil || errors.Is(err, io.EOF):
 			case errors.Is(err, orpc.ErrNotFound):
@@ -787,6 +796,10 @@ func (l *Router) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster
 		return nil, err
 	}
 	l.met.WorkerMessages.WithLabelValues("report", "call").Inc()
+	if w.publishing.Load() {
+		w.beat.Store(time.Now().UnixNano()) // a probe: the report itself comes on the stream
+		return &cluster.Ack{}, nil
+	}
 	l.report(w, r)
 	return &cluster.Ack{}, nil
 }
