@@ -496,6 +496,11 @@ type GenerateRequest struct {
 	// cheaper than computing them. The worker pulls them (Worker.PullKV from the peer's
 	// cache) before it generates, and computes whatever the pull does not bring.
 	Peer KVPeer
+	// StreamInterval, above 1, lets Worker.Generate send its tokens StreamInterval to a
+	// message (one EventTokens event; the first token alone, the last ones with the
+	// finish), as the router's --stream-interval writes them to its client. 0 or 1: one
+	// token per message. A worker that does not know the field sends one per message.
+	StreamInterval int
 }
 
 // KVPeer names a worker to pull a prompt's leading blocks from.
@@ -571,6 +576,11 @@ func (r *GenerateRequest) MarshalORPC(e *orpc.Encoder) {
 	// RequestAdapters.
 	e.String(r.Adapter)
 	e.Bool(r.NoSpeculation)
+	// The stream interval, written only when above 1 (a request stays as it was before it).
+	// A field added after it must write it always.
+	if r.StreamInterval > 1 {
+		e.Uvarint(uint64(r.StreamInterval))
+	}
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -650,8 +660,15 @@ func (r *GenerateRequest) UnmarshalORPC(d *orpc.Decoder) error {
 		r.Adapter = d.String()
 		r.NoSpeculation = d.Bool()
 	}
+	if d.Len() > 0 { // since the stream interval
+		r.StreamInterval = min(uvint(d), MaxStreamInterval)
+	}
 	return d.Err()
 }
+
+// MaxStreamInterval bounds GenerateRequest.StreamInterval: the tokens of one EventTokens
+// message.
+const MaxStreamInterval = 1024
 
 // EventKind says what a GenerateEvent is.
 type EventKind uint8
@@ -661,6 +678,9 @@ const (
 	EventToken    EventKind = 0 // a generated token (the last one has Finish and Usage)
 	EventAccepted EventKind = 1 // the worker queued the request; tokens follow
 	EventError    EventKind = 2 // the request failed: Err and Message; nothing follows
+	// EventTokens is several tokens in one message (Tokens), sent only to a router that
+	// asked for them (GenerateRequest.StreamInterval): each as an EventToken would carry it.
+	EventTokens EventKind = 3
 )
 
 // ErrKind classifies a generation error so that the router can answer as the engine would.
@@ -693,9 +713,10 @@ func Kind(err error) ErrKind {
 // GenerateEvent is one message of a Generate stream.
 type GenerateEvent struct {
 	Kind    EventKind
-	Event   llm.Event // EventToken
-	Err     ErrKind   // EventError
-	Message string    // EventError: the worker's error text
+	Event   llm.Event   // EventToken
+	Err     ErrKind     // EventError
+	Message string      // EventError: the worker's error text
+	Tokens  []llm.Event // EventTokens, in order; the decoder reuses the slice
 }
 
 // ErrorEvent returns the EventError event for err.
@@ -735,8 +756,23 @@ const maxTop = 1024
 
 // MarshalORPC implements orpc.Marshaler.
 func (g *GenerateEvent) MarshalORPC(e *orpc.Encoder) {
-	e.Uint8(uint8(g.Kind))
-	ev := &g.Event
+	if g.Kind == EventTokens {
+		// u8 kind · uvarint n · n × message GenerateEvent (an EventToken each).
+		e.Uint8(uint8(EventTokens))
+		e.Uvarint(uint64(len(g.Tokens)))
+		for i := range g.Tokens {
+			mark := e.BeginMessage()
+			marshalGenerateEvent(e, EventToken, &g.Tokens[i], 0, "")
+			e.EndMessage(mark)
+		}
+		return
+	}
+	marshalGenerateEvent(e, g.Kind, &g.Event, g.Err, g.Message)
+}
+
+// marshalGenerateEvent writes one event of any kind but EventTokens.
+func marshalGenerateEvent(e *orpc.Encoder, kind EventKind, ev *llm.Event, errKind ErrKind, msg string) {
+	e.Uint8(uint8(kind))
 	e.Varint(int64(ev.Token))
 	e.Float32(ev.Logprob)
 	e.Uvarint(uint64(len(ev.Top)))
@@ -748,8 +784,8 @@ func (g *GenerateEvent) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(ev.Usage.PromptTokens))
 	e.Uvarint(uint64(ev.Usage.CachedTokens))
 	e.Uvarint(uint64(ev.Usage.CompletionTokens))
-	e.Uint8(uint8(g.Err))
-	e.String(g.Message)
+	e.Uint8(uint8(errKind))
+	e.String(msg)
 	// RequestTokens, written only when there is something (a token's event stays short).
 	if len(ev.PromptLogprobs) == 0 && ev.Embedding == nil {
 		return
@@ -767,9 +803,42 @@ func (g *GenerateEvent) MarshalORPC(e *orpc.Encoder) {
 	e.Float32s(ev.Embedding)
 }
 
-// UnmarshalORPC implements orpc.Unmarshaler.
+// UnmarshalORPC implements orpc.Unmarshaler. An EventTokens event's Tokens reuse the
+// slice g had.
 func (g *GenerateEvent) UnmarshalORPC(d *orpc.Decoder) error {
 	g.Kind = EventKind(d.Uint8())
+	g.Tokens = g.Tokens[:0]
+	if g.Kind != EventTokens {
+		return unmarshalGenerateEvent(d, g)
+	}
+	g.Event, g.Err, g.Message = llm.Event{}, 0, ""
+	n := d.Uvarint()
+	if n > MaxStreamInterval || n > uint64(d.Len()) {
+		d.Fail(fmt.Errorf("cluster: %d tokens in one message", n))
+		return d.Err()
+	}
+	for range n {
+		sub := orpc.DecoderOf(d.BytesField())
+		if d.Err() != nil {
+			return d.Err()
+		}
+		var one GenerateEvent
+		if one.Kind = EventKind(sub.Uint8()); one.Kind != EventToken {
+			d.Fail(fmt.Errorf("cluster: an event of kind %d among tokens", one.Kind))
+			return d.Err()
+		}
+		if err := unmarshalGenerateEvent(&sub, &one); err != nil {
+			d.Fail(err)
+			return d.Err()
+		}
+		g.Tokens = append(g.Tokens, one.Event)
+	}
+	return d.Err()
+}
+
+// unmarshalGenerateEvent reads the fields after the kind of one event of any kind but
+// EventTokens.
+func unmarshalGenerateEvent(d *orpc.Decoder, g *GenerateEvent) error {
 	ev := &g.Event
 	ev.Token = int32(d.Varint())
 	ev.Logprob = d.Float32()

@@ -215,3 +215,50 @@ func TestConstraintWireCompatibility(t *testing.T) {
 		t.Errorf("card without the grammar field: %+v, %v", c, err)
 	}
 }
+
+// Several tokens in one message: each as its own event would carry it, in order; an
+// interval of 1 or none leaves a request's bytes as they were, and an old worker reads
+// the request without it.
+func TestStreamIntervalWire(t *testing.T) {
+	roundTrip(t, &GenerateEvent{Kind: EventTokens, Tokens: []llm.Event{
+		{Token: 7, Logprob: -0.5, Top: []llm.TokenLogprob{{ID: 7, Logprob: -0.5}, {ID: 3, Logprob: -2}}},
+		{Token: 8},
+		{Token: -3, Logprob: -1, Finish: llm.FinishLength, Usage: llm.Usage{PromptTokens: 3, CachedTokens: 1, CompletionTokens: 5}},
+	}})
+	// A nested event longer than 127 bytes takes a two-byte length.
+	long := llm.Event{Token: 1, Top: make([]llm.TokenLogprob, 40)}
+	for i := range long.Top {
+		long.Top[i] = llm.TokenLogprob{ID: int32(i * 1000), Logprob: float32(-i)}
+	}
+	roundTrip(t, &GenerateEvent{Kind: EventTokens, Tokens: []llm.Event{{Token: 5}, long, {Token: 6}}})
+
+	var g GenerateEvent
+	if err := orpc.Unmarshal(orpc.Marshal(&GenerateEvent{Kind: EventTokens, Tokens: []llm.Event{{Token: 1}, {Token: 2}}}), &g); err != nil {
+		t.Fatal(err)
+	}
+	if err := orpc.Unmarshal(orpc.Marshal(&GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 9}}), &g); err != nil || len(g.Tokens) != 0 || g.Event.Token != 9 {
+		t.Errorf("a token event after a batch decodes as %+v, %v", g, err)
+	}
+	bad := orpc.Marshal(&GenerateEvent{Kind: EventTokens, Tokens: []llm.Event{{Token: 1}}})
+	bad[3] = byte(EventError) // the nested event's kind
+	if err := orpc.Unmarshal(bad, &g); err == nil {
+		t.Error("an error event among tokens decoded")
+	}
+
+	req := &GenerateRequest{Request: llm.Request{ID: "r", Prompt: []int32{1}, Adapter: "a"}}
+	plain := orpc.Marshal(req)
+	req.StreamInterval = 1
+	if b := orpc.Marshal(req); string(b) != string(plain) {
+		t.Error("an interval of 1 changed the request's bytes")
+	}
+	req.StreamInterval = 16
+	b := orpc.Marshal(req)
+	got := roundTrip(t, req)
+	if got.StreamInterval != 16 || string(b[:len(plain)]) != string(plain) {
+		t.Errorf("the interval is not a trailing field: %+v", got)
+	}
+	var old GenerateRequest
+	if err := orpc.Unmarshal(plain, &old); err != nil || old.StreamInterval != 0 || old.Adapter != "a" {
+		t.Errorf("request without the interval: %+v, %v", old, err)
+	}
+}

@@ -64,6 +64,11 @@ type Router struct {
 	// WorkerStartup is each worker's start-up as its card reported it: seconds by phase,
 	// labels worker, model, weights (where its weights came from), phase.
 	WorkerStartup *prometheus.Desc
+
+	// WorkerMessages counts the load reports and KV event batches received, by kind
+	// (report, events) and by way (stream: Worker.Publish; call: Router.Heartbeat and
+	// Router.Events, from workers that do not publish, and the workers' liveness probes).
+	WorkerMessages *prometheus.CounterVec
 }
 
 // NewRouter registers the router's metrics on reg.
@@ -118,6 +123,8 @@ func NewRouter(reg prometheus.Registerer) *Router {
 			Help: "Times a worker was marked stale: load but no KV events for longer than expected (its overlap then counts as unknown), per worker."}, []string{"worker"})).(*prometheus.CounterVec),
 		KVEventsDropped: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:kv_events_dropped_total",
 			Help: "KV events dropped because a resynchronisation's backlog was full (the snapshot covers them), per worker."}, []string{"worker"})).(*prometheus.CounterVec),
+		WorkerMessages: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:worker_messages_total",
+			Help: "Load reports and KV event batches received from workers, by kind (report, events) and way (stream: Worker.Publish; call: Router.Heartbeat, Router.Events)."}, []string{"kind", "via"})).(*prometheus.CounterVec),
 		IndexEntries:      prometheus.NewDesc("tandem_router:index_entries", "(worker, block) entries in the KV index, per model.", []string{"model"}, nil),
 		IndexBytes:        prometheus.NewDesc("tandem_router:index_bytes", "Memory of the KV index's tables, per model.", []string{"model"}, nil),
 		StaleWorkers:      prometheus.NewDesc("tandem_router:kv_stale_workers", "Workers whose KV events are missing (overlap unknown), per model.", []string{"model"}, nil),

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"tandem/llm"
@@ -327,6 +328,7 @@ type msgBuilder struct {
 	blocks []*msgBlock
 	open   *msgBlock
 	emit   func(typ string, fields map[string]any) error // nil: not streamed
+	sse    *sseWriter                                    // the stream, for the deltas; nil: not streamed
 }
 
 func (b *msgBuilder) send(typ string, fields map[string]any) error {
@@ -362,15 +364,32 @@ func (b *msgBuilder) close() error {
 	blk := b.open
 	b.open = nil
 	if blk.typ == "thinking" {
-		if err := b.send("content_block_delta", map[string]any{"index": len(b.blocks) - 1, "delta": map[string]string{"type": "signature_delta", "signature": ""}}); err != nil {
+		if err := b.delta("signature_delta", "signature", ""); err != nil {
 			return err
 		}
 	}
 	return b.send("content_block_stop", map[string]any{"index": len(b.blocks) - 1})
 }
 
-func (b *msgBuilder) delta(d map[string]string) error {
-	return b.send("content_block_delta", map[string]any{"index": len(b.blocks) - 1, "delta": d})
+// delta sends a content_block_delta of the open block, {"type": typ, field: text}, as
+// encoding/json would write that map (keys sorted), without a map per token.
+func (b *msgBuilder) delta(typ, field, text string) error {
+	if b.sse == nil {
+		return nil
+	}
+	if b.sse.err != nil {
+		return b.sse.err
+	}
+	e := b.sse.begin("content_block_delta")
+	e = append(e, `{"delta":{`...)
+	e = appendKey(e, field)
+	e = appendJSONString(e, text)
+	e = append(e, `,"type":`...)
+	e = appendJSONString(e, typ)
+	e = append(e, `},"index":`...)
+	e = strconv.AppendInt(e, int64(len(b.blocks)-1), 10)
+	e = append(e, `,"type":"content_block_delta"}`...)
+	return b.sse.commit(e)
 }
 
 func (b *msgBuilder) add(out parsed) error {
@@ -381,7 +400,7 @@ func (b *msgBuilder) add(out parsed) error {
 			}
 		}
 		b.open.text.WriteString(r)
-		if err := b.delta(map[string]string{"type": "thinking_delta", "thinking": r}); err != nil {
+		if err := b.delta("thinking_delta", "thinking", r); err != nil {
 			return err
 		}
 	}
@@ -398,7 +417,7 @@ func (b *msgBuilder) add(out parsed) error {
 				}
 			}
 			b.open.text.WriteString(ev.text)
-			err = b.delta(map[string]string{"type": "text_delta", "text": ev.text})
+			err = b.delta("text_delta", "text", ev.text)
 		case evCallStart:
 			err = b.start(&msgBlock{typ: "tool_use", id: newID("toolu_"), name: ev.text})
 		case evCallArgs:
@@ -406,7 +425,7 @@ func (b *msgBuilder) add(out parsed) error {
 				continue
 			}
 			b.open.text.WriteString(ev.text)
-			err = b.delta(map[string]string{"type": "input_json_delta", "partial_json": ev.text})
+			err = b.delta("input_json_delta", "partial_json", ev.text)
 		case evCallEnd:
 			err = b.close()
 		case evCallBroken:
@@ -482,8 +501,9 @@ func (h *handler) runMessage(w http.ResponseWriter, r *http.Request, info *reqIn
 	b := &msgBuilder{h: h}
 	var sse *sseWriter
 	if j.stream {
-		sse = newSSEWriter(w)
+		sse = h.newSSE(w)
 		b.emit = func(typ string, fields map[string]any) error { return sse.event(typ, fields) }
+		b.sse = sse
 		prompt := len(j.prompts[0])
 		start := map[string]any{"id": j.id, "type": "message", "role": "assistant", "content": []any{}, "model": j.m.ID,
 			"stop_reason": nil, "stop_sequence": nil, "usage": map[string]int{"input_tokens": prompt, "output_tokens": 0}}
@@ -491,7 +511,7 @@ func (h *handler) runMessage(w http.ResponseWriter, r *http.Request, info *reqIn
 			return
 		}
 	}
-	aerr = h.runSingle(r.Context(), r, info, j, c, func(out parsed, _ *tokenLogprob) error { return b.add(out) })
+	aerr = h.runSingle(r.Context(), r, info, j, c, sse, func(out parsed, _ *tokenLogprob) error { return b.add(out) })
 	if aerr == nil && b.close() != nil {
 		aerr = errClientGone
 	}

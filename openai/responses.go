@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -578,6 +579,42 @@ type respBuilder struct {
 	items []*outputItem
 	open  *outputItem                                   // the item text goes to now
 	emit  func(typ string, fields map[string]any) error // nil: not streamed
+	sse   *sseWriter                                    // the stream, for the deltas; nil: not streamed
+	seq   int                                           // the next event's sequence_number
+}
+
+// delta sends a text or arguments delta event of the open item (contentIndex < 0: none;
+// logprobs: with an empty list) as encoding/json would write its map (keys sorted),
+// without a map per token.
+func (b *respBuilder) delta(typ string, contentIndex int, delta string, logprobs bool) error {
+	if b.sse == nil {
+		return nil
+	}
+	if b.sse.err != nil {
+		return b.sse.err
+	}
+	e := b.sse.begin(typ)
+	e = append(e, '{')
+	if contentIndex >= 0 {
+		e = append(e, `"content_index":`...)
+		e = strconv.AppendInt(e, int64(contentIndex), 10)
+		e = append(e, ',')
+	}
+	e = append(e, `"delta":`...)
+	e = appendJSONString(e, delta)
+	e = append(e, `,"item_id":`...)
+	e = appendJSONString(e, b.open.ID)
+	if logprobs {
+		e = append(e, `,"logprobs":[]`...)
+	}
+	e = append(e, `,"output_index":`...)
+	e = strconv.AppendInt(e, int64(len(b.items)-1), 10)
+	e = append(e, `,"sequence_number":`...)
+	e = strconv.AppendInt(e, int64(b.seq), 10)
+	b.seq++
+	e = append(e, `,"type":`...)
+	e = appendJSONString(e, typ)
+	return b.sse.commit(append(e, '}'))
 }
 
 func (b *respBuilder) send(typ string, fields map[string]any) error {
@@ -655,7 +692,7 @@ func (b *respBuilder) add(out parsed) error {
 			}
 		}
 		b.open.text.WriteString(r)
-		if err := b.send("response.reasoning_text.delta", map[string]any{"item_id": b.open.ID, "output_index": len(b.items) - 1, "content_index": 0, "delta": r}); err != nil {
+		if err := b.delta("response.reasoning_text.delta", 0, r, false); err != nil {
 			return err
 		}
 	}
@@ -672,7 +709,7 @@ func (b *respBuilder) add(out parsed) error {
 				}
 			}
 			b.open.text.WriteString(ev.text)
-			err = b.send("response.output_text.delta", map[string]any{"item_id": b.open.ID, "output_index": len(b.items) - 1, "content_index": 0, "delta": ev.text, "logprobs": []any{}})
+			err = b.delta("response.output_text.delta", 0, ev.text, true)
 		case evCallStart:
 			err = b.start(&outputItem{ID: newID("fc_"), Type: "function_call", CallID: newID("call_"), Name: ev.text})
 		case evCallArgs:
@@ -680,7 +717,7 @@ func (b *respBuilder) add(out parsed) error {
 				continue
 			}
 			b.open.text.WriteString(ev.text)
-			err = b.send("response.function_call_arguments.delta", map[string]any{"item_id": b.open.ID, "output_index": len(b.items) - 1, "delta": ev.text})
+			err = b.delta("response.function_call_arguments.delta", -1, ev.text, false)
 		case evCallEnd:
 			err = b.close()
 		case evCallBroken:
@@ -781,12 +818,12 @@ func (h *handler) runResponse(w http.ResponseWriter, r *http.Request, info *reqI
 
 	b := &respBuilder{h: h}
 	var sse *sseWriter
-	seq := 0
 	if j.stream {
-		sse = newSSEWriter(w)
+		sse = h.newSSE(w)
+		b.sse = sse
 		b.emit = func(typ string, fields map[string]any) error {
-			fields["type"], fields["sequence_number"] = typ, seq
-			seq++
+			fields["type"], fields["sequence_number"] = typ, b.seq
+			b.seq++
 			return sse.event(typ, fields)
 		}
 		if b.emit("response.created", map[string]any{"response": rs.response("in_progress", nil, nil, 0, "")}) != nil ||
@@ -795,7 +832,7 @@ func (h *handler) runResponse(w http.ResponseWriter, r *http.Request, info *reqI
 		}
 	}
 	var reasoning strings.Builder
-	aerr = h.runSingle(ctx, r, info, j, c, func(out parsed, _ *tokenLogprob) error {
+	aerr = h.runSingle(ctx, r, info, j, c, sse, func(out parsed, _ *tokenLogprob) error {
 		reasoning.WriteString(out.reasoning)
 		return b.add(out)
 	})

@@ -2,7 +2,6 @@ package openai
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -67,6 +66,8 @@ type choice struct {
 	tools     *toolParser
 	reasoning strings.Builder
 	calls     []toolCallOut // started calls; in a stream only their count matters
+	oneEvent  [1]toolEvent  // parse's events when there is no tool parser
+	deltaText string        // the text of the delta streamChat sends, kept here rather than allocated
 }
 
 // parsed is what a choice's parsers make of new text.
@@ -85,7 +86,8 @@ func (c *choice) parse(text string, final bool) parsed {
 	if c.tools != nil {
 		p.events = c.tools.feed(content, final)
 	} else if content != "" {
-		p.events = []toolEvent{{kind: evText, text: content}}
+		c.oneEvent[0] = toolEvent{kind: evText, text: content}
+		p.events = c.oneEvent[:] // valid until the next parse: no allocation per token
 	}
 	return p
 }
@@ -181,37 +183,48 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 		w.Header().Set(WorkerHeader, strings.Join(workers, ","))
 	}
 
-	items := make(chan item, len(choices))
-	for i, c := range choices {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				ev, err := c.st.Next(ctx)
-				select {
-				case items <- item{i: i, ev: ev, err: err}:
-				case <-ctx.Done():
-					return
+	// One choice is read here, in the handler's goroutine; several each by their own,
+	// through a channel, in the order their events come.
+	var items chan item
+	if len(choices) > 1 {
+		items = make(chan item, len(choices))
+		for i, c := range choices {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					ev, err := c.st.Next(ctx)
+					select {
+					case items <- item{i: i, ev: ev, err: err}:
+					case <-ctx.Done():
+						return
+					}
+					if err != nil || ev.Finish != "" {
+						return
+					}
 				}
-				if err != nil || ev.Finish != "" {
-					return
-				}
-			}
-		}()
+			}()
+		}
+	}
+	// more reports whether the next event is already there: the events written so far
+	// then wait for it, and go out together.
+	more := func() bool { return len(items) > 0 }
+	if items == nil {
+		more = func() bool { return ready(choices[0].st) }
 	}
 
 	var sse *sseWriter
 	if j.stream {
-		sse = newSSEWriter(w)
+		sse = h.newSSE(w)
 		if j.chat {
 			for _, c := range choices {
 				role, empty := "assistant", ""
-				if sse.send(j.chatChunk(c, delta{Role: role, Content: &empty}, nil, nil)) != nil {
+				if j.sendChatChunk(sse, c, delta{Role: role, Content: &empty}, nil, nil) != nil {
 					return
 				}
 				if j.echo != nil && j.echo[0] != "" {
 					c.echoed = true
-					if sse.send(j.chatChunk(c, delta{Content: &j.echo[0]}, nil, nil)) != nil {
+					if j.sendChatChunk(sse, c, delta{Content: &j.echo[0]}, nil, nil) != nil {
 						return
 					}
 				}
@@ -225,17 +238,31 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 
 	for remaining := len(choices); remaining > 0; {
 		var it item
-		select {
-		case it = <-items:
-		case <-ctx.Done():
-			// The client went away (the deferred Close frees the sequences), or the
-			// server is ending the request, which the client must be told.
-			h.endedByServer(w, r, sse)
-			return
+		if items == nil {
+			it.ev, it.err = choices[0].st.Next(ctx)
+			if it.err != nil && ctx.Err() != nil {
+				h.endedByServer(w, r, sse)
+				return
+			}
+		} else {
+			select {
+			case it = <-items:
+			case <-ctx.Done():
+				// The client went away (the deferred Close frees the sequences), or the
+				// server is ending the request, which the client must be told.
+				h.endedByServer(w, r, sse)
+				return
+			}
 		}
 		c := choices[it.i]
 		if c.done {
+			if sse != nil && !more() && sse.release() != nil {
+				return
+			}
 			continue
+		}
+		if sse != nil {
+			sse.hold = true // until this event is written: see the end of the loop
 		}
 		err := it.err
 		switch {
@@ -289,14 +316,17 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 				lps = append(lps, *lp)
 			}
 			if text != "" || lps != nil || len(c.unsent) > 0 {
-				if sse.send(j.completionChunk(c, text, j.completionLogprobs(lps), nil)) != nil {
+				if j.sendCompletionChunk(sse, c, text, j.completionLogprobs(lps), nil) != nil {
 					return
 				}
 			}
 			if c.done {
-				if sse.send(j.completionChunk(c, "", nil, &c.finish)) != nil {
+				if j.sendCompletionChunk(sse, c, "", nil, &c.finish) != nil {
 					return
 				}
+			}
+			if remaining > 0 && sse.tokenDone(more()) != nil {
+				return
 			}
 			continue
 		}
@@ -313,9 +343,12 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 		}
 		if c.done {
 			finish := c.finishReason()
-			if sse.send(j.chatChunk(c, delta{}, nil, &finish)) != nil {
+			if j.sendChatChunk(sse, c, delta{}, nil, &finish) != nil {
 				return
 			}
+		}
+		if remaining > 0 && sse.tokenDone(more()) != nil {
+			return
 		}
 	}
 
@@ -409,10 +442,11 @@ func (h *handler) streamChat(sse *sseWriter, j *job, c *choice, out parsed, lp *
 		if !sent {
 			l, sent = lps, true
 		}
-		return sse.send(j.chatChunk(c, d, l, nil))
+		return j.sendChatChunk(sse, c, d, l, nil)
 	}
-	if r := out.reasoning; r != "" {
-		if err := send(delta{ReasoningContent: &r, Reasoning: &r}); err != nil {
+	if out.reasoning != "" {
+		c.deltaText = out.reasoning
+		if err := send(delta{ReasoningContent: &c.deltaText, Reasoning: &c.deltaText}); err != nil {
 			return err
 		}
 	}
@@ -423,8 +457,8 @@ func (h *handler) streamChat(sse *sseWriter, j *job, c *choice, out parsed, lp *
 			if ev.text == "" {
 				continue
 			}
-			t := ev.text
-			d.Content = &t
+			c.deltaText = ev.text
+			d.Content = &c.deltaText
 		case evCallStart:
 			c.calls = append(c.calls, toolCallOut{})
 			d.ToolCalls = []toolCallDelta{{Index: len(c.calls) - 1, ID: newID("call_"), Type: "function", Function: toolCallDeltaFunction{Name: ev.text}}}
@@ -888,83 +922,6 @@ func (j *job) completionLogprobs(lps []tokenLogprob) *completionLogprobs {
 		out.TextOffset = append(out.TextOffset, lp.offset)
 	}
 	return out
-}
-
-// sseWriter writes server-sent events, flushing after each.
-type sseWriter struct {
-	w   http.ResponseWriter
-	rc  *http.ResponseController
-	err error
-}
-
-func newSSEWriter(w http.ResponseWriter) *sseWriter {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	s := &sseWriter{w: w, rc: http.NewResponseController(w)}
-	s.flush()
-	return s
-}
-
-func (s *sseWriter) flush() {
-	if err := s.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) && s.err == nil {
-		s.err = err
-	}
-}
-
-// send writes one data event; it returns the first write error seen.
-func (s *sseWriter) send(v any) error {
-	if s.err != nil {
-		return s.err
-	}
-	return s.write("", marshalEvent(v))
-}
-
-func (s *sseWriter) raw(data []byte) error { return s.write("", data) }
-
-func (s *sseWriter) done() { s.raw([]byte("[DONE]")) }
-
-// event writes one named event ("event: NAME", then the data), as the Responses and
-// Anthropic Messages streams have them.
-func (s *sseWriter) event(name string, v any) error {
-	if s.err != nil {
-		return s.err
-	}
-	return s.write(name, marshalEvent(v))
-}
-
-// marshalEvent is v as JSON, or an error body when v cannot be encoded: the stream
-// still gets an event that says what went wrong.
-func marshalEvent(v any) []byte {
-	data, err := json.Marshal(v)
-	if err != nil {
-		data, _ = json.Marshal(errorBody{Error: errorObject{Message: "encoding the response: " + err.Error(), Type: "server_error"}})
-	}
-	return data
-}
-
-// write sends one event in a single Write: "event: NAME" when name is set, then the data.
-func (s *sseWriter) write(name string, data []byte) error {
-	if s.err != nil {
-		return s.err
-	}
-	buf := make([]byte, 0, len(name)+len(data)+16)
-	if name != "" {
-		buf = append(buf, "event: "...)
-		buf = append(buf, name...)
-		buf = append(buf, '\n')
-	}
-	buf = append(buf, "data: "...)
-	buf = append(buf, data...)
-	buf = append(buf, "\n\n"...)
-	if _, err := s.w.Write(buf); err != nil {
-		s.err = err
-		return err
-	}
-	s.flush()
-	return s.err
 }
 
 // optLogprob is a logprob that may be absent (null): an echoed prompt's first token.

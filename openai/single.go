@@ -43,7 +43,13 @@ func (c *choice) worker(w http.ResponseWriter) {
 // runSingle reads c's stream to its end, giving each piece of parsed output (and the
 // token's logprobs, when asked for) to each. It returns errClientGone when the client went
 // away, the server's shutdown error when the drain deadline cut it, or the backend's.
-func (h *handler) runSingle(ctx context.Context, r *http.Request, info *reqInfo, j *job, c *choice, each func(out parsed, lp *tokenLogprob) error) *apiError {
+//
+// With sse, the events of a token already followed by the next one wait for it and go
+// out together (sseWriter.tokenDone); all are written when it returns.
+func (h *handler) runSingle(ctx context.Context, r *http.Request, info *reqInfo, j *job, c *choice, sse *sseWriter, each func(out parsed, lp *tokenLogprob) error) *apiError {
+	if sse != nil {
+		defer sse.release()
+	}
 	for !c.done {
 		ev, err := c.st.Next(ctx)
 		switch {
@@ -68,10 +74,16 @@ func (h *handler) runSingle(ctx context.Context, r *http.Request, info *reqInfo,
 		if ev.PromptLogprobs != nil {
 			c.promptLP = ev.PromptLogprobs
 		}
+		if sse != nil {
+			sse.hold = true
+		}
 		text, lp := j.step(c, ev)
 		info.completionTokens++
 		if err := each(c.parse(text, c.done), lp); err != nil {
 			return errClientGone // a write failed: the client is gone
+		}
+		if !c.done && sse.tokenDone(ready(c.st)) != nil {
+			return errClientGone
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -189,6 +190,8 @@ type ClientStream struct {
 	br     *bufio.Reader
 	hdr    [frameHeaderLen]byte
 	stop   func() bool
+	reuse  []byte  // RecvMsgReusing's payload buffer
+	dec    Decoder // and its decoder
 
 	mu   sync.Mutex // guards writes on st and the fields below
 	done bool
@@ -303,6 +306,15 @@ func (cs *ClientStream) end(err error) {
 // Recv returns the next message, io.EOF after a successful end, or the call's error (a
 // *Status). The returned slice is the caller's.
 func (cs *ClientStream) Recv() ([]byte, error) {
+	return cs.recv(nil)
+}
+
+// reuseLimit bounds the payload buffer a stream keeps for RecvMsgReusing: a larger
+// message gets its own.
+const reuseLimit = 4 << 10
+
+// recv is Recv reading a message into buf when it fits.
+func (cs *ClientStream) recv(buf []byte) ([]byte, error) {
 	cs.mu.Lock()
 	if cs.done {
 		err := cs.err
@@ -310,7 +322,7 @@ func (cs *ClientStream) Recv() ([]byte, error) {
 		return nil, err
 	}
 	cs.mu.Unlock()
-	f, err := readFrame(cs.br, &cs.hdr, cs.c.o.maxFrame)
+	f, err := readFrameInto(cs.br, &cs.hdr, cs.c.o.maxFrame, buf)
 	if err == io.EOF {
 		err = malformed("stream ended without END")
 	}
@@ -360,6 +372,48 @@ func (cs *ClientStream) RecvMsg(m Unmarshaler) error {
 		return err
 	}
 	return nil
+}
+
+// RecvMsgReusing is RecvMsg decoding from a buffer the stream keeps from one message to
+// the next, for the many small messages of a long stream (a generation's tokens): m must
+// not keep the bytes Decoder.BytesField and Decoder.Rest return (strings and decoded
+// slices are copies). Not safe for use concurrently with other Recv calls.
+func (cs *ClientStream) RecvMsgReusing(m Unmarshaler) error {
+	if cs.reuse == nil {
+		cs.reuse = make([]byte, reuseLimit)
+	}
+	b, err := cs.recv(cs.reuse)
+	if err != nil {
+		return err
+	}
+	if m == nil {
+		return nil
+	}
+	cs.dec = Decoder{buf: b}
+	if err = m.UnmarshalORPC(&cs.dec); err == nil {
+		err = cs.dec.Err()
+	}
+	cs.dec.buf = nil
+	if err != nil {
+		err = Errorf(Internal, "decoding %s message: %v", cs.method, err)
+		cs.abort(err)
+		return err
+	}
+	return nil
+}
+
+// Buffered reports whether a whole frame has arrived and not been read: the next Recv
+// returns without waiting. Not safe for use concurrently with Recv.
+func (cs *ClientStream) Buffered() bool {
+	n := cs.br.Buffered()
+	if n < frameHeaderLen {
+		return false
+	}
+	hdr, err := cs.br.Peek(frameHeaderLen)
+	if err != nil {
+		return false
+	}
+	return uint64(n) >= frameHeaderLen+uint64(binary.BigEndian.Uint32(hdr))
 }
 
 // Close abandons the call if it has not ended (the server sees it cancelled) and releases

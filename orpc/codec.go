@@ -169,6 +169,29 @@ func (e *Encoder) Float32s(v []float32) {
 	}
 }
 
+// BeginMessage starts a nested message written in place, without an Encoder of its own:
+// write its fields, then call EndMessage with the mark returned. The result is the same as
+// Message's.
+func (e *Encoder) BeginMessage() (mark int) {
+	e.buf = append(e.buf, 0) // its length's first byte, often its only one
+	return len(e.buf)
+}
+
+// EndMessage ends the nested message begun at mark: it writes the message's length
+// before it.
+func (e *Encoder) EndMessage(mark int) {
+	n := len(e.buf) - mark
+	if n < 0x80 {
+		e.buf[mark-1] = byte(n)
+		return
+	}
+	var l [binary.MaxVarintLen64]byte
+	k := binary.PutUvarint(l[:], uint64(n))
+	e.buf = append(e.buf, l[:k-1]...)
+	copy(e.buf[mark-1+k:], e.buf[mark:mark+n])
+	copy(e.buf[mark-1:], l[:k])
+}
+
 // Message appends m as a length-prefixed nested message.
 func (e *Encoder) Message(m Marshaler) {
 	var sub Encoder
@@ -196,6 +219,10 @@ type Decoder struct {
 
 // NewDecoder returns a Decoder over b. It does not copy b; byte slices it returns alias b.
 func NewDecoder(b []byte) *Decoder { return &Decoder{buf: b} }
+
+// DecoderOf is NewDecoder as a value, for a decoder that lives on its caller's stack (a
+// nested message's, read with BytesField).
+func DecoderOf(b []byte) Decoder { return Decoder{buf: b} }
 
 // Err returns the first error met, or nil.
 func (d *Decoder) Err() error { return d.err }

@@ -70,6 +70,12 @@ type frame struct {
 // maxHeaderFrame. A clean end of stream before the first header byte is io.EOF; a stream that
 // ends inside a frame is a frameError. Errors of r itself are returned unchanged.
 func readFrame(r io.Reader, hdr *[frameHeaderLen]byte, maxMsg int) (frame, error) {
+	return readFrameInto(r, hdr, maxMsg, nil)
+}
+
+// readFrameInto is readFrame reading the payload into buf when it fits (then the payload
+// is buf's), else into a new slice.
+func readFrameInto(r io.Reader, hdr *[frameHeaderLen]byte, maxMsg int, buf []byte) (frame, error) {
 	if n, err := io.ReadFull(r, hdr[:]); err != nil {
 		if err == io.EOF && n == 0 {
 			return frame{}, io.EOF
@@ -92,7 +98,12 @@ func readFrame(r io.Reader, hdr *[frameHeaderLen]byte, maxMsg int) (frame, error
 	if uint64(n) > uint64(limit) {
 		return frame{}, &frameError{msg: fmt.Sprintf("frame of %d bytes exceeds the limit of %d", n, limit), tooLarge: true}
 	}
-	payload := make([]byte, n)
+	var payload []byte
+	if int(n) <= cap(buf) {
+		payload = buf[:n]
+	} else {
+		payload = make([]byte, n)
+	}
 	if _, err := io.ReadFull(r, payload); err != nil {
 		if err == io.ErrUnexpectedEOF || err == io.EOF {
 			return frame{}, malformed("stream ended inside a frame of %d bytes", n)

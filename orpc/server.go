@@ -291,6 +291,7 @@ func (s *Server) serveConn(conn *quic.Conn) {
 		return
 	}
 	peer := newPeer(conn)
+	cw := &connWriter{}
 	for {
 		st, err := conn.AcceptStream(conn.Context())
 		if err != nil {
@@ -299,7 +300,7 @@ func (s *Server) serveConn(conn *quic.Conn) {
 		calls.Add(1)
 		go func() {
 			defer calls.Done()
-			s.serveStream(conn, peer, st, lookup)
+			s.serveStream(conn, peer, cw, st, lookup)
 		}()
 	}
 }
@@ -356,15 +357,12 @@ type streamWriter struct {
 	st   *quic.Stream
 	buf  []byte
 	done bool
-}
 
-func (w *streamWriter) writeFrame(typ byte, payload []byte) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.done {
-		return errors.New("call already ended")
-	}
-	return w.writeLocked(typ, payload)
+	// Small messages wait in pending for the connection's writer (coalesce.go).
+	cw      *connWriter // nil: every message is written at once
+	pending []byte
+	direct  bool  // the leader's write for this call timed out: it writes its own
+	err     error // the leader's write for this call failed
 }
 
 const coalesceLimit = 64 << 10
@@ -393,17 +391,25 @@ func (w *streamWriter) finish(msg []byte, hasMsg bool, status *Status) error {
 	w.done = true
 	var e Encoder
 	encodeEnd(&e, status)
-	var err error
-	if hasMsg {
-		if len(msg) <= coalesceLimit {
-			w.buf = appendFrame(w.buf[:0], frameMessage, msg)
-			w.buf = appendFrame(w.buf, frameEnd, e.Bytes())
-			_, err = w.st.Write(w.buf)
-		} else if err = w.writeLocked(frameMessage, msg); err == nil {
+	// The messages still pending go first, in the same write when they are small.
+	err := w.err
+	switch {
+	case err != nil:
+	case hasMsg && len(msg) > coalesceLimit:
+		if err = w.flushPendingLocked(); err == nil {
+			err = w.writeLocked(frameMessage, msg)
+		}
+		if err == nil {
 			err = w.writeLocked(frameEnd, e.Bytes())
 		}
-	} else {
-		err = w.writeLocked(frameEnd, e.Bytes())
+	default:
+		w.buf = append(w.buf[:0], w.pending...)
+		w.pending = w.pending[:0]
+		if hasMsg {
+			w.buf = appendFrame(w.buf, frameMessage, msg)
+		}
+		w.buf = appendFrame(w.buf, frameEnd, e.Bytes())
+		_, err = w.st.Write(w.buf)
 	}
 	if cerr := w.st.Close(); err == nil {
 		err = cerr
@@ -430,7 +436,7 @@ func requestStatus(err error) *Status {
 	return nil
 }
 
-func (s *Server) serveStream(conn *quic.Conn, peer *Peer, st *quic.Stream, lookup func(string) (handler, bool)) {
+func (s *Server) serveStream(conn *quic.Conn, peer *Peer, cw *connWriter, st *quic.Stream, lookup func(string) (handler, bool)) {
 	br := bufio.NewReaderSize(st, 4096)
 	var hdr [frameHeaderLen]byte
 
@@ -542,7 +548,7 @@ func (s *Server) serveStream(conn *quic.Conn, peer *Peer, st *quic.Stream, looku
 	})
 	defer stopSendWatch()
 
-	w := &streamWriter{st: st}
+	w := &streamWriter{st: st, cw: cw}
 	// A call whose context ends stops writing at once, even if blocked on flow control.
 	// CancelWrite comes first: it unblocks a write that holds w.mu.
 	stopAbort := context.AfterFunc(ctx, func() {
@@ -596,7 +602,7 @@ func (s *Server) runHandler(ctx context.Context, h handler, method string, body 
 		if len(b) > s.o.maxFrame {
 			return Errorf(ResourceExhausted, "message of %d bytes exceeds the frame limit of %d", len(b), s.o.maxFrame)
 		}
-		if err := w.writeFrame(frameMessage, b); err != nil {
+		if err := w.sendMessage(b); err != nil {
 			if ctx.Err() != nil {
 				return ctxStatus(ctx)
 			}

@@ -119,6 +119,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	w.mu.Unlock()
 	if stop != nil {
 		if srv != nil {
+			w.regs.endPublishers() // their calls last as long as the registrations
 			sctx, cancel := context.WithTimeout(context.Background(), cutGrace)
 			srv.Shutdown(sctx) // refuses what still arrives; nothing runs now
 			cancel()

@@ -31,7 +31,8 @@ type registrations struct {
 
 type registration struct {
 	received atomic.Uint64
-	nudge    chan struct{} // capacity 1: a pending nudge
+	nudge    chan struct{}             // capacity 1: a pending nudge
+	pub      atomic.Pointer[publisher] // the router's Worker.Publish call, if any (publish.go)
 	// active are the running requests the registration's router sent (bind), canceled
 	// should that router be lost (lose). Guarded by registrations.mu.
 	active map[uint64]boundRequest

@@ -308,6 +308,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	opts := append([]orpc.Option{orpc.WithLogger(w.log), orpc.WithAgent("tandem-worker " + node)}, w.cfg.Options...)
 	srv := orpc.NewServer(opts...)
 	orpc.ServerStream(srv, cluster.MethodGenerate, w.generate)
+	orpc.ServerStream(srv, cluster.MethodPublish, w.publish)
 	orpc.Unary(srv, cluster.MethodSnapshot, w.snapshot)
 	w.registerKV(srv)
 	w.registerWeights(srv)
@@ -490,6 +491,11 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 
 	me := w.regs.add(reply.DispatchKey)
 	defer func() {
+		if p := me.pub.Swap(nil); p != nil {
+			p.end() // the router's Worker.Publish call for this registration returns
+		}
+	}()
+	defer func() {
 		if ctx.Err() != nil {
 			w.regs.remove(me) // stopping: the server ends the calls, or lets them finish
 			return
@@ -504,14 +510,43 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		}
 	}()
 	tracked := reply.DispatchKey != 0
-	report := func() error { return w.heartbeat(sctx, c, reply.WorkerID, me, tracked, lossTimeout) }
+	// Reports go on the router's Worker.Publish stream when it opened one (publish.go),
+	// and every probeEvery one goes as a call too, whose answer says the router is alive
+	// (the router takes it for that alone: on the stream, reports keep their order).
+	probeEvery := lossTimeout / 3
+	lastCall := time.Now()
+	// A periodic report that says what the last one said is sent only every keepalive, a
+	// half of the silence after which the router stops sending new requests
+	// (suspectAfter in router/live); a router that does not say its timeout gets every one.
+	keepalive := time.Duration(0)
+	if reply.HeartbeatTimeoutMs > 0 {
+		keepalive = min(4*interval, time.Duration(reply.HeartbeatTimeoutMs)*time.Millisecond/2) / 2
+	}
+	var last cluster.LoadReport
+	var lastAt time.Time
+	report := func(periodic bool) error {
+		r := w.loadReport(reply.WorkerID, me, tracked)
+		now := time.Now()
+		if periodic && r == last && now.Sub(lastAt) < keepalive && now.Sub(lastCall) < probeEvery {
+			return nil // nothing changed, and the router heard from us lately
+		}
+		last, lastAt = r, now
+		if publishOn(me, &cluster.Publication{Kind: cluster.PublishReport, Report: r}) && now.Sub(lastCall) < probeEvery {
+			return nil
+		}
+		if err := w.heartbeat(sctx, c, &r, lossTimeout); err != nil {
+			return err
+		}
+		lastCall = time.Now()
+		return nil
+	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	gap := time.NewTimer(0) // armed while a nudged report waits for minReportGap
 	<-gap.C
 	gapArmed := false
 	lastReport := time.Now()
-	if err := report(); err != nil {
+	if err := report(false); err != nil {
 		return true, err
 	}
 	batch := &cluster.KVEvents{WorkerID: reply.WorkerID}
@@ -540,14 +575,18 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 					break drain
 				}
 			}
+			if publishOn(me, &cluster.Publication{Kind: cluster.PublishEvents, Events: *batch}) {
+				break
+			}
 			ectx, cancel := context.WithTimeout(sctx, lossTimeout)
 			err := c.Call(ectx, cluster.MethodEvents, batch, &cluster.Ack{})
 			cancel()
 			if err != nil {
 				return true, fmt.Errorf("sending KV events: %w", err)
 			}
+			lastCall = time.Now()
 		case <-tick.C:
-			if err := report(); err != nil {
+			if err := report(true); err != nil {
 				return true, err
 			}
 			lastReport = time.Now()
@@ -560,13 +599,13 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 				gapArmed = true
 				break
 			}
-			if err := report(); err != nil {
+			if err := report(false); err != nil {
 				return true, err
 			}
 			lastReport = time.Now()
 		case <-gap.C:
 			gapArmed = false
-			if err := report(); err != nil {
+			if err := report(false); err != nil {
 				return true, err
 			}
 			lastReport = time.Now()
@@ -574,15 +613,21 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	}
 }
 
-func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, id uint64, reg *registration, tracked bool, timeout time.Duration) error {
+// loadReport is the worker's load report now, for registration reg (worker id id there).
+func (w *Worker) loadReport(id uint64, reg *registration, tracked bool) cluster.LoadReport {
 	// Read it first: a dispatch recorded here is already in the engine's figures.
 	received := reg.received.Load()
 	r := w.Load()
 	r.WorkerID = id
 	r.Received, r.Tracked = received, tracked
+	return r
+}
+
+// heartbeat sends r as a Router.Heartbeat call, answered within timeout.
+func (w *Worker) heartbeat(ctx context.Context, c *orpc.Client, r *cluster.LoadReport, timeout time.Duration) error {
 	hctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := c.Call(hctx, cluster.MethodHeartbeat, &r, &cluster.Ack{}); err != nil {
+	if err := c.Call(hctx, cluster.MethodHeartbeat, r, &cluster.Ack{}); err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
 	return nil
@@ -638,7 +683,7 @@ func (w *Worker) Load() cluster.LoadReport {
 // generate serves Worker.Generate: an Accepted event (or an Error event), then the tokens.
 // The call's context is the sequence's: a caller that cancels frees it at once, and so does
 // the loss of the router that sent it (registrations.bind).
-func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, send func(*cluster.GenerateEvent) error) error {
+func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, send func(*cluster.GenerateEvent) error) (err error) {
 	ctx, admitted, err := w.admit(ctx)
 	if err != nil {
 		return err
@@ -646,10 +691,62 @@ func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, sen
 	defer admitted()
 	ctx, done := w.regs.bind(ctx, req.DispatchKey)
 	defer done()
+	if req.StreamInterval > 1 {
+		b := &tokenBatcher{send: send, n: req.StreamInterval}
+		send = b.sendEvent
+		defer func() {
+			if ferr := b.flush(); err == nil {
+				err = ferr
+			}
+		}()
+	}
 	if req.Peer.Addr != "" {
 		return w.generatePeer(ctx, req, send) // pull the prefix from a peer first (peerpull.go)
 	}
 	return w.generateBound(ctx, req, send)
+}
+
+// tokenBatcher sends a Generate stream's tokens n to a message (an EventTokens event) for
+// a router that asked for it (GenerateRequest.StreamInterval): the first token alone, at
+// once, as it sets the time to first token; then n at a time, and the last ones with the
+// finish. Any other event goes after the tokens held.
+type tokenBatcher struct {
+	send  func(*cluster.GenerateEvent) error
+	n     int
+	sent  int // tokens taken so far
+	batch cluster.GenerateEvent
+}
+
+func (b *tokenBatcher) sendEvent(ev *cluster.GenerateEvent) error {
+	if ev.Kind != cluster.EventToken {
+		if err := b.flush(); err != nil {
+			return err
+		}
+		return b.send(ev)
+	}
+	b.batch.Tokens = append(b.batch.Tokens, ev.Event)
+	b.sent++
+	if b.sent == 1 || len(b.batch.Tokens) >= b.n || ev.Event.Finish != "" {
+		return b.flush()
+	}
+	return nil
+}
+
+// flush sends the tokens held: one as a plain token event, several as EventTokens.
+func (b *tokenBatcher) flush() error {
+	var err error
+	switch len(b.batch.Tokens) {
+	case 0:
+		return nil
+	case 1:
+		err = b.send(&cluster.GenerateEvent{Kind: cluster.EventToken, Event: b.batch.Tokens[0]})
+	default:
+		b.batch.Kind = cluster.EventTokens
+		err = b.send(&b.batch)
+	}
+	clear(b.batch.Tokens)
+	b.batch.Tokens = b.batch.Tokens[:0]
+	return err
 }
 
 // generateBound is generate for a request already bound to its router's registration.

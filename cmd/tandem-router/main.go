@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -93,6 +94,8 @@ func run(args []string, stderr io.Writer) error {
 	fs.BoolVar(&dis.Strict, "disagg-strict", dis.Strict, "fail a request whose remote prefill or KV transfer fails, instead of prefilling on the decode worker")
 	fs.DurationVar(&dis.Hold, "kv-hold", dis.Hold, "how long a prefill worker keeps a prompt's KV blocks for the decode worker's pull")
 	fs.DurationVar(&dis.TransferTimeout, "kv-transfer-timeout", dis.TransferTimeout, "deadline of a KV pull, which overlaps the prefill it pulls from; past it the transfer is abandoned and the decode worker computes")
+	streamInterval := fs.Int("stream-interval", 1, "stream tokens this many at a time: workers send them so and the API writes them so, the first token at once (as vLLM's and SGLang's --stream-interval): fewer packets and writes per token for a little latency; every token's event is still sent")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the router's whole run to this file (go tool pprof), until it exits")
 	plan := addPlannerFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -103,6 +106,13 @@ func run(args []string, stderr io.Writer) error {
 	if *showVersion {
 		fmt.Fprintln(stderr, "tandem-router", version.String())
 		return nil
+	}
+	if *cpuProfile != "" {
+		stop, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer stop()
 	}
 	if *stateDir == "" {
 		if *port == 0 {
@@ -125,6 +135,9 @@ func run(args []string, stderr io.Writer) error {
 	}
 	if err := slaTargets.Check(); err != nil {
 		return err
+	}
+	if *streamInterval < 1 || *streamInterval > live.MaxStreamInterval {
+		return fmt.Errorf("--stream-interval %d: want 1 to %d tokens", *streamInterval, live.MaxStreamInterval)
 	}
 	if *heartbeat <= 0 {
 		return fmt.Errorf("--heartbeat %v: want a positive interval", *heartbeat)
@@ -172,7 +185,7 @@ func run(args []string, stderr io.Writer) error {
 		Router: live.Config{
 			Policy: pol, Name: *name, Heartbeat: *heartbeat, HeartbeatTimeout: *hbTimeout,
 			QueueTimeout: *queueTimeout, MaxQueue: *maxQueue, APIKey: *apiKey, MaxMigrations: noneIfZero(*maxMigrations),
-			Disagg: dis, RuntimeLoRA: *runtimeLora,
+			Disagg: dis, RuntimeLoRA: *runtimeLora, StreamInterval: *streamInterval,
 		},
 		DrainTimeout:    *drain,
 		BodyReadTimeout: *bodyTimeout,
@@ -232,4 +245,21 @@ func noneIfZero(n int) int {
 		return -1
 	}
 	return n
+}
+
+// startCPUProfile profiles the process into path until the returned function is called:
+// where the router's CPU goes under a live load (docs/routing.md, "The front end").
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }

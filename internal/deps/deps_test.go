@@ -16,7 +16,7 @@ var allowed = map[string][]string{
 	// Leaves: the standard library and the third-party modules below.
 	"dtype": {}, "llm": {}, "kvcache": {}, "tokenizer": {}, "httpserve": {}, "metrics": {},
 	"bench": {}, "bench/benchtest": {},
-	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/deps": {}, "internal/version": {}, "sla": {}, "grammar": {}, "internal/schematest": {},
+	"internal/datadriven": {}, "internal/fixtures": {}, "internal/statefile": {}, "internal/costs": {}, "internal/deps": {}, "internal/version": {}, "sla": {}, "grammar": {}, "internal/schematest": {},
 	"internal/vulkantest": {"hal/vulkan"},
 	"internal/filehash":   {"internal/statefile"},
 

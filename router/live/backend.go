@@ -87,6 +87,9 @@ type liveStream struct {
 	hashed    []int32
 	hashSalt  uint64
 	hashBlock int
+
+	ev      cluster.GenerateEvent // the event Next decodes into, one per stream
+	batchAt int                   // the next of ev.Tokens to hand out (EventTokens)
 }
 
 // blockHashes returns the block hashes of prompt, computed once for the prompt that was
@@ -99,6 +102,28 @@ func (s *liveStream) blockHashes(salt uint64, blockSize int, prompt []int32) []u
 	s.hashes = kvcache.HashBlocks(salt, prompt, blockSize, nil)
 	s.hashed, s.hashSalt, s.hashBlock = prompt, salt, blockSize
 	return s.hashes
+}
+
+// noWatch is the stop function of no context watch.
+func noWatch() bool { return false }
+
+// Ready implements openai.ReadyStream: the next event is already received (or waits from
+// before the stream was handed out). D's echo of P's first token does not count, as Next
+// drops it and waits on.
+func (s *liveStream) Ready() bool {
+	if len(s.dis.pending) > 0 {
+		return true
+	}
+	if s.done || s.dis.skip {
+		return false
+	}
+	if s.batchAt < len(s.ev.Tokens) {
+		return true
+	}
+	s.mu.Lock()
+	cs := s.cs
+	s.mu.Unlock()
+	return cs != nil && cs.Buffered()
 }
 
 // Worker names the worker(s) serving the stream.
@@ -124,7 +149,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 		l.mu.Unlock()
 	}
 	hashes := s.blockHashes(salt, c.BlockSize, req.Prompt)
-	greq := &cluster.GenerateRequest{Request: *req}
+	greq := &cluster.GenerateRequest{Request: *req, StreamInterval: l.cfg.StreamInterval}
 	var lastErr error
 	var deadline time.Time
 	queued := false
@@ -299,15 +324,15 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 		if s.done {
 			return llm.Event{}, io.EOF
 		}
-		s.mu.Lock()
-		cs := s.cs
-		s.mu.Unlock()
-		stop := context.AfterFunc(ctx, func() { cs.Close() })
-		unwatch := s.watchSource(cs) // live_failover.go
-		var ge cluster.GenerateEvent
-		err := cs.RecvMsg(&ge)
-		stop()
-		unwatch()
+		ge := &s.ev
+		var err error
+		if s.batchAt < len(ge.Tokens) {
+			// The next token of an EventTokens message received already.
+			ge.Event = ge.Tokens[s.batchAt]
+			s.batchAt++
+		} else {
+			err = s.recv(ctx)
+		}
 		if err == nil && ge.Kind == cluster.EventError {
 			err = ge.Error()
 		}
@@ -351,6 +376,33 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 			return llm.Event{}, ferr
 		}
 	}
+}
+
+// recv reads the worker's next message into s.ev; of an EventTokens message, it leaves
+// the first token in s.ev.Event and the others for Next to hand out.
+func (s *liveStream) recv(ctx context.Context) error {
+	s.mu.Lock()
+	cs := s.cs
+	s.mu.Unlock()
+	// The call watches the context it was opened with (the request's, s.ctx): only
+	// another one needs a watch of its own.
+	stop := noWatch
+	if ctx != s.ctx {
+		stop = context.AfterFunc(ctx, func() { cs.Close() })
+	}
+	unwatch := s.watchSource(cs)                // live_failover.go
+	s.ev.Tokens, s.batchAt = s.ev.Tokens[:0], 0 // a failed read leaves none to hand out
+	err := cs.RecvMsgReusing(&s.ev)
+	stop()
+	unwatch()
+	if err != nil || s.ev.Kind != cluster.EventTokens {
+		return err
+	}
+	if len(s.ev.Tokens) == 0 {
+		return fmt.Errorf("worker %s: a message of no tokens", s.worker)
+	}
+	s.ev.Event, s.batchAt = s.ev.Tokens[0], 1
+	return nil
 }
 
 // migrate continues the request on another worker from the tokens generated so far.

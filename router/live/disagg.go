@@ -17,6 +17,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"tandem/cluster"
 	"tandem/llm"
 	"tandem/orpc"
@@ -308,6 +310,8 @@ type timedStream struct {
 	start, last time.Time
 	first       time.Time // the first token's
 	n           int
+	itl         prometheus.Observer // the ITL histogram of itlRole's pool, looked up once
+	itlRole     string
 }
 
 func (s *liveStream) timed(start time.Time) *timedStream {
@@ -334,7 +338,10 @@ func (t *timedStream) Next(ctx context.Context) (llm.Event, error) {
 		t.b.l.planFirst(t.b.m.name, role, now.Sub(t.start))
 		t.first = now
 	} else {
-		t.b.l.dis.ITL.WithLabelValues(role).Observe(now.Sub(t.last).Seconds())
+		if t.itl == nil || t.itlRole != role {
+			t.itl, t.itlRole = t.b.l.dis.ITL.WithLabelValues(role), role
+		}
+		t.itl.Observe(now.Sub(t.last).Seconds())
 	}
 	t.n++
 	t.last = now

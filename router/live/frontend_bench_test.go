@@ -9,11 +9,11 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"tandem/gguf"
+	"tandem/internal/costs"
 	"tandem/internal/fixtures"
 	"tandem/kvcache"
 	"tandem/llm"
@@ -63,18 +63,8 @@ func (s *oneToken) Next(ctx context.Context) (llm.Event, error) {
 
 func (s *oneToken) Close() error { return nil }
 
-// processCPU is the process's user and system CPU time.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// frontEndHandler is the router's API handler over decideBackend: a Llama-3 vocabulary
-// (128k tokens), 16-token blocks and 64 idle workers.
-func frontEndHandler(b *testing.B) (http.Handler, *tokenizer.Tokenizer) {
+// llama3Tokenizer is the tokenizer of Llama 3's 128k vocabulary.
+func llama3Tokenizer(b *testing.B) *tokenizer.Tokenizer {
 	b.Helper()
 	f, err := gguf.Open(fixtures.Model(b, "rand-llama-llama3vocab-f32.gguf"))
 	if err != nil {
@@ -85,6 +75,14 @@ func frontEndHandler(b *testing.B) (http.Handler, *tokenizer.Tokenizer) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return tok
+}
+
+// frontEndHandler is the router's API handler over decideBackend: a Llama-3 vocabulary
+// (128k tokens), 16-token blocks and 64 idle workers.
+func frontEndHandler(b *testing.B) (http.Handler, *tokenizer.Tokenizer) {
+	b.Helper()
+	tok := llama3Tokenizer(b)
 	st, err := router.NewState(router.DefaultConfig(), nil)
 	if err != nil {
 		b.Fatal(err)
@@ -143,7 +141,7 @@ func BenchmarkFrontEnd(b *testing.B) {
 			var w *httptest.ResponseRecorder
 			b.SetBytes(int64(len(c.body)))
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := costs.ProcessCPU()
 			for b.Loop() {
 				rd.Reset(c.body)
 				req.Body = io.NopCloser(rd)
@@ -151,7 +149,7 @@ func BenchmarkFrontEnd(b *testing.B) {
 				w = httptest.NewRecorder()
 				h.ServeHTTP(w, req)
 			}
-			cpu := processCPU() - cpu0
+			cpu := costs.ProcessCPU() - cpu0
 			if w.Code != http.StatusOK {
 				b.Fatalf("status %d: %s", w.Code, w.Body)
 			}
@@ -179,7 +177,7 @@ func BenchmarkFrontEndHTTP(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			b.SetBytes(int64(len(c.body)))
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := costs.ProcessCPU()
 			for b.Loop() {
 				resp, err := client.Post(srv.URL+"/v1/completions", "application/json", bytes.NewReader(c.body))
 				if err != nil {
@@ -191,7 +189,7 @@ func BenchmarkFrontEndHTTP(b *testing.B) {
 					b.Fatalf("status %d", resp.StatusCode)
 				}
 			}
-			cpu := processCPU() - cpu0
+			cpu := costs.ProcessCPU() - cpu0
 			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/req")
 		})
 	}

@@ -81,13 +81,19 @@ func (l *Router) events(ctx context.Context, b *cluster.KVEvents) (*cluster.Ack,
 	if err != nil {
 		return nil, err
 	}
+	l.met.WorkerMessages.WithLabelValues("events", "call").Inc()
+	l.applyEvents(w, b)
+	return &cluster.Ack{}, nil
+}
+
+// applyEvents takes a batch of w's KV events, from a call or w's report stream.
+func (l *Router) applyEvents(w *liveWorker, b *cluster.KVEvents) {
 	w.kv.Lock()
 	defer w.kv.Unlock()
 	if w.kvs.gone {
-		return &cluster.Ack{}, nil
+		return
 	}
 	l.applyKV(w, b.Events, time.Now())
-	return &cluster.Ack{}, nil
 }
 
 // applyKV applies events of w to the index, starting a resync on a gap. Called with w.kv.

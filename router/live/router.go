@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -66,11 +67,19 @@ type Config struct {
 	// router loads an adapter (a path on the workers' machines) on a worker and routes
 	// its requests there, loading it again where none serves it.
 	RuntimeLoRA bool
+	// StreamInterval, above 1, streams tokens that many at a time: workers send them so
+	// (GenerateRequest.StreamInterval) and the API writes them so (openai.Options), the
+	// first token at once. 0 or 1: each as it comes.
+	StreamInterval int
 	// Disagg configures disaggregated prefill and decode, for models with prefill workers.
 	Disagg  router.DisaggConfig
 	Logger  *slog.Logger
 	Options []orpc.Option // for the connections to workers
 }
+
+// MaxStreamInterval bounds Config.StreamInterval: the most tokens a worker puts in one
+// message.
+const MaxStreamInterval = cluster.MaxStreamInterval
 
 // Router is the running router: the registry of workers that dialled in, one policy State per
 // model, the ORPC services workers call, and the OpenAI API over a Backend that routes to
@@ -126,6 +135,10 @@ type liveWorker struct {
 	client *orpc.Client
 	joined time.Time
 	beat   atomic.Int64 // unix nanoseconds of the last load report, less the router's own stalls
+	// publishing is set while the worker's reports come on its Worker.Publish stream: a
+	// report by a call is then the worker's liveness probe, which says it is alive and
+	// nothing more (its figures could overtake an older report still on the stream).
+	publishing atomic.Bool
 	// The worker's KV sync (kvsync.go): its own lock, never held while taking l.mu.
 	kv  sync.Mutex
 	kvs kvSync
@@ -635,6 +648,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	}
 	l.met.KVResyncs.WithLabelValues(w.node, "join").Inc()
 	go l.resync(w) // a new member starts from a snapshot
+	go l.subscribe(ctx, w)
 	select {
 	case <-ctx.Done():
 		w.remove("registration ended: " + context.Cause(ctx).Error())
@@ -732,6 +746,48 @@ func (l *Router) dropLocked(w *liveWorker) {
 	l.signal()
 }
 
+// subscribe reads w's load reports and KV event batches from its Worker.Publish stream
+// until the registration (ctx) ends, and applies each as Router.Heartbeat and
+// Router.Events do. A worker that does not serve the method keeps making those calls.
+func (l *Router) subscribe(ctx context.Context, w *liveWorker) {
+	cs, err := w.client.Stream(ctx, cluster.MethodPublish, &cluster.PublishRequest{DispatchKey: w.key})
+	if err != nil {
+		return
+	}
+	defer cs.Close()
+	defer w.publishing.Store(false)
+	reports, events := l.met.WorkerMessages.WithLabelValues("report", "stream"), l.met.WorkerMessages.WithLabelValues("events", "stream")
+	for {
+		var p cluster.Publication
+		err := cs.RecvMsg(&p)
+		if err == nil {
+			w.publishing.Store(true) // the worker publishes: its calls are probes from now on
+		}
+		if err != nil {
+			switch {
+			case ctx.Err() != nil || errors.Is(err, io.EOF):
+			case errors.Is(err, orpc.ErrNotFound):
+				l.log.Info("the worker does not publish its reports over a stream (an older engine); it sends them as calls", "worker", w.node)
+			default:
+				l.log.Warn("the worker's report stream ended; it sends its reports as calls", "worker", w.node, "err", err)
+			}
+			return
+		}
+		switch p.Kind {
+		case cluster.PublishReport:
+			if p.Report.WorkerID != uint64(w.id) {
+				l.log.Warn("a load report for another registration on the worker's report stream; ending the stream", "worker", w.node, "worker_id", p.Report.WorkerID)
+				return
+			}
+			reports.Inc()
+			l.report(w, &p.Report)
+		case cluster.PublishEvents:
+			events.Inc()
+			l.applyEvents(w, &p.Events)
+		}
+	}
+}
+
 // heartbeat serves Router.Heartbeat without the router's lock: the report waits for the
 // next decision (post), the KV checks take only the worker's own lock.
 func (l *Router) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster.Ack, error) {
@@ -739,13 +795,23 @@ func (l *Router) heartbeat(ctx context.Context, r *cluster.LoadReport) (*cluster
 	if err != nil {
 		return nil, err
 	}
+	l.met.WorkerMessages.WithLabelValues("report", "call").Inc()
+	if w.publishing.Load() {
+		w.beat.Store(time.Now().UnixNano()) // a probe: the report itself comes on the stream
+		return &cluster.Ack{}, nil
+	}
+	l.report(w, r)
+	return &cluster.Ack{}, nil
+}
+
+// report takes a load report of w.
+func (l *Router) report(w *liveWorker, r *cluster.LoadReport) {
 	now := time.Now()
 	w.beat.Store(now.UnixNano())
 	w.report.Store(&mailReport{load: r.Load, at: now})
 	l.post(w)
 	l.checkReport(w, r.Load, now)
 	l.signal()
-	return &cluster.Ack{}, nil
 }
 
 // rebuildAPI makes a new OpenAI handler over the models known now.
@@ -773,7 +839,8 @@ func (l *Router) rebuildAPILocked() {
 		})
 	}
 	slices.SortFunc(models, func(a, b *openai.Model) int { return cmp.Compare(a.ID, b.ID) })
-	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet, Responses: l.cfg.Responses, RuntimeLoRA: l.cfg.RuntimeLoRA})
+	h := openai.NewHandler(models, openai.Options{APIKey: l.cfg.APIKey, Logger: l.log, Metrics: l.httpMet, Responses: l.cfg.Responses, RuntimeLoRA: l.cfg.RuntimeLoRA,
+		StreamInterval: l.cfg.StreamInterval})
 	l.api.Store(&h)
 }
 

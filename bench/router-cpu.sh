@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# bench/router-cpu.sh: what a live tandem-router costs per routed request, and what it adds
+# to the time to first token (docs/routing.md, "The stream, per token").
+#
+#   bench/router-cpu.sh BIN mooncake  # 16 sim replicas, 100 Mooncake requests at 4x
+#   bench/router-cpu.sh BIN small     # 16 sim replicas, 1000 requests of 64 in / 16 out at 50/s
+#   bench/router-cpu.sh BIN idle      # 16 idle sim replicas for 20 s
+#   bench/router-cpu.sh BIN ttft      # one sim replica, one request at a time, through the
+#                                     # router and direct, alternated: router-added TTFT
+#
+# BIN is a directory holding tandem and tandem-router (go build -o BIN ./cmd/tandem
+# ./cmd/tandem-router); ROUTER_ARGS adds router flags (ROUTER_ARGS="--stream-interval 16");
+# TRACE is the Mooncake conversation trace (default /work/shared/workloads/mooncake/...).
+# Prints the router process's CPU seconds (from /proc/PID/stat, user and system) over the
+# requests routed, and the UDP datagrams the host sent meanwhile (both ends of every QUIC
+# connection: tokens, KV events, reports and their ACKs). Linux only.
+set -euo pipefail
+BIN=$(cd "$1" && pwd)
+MODE=$2
+TRACE=${TRACE:-/work/shared/workloads/mooncake/conversation_trace.jsonl}
+D=$(mktemp -d)
+TOK=abcdef.0123456789abcdef
+HP=$((18000 + RANDOM % 1000)) OP=$((19000 + RANDOM % 1000)) EP=$((20000 + RANDOM % 1000))
+REPLICAS=16
+[ "$MODE" = ttft ] && REPLICAS=1
+
+# shellcheck disable=SC2086
+"$BIN/tandem-router" --port $HP --orpc-port $OP --state-dir "$D/router" --join-token $TOK --log-level warn ${ROUTER_ARGS:-} >"$D/router.log" 2>&1 &
+RPID=$!
+sleep 1
+"$BIN/tandem" serve --backend sim --replicas $REPLICAS --sim-profile gpu --kv-cache-memory 896MiB --max-model-len 131072 \
+	--max-seqs 256 --max-batch-tokens 8192 --port $EP --orpc-port 0 --join 127.0.0.1:$OP --join-token $TOK \
+	--state-dir "$D/engine" --log-level warn >"$D/engine.log" 2>&1 &
+EPID=$!
+trap 'kill $EPID $RPID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+for _ in $(seq 1 240); do
+	n=$(curl -s "localhost:$HP/metrics" | grep -c '^tandem_router:worker_info' || true)
+	[ "$n" -ge $REPLICAS ] && break
+	sleep 0.5
+done
+sleep 2
+
+cpu() { awk '{print $14 + $15}' "/proc/$RPID/stat"; }
+udp() { awk '/^Udp:/ { getline; print $5 }' /proc/net/snmp; }
+bench() { "$BIN/tandem" bench --base-url "$1" "${@:2}"; }
+
+case $MODE in
+mooncake | small | idle)
+	c0=$(cpu) u0=$(udp)
+	case $MODE in
+	mooncake) bench http://127.0.0.1:$HP --workload mooncake --dataset-path "$TRACE" --num-prompts 100 --trace-speedup 4 >"$D/bench.log" 2>&1 ;;
+	small) bench http://127.0.0.1:$HP --workload random --random-input-len 64 --random-output-len 16 --num-prompts 1000 --request-rate 50 >"$D/bench.log" 2>&1 ;;
+	idle) sleep 20 ;;
+	esac
+	c1=$(cpu) u1=$(udp)
+	n=$(awk -F: '/^Successful requests/ { gsub(/ /, "", $2); print $2 }' "$D/bench.log" 2>/dev/null || true)
+	awk -v c=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v n="${n:-0}" -v u=$((u1 - u0)) -v mode="$MODE" 'BEGIN {
+		s = c / hz
+		if (n > 0) printf "%s: router CPU %.2f s over %d requests: %.2f ms per request; %d UDP datagrams sent\n", mode, s, n, 1000 * s / n, u
+		else printf "%s: router CPU %.2f s; %d UDP datagrams sent\n", mode, s, u
+	}'
+	;;
+ttft)
+	# Prompts of their own for each run (seeds 1000 apart), so that neither finds the
+	# other's in the prefix cache; the order alternates between rounds.
+	pct() { awk -F: -v k="$2" '$1 ~ k { gsub(/ /, "", $2); print $2 }' "$1"; }
+	for r in 1 2; do
+		order="router direct"
+		[ $((r % 2)) = 0 ] && order="direct router"
+		for via in $order; do
+			url=http://127.0.0.1:$HP seed=$r
+			[ $via = direct ] && url=http://127.0.0.1:$EP seed=$((1000 + r))
+			bench "$url" --workload random --random-input-len 64 --random-output-len 4 --num-prompts 500 --max-concurrency 1 \
+				--seed $seed >"$D/$via.$r.log" 2>&1
+		done
+		for p in "Median" "P90" "P99"; do
+			a=$(pct "$D/router.$r.log" "^$p TTFT") b=$(pct "$D/direct.$r.log" "^$p TTFT")
+			awk -v p="$p" -v a="$a" -v b="$b" -v r=$r 'BEGIN { printf "round %d, %s TTFT: router %.2f ms, direct %.2f ms, added %+.2f ms\n", r, p, a, b, a - b }'
+		done
+	done
+	;;
+*)
+	echo "unknown mode $MODE: mooncake, small, idle or ttft" >&2
+	exit 2
+	;;
+esac
