@@ -18,19 +18,28 @@ import (
 	"time"
 )
 
+// procStatusBytes reads a "NAME:  N kB" field of /proc/PID/status in bytes.
+func procStatusBytes(pid int, name string) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	m := regexp.MustCompile(`(?m)^` + name + `:\s+(\d+) kB`).FindSubmatch(b)
+	if m == nil {
+		return 0, fmt.Errorf("no %s in /proc/%d/status", name, pid)
+	}
+	kb, err := strconv.ParseInt(string(m[1]), 10, 64)
+	return kb << 10, err
+}
+
 // peakRSS reads a process's peak resident memory (VmHWM) in bytes.
 func peakRSS(t *testing.T, pid int) int64 {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	n, err := procStatusBytes(pid, "VmHWM")
 	if err != nil {
-		t.Skipf("no /proc to read the server's peak memory from: %v", err)
+		t.Skipf("no peak memory of the server to read: %v", err)
 	}
-	m := regexp.MustCompile(`VmHWM:\s+(\d+) kB`).FindSubmatch(b)
-	if m == nil {
-		t.Skip("no VmHWM in /proc/PID/status")
-	}
-	kb, _ := strconv.ParseInt(string(m[1]), 10, 64)
-	return kb << 10
+	return n
 }
 
 func post(t *testing.T, url, contentType, body string, header ...string) (int, string) {

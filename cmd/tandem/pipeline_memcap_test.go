@@ -1,9 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -16,23 +13,11 @@ import (
 // what RLIMIT_DATA limits), in bytes.
 func vmDataBytes(t *testing.T, pid int) int64 {
 	t.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	n, err := procStatusBytes(pid, "VmData")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmData:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				t.Fatalf("VmData of %d: %q", pid, v)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatalf("no VmData in /proc/%d/status", pid)
-	return 0
+	return n
 }
 
 // TestStagesServeUnderMemoryCap is the check that pipeline parallelism serves a
