@@ -2,6 +2,9 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"io"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -9,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"tandem/kvcache"
 	"tandem/llm"
 	"tandem/metrics"
 	"tandem/model"
@@ -44,23 +48,21 @@ func TestStatsPublish(t *testing.T) {
 	b.KV.Commit(b.Tokens[:12])
 	// c: queued.
 	c := &sequence{Seq: sched.Seq{Tokens: toks(7), PromptLen: 7}}
-	e.queued.Store(1)
 	e.publishSeqs([]*sequence{a, b}, []*sequence{c})
 	e.stepDone(3*time.Millisecond, 17)
 
 	got := e.Stats()
 	want := Stats{Census: sched.Census{Running: 2, Prefilling: 1, Waiting: 1, PrefillTokens: 24, WaitingTokens: 7, DecodeBlocks: 3 + 1},
-		KVUsed: 4, KVBlocks: 64, KVUsage: 4.0 / 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1,
+		Step: 1, KVUsed: 4, KVBlocks: 64, KVUsage: 4.0 / 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1,
 		BlockPrefillMicros: 3000 * 16 / 17} // the step's 17 prompt tokens in 3 ms: the measured cost of a block
 	if got != want {
 		t.Errorf("stats\n got %+v\nwant %+v", got, want)
 	}
 	// A later publish keeps the step timings.
-	e.queued.Store(0)
 	a.KV.Release()
 	b.KV.Release()
 	e.publish()
-	if got := e.Stats(); got != (Stats{KVBlocks: 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1, BlockPrefillMicros: want.BlockPrefillMicros}) {
+	if got := e.Stats(); got != (Stats{Step: 1, KVBlocks: 64, LastStep: 3 * time.Millisecond, LastStepTokens: 17, Steps: 1, BlockPrefillMicros: want.BlockPrefillMicros}) {
 		t.Errorf("idle stats %+v", got)
 	}
 }
@@ -232,5 +234,130 @@ func TestStepComposition(t *testing.T) {
 	}
 	if pre.GetSampleCount() != all.GetSampleCount() || dec.GetSampleCount() != all.GetSampleCount() || all.GetSampleSum() != float64(wantPrefill+wantDecode) {
 		t.Errorf("steps: prefill %d, decode %d, all %d (%v tokens)", pre.GetSampleCount(), dec.GetSampleCount(), all.GetSampleCount(), all.GetSampleSum())
+	}
+}
+
+// A request's first and last events carry the step that produced them, and every Stats
+// taken after step S counts exactly the requests whose first event's step is above S as
+// waiting and those between their first and last events as decoding: the comparison a
+// router makes between a load report and the events it has seen is exact, whatever order
+// it meets them in (docs/routing.md, "What a load report counts").
+func TestStepNumbersMatchStats(t *testing.T) {
+	m, be := loadStories(t)
+	e, err := New(m, be, Config{MaxSeqs: 2, KVBlocks: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := &heldForwarder{f: e.fwd}
+	held.cond = sync.NewCond(&held.mu)
+	e.fwd = held
+	held.hold(true) // every request queued before the first step
+	runCtx, stopRun := context.WithCancel(context.Background())
+	runDone := make(chan struct{})
+	go func() { e.Run(runCtx); close(runDone) }()
+	t.Cleanup(func() { held.hold(false); stopRun(); <-runDone })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	prompt := m.Tokenizer.Encode("Once upon a time, there was a little girl named Lily.", true, false)
+	maxTokens := []int{1, 5, 2, 9, 1, 4}
+	streams := make([]llm.Stream, len(maxTokens))
+	for i, n := range maxTokens {
+		p := append(slices.Clone(prompt), int32(10+i)) // no two prompts alike
+		if streams[i], err = e.Generate(ctx, &llm.Request{Prompt: p, MaxTokens: n, IgnoreEOS: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type snap struct {
+		step              uint64
+		waiting, decoding int
+	}
+	var snaps []snap
+	stop := make(chan struct{})
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			st := e.Stats()
+			l := st.Census.Load(kvcache.Stats{})
+			s := snap{st.Step, l.Waiting, l.Running}
+			if len(snaps) == 0 || snaps[len(snaps)-1] != s {
+				snaps = append(snaps, s)
+			}
+		}
+	}()
+	// One pass at a time, slowly enough for the reader to see the states between them.
+	pacerDone := make(chan struct{})
+	go func() {
+		defer close(pacerDone)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(500 * time.Microsecond):
+				held.step()
+			}
+		}
+	}()
+	first := make([]uint64, len(streams))
+	last := make([]uint64, len(streams))
+	for i, s := range streams {
+		for k := 0; ; k++ {
+			ev, err := s.Next(ctx)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case k == 0:
+				first[i] = ev.Step
+			case ev.Finish == "" && ev.Step != 0:
+				t.Errorf("request %d: token %d carries step %d", i, k, ev.Step)
+			}
+			if ev.Finish != "" {
+				last[i] = ev.Step
+			}
+		}
+		// One token per step: a request of n tokens ends n-1 steps after its first at least.
+		if n := uint64(maxTokens[i]); first[i] < 2 || last[i] < first[i]+n-1 || n == 1 && last[i] != first[i] {
+			t.Errorf("request %d (%d tokens): first event at step %d, last at %d", i, maxTokens[i], first[i], last[i])
+		}
+	}
+	waitIdle(t, e)
+	for deadline := time.Now().Add(10 * time.Second); e.Stats().Step <= slices.Max(last); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no census after the last event's step %d: %+v", slices.Max(last), e.Stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(5 * time.Millisecond) // a few more snapshots of the idle engine
+	close(stop)
+	<-polled
+	<-pacerDone
+	held.hold(false)
+	if len(snaps) < 8 {
+		t.Fatalf("only %d distinct snapshots: %v", len(snaps), snaps)
+	}
+	for _, s := range snaps {
+		var waiting, decoding int
+		for i := range streams {
+			switch {
+			case s.step < first[i]:
+				waiting++
+			case s.step < last[i]:
+				decoding++
+			}
+		}
+		if s.waiting != waiting || s.decoding != decoding {
+			t.Errorf("after step %d: %d waiting, %d decoding; the events say %d and %d (first steps %v, last %v)",
+				s.step, s.waiting, s.decoding, waiting, decoding, first, last)
+		}
 	}
 }
