@@ -125,9 +125,10 @@ type Engine struct {
 	// the scheduler since the last publish, which then counts them in the census instead of
 	// inboxTok and inboxN.
 	intaken, intakenN int
-	// stepNo numbers the scheduler's iterations (docs/routing.md, "What a load report
-	// counts"): a request's first and last events carry the step they happen in, and the
-	// census published at the top of the next iteration is its. It starts at 1.
+	// stepNo numbers the scheduler's iterations (docs/routing.md, "A report against the
+	// events the router has seen"): a request's first and last events carry the step they
+	// happen in, and the census published at the top of the next iteration is its. It
+	// starts at 1.
 	stepNo uint64
 
 	samplers *samplerBufs  // lends the sequences' samplers their buffers; Run's (samplerbufs.go)

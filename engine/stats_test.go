@@ -241,7 +241,7 @@ func TestStepComposition(t *testing.T) {
 // taken after step S counts exactly the requests whose first event's step is above S as
 // waiting and those between their first and last events as decoding: the comparison a
 // router makes between a load report and the events it has seen is exact, whatever order
-// it meets them in (docs/routing.md, "What a load report counts").
+// it meets them in (docs/routing.md, "A report against the events the router has seen").
 func TestStepNumbersMatchStats(t *testing.T) {
 	m, be := loadStories(t)
 	e, err := New(m, be, Config{MaxSeqs: 2, KVBlocks: 256})

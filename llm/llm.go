@@ -217,7 +217,8 @@ type Event struct {
 	// Step, on a request's first event and on its last, is the engine step that produced
 	// it: the first load report whose Load.Step is at least Step counts the request past
 	// its first token (or gone). 0 on the other events, and from an engine that does not
-	// number its steps (docs/routing.md, "What a load report counts").
+	// number its steps (docs/routing.md, "A report against the events the router has
+	// seen").
 	Step uint64
 }
 
