@@ -6,6 +6,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -170,11 +171,12 @@ func TestStatsNoAlloc(t *testing.T) {
 
 // heldForwarder runs f's forward passes except while held; step lets one through.
 type heldForwarder struct {
-	f     Forwarder
-	mu    sync.Mutex
-	cond  *sync.Cond
-	held  bool
-	allow int
+	f       Forwarder
+	mu      sync.Mutex
+	cond    *sync.Cond
+	held    bool
+	allow   int
+	waiting int // forward passes waiting
 }
 
 func (h *heldForwarder) hold(on bool) {
@@ -191,10 +193,19 @@ func (h *heldForwarder) step() {
 	h.cond.Broadcast()
 }
 
+// parked reports whether a forward pass waits to be let through.
+func (h *heldForwarder) parked() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.waiting > 0 && h.allow == 0
+}
+
 func (h *heldForwarder) Forward(b *model.Batch, logits []float32) error {
 	h.mu.Lock()
 	for h.held && h.allow == 0 {
+		h.waiting++
 		h.cond.Wait()
+		h.waiting--
 	}
 	if h.held {
 		h.allow--
@@ -273,6 +284,7 @@ func TestStepNumbersMatchStats(t *testing.T) {
 		waiting, decoding int
 	}
 	var snaps []snap
+	var reads atomic.Int64
 	stop := make(chan struct{})
 	polled := make(chan struct{})
 	go func() {
@@ -283,6 +295,7 @@ func TestStepNumbersMatchStats(t *testing.T) {
 				return
 			default:
 			}
+			reads.Add(1)
 			st := e.Stats()
 			l := st.Census.Load(kvcache.Stats{})
 			s := snap{st.Step, l.Waiting, l.Running}
@@ -291,15 +304,29 @@ func TestStepNumbersMatchStats(t *testing.T) {
 			}
 		}
 	}()
-	// One pass at a time, slowly enough for the reader to see the states between them.
+	// One pass at a time, each once the last one's events are out and the next pass waits
+	// (its census published), and the reader has looked a few times since: it sees the
+	// states between the passes however the machine schedules it.
 	pacerDone := make(chan struct{})
 	go func() {
 		defer close(pacerDone)
+		wait := func(cond func() bool, d time.Duration) {
+			for deadline := time.Now().Add(d); !cond() && time.Now().Before(deadline); {
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Microsecond):
+				}
+			}
+		}
 		for {
+			wait(held.parked, 200*time.Millisecond)
+			from := reads.Load()
+			wait(func() bool { return reads.Load() >= from+3 }, time.Second)
 			select {
 			case <-stop:
 				return
-			case <-time.After(500 * time.Microsecond):
+			default:
 				held.step()
 			}
 		}
@@ -331,7 +358,7 @@ func TestStepNumbersMatchStats(t *testing.T) {
 		}
 	}
 	waitIdle(t, e)
-	for deadline := time.Now().Add(10 * time.Second); e.Stats().Step <= slices.Max(last); {
+	for deadline := time.Now().Add(10 * time.Second); e.Stats().Step < slices.Max(last); {
 		if time.Now().After(deadline) {
 			t.Fatalf("no census after the last event's step %d: %+v", slices.Max(last), e.Stats())
 		}
