@@ -285,7 +285,7 @@ func (w *WorkerState) counting(d *dispatch) (firstIn, endIn, counted bool) {
 // it takes off the waiting request and the prefill the report counts when the router has
 // seen its first token or end from after the report, and the decode blocks when it has
 // seen its end from after the report.
-func (w *WorkerState) add(d *dispatch) (waiting, prefill, decode int) {
+func (w *WorkerState) add(d *dispatch) (waiting, prefill, decode int, counted bool) {
 	firstIn, endIn, counted := w.counting(d)
 	if !counted {
 		if !d.first && !d.ended {
@@ -305,15 +305,13 @@ func (w *WorkerState) add(d *dispatch) (waiting, prefill, decode int) {
 	return
 }
 
-// done reports whether d, adding waiting, prefill and decode now, adds nothing under any
-// later report either, and so needs no record: the report counts it (or it has ended) and
-// every later report counts what the router has seen of it.
-func (w *WorkerState) done(d *dispatch, waiting, prefill, decode int) bool {
-	if waiting != 0 || prefill != 0 || decode != 0 {
-		return false
-	}
-	if _, _, counted := w.counting(d); !counted && !d.ended {
-		return false // it will add its load to a report that does not count it
+// done reports whether d, adding waiting, prefill and decode now (counted: the report
+// counts it), adds nothing under any later report either, and so needs no record: the
+// report counts it (or it has ended) and every later report counts what the router has
+// seen of it.
+func (w *WorkerState) done(d *dispatch, waiting, prefill, decode int, counted bool) bool {
+	if waiting != 0 || prefill != 0 || decode != 0 || !counted && !d.ended {
+		return false // what it adds, or will add to a report that does not count it
 	}
 	return (!d.first || w.settled(d.firstStep)) && (!d.ended || w.settled(d.endStep))
 }
@@ -599,11 +597,11 @@ func (s *State) Report(id WorkerID, r LoadReport, now time.Time) error {
 	w.credits(&s.cfg)
 	keep := w.pending[:0]
 	for _, d := range w.pending {
-		waiting, prefill, decode := w.add(&d)
+		waiting, prefill, decode, counted := w.add(&d)
 		w.dWaiting += waiting
 		w.dPrefill += prefill
 		w.dDecode += decode
-		if !w.done(&d, waiting, prefill, decode) {
+		if !w.done(&d, waiting, prefill, decode, counted) {
 			keep = append(keep, d)
 		}
 	}
@@ -702,10 +700,8 @@ func (s *State) PrefillDoneAt(in *Inflight, step uint64) {
 		in.Prefilled = true
 		return
 	}
-	d := s.record(w, in)
-	d.first, d.firstStep, d.firstAt = true, step, w.nrep
+	s.event(w, in, false, step)
 	in.Prefilled, in.firstStep, in.firstAt = true, step, w.nrep
-	s.noted(w, d)
 }
 
 // RemoveInflight records that the request ended (finished, failed, cancelled
@@ -721,39 +717,41 @@ func (s *State) RemoveInflightAt(in Inflight, step uint64) {
 	if w == nil {
 		return
 	}
-	d := s.record(w, &in)
-	d.ended, d.endStep, d.endAt = true, step, w.nrep
 	w.Inflight--
-	s.noted(w, d)
+	s.event(w, &in, true, step)
 }
 
-// record returns w's record of in, rebuilt if it was dropped (WorkerState.done: it then
-// adds nothing to the report, and in has what the router has seen of it), and notes what
-// it adds to the report before the caller changes it.
-func (s *State) record(w *WorkerState, in *Inflight) *dispatch {
-	i, ok := slices.BinarySearchFunc(w.pending, in.seq, cmpSeq)
-	if !ok {
-		w.pending = slices.Insert(w.pending, i, dispatch{seq: in.seq, prefill: in.PromptBlocks - in.CachedBlocks, decode: in.PromptBlocks,
-			first: in.Prefilled, firstStep: in.firstStep, firstAt: in.firstAt})
+// event records in's first token (or its end) of step step in w's record of it, rebuilt
+// if it was dropped (WorkerState.done: it then added nothing to the report, and in has what
+// the router has seen of it), and moves the deltas by the change in what it adds to the
+// report. A record done after the event is dropped (or not rebuilt).
+func (s *State) event(w *WorkerState, in *Inflight, end bool, step uint64) {
+	i, found := slices.BinarySearchFunc(w.pending, in.seq, cmpSeq)
+	d := dispatch{seq: in.seq, prefill: in.PromptBlocks - in.CachedBlocks, decode: in.PromptBlocks,
+		first: in.Prefilled, firstStep: in.firstStep, firstAt: in.firstAt}
+	if found {
+		d = w.pending[i]
 	}
-	d := &w.pending[i]
-	waiting, prefill, decode := w.add(d)
+	waiting, prefill, decode, _ := w.add(&d)
 	w.dWaiting -= waiting
 	w.dPrefill -= prefill
 	w.dDecode -= decode
-	return d
-}
-
-// noted adds what d, changed since record, adds to w's report now, and drops d's record
-// when it is done.
-func (s *State) noted(w *WorkerState, d *dispatch) {
-	waiting, prefill, decode := w.add(d)
+	if end {
+		d.ended, d.endStep, d.endAt = true, step, w.nrep
+	} else {
+		d.first, d.firstStep, d.firstAt = true, step, w.nrep
+	}
+	waiting, prefill, decode, counted := w.add(&d)
 	w.dWaiting += waiting
 	w.dPrefill += prefill
 	w.dDecode += decode
-	if w.done(d, waiting, prefill, decode) {
-		i, _ := slices.BinarySearchFunc(w.pending, d.seq, cmpSeq)
+	switch done := w.done(&d, waiting, prefill, decode, counted); {
+	case found && done:
 		w.pending = slices.Delete(w.pending, i, i+1)
+	case found:
+		w.pending[i] = d
+	case !done:
+		w.pending = slices.Insert(w.pending, i, d)
 	}
 	s.refresh(w)
 }
