@@ -78,13 +78,7 @@ func TestStatsLive(t *testing.T) {
 	}
 	// The scheduler never waits for its clients, so the test holds its forward passes to
 	// look at a state that would otherwise last a few milliseconds.
-	held := &heldForwarder{f: e.fwd}
-	held.cond = sync.NewCond(&held.mu)
-	e.fwd = held
-	runCtx, stopRun := context.WithCancel(context.Background())
-	runDone := make(chan struct{})
-	go func() { e.Run(runCtx); close(runDone) }()
-	t.Cleanup(func() { held.hold(false); stopRun(); <-runDone })
+	held := runHeld(t, e, false)
 	if st := e.Stats(); st.Running != 0 || st.Waiting != 0 || st.Steps != 0 || st.KVBlocks != 256 {
 		t.Fatalf("fresh engine: %+v", st)
 	}
@@ -167,6 +161,19 @@ func TestStatsNoAlloc(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { e.publishSeqs(running, nil); e.stepDone(time.Millisecond, 8); _ = e.Stats() }); n != 0 {
 		t.Errorf("%v allocations per publish+Stats", n)
 	}
+}
+
+// runHeld runs e with its forward passes behind a heldForwarder, held from the start or
+// not, until the test ends.
+func runHeld(t *testing.T, e *Engine, hold bool) *heldForwarder {
+	held := &heldForwarder{f: e.fwd, held: hold}
+	held.cond = sync.NewCond(&held.mu)
+	e.fwd = held
+	runCtx, stopRun := context.WithCancel(context.Background())
+	runDone := make(chan struct{})
+	go func() { e.Run(runCtx); close(runDone) }()
+	t.Cleanup(func() { held.hold(false); stopRun(); <-runDone })
+	return held
 }
 
 // heldForwarder runs f's forward passes except while held; step lets one through.
@@ -259,14 +266,7 @@ func TestStepNumbersMatchStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held := &heldForwarder{f: e.fwd}
-	held.cond = sync.NewCond(&held.mu)
-	e.fwd = held
-	held.hold(true) // every request queued before the first step
-	runCtx, stopRun := context.WithCancel(context.Background())
-	runDone := make(chan struct{})
-	go func() { e.Run(runCtx); close(runDone) }()
-	t.Cleanup(func() { held.hold(false); stopRun(); <-runDone })
+	held := runHeld(t, e, true) // every request queued before the first step
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
