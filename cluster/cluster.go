@@ -289,6 +289,7 @@ func (r *LoadReport) MarshalORPC(e *orpc.Encoder) {
 	e.Uvarint(uint64(max(r.BlockPrefillMicros, 0)))
 	e.Uvarint(uint64(max(r.PullMicros, 0)))
 	e.String(r.Adapters)
+	e.Uvarint(r.Step)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -326,6 +327,10 @@ func (r *LoadReport) UnmarshalORPC(d *orpc.Decoder) error {
 	}
 	if d.Len() > 0 { // since LoRA adapters (RequestAdapters)
 		r.Adapters = d.String()
+	}
+	r.Step = 0
+	if d.Len() > 0 { // since engine steps were numbered: 0 from an older worker
+		r.Step = d.Uvarint()
 	}
 	return d.Err()
 }
@@ -786,8 +791,9 @@ func marshalGenerateEvent(e *orpc.Encoder, kind EventKind, ev *llm.Event, errKin
 	e.Uvarint(uint64(ev.Usage.CompletionTokens))
 	e.Uint8(uint8(errKind))
 	e.String(msg)
-	// RequestTokens, written only when there is something (a token's event stays short).
-	if len(ev.PromptLogprobs) == 0 && ev.Embedding == nil {
+	// The tail (prompt logprobs, embedding, step), written only when there is something: a
+	// token's event stays short. A field added after step is written whenever the tail is.
+	if len(ev.PromptLogprobs) == 0 && ev.Embedding == nil && ev.Step == 0 {
 		return
 	}
 	e.Uvarint(uint64(len(ev.PromptLogprobs)))
@@ -801,6 +807,7 @@ func marshalGenerateEvent(e *orpc.Encoder, kind EventKind, ev *llm.Event, errKin
 		}
 	}
 	e.Float32s(ev.Embedding)
+	e.Uvarint(ev.Step)
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler. An EventTokens event's Tokens reuse the
@@ -860,7 +867,7 @@ func unmarshalGenerateEvent(d *orpc.Decoder, g *GenerateEvent) error {
 	ev.Usage.CompletionTokens = uvint(d)
 	g.Err = ErrKind(d.Uint8())
 	g.Message = d.String()
-	ev.PromptLogprobs, ev.Embedding = nil, nil
+	ev.PromptLogprobs, ev.Embedding, ev.Step = nil, nil, 0
 	if d.Len() > 0 {
 		n := d.Uvarint()
 		if n > uint64(d.Len()) {
@@ -889,6 +896,9 @@ func unmarshalGenerateEvent(d *orpc.Decoder, g *GenerateEvent) error {
 			ev.PromptLogprobs = append(ev.PromptLogprobs, p)
 		}
 		ev.Embedding = d.Float32s()
+		if d.Len() > 0 { // since engine steps were numbered
+			ev.Step = d.Uvarint()
+		}
 	}
 	return d.Err()
 }

@@ -40,7 +40,7 @@ func TestRoundTrip(t *testing.T) {
 	roundTrip(t, &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
 		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
 		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, StepsOverTarget: 20, Onboarding: 14, TierLoadMicros: [4]int{0, 15, 16, 17},
-		BlockPrefillMicros: 18, PullMicros: 19, Adapters: "a@0123456789abcdef b@fedcba9876543210"}})
+		BlockPrefillMicros: 18, PullMicros: 19, Adapters: "a@0123456789abcdef b@fedcba9876543210", Step: 1 << 40}})
 	roundTrip(t, &KVEvents{WorkerID: 2, Events: []kvcache.Event{
 		{ID: 1, Kind: kvcache.EventStored, Parent: 0, Hashes: []uint64{1, 2}},
 		{ID: 2, Kind: kvcache.EventRemoved, Tier: kvcache.TierHost, Hashes: []uint64{2}},
@@ -58,7 +58,7 @@ func TestRoundTrip(t *testing.T) {
 		Peer: KVPeer{Addr: "127.0.0.1:7", Node: "w2", Blocks: 40, TimeoutMs: 3000}})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, Logprob: -0.5,
 		Top: []llm.TokenLogprob{{ID: 7, Logprob: -0.5}}, Finish: llm.FinishLength,
-		Usage: llm.Usage{PromptTokens: 3, CachedTokens: 1, CompletionTokens: 5}}})
+		Usage: llm.Usage{PromptTokens: 3, CachedTokens: 1, CompletionTokens: 5}, Step: 99}})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 7, PromptLogprobs: []llm.PromptLogprob{
 		{Logprob: -1, Rank: 2, Top: []llm.TokenLogprob{{ID: 3, Logprob: -0.1}}}, {Logprob: -2, Rank: 1}}}})
 	roundTrip(t, &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: -1, Finish: llm.FinishStop, Embedding: []float32{0.5, -1, 2}}})
@@ -85,7 +85,7 @@ func TestTierFieldsWireCompatibility(t *testing.T) {
 	lr := &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, CachedBlocks: 13, Onboarding: 4, TierLoadMicros: [4]int{0, 100, 2000, 3000},
 		BlockPrefillMicros: 900000, PullMicros: 500}}
 	b := orpc.Marshal(lr)
-	tail := 1 + 1 + 2 + 2 + 3 + 2 + 1 // the uvarints of the six new fields, and the empty adapter list after them
+	tail := 1 + 1 + 2 + 2 + 3 + 2 + 1 + 1 // the uvarints of the six new fields, and the empty adapter list and step after them
 	var old LoadReport
 	if err := orpc.Unmarshal(b[:len(b)-tail], &old); err != nil || old.CachedBlocks != 13 || old.Onboarding != 0 || old.TierLoadMicros != [4]int{} {
 		t.Errorf("report without the tier fields: %+v, %v", old, err)
@@ -133,7 +133,7 @@ func TestRequestAdaptersWireCompatibility(t *testing.T) {
 	}
 	rep := orpc.Marshal(&LoadReport{WorkerID: 1, Load: llm.Load{CachedBlocks: 3, Adapters: "a@1"}})
 	var r LoadReport
-	if err := orpc.Unmarshal(rep[:len(rep)-4], &r); err != nil || r.Adapters != "" || r.CachedBlocks != 3 {
+	if err := orpc.Unmarshal(rep[:len(rep)-5], &r); err != nil || r.Adapters != "" || r.CachedBlocks != 3 { // the step follows
 		t.Errorf("load report without the adapters: %+v, %v", r, err)
 	}
 	l := llm.Load{Adapters: llm.AdapterList([]llm.AdapterInfo{{Name: "a", ID: "11"}, {Name: "bb", ID: "22"}})}
@@ -160,18 +160,20 @@ func TestErrorEvents(t *testing.T) {
 }
 
 // A report from a worker that predates a trailing field decodes with the field zero: one
-// without the adapters, one without the lower tiers' fields too, one without the steps over the ITL target too, one
-// without the queued prompts and the cache size too, and one without the dispatch number
-// too.
+// without the step, one without the adapters too, one without the lower tiers' fields too,
+// one without the steps over the ITL target too, one without the queued prompts and the
+// cache size too, and one without the dispatch number too.
 func TestLoadReportFromOlderWorkers(t *testing.T) {
 	now := LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
 		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
-		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, StepsOverTarget: 14}}
-	// The last byte is the empty adapter list; the six before it the lower tiers' zero
-	// fields; the one before them StepsOverTarget; the three before it one byte each, as
-	// Received and Tracked.
+		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, StepsOverTarget: 14, Step: 15}}
+	// The last byte is the step; the one before it the empty adapter list; the six before
+	// it the lower tiers' zero fields; the one before them StepsOverTarget; the three
+	// before it one byte each, as Received and Tracked.
 	b := orpc.Marshal(&now)
-	noSteps := now
+	noStep := now
+	noStep.Step = 0
+	noSteps := noStep
 	noSteps.StepsOverTarget = 0
 	noQueue := noSteps
 	noQueue.Queued, noQueue.QueuedTokens, noQueue.CachedBlocks = 0, 0, 0
@@ -180,11 +182,38 @@ func TestLoadReportFromOlderWorkers(t *testing.T) {
 	for _, c := range []struct {
 		drop int
 		want LoadReport
-	}{{1, now}, {7, now}, {8, noSteps}, {11, noQueue}, {13, older}} {
+	}{{0, now}, {1, noStep}, {2, noStep}, {8, noStep}, {9, noSteps}, {12, noQueue}, {14, older}} {
 		var got LoadReport
 		if err := orpc.Unmarshal(b[:len(b)-c.drop], &got); err != nil || got != c.want {
 			t.Errorf("without the last %d bytes: %+v (%v), want %+v", c.drop, got, err, c.want)
 		}
+	}
+}
+
+// The step is the event tail's last field: a token event without one stays as short as
+// before, an event with one reads as it was sent, one from a worker that predates it (the
+// tail ends after the embedding) reads with step 0, and a router that predates it reads
+// the rest and ignores it, alone or inside a kind-3 message.
+func TestEventStepWireCompatibility(t *testing.T) {
+	plain := orpc.Marshal(&GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 5}})
+	stepped := orpc.Marshal(&GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 5, Step: 300}})
+	if len(stepped) != len(plain)+1+1+2 || string(stepped[:len(plain)]) != string(plain) {
+		t.Errorf("the step is not a trailing addition: %x, %x", plain, stepped)
+	}
+	var got GenerateEvent
+	if err := orpc.Unmarshal(stepped[:len(stepped)-2], &got); err != nil || got.Event.Step != 0 || got.Event.Token != 5 || got.Event.Embedding != nil {
+		t.Errorf("event from an older worker: %+v, %v", got, err)
+	}
+	// What an older router reads: the fields up to the embedding (the step's byte left
+	// unread, as a decoder leaves trailing bytes).
+	full := &GenerateEvent{Kind: EventToken, Event: llm.Event{Token: -1, Finish: llm.FinishStop, Embedding: []float32{1, 2}, Step: 7}}
+	b := orpc.Marshal(full)
+	if err := orpc.Unmarshal(b[:len(b)-1], &got); err != nil || got.Event.Step != 0 || got.Event.Finish != llm.FinishStop || len(got.Event.Embedding) != 2 {
+		t.Errorf("event read without its step: %+v, %v", got, err)
+	}
+	batch := &GenerateEvent{Kind: EventTokens, Tokens: []llm.Event{{Token: 1}, {Token: 2, Finish: llm.FinishLength, Step: 9}}}
+	if err := orpc.Unmarshal(orpc.Marshal(batch), &got); err != nil || len(got.Tokens) != 2 || got.Tokens[0].Step != 0 || got.Tokens[1].Step != 9 {
+		t.Errorf("tokens with a step on the last: %+v, %v", got, err)
 	}
 }
 

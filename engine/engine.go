@@ -94,11 +94,14 @@ type Engine struct {
 	pool       *kvcache.Pool
 	log        *slog.Logger
 
-	mu        sync.Mutex
-	inbox     []*sequence
-	stopped   bool
-	queued    atomic.Int64 // inbox + waiting, for the queue bound
-	inboxTok  atomic.Int64 // prompt tokens of the inbox's requests, for Stats
+	mu      sync.Mutex
+	inbox   []*sequence
+	stopped bool
+	queued  atomic.Int64 // inbox + waiting, for the queue bound
+	// inboxN and inboxTok are the requests of the inbox and their prompt tokens, for Stats:
+	// added by Generate, taken off by publish once the census counts them.
+	inboxN    atomic.Int64
+	inboxTok  atomic.Int64
 	wake      chan struct{}
 	resets    chan chan struct{} // Reset's requests, each closed when done
 	idleTimer *time.Timer        // see Run
@@ -118,9 +121,15 @@ type Engine struct {
 	// With micro-batches: the steps in flight, a ring of pipe.InFlight() from first.
 	flights       []flight
 	first, flying int
-	// intaken is the tokens of the requests intake moved into the scheduler since the
-	// last publish, which then counts them in the census instead of inboxTok.
-	intaken int
+	// intaken and intakenN are the tokens and the number of the requests intake moved into
+	// the scheduler since the last publish, which then counts them in the census instead of
+	// inboxTok and inboxN.
+	intaken, intakenN int
+	// stepNo numbers the scheduler's iterations (docs/routing.md, "A report against the
+	// events the router has seen"): a request's first and last events carry the step they
+	// happen in, and the census published at the top of the next iteration is its. It
+	// starts at 1.
+	stepNo uint64
 
 	samplers *samplerBufs  // lends the sequences' samplers their buffers; Run's (samplerbufs.go)
 	grammars *grammarCache // constrained requests' compiled grammars (samplerbufs.go)
@@ -229,6 +238,7 @@ func newEngine(m *model.Model, cfg Config, pool *kvcache.Pool, micro int) *Engin
 		pool: pool,
 		log:  cfg.Logger,
 		wake: make(chan struct{}, 1), resets: make(chan chan struct{}), idleTimer: time.NewTimer(time.Hour),
+		stepNo: 1,
 
 		samplers: newSamplerBufs(m.Config.VocabSize, cfg.MaxSeqs),
 		grammars: newGrammarCache(m.Tokenizer, m.Config.VocabSize),
@@ -359,6 +369,7 @@ func (e *Engine) submit(ctx context.Context, req *llm.Request, hold uint64) (*st
 	seq.ID = e.nextID
 	e.inbox = append(e.inbox, seq)
 	e.queued.Add(1)
+	e.inboxN.Add(1)
 	e.inboxTok.Add(int64(len(seq.Tokens) - seq.inboxHits))
 	e.mu.Unlock()
 	context.AfterFunc(ctx, func() { seq.stream.Close() })
@@ -488,6 +499,7 @@ func (e *Engine) shutdown() {
 	inbox := e.inbox
 	e.inbox = nil
 	e.inboxTok.Store(0)
+	e.inboxN.Store(0)
 	e.mu.Unlock()
 	err := fmt.Errorf("%w: the engine stopped", llm.ErrUnavailable)
 	var loading []*sequence
@@ -513,6 +525,7 @@ func (e *Engine) intake() {
 	for _, s := range inbox {
 		e.sched.Add(s)
 		e.intaken += len(s.Tokens) - s.inboxHits // publish takes them off inboxTok
+		e.intakenN++
 	}
 }
 
@@ -704,6 +717,7 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 	}
 	if s.firstToken.IsZero() {
 		s.firstToken = now
+		ev.Step = e.stepNo
 		if s.rows != nil && s.rows.logprobs {
 			ev.PromptLogprobs, s.rows.lps = s.rows.lps, nil
 		}
@@ -719,6 +733,7 @@ func (e *Engine) emit(s *sequence, sample Sample, now time.Time) {
 	}
 	ev.Finish = finish
 	ev.Usage = e.usage(s)
+	ev.Step = e.stepNo
 	e.finishKV(s) // before the event: a prefill caller may use the held blocks at once
 	e.sched.Finish(s)
 	e.seqEnded(s)

@@ -155,7 +155,7 @@ func (e *Engine) embedded(s *sequence, last []float32) {
 	default:
 		copy(vec, last)
 	}
-	ev := llm.Event{Token: -1, Finish: llm.FinishStop, Usage: e.usage(s), Embedding: vec}
+	ev := llm.Event{Token: -1, Finish: llm.FinishStop, Usage: e.usage(s), Embedding: vec, Step: e.stepNo}
 	e.finishKV(s)
 	e.sched.Finish(s)
 	e.seqEnded(s)

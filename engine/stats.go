@@ -13,6 +13,11 @@ import (
 // hits sched.ExpectedHits found for them on arrival).
 type Stats struct {
 	sched.Census
+	// Step is the step the census was taken after (1, 2, …; 0 before Run's first
+	// iteration): it counts every request whose first or last event carries a Step at most
+	// this one (llm.Event.Step) past that event, and no other. Requests that arrived since
+	// (the inbox) have no event yet, whatever the step.
+	Step     uint64
 	KVUsed   int     // KV blocks referenced by any sequence (the pool's Used)
 	KVBlocks int     // KV capacity in blocks
 	KVUsage  float64 // KVUsed / KVBlocks
@@ -37,34 +42,46 @@ type statsBox struct {
 	s  Stats
 }
 
-// Stats returns the scheduler's state as of its last iteration, and the waiting count and
-// KV pool figures as of now. It is cheap and safe to call from any goroutine.
+// Stats returns the scheduler's state as of its last iteration with the requests that
+// reached the inbox since, and the KV pool figures as of now. It is cheap and safe to call
+// from any goroutine.
 func (e *Engine) Stats() Stats {
 	e.stats.mu.Lock()
 	s := e.stats.s
-	e.stats.mu.Unlock()
-	// Requests in the inbox are waiting too; queued counts them as soon as Generate returns.
-	s.Waiting = max(int(e.queued.Load()), 0)
+	// Requests in the inbox are waiting too, counted as soon as Generate returns. Read under
+	// the lock that publish takes them off under: a request intaken since the census is in
+	// one count or the other, never both or neither. Its census figures stay those of the
+	// step (the census's Waiting is not the live queue): a request admitted, or past its
+	// first token, since then still counts as the step left it, as Step says.
+	s.Waiting += max(int(e.inboxN.Load()), 0)
 	s.WaitingTokens += max(int(e.inboxTok.Load()), 0)
+	e.stats.mu.Unlock()
 	st := e.pool.Stats()
 	s.KVUsed, s.KVBlocks, s.KVUsage = st.Used, st.Blocks, st.Usage()
 	s.TierLoadMicros, s.BlockPrefillMicros = e.LoadCosts()
 	return s
 }
 
-// publish records the scheduler's state for Stats. Called by Run's goroutine only.
-func (e *Engine) publish() { e.publishSeqs(e.sched.Running(), e.sched.Waiting()) }
+// publish records the scheduler's state for Stats as step e.stepNo's census, and starts the
+// next step: the events sent from now until the next publish carry its number. Called by
+// Run's goroutine only.
+func (e *Engine) publish() {
+	e.publishSeqs(e.sched.Running(), e.sched.Waiting())
+	e.stepNo++
+}
 
 // publishSeqs records the state of the given running and waiting sequences for Stats.
 func (e *Engine) publishSeqs(running, waiting []*sequence) {
 	var s Stats
 	s.Census = e.sched.CensusOf(running, waiting)
+	s.Step = e.stepNo
 	e.stats.mu.Lock()
 	s.LastStep, s.LastStepTokens, s.Steps, s.StepsOverTarget = e.stats.s.LastStep, e.stats.s.LastStepTokens, e.stats.s.Steps, e.stats.s.StepsOverTarget
 	e.stats.s = s
-	e.stats.mu.Unlock()
+	e.inboxN.Add(-int64(e.intakenN))
 	e.inboxTok.Add(-int64(e.intaken))
-	e.intaken = 0
+	e.stats.mu.Unlock()
+	e.intaken, e.intakenN = 0, 0
 }
 
 // stepDone records a forward pass of n tokens that took d, and its composition: a

@@ -214,6 +214,12 @@ type Event struct {
 	// Embedding is an embedding request's pooled hidden state, unnormalised, on its one
 	// event (Token is then -1 and nothing was generated); the receiver owns it.
 	Embedding []float32
+	// Step, on a request's first event and on its last, is the engine step that produced
+	// it: the first load report whose Load.Step is at least Step counts the request past
+	// its first token (or gone). 0 on the other events, and from an engine that does not
+	// number its steps (docs/routing.md, "A report against the events the router has
+	// seen").
+	Step uint64
 }
 
 // Stream delivers a generation's events in order.
@@ -282,6 +288,10 @@ type Load struct {
 	// hash of its content, which its KV's block hash salt includes), separated by spaces
 	// (a name has none): a string, so that a Load stays comparable.
 	Adapters string
+	// Step is the engine step the figures were taken after (1, 2, …; 0: the worker does not
+	// number its steps): they count every request whose first or last event carries a
+	// Step at most this one as past its first token or gone, and no other (Event.Step).
+	Step uint64
 }
 
 // Adapter returns the content ID of the adapter name among l.Adapters.

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -70,6 +71,39 @@ func BenchmarkDecide(b *testing.B) {
 			s.RemoveInflight(d.Inflight)
 		}
 	})
+}
+
+// BenchmarkInflightBookkeeping: one request's records on a worker that reports every
+// fourth request: AddInflight, PrefillDone(At), RemoveInflight(At), and the report; without
+// steps, and with them (each report a step after the last dispatch's first token).
+func BenchmarkInflightBookkeeping(b *testing.B) {
+	for _, stepped := range []bool{false, true} {
+		b.Run(fmt.Sprintf("steps=%v", stepped), func(b *testing.B) {
+			s := newTestState(b, testConfig(), 1)
+			var ins [8]Inflight
+			n := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				k := n % len(ins)
+				var step uint64
+				if stepped {
+					step = uint64(n + 1)
+				}
+				if n >= len(ins) {
+					s.RemoveInflightAt(ins[k], step)
+				}
+				ins[k] = s.AddInflight(1, 20, 5)
+				s.PrefillDoneAt(&ins[(k+4)%len(ins)], step)
+				if n%4 == 0 {
+					r := load{waiting: 3, decode: 40}.report()
+					r.Tracked, r.Received = true, ins[k].Seq()
+					r.Step = step
+					s.Report(1, r, t0)
+				}
+				n++
+			}
+		})
+	}
 }
 
 // BenchmarkIndexApply measures a worker's steady state: each iteration

@@ -297,8 +297,8 @@ func TestInflightShiftsDecision(t *testing.T) {
 		r = load{decode: 7}.report()
 		r.Received, r.Tracked = 3, true
 		s.Report(1, r, t0)
-		if w, _ = s.Worker(1); w.PrefillBlocks() != 0 || w.DecodeBlocks() != 7 || w.Waiting() != 0 || len(w.unacked) != 0 {
-			t.Fatalf("after full report: prefill %v decode %v waiting %d unacked %d", w.PrefillBlocks(), w.DecodeBlocks(), w.Waiting(), len(w.unacked))
+		if w, _ = s.Worker(1); w.PrefillBlocks() != 0 || w.DecodeBlocks() != 7 || w.Waiting() != 0 || len(w.pending) != 0 {
+			t.Fatalf("after full report: prefill %v decode %v waiting %d pending %d", w.PrefillBlocks(), w.DecodeBlocks(), w.Waiting(), len(w.pending))
 		}
 		s.RemoveInflight(d1.Inflight)
 		s.RemoveInflight(d3.Inflight)

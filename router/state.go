@@ -141,11 +141,16 @@ type LoadReport = llm.Load
 // A load report counts the requests the worker had received when it made it:
 // every dispatch before it arrived, or, when the report is Tracked, the first
 // Received dispatches. It restarts the predictions: the deltas below return to
-// the sum of the dispatches it does not count. A dispatch after the report adds
-// to them; a first token or a completion after the report subtracts (the report
-// counted that request). Predicted values are the report's plus the deltas,
-// clamped at zero. Reports that a worker sends as soon as another router's
-// request reaches it are how several routers share their in-flight load.
+// the sum of what each dispatch adds to the report (State.Report): its load, for a
+// dispatch the report does not count, and, for one it counts, less what the report
+// still counts of it that the router knows is gone. Whether the report counted a
+// request's first token (or its end) is exact when both carry engine steps (the
+// report's Step, the event's): the report counts an event of a step at most its own.
+// Without steps (an older worker, the simulator), an event the router saw before the
+// report arrived is taken as counted and one after as not. Predicted values are the
+// report's plus the deltas, clamped at zero. Reports that a worker sends as soon as
+// another router's request reaches it are how several routers share their in-flight
+// load.
 type WorkerState struct {
 	// What a decision reads of every candidate comes first, so that it takes the first two
 	// cache lines of the struct (the policy visits a thousand workers per decision).
@@ -181,12 +186,17 @@ type WorkerState struct {
 	ReportedAt time.Time // zero until the first report
 	Inflight   int       // router requests dispatched and not yet removed
 
-	gen      uint64 // registration generation, matched by Inflight handles
-	sent     uint64 // dispatches numbered so far
-	unacked  []dispatch
-	dPrefill int // prefill blocks dispatched since the report
-	dDecode  int // decode blocks dispatched since the report
-	dWaiting int // requests dispatched since the report, before their first token
+	gen    uint64 // registration generation, matched by Inflight handles
+	sent   uint64 // dispatches numbered so far
+	counts uint64 // the report counts dispatches 1…counts
+	nrep   uint64 // reports applied: the ordering of events without steps
+	// pending are the dispatches whose share of the prediction is not the report's alone,
+	// by seq: those the report does not count, and those it counts but whose first token
+	// or end the router has seen from a later step (kept until a report covers them).
+	pending  []dispatch
+	dPrefill int // the pending dispatches' prefill blocks (dispatch.add)
+	dDecode  int // … decode blocks
+	dWaiting int // … requests before their first token
 }
 
 // refresh recomputes w's load terms (pre, dec, isBusy) from its report and deltas: called
@@ -222,11 +232,88 @@ func (w *WorkerState) credits(cfg *Config) {
 // from its reports, or the configured priors.
 func (w *WorkerState) Credits() (tiers [numLevels]float64, pull float64) { return w.credit, w.pull }
 
-// dispatch is a request sent to a worker that its last report did not count.
+// dispatch is the router's record of a request sent to a worker, while it adds to the
+// worker's last report (WorkerState.pending).
 type dispatch struct {
 	seq             uint64
 	prefill, decode int
-	prefilled       bool
+	// first and ended: the router has seen the request's first token, its end. Their
+	// steps (0: none sent) and the reports applied before them (WorkerState.nrep) say
+	// which reports count them.
+	first, ended       bool
+	firstStep, endStep uint64
+	firstAt, endAt     uint64
+}
+
+// covers reports whether w's report counts an event of step step that the router saw
+// after at reports. With both steps, the report counts it when it was made after the step;
+// without, when it arrived after the event.
+func (w *WorkerState) covers(step, at uint64) bool {
+	if step != 0 && w.Report.Step != 0 {
+		return step <= w.Report.Step
+	}
+	return at < w.nrep
+}
+
+// settled reports whether every later report counts an event of step step seen by now.
+// Before the first report, one with steps may yet come from before the event.
+func (w *WorkerState) settled(step uint64) bool {
+	switch {
+	case step == 0:
+		return true
+	case w.Report.Step != 0:
+		return step <= w.Report.Step
+	}
+	return w.nrep > 0 // the worker's reports have no steps: they count by arrival
+}
+
+// counting says how w's report counts d: whether it counts d's first token and its end
+// (of the ones the router has seen), and whether it counts d at all. A report that counts
+// a first token or an end by their steps counts the dispatch, even when it was made
+// before the worker recorded its number (Received).
+func (w *WorkerState) counting(d *dispatch) (firstIn, endIn, counted bool) {
+	firstIn = d.first && w.covers(d.firstStep, d.firstAt)
+	endIn = d.ended && w.covers(d.endStep, d.endAt) && (!d.first || firstIn) // an end comes after its first token
+	stepped := w.Report.Step != 0
+	counted = d.seq <= w.counts || stepped && (firstIn && d.firstStep != 0 || endIn && d.endStep != 0)
+	return firstIn, endIn, counted
+}
+
+// add returns what d adds to w's report, in waiting requests, prefill blocks and decode
+// blocks. A dispatch the report does not count adds its load: waiting and prefill until
+// its first token, decode until its end. One it counts adds nothing the report has right:
+// it takes off the waiting request and the prefill the report counts when the router has
+// seen its first token or end from after the report, and the decode blocks when it has
+// seen its end from after the report.
+func (w *WorkerState) add(d *dispatch) (waiting, prefill, decode int, counted bool) {
+	firstIn, endIn, counted := w.counting(d)
+	if !counted {
+		if !d.first && !d.ended {
+			waiting, prefill = 1, d.prefill
+		}
+		if !d.ended {
+			decode = d.decode
+		}
+		return
+	}
+	if (d.first || d.ended) && !firstIn && !endIn {
+		waiting, prefill = -1, -d.prefill
+	}
+	if d.ended && !endIn {
+		decode = -d.decode
+	}
+	return
+}
+
+// done reports whether d, adding waiting, prefill and decode now (counted: the report
+// counts it), adds nothing under any later report either, and so needs no record: the
+// report counts it (or it has ended) and every later report counts what the router has
+// seen of it.
+func (w *WorkerState) done(d *dispatch, waiting, prefill, decode int, counted bool) bool {
+	if waiting != 0 || prefill != 0 || decode != 0 || !counted && !d.ended {
+		return false // what it adds, or will add to a report that does not count it
+	}
+	return (!d.first || w.settled(d.firstStep)) && (!d.ended || w.settled(d.endStep))
 }
 
 // PrefillBlocks is the predicted prefill work queued on the worker, in blocks.
@@ -294,6 +381,9 @@ type Inflight struct {
 
 	gen uint64
 	seq uint64 // the worker's dispatch number: 1, 2, … per registration
+	// The step of the first token and the reports applied before it (dispatch's fields):
+	// the record of a dispatch whose record was dropped is rebuilt from them.
+	firstStep, firstAt uint64
 }
 
 // Seq is the dispatch's number at its worker (1, 2, …), which load reports refer to.
@@ -498,22 +588,26 @@ func (s *State) Report(id WorkerID, r LoadReport, now time.Time) error {
 		return fmt.Errorf("%w %d", ErrUnknownWorker, id)
 	}
 	w.Report, w.ReportedAt, w.Healthy = r, now, r.Healthy
+	w.nrep++
+	w.counts = w.sent // without Tracked, every dispatch so far
+	if r.Tracked {
+		w.counts = r.Received
+	}
 	w.dPrefill, w.dDecode, w.dWaiting = 0, 0, 0
 	w.credits(&s.cfg)
-	defer s.refresh(w)
-	if !r.Tracked {
-		w.unacked = w.unacked[:0]
-		return nil
-	}
-	i, _ := slices.BinarySearchFunc(w.unacked, r.Received+1, cmpSeq)
-	w.unacked = append(w.unacked[:0], w.unacked[i:]...)
-	for _, d := range w.unacked {
-		if !d.prefilled {
-			w.dPrefill += d.prefill
-			w.dWaiting++
+	keep := w.pending[:0]
+	for _, d := range w.pending {
+		waiting, prefill, decode, counted := w.add(&d)
+		w.dWaiting += waiting
+		w.dPrefill += prefill
+		w.dDecode += decode
+		if !w.done(&d, waiting, prefill, decode, counted) {
+			keep = append(keep, d)
 		}
-		w.dDecode += d.decode
 	}
+	clear(w.pending[len(keep):])
+	w.pending = keep
+	s.refresh(w)
 	return nil
 }
 
@@ -581,7 +675,7 @@ func (s *State) AddInflight(id WorkerID, promptBlocks, cachedBlocks int) Infligh
 	in.gen = w.gen
 	w.sent++
 	in.seq = w.sent
-	w.unacked = append(w.unacked, dispatch{seq: in.seq, prefill: in.PromptBlocks - in.CachedBlocks, decode: in.PromptBlocks})
+	w.pending = append(w.pending, dispatch{seq: in.seq, prefill: in.PromptBlocks - in.CachedBlocks, decode: in.PromptBlocks})
 	w.dPrefill += in.PromptBlocks - in.CachedBlocks
 	w.dDecode += in.PromptBlocks
 	w.dWaiting++
@@ -591,40 +685,75 @@ func (s *State) AddInflight(id WorkerID, promptBlocks, cachedBlocks int) Infligh
 }
 
 // PrefillDone records that the request's first token arrived: its prefill is
-// no longer pending. It is idempotent.
-func (s *State) PrefillDone(in *Inflight) {
+// no longer pending. It is idempotent. PrefillDoneAt is PrefillDone for a first token
+// that carries the engine step that produced it (llm.Event.Step).
+func (s *State) PrefillDone(in *Inflight) { s.PrefillDoneAt(in, 0) }
+
+// PrefillDoneAt is PrefillDone for a first token of engine step step (0: none sent):
+// a load report of that step or a later one already counts the request past it.
+func (s *State) PrefillDoneAt(in *Inflight, step uint64) {
 	if in.Prefilled {
 		return
 	}
-	in.Prefilled = true
-	if w := s.live(*in); w != nil {
-		w.dPrefill -= in.PromptBlocks - in.CachedBlocks
-		w.dWaiting--
-		if i, ok := slices.BinarySearchFunc(w.unacked, in.seq, cmpSeq); ok {
-			w.unacked[i].prefilled = true
-		}
-		s.refresh(w)
+	w := s.live(*in)
+	if w == nil {
+		in.Prefilled = true
+		return
 	}
+	s.event(w, in, false, step)
+	in.Prefilled, in.firstStep, in.firstAt = true, step, w.nrep
 }
 
 // RemoveInflight records that the request ended (finished, failed, cancelled
 // or never dispatched). Call it once per Inflight; records of a worker that
 // has since left or re-registered are ignored.
-func (s *State) RemoveInflight(in Inflight) {
+func (s *State) RemoveInflight(in Inflight) { s.RemoveInflightAt(in, 0) }
+
+// RemoveInflightAt is RemoveInflight for an end that carries the engine step that
+// produced it (the last event's llm.Event.Step; 0: none sent, as when the router itself
+// cancels the request): a load report of that step or a later one no longer counts it.
+func (s *State) RemoveInflightAt(in Inflight, step uint64) {
 	w := s.live(in)
 	if w == nil {
 		return
 	}
-	if !in.Prefilled {
-		w.dPrefill -= in.PromptBlocks - in.CachedBlocks
-		w.dWaiting--
-	}
-	w.dDecode -= in.PromptBlocks
 	w.Inflight--
-	s.refresh(w)
-	if i, ok := slices.BinarySearchFunc(w.unacked, in.seq, cmpSeq); ok {
-		w.unacked = slices.Delete(w.unacked, i, i+1)
+	s.event(w, &in, true, step)
+}
+
+// event records in's first token (or its end) of step step in w's record of it, rebuilt
+// if it was dropped (WorkerState.done: it then added nothing to the report, and in has what
+// the router has seen of it), and moves the deltas by the change in what it adds to the
+// report. A record done after the event is dropped (or not rebuilt).
+func (s *State) event(w *WorkerState, in *Inflight, end bool, step uint64) {
+	i, found := slices.BinarySearchFunc(w.pending, in.seq, cmpSeq)
+	d := dispatch{seq: in.seq, prefill: in.PromptBlocks - in.CachedBlocks, decode: in.PromptBlocks,
+		first: in.Prefilled, firstStep: in.firstStep, firstAt: in.firstAt}
+	if found {
+		d = w.pending[i]
 	}
+	waiting, prefill, decode, _ := w.add(&d)
+	w.dWaiting -= waiting
+	w.dPrefill -= prefill
+	w.dDecode -= decode
+	if end {
+		d.ended, d.endStep, d.endAt = true, step, w.nrep
+	} else {
+		d.first, d.firstStep, d.firstAt = true, step, w.nrep
+	}
+	waiting, prefill, decode, counted := w.add(&d)
+	w.dWaiting += waiting
+	w.dPrefill += prefill
+	w.dDecode += decode
+	switch done := w.done(&d, waiting, prefill, decode, counted); {
+	case found && done:
+		w.pending = slices.Delete(w.pending, i, i+1)
+	case found:
+		w.pending[i] = d
+	case !done:
+		w.pending = slices.Insert(w.pending, i, d)
+	}
+	s.refresh(w)
 }
 
 func cmpSeq(d dispatch, seq uint64) int {

@@ -649,8 +649,10 @@ func (w *Worker) HealthChanged() { w.regs.nudgeAll() }
 // (queued, in the inbox, or admitted and prefilling), prefill = the uncomputed prompt
 // tokens of all of them (a queued prompt's less the prefix-cache hits its admission is
 // expected to find), decode blocks = the blocks the admitted sequences hold, the pool's
-// KV figures, and the last step's timing. Otherwise running and waiting count the requests
-// served over ORPC. KV usage is the whole pool's either way.
+// KV figures, and the last step's timing; and the step the census was taken after, which
+// the router compares with the steps on its requests' first and last events. Otherwise
+// running and waiting count the requests served over ORPC (and the report has no step).
+// KV usage is the whole pool's either way.
 func (w *Worker) Load() cluster.LoadReport {
 	if se, ok := w.cfg.Engine.(StatsEngine); ok {
 		st := se.Stats()
@@ -659,6 +661,7 @@ func (w *Worker) Load() cluster.LoadReport {
 		l.StepMicros = int(st.LastStep / time.Microsecond)
 		l.StepTokens = st.LastStepTokens
 		l.StepsOverTarget = st.StepsOverTarget
+		l.Step = st.Step
 		l.TierLoadMicros, l.BlockPrefillMicros = st.TierLoadMicros, st.BlockPrefillMicros
 		l.PullMicros = int(w.pullCost.Load())
 		if ae, ok := w.cfg.Engine.(adapterEngine); ok {

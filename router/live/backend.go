@@ -296,8 +296,12 @@ func workerFailed(err error) bool {
 	return !errors.Is(err, llm.ErrInvalid) && !errors.Is(err, llm.ErrPromptTooLong) && !errors.Is(err, llm.ErrQueueFull)
 }
 
-// release records the current dispatch as ended.
-func (s *liveStream) release() {
+// release records the current dispatch as ended, by the router: a failure, a cancel.
+func (s *liveStream) release() { s.releaseAt(0) }
+
+// releaseAt records the current dispatch as ended at the worker's engine step step (its
+// last event's; 0: not known).
+func (s *liveStream) releaseAt(step uint64) {
 	s.mu.Lock()
 	w, in := s.w, s.in
 	s.w = nil
@@ -308,7 +312,7 @@ func (s *liveStream) release() {
 	l := s.b.l
 	l.mu.Lock()
 	l.drainLocked() // reports received before this change first
-	w.model.state.RemoveInflight(in)
+	w.model.state.RemoveInflightAt(in, step)
 	l.signal()
 	l.mu.Unlock()
 }
@@ -348,14 +352,14 @@ func (s *liveStream) Next(ctx context.Context) (llm.Event, error) {
 				s.mu.Lock()
 				if s.w != nil {
 					l.drainLocked() // reports received before this change first
-					s.w.model.state.PrefillDone(&s.in)
+					s.w.model.state.PrefillDoneAt(&s.in, ev.Step)
 				}
 				s.mu.Unlock()
 				l.mu.Unlock()
 			}
 			if ev.Finish != "" {
 				s.done = true
-				s.release()
+				s.releaseAt(ev.Step)
 				s.fixUsage(&ev.Usage)
 				s.b.l.met.usage(ev.Usage)
 			}
