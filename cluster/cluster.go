@@ -105,6 +105,10 @@ type ModelCard struct {
 	// spread over several processes (package pipeline), nil when it is one process. The
 	// replica is one worker: the head schedules, samples and sends the KV events.
 	Stages []int
+	// KVFormat names how the worker stores a KV block (kvcache.BlockFormat's String), ""
+	// when it cannot export blocks: the router sends a decode worker's prompts only to
+	// prefill workers of its format, whose blocks it can import.
+	KVFormat string
 }
 
 // maxStages bounds a card's pipeline stages.
@@ -157,6 +161,7 @@ func (c *ModelCard) MarshalORPC(e *orpc.Encoder) {
 	for _, n := range c.Stages {
 		e.Uvarint(uint64(max(n, 0)))
 	}
+	e.String(c.KVFormat)
 }
 
 // maxFiles bounds the tokenizer files of a card.
@@ -214,6 +219,10 @@ func (c *ModelCard) UnmarshalORPC(d *orpc.Decoder) error {
 		for i := uint64(0); i < n && d.Err() == nil; i++ {
 			c.Stages = append(c.Stages, uvint(d))
 		}
+	}
+	c.KVFormat = ""
+	if d.Len() > 0 { // absent from engines before the router paired formats
+		c.KVFormat = d.String()
 	}
 	return d.Err()
 }

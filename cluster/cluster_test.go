@@ -111,8 +111,8 @@ func TestRequestTokensWireCompatibility(t *testing.T) {
 	card := orpc.Marshal(&ModelCard{Version: Version, Model: "m", GrammarFormat: GrammarGBNF})
 	var c ModelCard
 	// The weights fields (content hash, prepared key, start-up: 4 bytes empty) and the
-	// pipeline stages (1 byte empty) follow.
-	if err := orpc.Unmarshal(card[:len(card)-1-4-2], &c); err != nil || c.RequestLevel != 0 || c.GrammarFormat != GrammarGBNF {
+	// pipeline stages and the KV format (1 byte each, empty) follow.
+	if err := orpc.Unmarshal(card[:len(card)-1-1-4-2], &c); err != nil || c.RequestLevel != 0 || c.GrammarFormat != GrammarGBNF {
 		t.Errorf("card without the request level: %+v, %v", c, err)
 	}
 	plain := orpc.Marshal(&GenerateEvent{Kind: EventToken, Event: llm.Event{Token: 5}})
@@ -240,7 +240,7 @@ func TestConstraintWireCompatibility(t *testing.T) {
 	}
 	card := orpc.Marshal(&ModelCard{Version: Version, Model: "m"})
 	var c ModelCard
-	if err := orpc.Unmarshal(card[:len(card)-1-4-2-3], &c); err != nil || c.GrammarFormat != 0 {
+	if err := orpc.Unmarshal(card[:len(card)-1-1-4-2-3], &c); err != nil || c.GrammarFormat != 0 {
 		t.Errorf("card without the grammar field: %+v, %v", c, err)
 	}
 }

@@ -12,7 +12,8 @@ func TestWeightsRoundTrip(t *testing.T) {
 		BlockSize: 16, KVBlocks: 8, ContextLen: 64, TokenizerFormat: TokenizerGGUF,
 		TokenizerFiles: []File{{Name: "tokenizer.gguf", Data: []byte("GGUF")}},
 		ContentHash:    []byte{1, 2, 3}, Prepared: "cpu avx2",
-		Startup: Startup{Weights: WeightsPeer, Phases: []Phase{{"open", 0.01}, {"weights", 1.5}}}, Stages: []int{12, 11, 1}}
+		Startup: Startup{Weights: WeightsPeer, Phases: []Phase{{"open", 0.01}, {"weights", 1.5}}}, Stages: []int{12, 11, 1},
+		KVFormat: "cpu-kv/1 f32, block size 16, 5 layers, 4 KV heads, head dim 8"}
 	roundTrip(t, card)
 	roundTrip(t, &WeightPeersRequest{Model: "m", ContentHash: []byte{9, 9}})
 	roundTrip(t, &WeightPeers{Peers: []WeightPeer{{Node: "a", Addr: "127.0.0.1:1", Prepared: "cpu avx2"}, {Node: "b", Addr: "[::1]:2"}}})
@@ -29,7 +30,7 @@ func TestWeightsRoundTrip(t *testing.T) {
 func TestCardFromOlderEngine(t *testing.T) {
 	old := &ModelCard{Version: Version, Model: "m", Node: "n", Addr: "a:1", Role: RoleBoth, BlockSize: 16, ChatTemplate: "t"}
 	b := orpc.Marshal(old)
-	b = b[:len(b)-1-4] // the empty stages; hash, prepared key, weights source and phase count
+	b = b[:len(b)-1-1-4] // the empty KV format; the empty stages; hash, prepared key, weights source and phase count
 	var got ModelCard
 	if err := orpc.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
@@ -44,8 +45,15 @@ func TestCardFromOlderEngine(t *testing.T) {
 func TestCardStagesFromOlderEngine(t *testing.T) {
 	b := orpc.Marshal(&ModelCard{Version: Version, Model: "m", Stages: []int{2, 2}})
 	var got ModelCard
-	if err := orpc.Unmarshal(b[:len(b)-3], &got); err != nil || got.Stages != nil {
+	if err := orpc.Unmarshal(b[:len(b)-1-3], &got); err != nil || got.Stages != nil {
 		t.Errorf("card without stages: %+v, %v", got, err)
+	}
+	// Without the KV format (an engine from before the router paired formats): "", which
+	// pairs with any.
+	b = orpc.Marshal(&ModelCard{Version: Version, Model: "m", Stages: []int{2, 2}, KVFormat: "f"})
+	got = ModelCard{KVFormat: "left over"}
+	if err := orpc.Unmarshal(b[:len(b)-2], &got); err != nil || got.KVFormat != "" || len(got.Stages) != 2 {
+		t.Errorf("card without a KV format: %+v, %v", got, err)
 	}
 	big := orpc.Marshal(&ModelCard{Version: Version, Model: "m", Stages: make([]int, maxStages+1)})
 	if err := orpc.Unmarshal(big, &got); err == nil {

@@ -16,6 +16,11 @@ type Card struct {
 	Salt        uint64 // kvcache.Salt(model, namespace, lora)
 	KVBlocks    int    // KV capacity in blocks
 	Role        string // RoleBoth (or ""), RolePrefill or RoleDecode: the pools it serves in
+	// KVFormat names how the worker stores a KV block (kvcache.BlockFormat's String; ""
+	// when it cannot export blocks or does not say). Workers of one model may differ
+	// (another --kv-type), but a prefill worker's blocks are only of use to a decode worker
+	// of the same format: DecideDisagg pairs them by it.
+	KVFormat string
 }
 
 // ErrCardMismatch is wrapped by the errors of CheckCard.

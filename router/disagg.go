@@ -95,6 +95,7 @@ const (
 	ReasonShortPrompt   = "uncached_below_threshold" // local: too few uncached tokens on the decode worker
 	ReasonPrefillBusy   = "prefill_pool_busy"        // local: every prefill worker is busy
 	ReasonNoPrefill     = "no_prefill_worker"        // local: no healthy prefill worker
+	ReasonKVFormat      = "kv_format_mismatch"       // local: no healthy prefill worker stores KV as D does
 	ReasonPrefillFailed = "prefill_failed"           // local: the remote prefill failed (fallback)
 	ReasonAggregated    = "aggregated"               // the model has no prefill pool
 )
@@ -145,10 +146,17 @@ func DecideDisagg(s *State, req Request, cfg DisaggConfig) (DisaggDecision, erro
 	}
 	preq := req
 	preq.Pool, preq.SessionID = PoolPrefill, "" // sessions bind to their decode worker
+	// Only a prefill worker whose blocks D can import: D would refuse another format's
+	// blocks after P had computed them, and compute the prompt again.
+	if dw := s.lookup(d.Worker); dw != nil {
+		preq.KVFormat = dw.Card.KVFormat
+	}
 	p, err := s.Decide(preq)
 	switch {
 	case errors.Is(err, ErrAllBusy):
 		out.Reason = ReasonPrefillBusy
+	case errors.Is(err, ErrNoWorkers) && preq.KVFormat != "" && s.healthyIn(PoolPrefill):
+		out.Reason = ReasonKVFormat
 	case errors.Is(err, ErrNoWorkers):
 		out.Reason = ReasonNoPrefill
 	case err != nil:
@@ -158,4 +166,10 @@ func DecideDisagg(s *State, req Request, cfg DisaggConfig) (DisaggDecision, erro
 		out.Prefill, out.Where, out.Reason = &p, PrefillRemote, ReasonLongPrompt
 	}
 	return out, nil
+}
+
+// healthyIn reports whether pool p has a healthy worker.
+func (s *State) healthyIn(p Pool) bool {
+	_, healthy := s.PoolSize(p)
+	return healthy > 0
 }

@@ -132,3 +132,65 @@ func TestPoolSize(t *testing.T) {
 	check(PoolPrefill, 0)
 	check(PoolDecode, 3)
 }
+
+// TestDecideDisaggKVFormat: a decode worker's prompt goes only to a prefill worker whose
+// blocks it can import (the same KV format, or one of the two names none); with none
+// healthy, it stays on the decode worker for that reason, not for want of a prefill pool.
+func TestDecideDisaggKVFormat(t *testing.T) {
+	long := toks(0, 40*testBlock)
+	cfg := DisaggConfig{MinRemoteTokens: 10 * testBlock}
+	tests := []struct {
+		name        string
+		decode      string              // worker 1's format
+		prefill     map[WorkerID]string // prefill workers 3 and 4
+		unhealthy   []WorkerID
+		wantReason  string
+		wantPrefill WorkerID
+	}{
+		{name: "same format", decode: "f32", prefill: map[WorkerID]string{3: "f16", 4: "f32"},
+			wantReason: ReasonLongPrompt, wantPrefill: 4},
+		{name: "no prefill worker of the format", decode: "f32", prefill: map[WorkerID]string{3: "f16", 4: "q8"},
+			wantReason: ReasonKVFormat},
+		{name: "the one of the format is down", decode: "f32", prefill: map[WorkerID]string{3: "f16", 4: "f32"}, unhealthy: []WorkerID{4},
+			wantReason: ReasonKVFormat},
+		{name: "every prefill worker down", decode: "f32", prefill: map[WorkerID]string{3: "f32", 4: "f32"}, unhealthy: []WorkerID{3, 4},
+			wantReason: ReasonNoPrefill},
+		{name: "a prefill worker that names none", decode: "f32", prefill: map[WorkerID]string{3: "f16", 4: ""},
+			wantReason: ReasonLongPrompt, wantPrefill: 4},
+		{name: "a decode worker that names none", decode: "", prefill: map[WorkerID]string{3: "f16", 4: "q8"},
+			wantReason: ReasonLongPrompt, wantPrefill: 3},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestState(t, testConfig())
+			c := testCard
+			c.Role, c.KVFormat = RoleDecode, tc.decode
+			if err := s.AddWorker(1, c); err != nil {
+				t.Fatal(err)
+			}
+			for id, f := range tc.prefill {
+				c := testCard
+				c.Role, c.KVFormat = RolePrefill, f
+				if err := s.AddWorker(id, c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, id := range tc.unhealthy {
+				s.SetHealthy(id, false)
+			}
+			d, err := DecideDisagg(s, req(long), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Reason != tc.wantReason || d.Decode.Worker != 1 {
+				t.Errorf("reason %q on D %d, want %q on 1", d.Reason, d.Decode.Worker, tc.wantReason)
+			}
+			switch {
+			case tc.wantPrefill == 0 && d.Prefill != nil:
+				t.Errorf("prefill on %d (format %q), want none", d.Prefill.Worker, tc.prefill[d.Prefill.Worker])
+			case tc.wantPrefill != 0 && (d.Prefill == nil || d.Prefill.Worker != tc.wantPrefill):
+				t.Errorf("prefill decision %+v, want worker %d", d.Prefill, tc.wantPrefill)
+			}
+		})
+	}
+}

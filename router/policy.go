@@ -36,6 +36,10 @@ type Request struct {
 	// Config.AdapterLoadCost more.
 	Adapter         string
 	AdapterLoadable bool
+	// KVFormat, if set, admits only workers whose card names no KV format or this one: a
+	// prefill decision for a decode worker, whose pull of blocks in another format would be
+	// refused (DecideDisagg).
+	KVFormat string
 }
 
 // Cost is the breakdown of cost(w) = OverlapWeight·Prefill + Decode, in
@@ -196,7 +200,7 @@ func (s *State) pickAll(req Request, blocksF float64, key uint64) (*WorkerState,
 	healthy, stale := 0, 0
 	lacking := 0 // healthy workers without the request's adapter
 	for _, w := range s.workers {
-		if !w.Healthy || !req.Pool.admitsWorker(w) || w.Stale && s.cfg.RequireKVEvents {
+		if !w.Healthy || !req.Pool.admitsWorker(w) || w.Stale && s.cfg.RequireKVEvents || !req.admitsFormat(w) {
 			continue
 		}
 		w.lacks = !w.serves(req.Adapter)
@@ -601,4 +605,10 @@ func (s *State) tieHash(key uint64, w WorkerID) uint64 {
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	return x ^ (x >> 31)
+}
+
+// admitsFormat reports whether a worker's KV blocks are of the format the request asks for
+// (Request.KVFormat); a worker or request that names none admits any.
+func (req *Request) admitsFormat(w *WorkerState) bool {
+	return req.KVFormat == "" || w.Card.KVFormat == "" || w.Card.KVFormat == req.KVFormat
 }

@@ -151,6 +151,14 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Card.Role == "" {
 		cfg.Card.Role = cluster.RoleBoth
 	}
+	if ke, ok := cfg.Engine.(KVEngine); ok && cfg.Card.KVFormat == "" {
+		// The card names the blocks' format, so that the router pairs a decode worker only
+		// with prefill workers whose blocks it can import (kvcache.BlockFormat.Check); an
+		// engine that cannot export blocks names none.
+		if f, err := ke.KVFormat(); err == nil {
+			cfg.Card.KVFormat = f.String()
+		}
+	}
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}

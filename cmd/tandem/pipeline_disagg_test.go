@@ -99,8 +99,9 @@ func sameTexts(t *testing.T, how string, got, want []string) {
 // layers' share of the bytes (stage 1 of the prefill replica read what stage 1 of the
 // decode replica wrote). A prefill replica of another split moves its blocks the same way
 // (a block's bytes are the whole model's, whatever the split). One whose KV is f16 is
-// refused before any block moves: the decode replica prefills locally, counts it as
-// layout_mismatch and logs it once, naming both layouts; the text is one engine's.
+// never asked: its card names a KV format the decode replica cannot import, so the router
+// leaves the prefill on the decode replica, counts it as kv_format_mismatch and logs it
+// once, naming both formats; no prefill is wasted and the text is one engine's.
 func TestPipelineDisaggregated(t *testing.T) {
 	modelPath := fixtures.Model(t, "stories260K-f32.gguf") // 5 layers: split 3,2
 	const maxTokens = 24
@@ -145,18 +146,24 @@ func TestPipelineDisaggregated(t *testing.T) {
 
 	// A prefill replica that keeps its KV as f16: its blocks are not the decode replica's.
 	p2.leave(t, router, "p2")
-	startPipelineWorker(t, modelPath, "prefill", "p3", join, "--threads", "1", "--kv-type", "f16")
+	p3 := startPipelineWorker(t, modelPath, "prefill", "p3", join, "--threads", "1", "--kv-type", "f16")
 	router.wait(t, `worker joined[^\n]*worker=p3 `)
-	sameTexts(t, "prefilled on an f16 replica and again on the decode replica", completeEach(t, base, 10, 2, maxTokens), want[10:])
-	if n := scrapeURL(t, d.head.url, "tandem:kv_transfer_pulls_total", `result="layout_mismatch"`); n != 2 {
-		t.Errorf("pulls refused for their layout: %v, want 2", n)
+	sameTexts(t, "with only an f16 prefill replica, prefilled on the decode replica", completeEach(t, base, 10, 2, maxTokens), want[10:])
+	if n := scrapeURL(t, base, "tandem_router:prefills_total", `where="local"`, `reason="kv_format_mismatch"`); n != 2 {
+		t.Errorf("local prefills for the KV format: %v, want 2:\n%s", n, grepLines(router.text(), "prefill"))
+	}
+	if n := scrapeURL(t, p3.head.url, "tandem:prefill_only_requests_total"); n > 0 {
+		t.Errorf("the f16 replica prefilled %v prompts that nobody could import", n)
+	}
+	if n := scrapeURL(t, d.head.url, "tandem:kv_transfer_pulls_total", `result="layout_mismatch"`); n > 0 {
+		t.Errorf("pulls refused for their layout: %v, want none (the router pairs formats)", n)
 	}
 	if n := scrapeURL(t, d.head.url, "tandem:kv_transfer_pulls_total", `result="ok"`); n != 10 {
 		t.Errorf("good pulls %v, want still 10", n)
 	}
-	logged := regexp.MustCompile(`KV transfer refused before any block moved[^\n]*layout="cpu-kv/1 f32[^\n]*refusal="[^\n]*cpu-kv/1 f16`).FindAllString(d.head.log(), -1)
+	logged := regexp.MustCompile(`no prefill worker stores KV blocks in this decode worker's format[^\n]*decode_worker=d [^\n]*kv_format="cpu-kv/1 f32[^\n]*prefill_formats="cpu-kv/1 f16`).FindAllString(router.text(), -1)
 	if len(logged) != 1 {
-		t.Errorf("the refusal was logged %d times, want once, naming both layouts:\n%s", len(logged), grepLines(d.head.log(), "KV transfer"))
+		t.Errorf("the mismatch was logged %d times, want once, naming both formats:\n%s", len(logged), grepLines(router.text(), "format"))
 	}
 }
 

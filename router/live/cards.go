@@ -51,7 +51,8 @@ func (s *cardStore) load() (map[string]router.Card, error) {
 	return cards, nil
 }
 
-// add remembers c (its KV capacity and role, which differ by worker, are not kept).
+// add remembers c (its KV capacity, role and KV format, which differ by worker, are not
+// kept).
 func (s *cardStore) add(c router.Card) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -59,7 +60,7 @@ func (s *cardStore) add(c router.Card) error {
 	if err != nil {
 		return err
 	}
-	c.KVBlocks, c.Role = 0, ""
+	c.KVBlocks, c.Role, c.KVFormat = 0, "", ""
 	cards[c.Model] = c
 	list := make([]router.Card, 0, len(cards))
 	for _, c := range cards {

@@ -14,7 +14,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -88,6 +91,9 @@ func (s *liveStream) prefillRemote(ctx context.Context) (*llm.Request, error) {
 	s.dis.pre = &dd.Decode
 	if dd.Prefill == nil {
 		l.dis.Prefills.WithLabelValues(router.PrefillLocal, dd.Reason).Inc()
+		if dd.Reason == router.ReasonKVFormat {
+			l.noPrefillFormat(m, dd.Decode.Worker)
+		}
 		return &s.orig, nil
 	}
 	l.met.decision(*dd.Prefill, nil, time.Since(t0))
@@ -353,4 +359,36 @@ func (t *timedStream) Next(ctx context.Context) (llm.Event, error) {
 		t.b.l.planFinish(t.b.m.name, role, t.worker, ev.Usage.PromptTokens, ev.Usage.CachedTokens, t.n, tpot)
 	}
 	return ev, nil
+}
+
+// noPrefillFormat logs, once per pairing of formats, that decode worker d stores KV in a
+// format no healthy prefill worker shares, so that its long prompts are prefilled on it:
+// a pull of another format's blocks would be refused after P had computed them.
+func (l *Router) noPrefillFormat(m *liveModel, d router.WorkerID) {
+	l.mu.Lock()
+	dw, _ := m.state.Worker(d)
+	node := ""
+	if lw := l.workers[d]; lw != nil {
+		node = lw.node
+	}
+	formats := map[string]bool{}
+	for _, id := range m.state.Workers() {
+		if w, ok := m.state.Worker(id); ok && w.Healthy && w.Card.Role == router.RolePrefill {
+			formats[w.Card.KVFormat] = true
+		}
+	}
+	pf := slices.Sorted(maps.Keys(formats))
+	key := dw.Card.KVFormat + "\x00" + strings.Join(pf, "\x00")
+	first := !l.formatsLogged[key]
+	if first {
+		if l.formatsLogged == nil {
+			l.formatsLogged = map[string]bool{}
+		}
+		l.formatsLogged[key] = true
+	}
+	l.mu.Unlock()
+	if first {
+		l.log.Warn("no prefill worker stores KV blocks in this decode worker's format, so its long prompts are prefilled on it (logged once per pairing of formats; counted in tandem_router:prefills_total{where=\"local\",reason=\"kv_format_mismatch\"})",
+			"model", m.name, "decode_worker", node, "kv_format", dw.Card.KVFormat, "prefill_formats", strings.Join(pf, "; "))
+	}
 }

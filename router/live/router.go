@@ -97,6 +97,9 @@ type Router struct {
 	nextID  router.WorkerID
 	queued  int
 	noneAt  time.Time // since when requests have found no healthy worker (zero: they do)
+	// formatsLogged holds the pairings of KV formats already logged as having no prefill
+	// worker for a decode worker's format (disagg.go): each is logged once.
+	formatsLogged map[string]bool
 
 	// changed is closed (and replaced) when load may have dropped: waiting requests look
 	// again. Lock-free, so that heartbeats need not take mu.
@@ -550,7 +553,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	closeReason := "registration refused"
 	defer func() { client.CloseWithReason(closeReason) }()
 
-	core := router.Card{Model: card.Model, HashVersion: card.HashVersion, BlockSize: card.BlockSize, Salt: card.Salt, KVBlocks: card.KVBlocks, Role: card.Role}
+	core := router.Card{Model: card.Model, HashVersion: card.HashVersion, BlockSize: card.BlockSize, Salt: card.Salt, KVBlocks: card.KVBlocks, Role: card.Role, KVFormat: card.KVFormat}
 	l.mu.Lock()
 	m = l.models[card.Model]
 	newModel := false
