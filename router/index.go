@@ -743,29 +743,14 @@ func (x *Index) resetTier(rec *workerRec, t kvcache.Tier, blocks []kvcache.Cache
 
 // updateAll applies set/clear for rec's slot to every hash of hs, grouped by shard (a
 // counting sort into rec's scratch) so that each shard's write lock is taken once per
-// batch of hashes rather than once per hash. Called with rec.mu held.
-//
-// The hashes are applied a batch at a time: the shards that follow each other in shard
-// order and hold at most applyChunk of the hashes together (or one shard alone, in chunks
-// of applyChunk, when it holds more), their locks taken in shard order (as a lookup's are,
-// so that no two lockers wait for each other in a cycle); a lookup waits for at most
-// applyChunk blocks. A batch's table entries are read together before any is updated
-// (applyBatch), so that the cache misses of all its shards' hashes overlap, not only
-// those of one shard's few.
+// applyChunk hashes rather than once per hash: a lookup waits for at most applyChunk
+// blocks. One shard's lock at a time: two goroutines applying events of different
+// workers then queue behind each other for one shard's chunk, not for the whole event
+// (holding the locks of several shards at once, to overlap the misses of more hashes,
+// made the 2-core replay's events slower). Called with rec.mu held.
 func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 	x.wmu.RLock()
 	defer x.wmu.RUnlock()
-	if len(hs) <= 4 {
-		d := 0
-		for _, h := range hs {
-			sh := x.shardOf(h)
-			sh.mu.Lock()
-			d += x.updateLocked(sh, rec, h, set, clear)
-			sh.mu.Unlock()
-		}
-		rec.blocks.Add(int64(d))
-		return
-	}
 	var start [numShards + 1]int
 	for _, h := range hs {
 		start[mix(h)>>(64-shardBits)+1]++
@@ -785,22 +770,14 @@ func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 		pos[sh]++
 	}
 	d := 0
-	for si := 0; si < numShards; {
-		if n := start[si+1] - start[si]; n > applyChunk { // one shard, in chunks
-			var part [numShards + 1]int
-			for a := start[si]; a < start[si+1]; a += applyChunk {
-				part[si], part[si+1] = a, min(a+applyChunk, start[si+1])
-				d += x.applyBatch(rec, by, homes, &part, si, si+1, set, clear)
-			}
-			si++
-			continue
+	for si := range numShards {
+		sh := &x.shards[si]
+		for a := start[si]; a < start[si+1]; a += applyChunk {
+			b := min(a+applyChunk, start[si+1])
+			sh.mu.Lock()
+			d += x.applyChunkLocked(sh, rec.slot, by[a:b], homes[a:b], set, clear)
+			sh.mu.Unlock()
 		}
-		sj := si + 1
-		for sj < numShards && start[sj+1]-start[si] <= applyChunk {
-			sj++
-		}
-		d += x.applyBatch(rec, by, homes, &start, si, sj, set, clear)
-		si = sj
 	}
 	rec.blocks.Add(int64(d))
 	if cap(rec.scratch) > 1<<16 {
@@ -808,63 +785,37 @@ func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 	}
 }
 
-// applyBatch applies set/clear for rec's slot to the hashes by[start[k]:start[k+1]] of
-// each shard k in [lo, hi) under the shards' write locks, and returns the change in the
-// blocks rec holds. homes is scratch beside by.
-//
-// It reads the table entries where the hashes' probes start, and the holder sets they
-// name, before it updates any (applyRun): the loads do not depend on each other, so their
-// cache misses overlap instead of each update waiting for its own.
-func (x *Index) applyBatch(rec *workerRec, by []uint64, homes []uint32, start *[numShards + 1]int, lo, hi int, set, clear uint8) int {
-	for k := lo; k < hi; k++ {
-		n := start[k+1] - start[k]
-		if n == 0 {
-			continue
+// applyChunkLocked applies set/clear for slot to the hashes hs of shard sh, with sh's
+// write lock held, and returns the change in the slot's blocks; homes is scratch beside
+// hs. It makes room for every hash first (so that no insertion grows the table), then
+// reads the table entries where the hashes' probes start, and the holder sets they name,
+// before it updates any (applyRun): the loads do not depend on each other, so their cache
+// misses overlap instead of each update waiting for its own.
+func (x *Index) applyChunkLocked(sh *shard, slot uint32, hs []uint64, homes []uint32, set, clear uint8) int {
+	if set != 0 {
+		c := len(sh.tab)
+		for (sh.n+len(hs))*5 > c*4 {
+			c *= 2
 		}
-		sh := &x.shards[k]
-		sh.mu.Lock()
-		if set != 0 { // room for every hash now, so that no insertion below grows the table
-			c := len(sh.tab)
-			for (sh.n+n)*5 > c*4 {
-				c *= 2
-			}
-			if c > len(sh.tab) {
-				sh.grow(c)
-			}
+		if c > len(sh.tab) {
+			sh.grow(c)
 		}
 	}
+	tab, sets := sh.tab, sh.sets
+	m := uint32(len(tab) - 1)
+	homes = homes[:len(hs)]
 	var t uint32
-	for k := lo; k < hi; k++ {
-		sh := &x.shards[k]
-		tab, sets := sh.tab, sh.sets
-		m := uint32(len(tab) - 1)
-		hs := by[start[k]:start[k+1]]
-		hm := homes[start[k]:start[k+1]]
-		hm = hm[:len(hs)]
-		for j, h := range hs {
-			i := uint32(mix(h)>>24) & m
-			hm[j] = i
-			v := tab[i].v
-			t += v
-			if v&multiBit != 0 && int(v&^multiBit) < len(sets) {
-				t += uint32(len(sets[v&^multiBit].list))
-			}
+	for j, h := range hs {
+		i := uint32(mix(h)>>24) & m
+		homes[j] = i
+		v := tab[i].v
+		t += v
+		if v&multiBit != 0 && int(v&^multiBit) < len(sets) {
+			t += uint32(len(sets[v&^multiBit].list))
 		}
 	}
-	d := 0
-	for k := lo; k < hi; k++ {
-		if start[k+1] > start[k] {
-			d += x.applyRun(&x.shards[k], rec.slot, by[start[k]:start[k+1]], homes[start[k]:start[k+1]], set, clear)
-		}
-	}
-	for k := lo; k < hi; k++ {
-		if start[k+1] > start[k] {
-			x.shards[k].sink += t
-			t = 0
-			x.shards[k].mu.Unlock()
-		}
-	}
-	return d
+	sh.sink += t
+	return x.applyRun(sh, slot, hs, homes, set, clear)
 }
 
 // applyRun applies set/clear for slot to the hashes hs of shard sh, whose probes start at
