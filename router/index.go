@@ -2,7 +2,6 @@ package router
 
 import (
 	"math/bits"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -42,7 +41,6 @@ const (
 	listMax    = 48              // holders of a set kept as a sorted list; more become bitmaps
 	sweepChunk = 4096            // table entries swept under one shard lock
 	applyChunk = 128             // blocks changed under one shard lock: a lookup waits for no more
-	yieldTries = 64              // tries an event's chunk makes for a shard lock before it parks (lockYielding)
 )
 
 // holder packs a slot and a tier mask.
@@ -776,7 +774,7 @@ func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 		sh := &x.shards[si]
 		for a := start[si]; a < start[si+1]; a += applyChunk {
 			b := min(a+applyChunk, start[si+1])
-			lockYielding(&sh.mu)
+			sh.mu.Lock()
 			d += x.applyChunkLocked(sh, rec.slot, by[a:b], homes[a:b], set, clear)
 			sh.mu.Unlock()
 		}
@@ -785,21 +783,6 @@ func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 	if cap(rec.scratch) > 1<<16 {
 		rec.scratch, rec.homes = nil, nil // a snapshot's worth: do not keep it
 	}
-}
-
-// lockYielding takes mu for writing, for an event's chunk. A write Lock that meets readers
-// parks the goroutine at once, and the last reader to leave then wakes it, a futex call of
-// several µs paid inside the lookup (for the replay at 1,000 workers, half of a lookup's
-// CPU): while a lookup holds the read locks (a few µs to a few tens of µs) the applier
-// yields its processor and tries again, and parks only after yieldTries tries.
-func lockYielding(mu *sync.RWMutex) {
-	for range yieldTries {
-		if mu.TryLock() {
-			return
-		}
-		runtime.Gosched()
-	}
-	mu.Lock()
 }
 
 // applyChunkLocked applies set/clear for slot to the hashes hs of shard sh, with sh's
