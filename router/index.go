@@ -95,7 +95,8 @@ type workerRec struct {
 	blocks  atomic.Int64  // blocks held, in any tier
 	tiers   uint8         // tiers it has stored blocks in since its slot was assigned
 	removed bool
-	scratch []uint64 // updateAll's
+	scratch []uint64 // updateAll's: the hashes grouped by shard
+	homes   []uint32 // updateAll's: their home positions in their shards' tables
 }
 
 // An entry is a hash and its value, 12 bytes, so that a probe reads one cache line (the
@@ -209,25 +210,6 @@ func (x *Index) lookup(h uint64) (*shard, uint32) {
 			return sh, 0
 		}
 	}
-}
-
-// touch reads the table entries where the hashes hs start their probes, and the holder
-// sets they name, before they are updated: the loads do not depend on each other, so their
-// cache misses (a large table's entries are all misses) overlap instead of each update
-// waiting for its own. Called with the write lock held.
-func (sh *shard) touch(hs []uint64) {
-	tab := sh.tab
-	m := len(tab) - 1
-	var t uint32
-	for _, h := range hs {
-		t += tab[int(mix(h)>>24)&m].v
-	}
-	for _, h := range hs {
-		if v := tab[int(mix(h)>>24)&m].v; v&multiBit != 0 && int(v&^multiBit) < len(sh.sets) {
-			t += uint32(len(sh.sets[v&^multiBit].list))
-		}
-	}
-	sh.sink += t
 }
 
 // get returns h's value, 0 if none.
@@ -544,16 +526,11 @@ func (x *Index) isLive(slot uint32) bool {
 	return w < len(x.live) && x.live[w]&(1<<(slot%64)) != 0
 }
 
-// update applies set/clear for slot to h. Called with wmu held for reading; takes h's
-// shard's write lock.
-func (x *Index) update(rec *workerRec, h uint64, set, clear uint8) {
-	sh := x.shardOf(h)
-	sh.mu.Lock()
-	x.updateLocked(sh, rec, h, set, clear)
-	sh.mu.Unlock()
-}
-
-func (x *Index) updateLocked(sh *shard, rec *workerRec, h uint64, set, clear uint8) {
+// updateLocked applies set/clear for rec's slot to h and returns the change in the blocks
+// rec holds (+1, -1 or 0), which the caller adds to rec.blocks once per batch: an atomic
+// add per block would be a full barrier between the blocks' table loads, so that each
+// block's cache miss would wait for the one before.
+func (x *Index) updateLocked(sh *shard, rec *workerRec, h uint64, set, clear uint8) int {
 	var v uint32
 	i := -1
 	if h == 0 {
@@ -564,7 +541,7 @@ func (x *Index) updateLocked(sh *shard, rec *workerRec, h uint64, set, clear uin
 	} else if i = sh.find(h); i >= 0 {
 		v = sh.tab[i].v
 	} else {
-		return
+		return 0
 	}
 	nv, tr := x.change(sh, v, rec.slot, set, clear)
 	switch {
@@ -575,12 +552,7 @@ func (x *Index) updateLocked(sh *shard, rec *workerRec, h uint64, set, clear uin
 	default:
 		sh.tab[i].v = nv
 	}
-	switch tr {
-	case entered:
-		rec.blocks.Add(1)
-	case left:
-		rec.blocks.Add(-1)
-	}
+	return delta(tr)
 }
 
 // lockRec returns worker w's record with its mu locked, creating it (with a slot) if
@@ -697,8 +669,9 @@ func (x *Index) clearTier(rec *workerRec, bit uint8) {
 	for si := range x.shards {
 		sh := &x.shards[si]
 		sh.mu.Lock()
+		d := 0
 		if sh.zero != 0 {
-			x.updateLocked(sh, rec, 0, 0, bit)
+			d += x.updateLocked(sh, rec, 0, 0, bit)
 		}
 		for i := 0; i < len(sh.tab); {
 			k := sh.tab[i].key()
@@ -707,12 +680,13 @@ func (x *Index) clearTier(rec *workerRec, bit uint8) {
 				continue
 			}
 			n := sh.n
-			x.updateLocked(sh, rec, k, 0, bit)
+			d += x.updateLocked(sh, rec, k, 0, bit)
 			if sh.n == n || sh.tab[i].key() == k {
 				i++ // not deleted (else a later entry may have shifted into i)
 			}
 		}
 		sh.mu.Unlock()
+		rec.blocks.Add(int64(d))
 	}
 	rec.tiers &^= bit
 }
@@ -769,16 +743,14 @@ func (x *Index) resetTier(rec *workerRec, t kvcache.Tier, blocks []kvcache.Cache
 
 // updateAll applies set/clear for rec's slot to every hash of hs, grouped by shard (a
 // counting sort into rec's scratch) so that each shard's write lock is taken once per
-// applyChunk hashes rather than once per hash. Called with rec.mu held.
+// applyChunk hashes rather than once per hash: a lookup waits for at most applyChunk
+// blocks. One shard's lock at a time: two goroutines applying events of different
+// workers then queue behind each other for one shard's chunk, not for the whole event
+// (holding the locks of several shards at once, to overlap the misses of more hashes,
+// made the 2-core replay's events slower). Called with rec.mu held.
 func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 	x.wmu.RLock()
 	defer x.wmu.RUnlock()
-	if len(hs) <= 4 {
-		for _, h := range hs {
-			x.update(rec, h, set, clear)
-		}
-		return
-	}
 	var start [numShards + 1]int
 	for _, h := range hs {
 		start[mix(h)>>(64-shardBits)+1]++
@@ -788,31 +760,133 @@ func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 	}
 	if cap(rec.scratch) < len(hs) {
 		rec.scratch = make([]uint64, len(hs))
+		rec.homes = make([]uint32, len(hs))
 	}
-	by := rec.scratch[:len(hs)]
+	by, homes := rec.scratch[:len(hs)], rec.homes[:len(hs)]
 	pos := start
 	for _, h := range hs {
 		sh := mix(h) >> (64 - shardBits)
 		by[pos[sh]] = h
 		pos[sh]++
 	}
+	d := 0
 	for si := range numShards {
-		part := by[start[si]:start[si+1]]
 		sh := &x.shards[si]
-		for len(part) > 0 {
-			n := min(len(part), applyChunk)
+		for a := start[si]; a < start[si+1]; a += applyChunk {
+			b := min(a+applyChunk, start[si+1])
 			sh.mu.Lock()
-			sh.touch(part[:n])
-			for _, h := range part[:n] {
-				x.updateLocked(sh, rec, h, set, clear)
-			}
+			d += x.applyChunkLocked(sh, rec.slot, by[a:b], homes[a:b], set, clear)
 			sh.mu.Unlock()
-			part = part[n:]
 		}
 	}
+	rec.blocks.Add(int64(d))
 	if cap(rec.scratch) > 1<<16 {
-		rec.scratch = nil // a snapshot's worth: do not keep it
+		rec.scratch, rec.homes = nil, nil // a snapshot's worth: do not keep it
 	}
+}
+
+// applyChunkLocked applies set/clear for slot to the hashes hs of shard sh, with sh's
+// write lock held, and returns the change in the slot's blocks; homes is scratch beside
+// hs. It makes room for every hash first (so that no insertion grows the table), then
+// reads the table entries where the hashes' probes start, and the holder sets they name,
+// before it updates any (applyRun): the loads do not depend on each other, so their cache
+// misses overlap instead of each update waiting for its own.
+func (x *Index) applyChunkLocked(sh *shard, slot uint32, hs []uint64, homes []uint32, set, clear uint8) int {
+	if set != 0 {
+		c := len(sh.tab)
+		for (sh.n+len(hs))*5 > c*4 {
+			c *= 2
+		}
+		if c > len(sh.tab) {
+			sh.grow(c)
+		}
+	}
+	tab, sets := sh.tab, sh.sets
+	m := uint32(len(tab) - 1)
+	homes = homes[:len(hs)]
+	var t uint32
+	for j, h := range hs {
+		i := uint32(mix(h)>>24) & m
+		homes[j] = i
+		v := tab[i].v
+		t += v
+		if v&multiBit != 0 && int(v&^multiBit) < len(sets) {
+			t += uint32(len(sets[v&^multiBit].list))
+		}
+	}
+	sh.sink += t
+	return x.applyRun(sh, slot, hs, homes, set, clear)
+}
+
+// applyRun applies set/clear for slot to the hashes hs of shard sh, whose probes start at
+// homes, with sh's write lock held (and room for every hash in its table), and returns
+// the change in the slot's blocks. The common cases are inline: a block nobody holds
+// stored, and the slot's own single-holder entry changed; the others go through change.
+func (x *Index) applyRun(sh *shard, slot uint32, hs []uint64, homes []uint32, set, clear uint8) int {
+	tab := sh.tab
+	m := uint32(len(tab) - 1)
+	homes = homes[:len(hs)]
+	d := 0
+	for j, h := range hs {
+		if h == 0 { // hash 0 lives in sh.zero
+			nv, tr := x.change(sh, sh.zero, slot, set, clear)
+			sh.zero = nv
+			d += delta(tr)
+			continue
+		}
+		hl, hh := uint32(h), uint32(h>>32)
+		i := homes[j] & m
+		for {
+			e := &tab[i]
+			if e.lo == hl && e.hi == hh || e.lo|e.hi == 0 {
+				break
+			}
+			i = (i + 1) & m
+		}
+		e := &tab[i]
+		if e.lo|e.hi == 0 { // nobody holds h
+			if set != 0 {
+				e.lo, e.hi, e.v = hl, hh, holder(slot, set)
+				sh.n++
+				d++
+			}
+			continue
+		}
+		v := e.v
+		if v&multiBit == 0 && holderSlot(v) == slot { // the slot alone holds h
+			om := holderMask(v)
+			switch nm := (om | set) &^ clear; {
+			case nm == 0:
+				sh.del(int(i))
+				d--
+			case om == 0:
+				e.v = holder(slot, nm)
+				d++
+			default:
+				e.v = holder(slot, nm)
+			}
+			continue
+		}
+		nv, tr := x.change(sh, v, slot, set, clear)
+		if nv == 0 {
+			sh.del(int(i))
+		} else {
+			e.v = nv
+		}
+		d += delta(tr)
+	}
+	return d
+}
+
+// delta is a transition's change in a worker's blocks.
+func delta(tr int) int {
+	switch tr {
+	case entered:
+		return 1
+	case left:
+		return -1
+	}
+	return 0
 }
 
 // RemoveWorker forgets worker w: its blocks and its last event ID.

@@ -727,3 +727,75 @@ func TestUnFP(t *testing.T) {
 		}
 	}
 }
+
+// Applying an event's hashes in batches of shards (updateAll, with its inline cases) leaves
+// the index as applying them one at a time does: events of up to several thousand hashes
+// (more than applyChunk in one shard), hash 0, hashes stored again in another tier,
+// removed when absent, and blocks held by one worker, by a few (lists) and by many
+// (bitmaps).
+func TestIndexBatchesMatchSingles(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 17))
+	const workers = 60
+	pool := []uint64{0}
+	for range 40000 {
+		pool = append(pool, rng.Uint64())
+	}
+	shared := pool[:200] // held by many workers: lists, then bitmaps
+	batched, single := NewIndex(), NewIndex()
+	ids := make([]uint64, workers)
+	singleIDs := make([]uint64, workers)
+	stored := make([][]uint64, workers) // what each worker was sent, to remove from
+	for range 400 {
+		w := rng.IntN(workers)
+		kind := kvcache.EventStored
+		if rng.IntN(3) == 0 && len(stored[w]) > 0 {
+			kind = kvcache.EventRemoved
+		}
+		var hs []uint64
+		n := 1 + rng.IntN(600)
+		if rng.IntN(20) == 0 {
+			n = 4200 + rng.IntN(2000)
+		}
+		for range n {
+			switch r := rng.IntN(8); {
+			case kind == kvcache.EventRemoved && r > 0:
+				hs = append(hs, stored[w][rng.IntN(len(stored[w]))])
+			case r < 2:
+				hs = append(hs, shared[rng.IntN(len(shared))])
+			default:
+				hs = append(hs, pool[rng.IntN(len(pool))])
+			}
+		}
+		if kind == kvcache.EventStored {
+			stored[w] = append(stored[w], hs...)
+		}
+		tier := kvcache.Tier(rng.IntN(3))
+		ids[w]++
+		if batched.Apply(WorkerID(w), kvcache.Event{ID: ids[w], Kind: kind, Tier: tier, Hashes: hs}) {
+			t.Fatal("gap")
+		}
+		for _, h := range hs {
+			singleIDs[w]++
+			if single.Apply(WorkerID(w), kvcache.Event{ID: singleIDs[w], Kind: kind, Tier: tier, Hashes: []uint64{h}}) {
+				t.Fatal("gap")
+			}
+		}
+	}
+	if batched.Len() != single.Len() {
+		t.Fatalf("Len %d, want %d", batched.Len(), single.Len())
+	}
+	for w := range WorkerID(workers) {
+		if batched.Blocks(w) != single.Blocks(w) {
+			t.Fatalf("worker %d: %d blocks, want %d", w, batched.Blocks(w), single.Blocks(w))
+		}
+	}
+	byWorker := func(a, b Match) int { return int(a.Worker) - int(b.Worker) }
+	var got, want []Match
+	for _, h := range pool {
+		got = slices.SortedFunc(slices.Values(batched.OverlapInto([]uint64{h}, got)), byWorker)
+		want = slices.SortedFunc(slices.Values(single.OverlapInto([]uint64{h}, want)), byWorker)
+		if !slices.Equal(got, want) {
+			t.Fatalf("hash %#x: holders %v, want %v", h, got, want)
+		}
+	}
+}

@@ -266,7 +266,10 @@ func recordReplay(tb testing.TB, rows []replayRow, workers int) []replayStep {
 // Dynamo's: dyn-block-ops/s counts the requests' blocks and the Stored events' blocks, not
 // the Removed ones' (ops/s is the same unit in both: requests plus events). With -short
 // it replays the trace's first 2,000 prompts. workers=N/events applies the events alone
-// (no requests), one goroutine per core, and reports their blocks per second.
+// (no requests), one goroutine per core, and reports their blocks per second. Both also
+// report the process's CPU time over the timed pass (cpu-ms; cpu-ns/block for the events
+// alone), which other processes on a shared machine do not stretch as they do the wall
+// clock.
 func BenchmarkReplay(b *testing.B) {
 	rows, err := replayTrace()
 	if err != nil {
@@ -304,14 +307,14 @@ func replayTimed(b *testing.B, steps []replayStep, workers int, lookup bool) {
 		}
 	}
 	var lat, cpu []time.Duration
-	var elapsed time.Duration
+	var elapsed, pcpu time.Duration
 	var last *State
 	var wk Walk
 	var matches []Match
 	for b.Loop() {
 		s := replayState(b, workers)
 		lat, cpu = lat[:0], cpu[:0]
-		t0 := time.Now()
+		t0, p0 := time.Now(), processCPU()
 		wg := applyReplay(s.Index(), steps)
 		runtime.LockOSThread()
 		for _, st := range steps {
@@ -333,6 +336,7 @@ func replayTimed(b *testing.B, steps []replayStep, workers int, lookup bool) {
 		runtime.UnlockOSThread()
 		wg.Wait()
 		elapsed += time.Since(t0)
+		pcpu += processCPU() - p0
 		last = s
 	}
 	sec := elapsed.Seconds() / float64(b.N)
@@ -340,6 +344,7 @@ func replayTimed(b *testing.B, steps []replayStep, workers int, lookup bool) {
 	b.ReportMetric(float64(events+len(steps))/sec, "ops/s")
 	b.ReportMetric(float64(blocks+looked)/sec, "block-ops/s")
 	b.ReportMetric(float64(stored+looked)/sec, "dyn-block-ops/s")
+	b.ReportMetric(pcpu.Seconds()*1000/float64(b.N), "cpu-ms")
 	reportLatencies(b, "", lat)
 	reportLatencies(b, "cpu-", cpu)
 	b.ReportMetric(float64(x.Entries()), "entries")
@@ -355,15 +360,17 @@ func replayEvents(b *testing.B, steps []replayStep, workers int) {
 			blocks += len(ev.Hashes)
 		}
 	}
-	var elapsed time.Duration
+	var elapsed, pcpu time.Duration
 	for b.Loop() {
 		x := replayState(b, workers).Index()
-		t0 := time.Now()
+		t0, p0 := time.Now(), processCPU()
 		applyReplay(x, steps).Wait()
 		elapsed += time.Since(t0)
+		pcpu += processCPU() - p0
 	}
 	b.ReportMetric(float64(blocks)*float64(b.N)/elapsed.Seconds(), "blocks/s")
 	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(blocks*b.N), "ns/block")
+	b.ReportMetric(float64(pcpu.Nanoseconds())/float64(blocks*b.N), "cpu-ns/block")
 }
 
 // applyReplay starts one goroutine per core applying the steps' events to x, each worker's
