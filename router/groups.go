@@ -59,7 +59,6 @@ const costMargin = 1e-12
 type costGroup struct {
 	wa   float64  // OverlapWeight·max(0, blocks − run): what the group's runs leave to prefill
 	a    float64  // max(0, blocks − run)
-	run  int      // the members' runs, on the device at every level
 	bits []uint64 // members' slots; nil: the workers that do not hold the first block
 }
 
@@ -370,7 +369,7 @@ func (s *State) walkGroups(hashes []uint64, blocks float64) {
 			s.enumerate(g.bits, false, g.run, blocks)
 		default:
 			a := max(0, blocks-float64(g.run))
-			s.grp = append(s.grp, costGroup{wa: s.cfg.OverlapWeight * a, a: a, run: g.run, bits: g.bits})
+			s.grp = append(s.grp, costGroup{wa: s.cfg.OverlapWeight * a, a: a, bits: g.bits})
 		}
 	}
 	s.group0, s.nbits = -1, len(s.grp)

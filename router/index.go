@@ -175,8 +175,6 @@ func (sh *shard) init(capacity int) {
 // hashes are random already, but tests and callers may use small numbers.
 func mix(h uint64) uint64 { return h * 0x9e3779b97f4a7c15 }
 
-func (x *Index) shardOf(h uint64) *shard { return &x.shards[mix(h)>>(64-shardBits)] }
-
 // find returns the position of h in sh's table, or -1. h != 0.
 func (sh *shard) find(h uint64) int {
 	m := len(sh.tab) - 1
@@ -210,17 +208,6 @@ func (x *Index) lookup(h uint64) (*shard, uint32) {
 			return sh, 0
 		}
 	}
-}
-
-// get returns h's value, 0 if none.
-func (sh *shard) get(h uint64) uint32 {
-	if h == 0 {
-		return sh.zero
-	}
-	if i := sh.find(h); i >= 0 {
-		return sh.tab[i].v
-	}
-	return 0
 }
 
 // slotFor returns the position of h, inserting it (value 0) if absent. h != 0.

@@ -436,7 +436,6 @@ type State struct {
 	slotsSynced           bool
 	groupFrom             int    // workers from which Decide decides by groups
 	byGroups              uint64 // decisions taken by groups (tests)
-	stamped               []*WorkerState
 	sp                    []special
 	grp                   []costGroup
 	group0                int // index in grp of the workers without the first block, -1: none
