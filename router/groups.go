@@ -106,18 +106,7 @@ func (s *State) track(w *WorkerState, gone bool) {
 }
 
 // ordIndex is where (key, id) is in ord, or would be inserted.
-func (s *State) ordIndex(key float64, id WorkerID) int {
-	i, _ := slices.BinarySearchFunc(s.ord, 0, func(e ordEntry, _ int) int {
-		switch {
-		case e.less(key, id):
-			return -1
-		case e.key == key && e.id == id:
-			return 0
-		}
-		return 1
-	})
-	return i
-}
+func (s *State) ordIndex(key float64, id WorkerID) int { return s.ordIndexIn(s.ord, key, id) }
 
 func (s *State) ordInsert(w *WorkerState, key float64) {
 	i := s.ordIndex(key, w.ID)
