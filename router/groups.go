@@ -65,7 +65,7 @@ type costGroup struct {
 // groupable reports whether req can take the grouped decision.
 func (s *State) groupable(req Request) bool {
 	return len(s.workers) >= s.groupFrom && s.cfg.Mode == ModeKV && !s.cfg.PeerPulls &&
-		req.Adapter == "" && s.nStaleCands == 0 &&
+		req.Adapter == "" && req.KVFormat == "" && s.nStaleCands == 0 &&
 		(req.Pool == PoolAny || req.Pool == PoolDecode && s.prefillers == 0)
 }
 
