@@ -57,7 +57,10 @@ const costMargin = 1e-12
 // A costGroup is a group of the current decision: candidates whose costs differ only by
 // their load terms.
 type costGroup struct {
-	wa   float64  // OverlapWeight·max(0, blocks − run): what the group's runs leave to prefill
+	// OverlapWeight·max(0, blocks − run): what the group's runs leave to prefill; at a
+	// positive weight, an idle member's cost exactly (the reference's
+	// OverlapWeight·(a + 0) + 0, with a ≥ 0).
+	wa   float64
 	a    float64  // max(0, blocks − run)
 	bits []uint64 // members' slots; nil: the workers that do not hold the first block
 }
@@ -283,8 +286,7 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 		idle = s.idlePrefix()
 		for g := range s.grp {
 			if s.hasIdle(g) {
-				c := s.cfg.OverlapWeight*(s.grp[g].a+0) + 0
-				lo, hi = min(lo, c), max(hi, c)
+				lo, hi = min(lo, s.grp[g].wa), max(hi, s.grp[g].wa)
 			}
 		}
 	}
@@ -545,10 +547,10 @@ func (s *State) drawGrouped(lo, hi, amin float64) *WorkerState {
 		h0 := s.walk.h0
 		var g1 []uint64
 		if s.group0 >= 0 {
-			w0 = wg.weight(w*(s.grp[s.group0].a+0) + 0)
+			w0 = wg.weight(s.grp[s.group0].wa)
 		}
 		if s.nbits == 1 {
-			g1, w1 = s.grp[0].bits, wg.weight(w*(s.grp[0].a+0)+0)
+			g1, w1 = s.grp[0].bits, wg.weight(s.grp[0].wa)
 		}
 		for j, idle := range s.idleSlots {
 			var m0, m1 uint64
