@@ -324,7 +324,7 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 		k := int(s.rng.Float64() * float64(ncands))
 		return s.settle(s.workers[nthBit(s.eligPos, min(k, ncands-1))]), ReasonKV, ncands, nil, true
 	}
-	return s.settle(s.drawGrouped(lo, hi, amin)), ReasonKV, ncands, nil, true
+	return s.settle(s.drawGrouped(lo, hi, amin, idle)), ReasonKV, ncands, nil, true
 }
 
 // A special is a candidate of the current decision costed on its own: one whose runs the
@@ -515,7 +515,8 @@ func (s *State) mark(slot uint32) {
 // their group's weight, marked by position from the idle, group and candidate bitmaps
 // instead of one by one. The sum and the draw add and subtract every weight in worker
 // order, as draw does over every candidate: the draw's sum depends on each weight, in order.
-func (s *State) drawGrouped(lo, hi, amin float64) *WorkerState {
+// idle is ord's idle prefix (idlePrefix) at an overlap weight of at least minIdleWeight.
+func (s *State) drawGrouped(lo, hi, amin float64, idle int) *WorkerState {
 	wg := weigher{lo: lo, span: hi - lo, cut: 20 * s.cfg.Temperature, temp: s.cfg.Temperature,
 		lastC: math.NaN(), weights: s.wtPos, marks: s.pickBits, pos: s.slotPos}
 	// Beyond bound a cost's weight is 0 whatever the rounding of its normalisation.
@@ -527,7 +528,7 @@ func (s *State) drawGrouped(lo, hi, amin float64) *WorkerState {
 	classes := s.nbits <= 1 && w >= minIdleWeight
 	i := 0
 	if classes {
-		i = s.idlePrefix() // keys are ≥ 0, and 0 only for an idle worker at this weight
+		i = idle // keys are ≥ 0, and 0 only for an idle worker at this weight
 	}
 	pre, dec := s.slotPre, s.slotDec
 	for ; i < len(s.ord); i++ {
