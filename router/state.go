@@ -531,10 +531,10 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 // bindings (lazily: a session bound to it rebinds on its next request).
 func (s *State) RemoveWorker(id WorkerID) {
 	s.index.RemoveWorker(id)
-	if s.lookup(id) == nil {
+	w := s.lookup(id)
+	if w == nil {
 		return
 	}
-	w := s.lookup(id)
 	if w.Card.Role == RolePrefill {
 		s.prefillers--
 	}
