@@ -231,6 +231,17 @@ func (sh *shard) slotFor(h uint64) int {
 	}
 }
 
+// reserve grows sh's table, doubling it, until it holds n entries within its load limit.
+func (sh *shard) reserve(n int) {
+	c := len(sh.tab)
+	for n*5 > c*4 {
+		c *= 2
+	}
+	if c > len(sh.tab) {
+		sh.grow(c)
+	}
+}
+
 func (sh *shard) grow(capacity int) {
 	old := sh.tab
 	sh.tab = make([]entry, capacity)
@@ -780,13 +791,7 @@ func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 // misses overlap instead of each update waiting for its own.
 func (x *Index) applyChunkLocked(sh *shard, slot uint32, hs []uint64, homes []uint32, set, clear uint8) int {
 	if set != 0 {
-		c := len(sh.tab)
-		for (sh.n+len(hs))*5 > c*4 {
-			c *= 2
-		}
-		if c > len(sh.tab) {
-			sh.grow(c)
-		}
+		sh.reserve(sh.n + len(hs))
 	}
 	tab, sets := sh.tab, sh.sets
 	m := uint32(len(tab) - 1)
@@ -906,14 +911,7 @@ func (x *Index) Reserve(n int) {
 	for i := range x.shards {
 		sh := &x.shards[i]
 		sh.mu.Lock()
-		want := sh.n + per
-		c := len(sh.tab)
-		for want*5 > c*4 {
-			c *= 2
-		}
-		if c > len(sh.tab) {
-			sh.grow(c)
-		}
+		sh.reserve(sh.n + per)
 		sh.mu.Unlock()
 	}
 }
