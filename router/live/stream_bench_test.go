@@ -134,9 +134,5 @@ func postOK(b *testing.B, client *http.Client, url string, body []byte) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b.Fatalf("status %d", resp.StatusCode)
-	}
+	drainStatus(b, resp, http.StatusOK)
 }
