@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -61,6 +62,19 @@ func (s *State) PoolSize(p Pool) (workers, healthy int) {
 		}
 	}
 	return workers, healthy
+}
+
+// KVFormats returns the KV formats (Card.KVFormat) of pool p's healthy workers, sorted,
+// each once.
+func (s *State) KVFormats(p Pool) []string {
+	var formats []string
+	for _, w := range s.workers {
+		if w.Healthy && p.admitsWorker(w) && !slices.Contains(formats, w.Card.KVFormat) {
+			formats = append(formats, w.Card.KVFormat)
+		}
+	}
+	slices.Sort(formats)
+	return formats
 }
 
 // DisaggConfig holds the knobs of disaggregated prefill and decode; docs/disaggregation.md

@@ -2,6 +2,7 @@ package router
 
 import (
 	"testing"
+	"time"
 
 	"tandem/kvcache"
 )
@@ -192,5 +193,38 @@ func TestDecideDisaggKVFormat(t *testing.T) {
 				t.Errorf("prefill decision %+v, want worker %d", d.Prefill, tc.wantPrefill)
 			}
 		})
+	}
+}
+
+// Request.KVFormat holds on every path of Decide: in a pool large enough to decide by
+// groups, and over a session bound to a worker of another format.
+func TestDecideKVFormatEveryPath(t *testing.T) {
+	cfg := testConfig()
+	cfg.AffinityTTL = time.Hour
+	s := newTestState(t, cfg)
+	for id := range WorkerID(2 * groupFrom) {
+		c := testCard
+		c.KVFormat = "f32"
+		if id == 7 {
+			c.KVFormat = "f16"
+		}
+		if err := s.AddWorker(id+1, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := req(toks(0, 4*testBlock))
+	r.SessionID = "s"
+	if d := decide(t, s, r); d.Worker == 8 {
+		t.Fatalf("the request without a format went to the one f16 worker")
+	}
+	r.KVFormat = "f16"
+	for range 3 {
+		if d := decide(t, s, r); d.Worker != 8 {
+			t.Fatalf("an f16 request went to worker %d (%s), want 8", d.Worker, d.Reason)
+		}
+	}
+	r.SessionID = ""
+	if d := decide(t, s, r); d.Worker != 8 {
+		t.Fatalf("an f16 request went to worker %d (%s), want 8", d.Worker, d.Reason)
 	}
 }

@@ -57,16 +57,18 @@ const costMargin = 1e-12
 // A costGroup is a group of the current decision: candidates whose costs differ only by
 // their load terms.
 type costGroup struct {
-	wa   float64  // OverlapWeight·max(0, blocks − run): what the group's runs leave to prefill
+	// OverlapWeight·max(0, blocks − run): what the group's runs leave to prefill; at a
+	// positive weight, an idle member's cost exactly (the reference's
+	// OverlapWeight·(a + 0) + 0, with a ≥ 0).
+	wa   float64
 	a    float64  // max(0, blocks − run)
-	run  int      // the members' runs, on the device at every level
 	bits []uint64 // members' slots; nil: the workers that do not hold the first block
 }
 
 // groupable reports whether req can take the grouped decision.
 func (s *State) groupable(req Request) bool {
 	return len(s.workers) >= s.groupFrom && s.cfg.Mode == ModeKV && !s.cfg.PeerPulls &&
-		req.Adapter == "" && s.nStaleCands == 0 &&
+		req.Adapter == "" && req.KVFormat == "" && s.nStaleCands == 0 &&
 		(req.Pool == PoolAny || req.Pool == PoolDecode && s.prefillers == 0)
 }
 
@@ -107,18 +109,7 @@ func (s *State) track(w *WorkerState, gone bool) {
 }
 
 // ordIndex is where (key, id) is in ord, or would be inserted.
-func (s *State) ordIndex(key float64, id WorkerID) int {
-	i, _ := slices.BinarySearchFunc(s.ord, 0, func(e ordEntry, _ int) int {
-		switch {
-		case e.less(key, id):
-			return -1
-		case e.key == key && e.id == id:
-			return 0
-		}
-		return 1
-	})
-	return i
-}
+func (s *State) ordIndex(key float64, id WorkerID) int { return s.ordIndexIn(s.ord, key, id) }
 
 func (s *State) ordInsert(w *WorkerState, key float64) {
 	i := s.ordIndex(key, w.ID)
@@ -295,8 +286,7 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 		idle = s.idlePrefix()
 		for g := range s.grp {
 			if s.hasIdle(g) {
-				c := s.cfg.OverlapWeight*(s.grp[g].a+0) + 0
-				lo, hi = min(lo, c), max(hi, c)
+				lo, hi = min(lo, s.grp[g].wa), max(hi, s.grp[g].wa)
 			}
 		}
 	}
@@ -334,7 +324,7 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 		k := int(s.rng.Float64() * float64(ncands))
 		return s.settle(s.workers[nthBit(s.eligPos, min(k, ncands-1))]), ReasonKV, ncands, nil, true
 	}
-	return s.settle(s.drawGrouped(lo, hi, amin)), ReasonKV, ncands, nil, true
+	return s.settle(s.drawGrouped(lo, hi, amin, idle)), ReasonKV, ncands, nil, true
 }
 
 // A special is a candidate of the current decision costed on its own: one whose runs the
@@ -370,7 +360,7 @@ func (s *State) walkGroups(hashes []uint64, blocks float64) {
 			s.enumerate(g.bits, false, g.run, blocks)
 		default:
 			a := max(0, blocks-float64(g.run))
-			s.grp = append(s.grp, costGroup{wa: s.cfg.OverlapWeight * a, a: a, run: g.run, bits: g.bits})
+			s.grp = append(s.grp, costGroup{wa: s.cfg.OverlapWeight * a, a: a, bits: g.bits})
 		}
 	}
 	s.group0, s.nbits = -1, len(s.grp)
@@ -525,7 +515,8 @@ func (s *State) mark(slot uint32) {
 // their group's weight, marked by position from the idle, group and candidate bitmaps
 // instead of one by one. The sum and the draw add and subtract every weight in worker
 // order, as draw does over every candidate: the draw's sum depends on each weight, in order.
-func (s *State) drawGrouped(lo, hi, amin float64) *WorkerState {
+// idle is ord's idle prefix (idlePrefix) at an overlap weight of at least minIdleWeight.
+func (s *State) drawGrouped(lo, hi, amin float64, idle int) *WorkerState {
 	wg := weigher{lo: lo, span: hi - lo, cut: 20 * s.cfg.Temperature, temp: s.cfg.Temperature,
 		lastC: math.NaN(), weights: s.wtPos, marks: s.pickBits, pos: s.slotPos}
 	// Beyond bound a cost's weight is 0 whatever the rounding of its normalisation.
@@ -537,7 +528,7 @@ func (s *State) drawGrouped(lo, hi, amin float64) *WorkerState {
 	classes := s.nbits <= 1 && w >= minIdleWeight
 	i := 0
 	if classes {
-		i = s.idlePrefix() // keys are ≥ 0, and 0 only for an idle worker at this weight
+		i = idle // keys are ≥ 0, and 0 only for an idle worker at this weight
 	}
 	pre, dec := s.slotPre, s.slotDec
 	for ; i < len(s.ord); i++ {
@@ -557,10 +548,10 @@ func (s *State) drawGrouped(lo, hi, amin float64) *WorkerState {
 		h0 := s.walk.h0
 		var g1 []uint64
 		if s.group0 >= 0 {
-			w0 = wg.weight(w*(s.grp[s.group0].a+0) + 0)
+			w0 = wg.weight(s.grp[s.group0].wa)
 		}
 		if s.nbits == 1 {
-			g1, w1 = s.grp[0].bits, wg.weight(w*(s.grp[0].a+0)+0)
+			g1, w1 = s.grp[0].bits, wg.weight(s.grp[0].wa)
 		}
 		for j, idle := range s.idleSlots {
 			var m0, m1 uint64

@@ -175,8 +175,6 @@ func (sh *shard) init(capacity int) {
 // hashes are random already, but tests and callers may use small numbers.
 func mix(h uint64) uint64 { return h * 0x9e3779b97f4a7c15 }
 
-func (x *Index) shardOf(h uint64) *shard { return &x.shards[mix(h)>>(64-shardBits)] }
-
 // find returns the position of h in sh's table, or -1. h != 0.
 func (sh *shard) find(h uint64) int {
 	m := len(sh.tab) - 1
@@ -212,17 +210,6 @@ func (x *Index) lookup(h uint64) (*shard, uint32) {
 	}
 }
 
-// get returns h's value, 0 if none.
-func (sh *shard) get(h uint64) uint32 {
-	if h == 0 {
-		return sh.zero
-	}
-	if i := sh.find(h); i >= 0 {
-		return sh.tab[i].v
-	}
-	return 0
-}
-
 // slotFor returns the position of h, inserting it (value 0) if absent. h != 0.
 func (sh *shard) slotFor(h uint64) int {
 	if (sh.n+1)*5 > len(sh.tab)*4 {
@@ -241,6 +228,17 @@ func (sh *shard) slotFor(h uint64) int {
 			return i
 		}
 		i = (i + 1) & m
+	}
+}
+
+// reserve grows sh's table, doubling it, until it holds n entries within its load limit.
+func (sh *shard) reserve(n int) {
+	c := len(sh.tab)
+	for n*5 > c*4 {
+		c *= 2
+	}
+	if c > len(sh.tab) {
+		sh.grow(c)
 	}
 }
 
@@ -793,13 +791,7 @@ func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 // misses overlap instead of each update waiting for its own.
 func (x *Index) applyChunkLocked(sh *shard, slot uint32, hs []uint64, homes []uint32, set, clear uint8) int {
 	if set != 0 {
-		c := len(sh.tab)
-		for (sh.n+len(hs))*5 > c*4 {
-			c *= 2
-		}
-		if c > len(sh.tab) {
-			sh.grow(c)
-		}
+		sh.reserve(sh.n + len(hs))
 	}
 	tab, sets := sh.tab, sh.sets
 	m := uint32(len(tab) - 1)
@@ -919,14 +911,7 @@ func (x *Index) Reserve(n int) {
 	for i := range x.shards {
 		sh := &x.shards[i]
 		sh.mu.Lock()
-		want := sh.n + per
-		c := len(sh.tab)
-		for want*5 > c*4 {
-			c *= 2
-		}
-		if c > len(sh.tab) {
-			sh.grow(c)
-		}
+		sh.reserve(sh.n + per)
 		sh.mu.Unlock()
 	}
 }

@@ -160,7 +160,7 @@ func (s *State) affinity(req Request) *WorkerState {
 	if !ok || !req.Now.Before(b.expires) {
 		return nil
 	}
-	if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.isBusy && req.Pool.admits(w.Card.Role) && w.serves(req.Adapter) {
+	if w := s.lookup(b.worker); w != nil && w.gen == b.gen && w.Healthy && !w.isBusy && req.Pool.admits(w.Card.Role) && w.serves(req.Adapter) && req.admitsFormat(w) {
 		return w
 	}
 	return nil
@@ -168,7 +168,7 @@ func (s *State) affinity(req Request) *WorkerState {
 
 // pickAll is the decision that visits every worker: the candidates' pass over all of
 // them, every candidate costed. Decide takes it for the modes other than kv, for
-// adapters, pools of roles, peer pulls and stale workers, and for small pools
+// adapters, KV formats, pools of roles, peer pulls and stale workers, and for small pools
 // (pickGrouped is the rest).
 func (s *State) pickAll(req Request, blocksF float64, key uint64) (*WorkerState, string, int, error) {
 	if !s.cfg.PeerPulls {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"tandem/internal/costs"
 	"tandem/kvcache"
 )
 
@@ -314,7 +315,7 @@ func replayTimed(b *testing.B, steps []replayStep, workers int, lookup bool) {
 	for b.Loop() {
 		s := replayState(b, workers)
 		lat, cpu = lat[:0], cpu[:0]
-		t0, p0 := time.Now(), processCPU()
+		t0, p0 := time.Now(), costs.ProcessCPU()
 		wg := applyReplay(s.Index(), steps)
 		runtime.LockOSThread()
 		for _, st := range steps {
@@ -336,7 +337,7 @@ func replayTimed(b *testing.B, steps []replayStep, workers int, lookup bool) {
 		runtime.UnlockOSThread()
 		wg.Wait()
 		elapsed += time.Since(t0)
-		pcpu += processCPU() - p0
+		pcpu += costs.ProcessCPU() - p0
 		last = s
 	}
 	sec := elapsed.Seconds() / float64(b.N)
@@ -363,10 +364,10 @@ func replayEvents(b *testing.B, steps []replayStep, workers int) {
 	var elapsed, pcpu time.Duration
 	for b.Loop() {
 		x := replayState(b, workers).Index()
-		t0, p0 := time.Now(), processCPU()
+		t0, p0 := time.Now(), costs.ProcessCPU()
 		applyReplay(x, steps).Wait()
 		elapsed += time.Since(t0)
-		pcpu += processCPU() - p0
+		pcpu += costs.ProcessCPU() - p0
 	}
 	b.ReportMetric(float64(blocks)*float64(b.N)/elapsed.Seconds(), "blocks/s")
 	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(blocks*b.N), "ns/block")

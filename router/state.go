@@ -436,7 +436,6 @@ type State struct {
 	slotsSynced           bool
 	groupFrom             int    // workers from which Decide decides by groups
 	byGroups              uint64 // decisions taken by groups (tests)
-	stamped               []*WorkerState
 	sp                    []special
 	grp                   []costGroup
 	group0                int // index in grp of the workers without the first block, -1: none
@@ -532,10 +531,10 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 // bindings (lazily: a session bound to it rebinds on its next request).
 func (s *State) RemoveWorker(id WorkerID) {
 	s.index.RemoveWorker(id)
-	if s.lookup(id) == nil {
+	w := s.lookup(id)
+	if w == nil {
 		return
 	}
-	w := s.lookup(id)
 	if w.Card.Role == RolePrefill {
 		s.prefillers--
 	}

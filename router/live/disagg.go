@@ -14,9 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"time"
 
@@ -371,13 +369,7 @@ func (l *Router) noPrefillFormat(m *liveModel, d router.WorkerID) {
 	if lw := l.workers[d]; lw != nil {
 		node = lw.node
 	}
-	formats := map[string]bool{}
-	for _, id := range m.state.Workers() {
-		if w, ok := m.state.Worker(id); ok && w.Healthy && w.Card.Role == router.RolePrefill {
-			formats[w.Card.KVFormat] = true
-		}
-	}
-	pf := slices.Sorted(maps.Keys(formats))
+	pf := m.state.KVFormats(router.PoolPrefill)
 	key := dw.Card.KVFormat + "\x00" + strings.Join(pf, "\x00")
 	first := !l.formatsLogged[key]
 	if first {

@@ -179,15 +179,7 @@ func BenchmarkFrontEndHTTP(b *testing.B) {
 			b.ReportAllocs()
 			cpu0 := costs.ProcessCPU()
 			for b.Loop() {
-				resp, err := client.Post(srv.URL+"/v1/completions", "application/json", bytes.NewReader(c.body))
-				if err != nil {
-					b.Fatal(err)
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					b.Fatalf("status %d", resp.StatusCode)
-				}
+				postOK(b, client, srv.URL+"/v1/completions", c.body)
 			}
 			cpu := costs.ProcessCPU() - cpu0
 			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/req")

@@ -762,11 +762,7 @@ func (l *Router) subscribe(ctx context.Context, w *liveWorker) {
 	reports, events := l.met.WorkerMessages.WithLabelValues("report", "stream"), l.met.WorkerMessages.WithLabelValues("events", "stream")
 	for {
 		var p cluster.Publication
-		err := cs.RecvMsg(&p)
-		if err == nil {
-			w.publishing.Store(true) // the worker publishes: its calls are probes from now on
-		}
-		if err != nil {
+		if err := cs.RecvMsg(&p); err != nil {
 			switch {
 			case ctx.Err() != nil || errors.Is(err, io.EOF):
 			case errors.Is(err, orpc.ErrNotFound):
@@ -776,6 +772,7 @@ func (l *Router) subscribe(ctx context.Context, w *liveWorker) {
 			}
 			return
 		}
+		w.publishing.Store(true) // the worker publishes: its calls are probes from now on
 		switch p.Kind {
 		case cluster.PublishReport:
 			if p.Report.WorkerID != uint64(w.id) {

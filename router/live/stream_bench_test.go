@@ -84,19 +84,13 @@ func BenchmarkStreamSSE(b *testing.B) {
 			h := streamHandler(b, be, c.interval)
 			path := c.path
 			body := []byte(c.body)
-			b.ReportAllocs()
-			b.ResetTimer()
-			cpu0 := costs.ProcessCPU()
-			reqs := 0
-			for n := 0; n < b.N; n += tokens {
+			perToken(b, tokens, func() {
 				w := httptest.NewRecorder()
 				h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body)))
 				if w.Code != http.StatusOK {
 					b.Fatalf("status %d: %s", w.Code, w.Body)
 				}
-				reqs++
-			}
-			b.ReportMetric(float64(costs.ProcessCPU()-cpu0)/float64(reqs*tokens), "cpu-ns/token")
+			})
 		})
 	}
 }
@@ -113,24 +107,32 @@ func BenchmarkStreamHTTP(b *testing.B) {
 			srv := httptest.NewServer(streamHandler(b, be, c.interval))
 			defer srv.Close()
 			client := srv.Client()
-			path := c.path
-			b.ReportAllocs()
-			b.ResetTimer()
-			cpu0 := costs.ProcessCPU()
-			reqs := 0
-			for n := 0; n < b.N; n += tokens {
-				resp, err := client.Post(srv.URL+path, "application/json", bytes.NewReader([]byte(c.body)))
-				if err != nil {
-					b.Fatal(err)
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					b.Fatalf("status %d", resp.StatusCode)
-				}
-				reqs++
-			}
-			b.ReportMetric(float64(costs.ProcessCPU()-cpu0)/float64(reqs*tokens), "cpu-ns/token")
+			url, body := srv.URL+c.path, []byte(c.body)
+			perToken(b, tokens, func() { postOK(b, client, url, body) })
 		})
 	}
+}
+
+// perToken times answer, a request answered with tokens tokens, until b.N tokens are
+// answered (one op is one token), and reports the process's CPU per token.
+func perToken(b *testing.B, tokens int, answer func()) {
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := costs.ProcessCPU()
+	reqs := 0
+	for n := 0; n < b.N; n += tokens {
+		answer()
+		reqs++
+	}
+	b.ReportMetric(float64(costs.ProcessCPU()-cpu0)/float64(reqs*tokens), "cpu-ns/token")
+}
+
+// postOK posts body to url with client and reads the answer to its end, failing b unless
+// it is 200 OK.
+func postOK(b *testing.B, client *http.Client, url string, body []byte) {
+	resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		b.Fatal(err)
+	}
+	drainStatus(b, resp, http.StatusOK)
 }
