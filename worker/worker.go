@@ -498,11 +498,7 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	}
 
 	me := w.regs.add(reply.DispatchKey)
-	defer func() {
-		if p := me.pub.Swap(nil); p != nil {
-			p.end() // the router's Worker.Publish call for this registration returns
-		}
-	}()
+	defer me.endPublisher() // the router's Worker.Publish call for this registration returns
 	defer func() {
 		if ctx.Err() != nil {
 			w.regs.remove(me) // stopping: the server ends the calls, or lets them finish
