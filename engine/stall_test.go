@@ -2,20 +2,20 @@ package engine
 
 import (
 	"context"
-	"syscall"
 	"testing"
 	"time"
 
+	"tandem/internal/costs"
 	"tandem/llm"
 )
 
 func cpuTime(t *testing.T) time.Duration {
 	t.Helper()
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		t.Skipf("no getrusage: %v", err)
+	d := costs.ProcessCPU()
+	if d == 0 {
+		t.Skip("the process's CPU time cannot be read")
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return d
 }
 
 // TestStalledSchedulerWaits: with work waiting that cannot be admitted (the pool's blocks

@@ -327,16 +327,15 @@ type msgBuilder struct {
 	h      *handler
 	blocks []*msgBlock
 	open   *msgBlock
-	emit   func(typ string, fields map[string]any) error // nil: not streamed
-	sse    *sseWriter                                    // the stream, for the deltas; nil: not streamed
+	sse    *sseWriter // the stream; nil: not streamed
 }
 
 func (b *msgBuilder) send(typ string, fields map[string]any) error {
-	if b.emit == nil {
+	if b.sse == nil {
 		return nil
 	}
 	fields["type"] = typ
-	return b.emit(typ, fields)
+	return b.sse.event(typ, fields)
 }
 
 func (b *msgBuilder) start(blk *msgBlock) error {
@@ -430,7 +429,7 @@ func (b *msgBuilder) add(out parsed) error {
 			err = b.close()
 		case evCallBroken:
 			b.h.unparsedCall()
-			if b.emit == nil {
+			if b.sse == nil {
 				if n := len(b.blocks); n > 0 && b.blocks[n-1].typ == "tool_use" {
 					b.blocks, b.open = b.blocks[:n-1], nil
 				}
@@ -502,7 +501,6 @@ func (h *handler) runMessage(w http.ResponseWriter, r *http.Request, info *reqIn
 	var sse *sseWriter
 	if j.stream {
 		sse = h.newSSE(w)
-		b.emit = func(typ string, fields map[string]any) error { return sse.event(typ, fields) }
 		b.sse = sse
 		prompt := len(j.prompts[0])
 		start := map[string]any{"id": j.id, "type": "message", "role": "assistant", "content": []any{}, "model": j.m.ID,

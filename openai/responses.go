@@ -577,10 +577,9 @@ func (it outputItem) MarshalJSON() ([]byte, error) {
 type respBuilder struct {
 	h     *handler
 	items []*outputItem
-	open  *outputItem                                   // the item text goes to now
-	emit  func(typ string, fields map[string]any) error // nil: not streamed
-	sse   *sseWriter                                    // the stream, for the deltas; nil: not streamed
-	seq   int                                           // the next event's sequence_number
+	open  *outputItem // the item text goes to now
+	sse   *sseWriter  // the stream; nil: not streamed
+	seq   int         // the next event's sequence_number
 }
 
 // delta sends a text or arguments delta event of the open item (contentIndex < 0: none;
@@ -617,11 +616,14 @@ func (b *respBuilder) delta(typ string, contentIndex int, delta string, logprobs
 	return b.sse.commit(append(e, '}'))
 }
 
+// send sends an event of the stream with its type and sequence number.
 func (b *respBuilder) send(typ string, fields map[string]any) error {
-	if b.emit == nil {
+	if b.sse == nil {
 		return nil
 	}
-	return b.emit(typ, fields)
+	fields["type"], fields["sequence_number"] = typ, b.seq
+	b.seq++
+	return b.sse.event(typ, fields)
 }
 
 // start opens a new item.
@@ -722,7 +724,7 @@ func (b *respBuilder) add(out parsed) error {
 			err = b.close()
 		case evCallBroken:
 			b.h.unparsedCall()
-			if b.emit == nil {
+			if b.sse == nil {
 				// Not streamed: the call that did not parse becomes text again.
 				if n := len(b.items); n > 0 && b.items[n-1].Type == "function_call" {
 					b.items, b.open = b.items[:n-1], nil
@@ -821,13 +823,8 @@ func (h *handler) runResponse(w http.ResponseWriter, r *http.Request, info *reqI
 	if j.stream {
 		sse = h.newSSE(w)
 		b.sse = sse
-		b.emit = func(typ string, fields map[string]any) error {
-			fields["type"], fields["sequence_number"] = typ, b.seq
-			b.seq++
-			return sse.event(typ, fields)
-		}
-		if b.emit("response.created", map[string]any{"response": rs.response("in_progress", nil, nil, 0, "")}) != nil ||
-			b.emit("response.in_progress", map[string]any{"response": rs.response("in_progress", nil, nil, 0, "")}) != nil {
+		if b.send("response.created", map[string]any{"response": rs.response("in_progress", nil, nil, 0, "")}) != nil ||
+			b.send("response.in_progress", map[string]any{"response": rs.response("in_progress", nil, nil, 0, "")}) != nil {
 			return
 		}
 	}
@@ -846,10 +843,10 @@ func (h *handler) runResponse(w http.ResponseWriter, r *http.Request, info *reqI
 			return
 		}
 		if sse != nil {
-			b.emit("error", map[string]any{"code": aerr.code, "message": aerr.msg, "param": nilIfEmpty(aerr.param)})
+			b.send("error", map[string]any{"code": aerr.code, "message": aerr.msg, "param": nilIfEmpty(aerr.param)})
 			failed := rs.response("failed", b.items, nil, 0, "")
 			failed["error"] = map[string]string{"code": cmp.Or(aerr.code, "server_error"), "message": aerr.msg}
-			b.emit("response.failed", map[string]any{"response": failed})
+			b.send("response.failed", map[string]any{"response": failed})
 			return
 		}
 		writeError(w, aerr)
@@ -872,7 +869,7 @@ func (h *handler) runResponse(w http.ResponseWriter, r *http.Request, info *reqI
 			h.log.Error("storing a response failed", "id", rs.id, "err", err)
 			aerr := &apiError{status: http.StatusInternalServerError, typ: "server_error", msg: "Storing the response failed: " + err.Error()}
 			if sse != nil {
-				b.emit("error", map[string]any{"code": "server_error", "message": aerr.msg, "param": nil})
+				b.send("error", map[string]any{"code": "server_error", "message": aerr.msg, "param": nil})
 				return
 			}
 			writeError(w, aerr)
@@ -884,7 +881,7 @@ func (h *handler) runResponse(w http.ResponseWriter, r *http.Request, info *reqI
 		if status == "incomplete" {
 			typ = "response.incomplete"
 		}
-		b.emit(typ, map[string]any{"response": resp})
+		b.send(typ, map[string]any{"response": resp})
 		return
 	}
 	writeJSON(w, http.StatusOK, resp)

@@ -239,11 +239,8 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, info *reqInfo, j *
 	for remaining := len(choices); remaining > 0; {
 		var it item
 		if items == nil {
+			// An error of a context that ended is the server's or the client's: see below.
 			it.ev, it.err = choices[0].st.Next(ctx)
-			if it.err != nil && ctx.Err() != nil {
-				h.endedByServer(w, r, sse)
-				return
-			}
 		} else {
 			select {
 			case it = <-items:

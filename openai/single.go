@@ -82,7 +82,7 @@ func (h *handler) runSingle(ctx context.Context, r *http.Request, info *reqInfo,
 		if err := each(c.parse(text, c.done), lp); err != nil {
 			return errClientGone // a write failed: the client is gone
 		}
-		if !c.done && sse.tokenDone(ready(c.st)) != nil {
+		if sse != nil && !c.done && sse.tokenDone(ready(c.st)) != nil {
 			return errClientGone
 		}
 	}

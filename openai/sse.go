@@ -164,9 +164,6 @@ const maxHeld = 64 << 10
 // first token that gives no text yet, a piece of a character, must not hold the first
 // text for an interval).
 func (s *sseWriter) tokenDone(more bool) error {
-	if s == nil {
-		return nil
-	}
 	if len(s.pending) > s.heldBytes {
 		s.tokens++
 		s.held++

@@ -70,16 +70,9 @@ func BenchmarkStreamThroughput(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			n := 0
-			for {
-				_, err := cs.Recv()
-				if err == io.EOF {
-					break
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
-				n++
+			n, err := recvAll(cs, nil)
+			if err != nil {
+				b.Fatal(err)
 			}
 			if n != b.N {
 				b.Fatalf("got %d messages, want %d", n, b.N)

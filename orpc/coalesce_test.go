@@ -129,17 +129,9 @@ func TestCoalescedStreamStuckAlone(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := 0
-		for {
-			_, err := cs.Recv()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatalf("round %d: %v", round, err)
-			}
-			n++
-			got <- struct{}{}
+		n, err := recvAll(cs, func() { got <- struct{}{} })
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
 		}
 		if n != 50 {
 			t.Fatalf("round %d: %d messages, want 50", round, n)

@@ -171,6 +171,21 @@ func newEnv(t testing.TB, register func(s *Server), opts ...Option) *testEnv {
 	return &testEnv{ca: ca, srvID: srvID, cliID: cliID, server: s, addr: addr, stopSrv: stop}
 }
 
+// recvAll reads cs's messages to its end, calling each (if set) after every one: the
+// count read, and nil at a successful end or the error that ended it.
+func recvAll(cs *ClientStream, each func()) (int, error) {
+	for n := 0; ; n++ {
+		if _, err := cs.Recv(); err == io.EOF {
+			return n, nil
+		} else if err != nil {
+			return n, err
+		}
+		if each != nil {
+			each()
+		}
+	}
+}
+
 func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)

@@ -54,14 +54,10 @@ func TestShutdownGraceful(t *testing.T) {
 	if !errors.As(err, &st) || st.Code != Unavailable {
 		t.Fatalf("a call during shutdown: %v, want Unavailable", err)
 	}
-	got := 1
-	for {
-		if _, err := cs.Recv(); err == io.EOF {
-			break
-		} else if err != nil {
-			t.Fatalf("the running call was cut after %d messages: %v", got, err)
-		}
-		got++
+	n, err := recvAll(cs, nil)
+	got := 1 + n
+	if err != nil {
+		t.Fatalf("the running call was cut after %d messages: %v", got, err)
 	}
 	if got != 10 || <-ended != nil {
 		t.Fatalf("the running call sent %d of 10", got)

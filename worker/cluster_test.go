@@ -123,6 +123,18 @@ func (c *testCluster) addWorker(name, token string, blockSize int) *node {
 	return c.addWorkerOpts(name, token, workerOpts{blockSize: blockSize})
 }
 
+// addWorkers starts a worker for each name, as addWorker does with the router's token and
+// block size 16, each registered before the next starts.
+func (c *testCluster) addWorkers(names ...string) map[string]*node {
+	c.t.Helper()
+	nodes := map[string]*node{}
+	for _, name := range names {
+		nodes[name] = c.addWorker(name, c.router.Token.String(), 0)
+		c.waitWorkers(len(nodes))
+	}
+	return nodes
+}
+
 // workerOpts are addWorkerOpts's choices.
 type workerOpts struct {
 	blockSize int // 0: 16

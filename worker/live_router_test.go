@@ -204,12 +204,7 @@ func TestLiveSessionAffinity(t *testing.T) {
 	pol := router.DefaultConfig()
 	pol.Mode = router.ModeRoundRobin
 	c := startRouterWith(t, pol, 0)
-	tok := c.router.Token.String()
-	nodes := map[string]*node{}
-	for _, name := range []string{"w1", "w2"} {
-		nodes[name] = c.addWorker(name, tok, 0)
-		c.waitWorkers(len(nodes))
-	}
+	nodes := c.addWorkers("w1", "w2")
 	base := c.router.URL()
 	served := func(body string, header ...string) string {
 		t.Helper()
@@ -258,7 +253,7 @@ func TestLiveSessionAffinity(t *testing.T) {
 		}
 	}
 	// A new worker joining does not pull the rebound session away.
-	c.addWorker("w3", tok, 0)
+	c.addWorker("w3", c.router.Token.String(), 0)
 	c.waitWorkers(2)
 	for i := range 4 {
 		if wk := served(body(20+i, ""), live.SessionHeader, "conv-1"); wk != other {

@@ -45,12 +45,7 @@ func killMidStream(t *testing.T, c *testCluster, nodes map[string]*node, params 
 func TestClusterMigrationSampled(t *testing.T) {
 	c := startRouter(t, router.ModeKV)
 	c.slow = 5 * time.Millisecond
-	tok := c.router.Token.String()
-	nodes := map[string]*node{}
-	for _, name := range []string{"w1", "w2"} {
-		nodes[name] = c.addWorker(name, tok, 0)
-		c.waitWorkers(len(nodes))
-	}
+	nodes := c.addWorkers("w1", "w2")
 	params := sdk.CompletionNewParams{
 		Model: modelName, Prompt: sdk.CompletionNewParamsPromptUnion{OfString: sdk.String("Once upon a time")},
 		Temperature: sdk.Float(1.2), TopP: sdk.Float(0.95), FrequencyPenalty: sdk.Float(0.7), Seed: sdk.Int(11),
@@ -78,12 +73,7 @@ func TestClusterMigrationLimit(t *testing.T) {
 	c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
 		HeartbeatTimeout: 2 * time.Second, MaxMigrations: -1})
 	c.slow = 5 * time.Millisecond
-	tok := c.router.Token.String()
-	nodes := map[string]*node{}
-	for _, name := range []string{"w1", "w2"} {
-		nodes[name] = c.addWorker(name, tok, 0)
-		c.waitWorkers(len(nodes))
-	}
+	nodes := c.addWorkers("w1", "w2")
 	_, err := killMidStream(t, c, nodes, sdk.CompletionNewParams{
 		Model: modelName, Prompt: sdk.CompletionNewParamsPromptUnion{OfString: sdk.String("Once upon a time")},
 		Temperature: sdk.Float(0), MaxTokens: sdk.Int(80),

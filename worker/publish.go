@@ -84,9 +84,14 @@ func (r *registrations) endPublishers() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, reg := range r.regs {
-		if p := reg.pub.Swap(nil); p != nil {
-			p.end()
-		}
+		reg.endPublisher()
+	}
+}
+
+// endPublisher ends reg's Worker.Publish call, if it has one.
+func (reg *registration) endPublisher() {
+	if p := reg.pub.Swap(nil); p != nil {
+		p.end()
 	}
 }
 

@@ -109,12 +109,7 @@ func TestStreamIntervalMigration(t *testing.T) {
 	c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
 		HeartbeatTimeout: 2 * time.Second, StreamInterval: 4})
 	c.slow = 5 * time.Millisecond
-	tok := c.router.Token.String()
-	nodes := map[string]*node{}
-	for _, name := range []string{"w1", "w2"} {
-		nodes[name] = c.addWorker(name, tok, 0)
-		c.waitWorkers(len(nodes))
-	}
+	nodes := c.addWorkers("w1", "w2")
 	params := sdk.CompletionNewParams{
 		Model: modelName, Prompt: sdk.CompletionNewParamsPromptUnion{OfString: sdk.String("Once upon a time")},
 		Temperature: sdk.Float(0), MaxTokens: sdk.Int(96),

@@ -498,11 +498,7 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	}
 
 	me := w.regs.add(reply.DispatchKey)
-	defer func() {
-		if p := me.pub.Swap(nil); p != nil {
-			p.end() // the router's Worker.Publish call for this registration returns
-		}
-	}()
+	defer me.endPublisher() // the router's Worker.Publish call for this registration returns
 	defer func() {
 		if ctx.Err() != nil {
 			w.regs.remove(me) // stopping: the server ends the calls, or lets them finish
@@ -715,49 +711,6 @@ func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, sen
 		return w.generatePeer(ctx, req, send) // pull the prefix from a peer first (peerpull.go)
 	}
 	return w.generateBound(ctx, req, send)
-}
-
-// tokenBatcher sends a Generate stream's tokens n to a message (an EventTokens event) for
-// a router that asked for it (GenerateRequest.StreamInterval): the first token alone, at
-// once, as it sets the time to first token; then n at a time, and the last ones with the
-// finish. Any other event goes after the tokens held.
-type tokenBatcher struct {
-	send  func(*cluster.GenerateEvent) error
-	n     int
-	sent  int // tokens taken so far
-	batch cluster.GenerateEvent
-}
-
-func (b *tokenBatcher) sendEvent(ev *cluster.GenerateEvent) error {
-	if ev.Kind != cluster.EventToken {
-		if err := b.flush(); err != nil {
-			return err
-		}
-		return b.send(ev)
-	}
-	b.batch.Tokens = append(b.batch.Tokens, ev.Event)
-	b.sent++
-	if b.sent == 1 || len(b.batch.Tokens) >= b.n || ev.Event.Finish != "" {
-		return b.flush()
-	}
-	return nil
-}
-
-// flush sends the tokens held: one as a plain token event, several as EventTokens.
-func (b *tokenBatcher) flush() error {
-	var err error
-	switch len(b.batch.Tokens) {
-	case 0:
-		return nil
-	case 1:
-		err = b.send(&cluster.GenerateEvent{Kind: cluster.EventToken, Event: b.batch.Tokens[0]})
-	default:
-		b.batch.Kind = cluster.EventTokens
-		err = b.send(&b.batch)
-	}
-	clear(b.batch.Tokens)
-	b.batch.Tokens = b.batch.Tokens[:0]
-	return err
 }
 
 // generateBound is generate for a request already bound to its router's registration.
