@@ -453,7 +453,7 @@ func (p *Study) guess(pool planner.Pool, wl planner.Workload) int {
 	cfg.Disaggregated = pool != planner.Aggregated
 	cfg.MinRemoteTokens = p.base.Disagg.MinRemoteTokens
 	cfg.Capacity = planner.Capacity{KVTokens: p.base.KVBlocks * p.base.BlockSize, TokenBudget: p.base.TokenBudget, MaxSeqs: p.base.MaxSeqs}
-	cfg.PrefillRouting = sim.PrefillRouting(p.base.Router)
+	cfg.PrefillRouting = p.base.Router.WeighsPrefill()
 	n, _, _ := planner.Size(cfg, pool, wl, p.max)
 	return n
 }

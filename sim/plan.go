@@ -151,7 +151,7 @@ func (s *sim) startPlanner() error {
 	if pc.Startup == 0 {
 		pc.Startup = s.cfg.Startup
 	}
-	pc.PrefillRouting = pc.PrefillRouting || PrefillRouting(s.cfg.Router)
+	pc.PrefillRouting = pc.PrefillRouting || s.cfg.Router.WeighsPrefill()
 	var err error
 	if s.pl, err = planner.New(pc); err != nil {
 		return fmt.Errorf("sim: %w", err)
@@ -159,19 +159,6 @@ func (s *sim) startPlanner() error {
 	s.plan = &PlanResult{Config: s.pl.Config()}
 	s.push(event{t: s.t0, kind: evPlan})
 	return nil
-}
-
-// PrefillRouting says whether a router of configuration c weighs the prefill work
-// queued on each worker when it places a prompt (planner.Config.PrefillRouting): kv
-// routing with an overlap weight, and least-loaded.
-func PrefillRouting(c router.Config) bool {
-	switch c.Mode {
-	case router.ModeLeastLoaded:
-		return true
-	case router.ModeKV, "":
-		return c.OverlapWeight > 0
-	}
-	return false
 }
 
 // scriptTick is how often a scripted deployment (Config.Scripted) is brought to its sizes.
