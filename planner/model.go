@@ -72,19 +72,14 @@ type model struct {
 	scratch             [2 * (itlGrid + 1)]float64
 }
 
-func newModel(perf Perf, c Capacity, ttft, itl time.Duration, goal float64, minRemote int) *model {
-	c.TokenBudget = cmpOr(c.TokenBudget, 8192)
-	c.MaxSeqs = cmpOr(c.MaxSeqs, 256)
-	each := 1 - (1-goal)/2 // a request meets both: give each target half the misses
-	return &model{perf: perf, cap: c, sla: [2]float64{ttft.Seconds(), itl.Seconds()}, goal: each, goalBoth: goal,
-		z: math.Sqrt2 * math.Erfinv(2*each-1), minRemote: minRemote, corrPrefill: 1, corrDC: 1}
-}
-
 // modelOf is the model of a configuration, defaults filled in.
 func modelOf(c *Config) *model {
-	m := newModel(c.Perf, c.Capacity, c.SLA.TTFT, c.SLA.ITL, c.Goal, c.MinRemoteTokens)
-	m.balanced = c.PrefillRouting
-	return m
+	capa := c.Capacity
+	capa.TokenBudget = cmpOr(capa.TokenBudget, 8192)
+	capa.MaxSeqs = cmpOr(capa.MaxSeqs, 256)
+	each := 1 - (1-c.Goal)/2 // a request meets both: give each target half the misses
+	return &model{perf: c.Perf, cap: capa, sla: [2]float64{c.SLA.TTFT.Seconds(), c.SLA.ITL.Seconds()}, goal: each, goalBoth: c.Goal,
+		z: math.Sqrt2 * math.Erfinv(2*each-1), minRemote: c.MinRemoteTokens, balanced: c.PrefillRouting, corrPrefill: 1, corrDC: 1}
 }
 
 func cmpOr(v, d int) int {
