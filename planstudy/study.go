@@ -552,8 +552,6 @@ func (p *Study) Run(mode string, ups []time.Duration) (*Report, error) {
 			if rr.TTFTMean > 0 {
 				rep.kvSaves = 1 - agg.TTFTMean/rr.TTFTMean
 			}
-		}
-		if nAgg <= p.max {
 			if aggOverall, hindEvery, hindCheap, err = p.hindsight(nAgg, s0); err != nil {
 				return nil, err
 			}
