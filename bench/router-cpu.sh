@@ -19,40 +19,25 @@ BIN=$(cd "$1" && pwd)
 MODE=$2
 TRACE=${TRACE:-/work/shared/workloads/mooncake/conversation_trace.jsonl}
 D=$(mktemp -d)
-TOK=abcdef.0123456789abcdef
-HP=$((18000 + RANDOM % 1000)) OP=$((19000 + RANDOM % 1000)) EP=$((20000 + RANDOM % 1000))
 REPLICAS=16
 [ "$MODE" = ttft ] && REPLICAS=1
 
-# shellcheck disable=SC2086
-"$BIN/tandem-router" --port $HP --orpc-port $OP --state-dir "$D/router" --join-token $TOK --log-level warn ${ROUTER_ARGS:-} >"$D/router.log" 2>&1 &
-RPID=$!
-sleep 1
-"$BIN/tandem" serve --backend sim --replicas $REPLICAS --sim-profile gpu --kv-cache-memory 896MiB --max-model-len 131072 \
-	--max-seqs 256 --max-batch-tokens 8192 --port $EP --orpc-port 0 --join 127.0.0.1:$OP --join-token $TOK \
-	--state-dir "$D/engine" --log-level warn >"$D/engine.log" 2>&1 &
-EPID=$!
-trap 'kill $EPID $RPID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
-for _ in $(seq 1 240); do
-	n=$(curl -s "localhost:$HP/metrics" | grep -c '^tandem_router:worker_info' || true)
-	[ "$n" -ge $REPLICAS ] && break
-	sleep 0.5
-done
-sleep 2
+# shellcheck source=bench/live.sh
+. "$(dirname "$0")/live.sh"
+start_live "$D" $REPLICAS 240
 
-cpu() { awk '{print $14 + $15}' "/proc/$RPID/stat"; }
 udp() { awk '/^Udp:/ { getline; print $5 }' /proc/net/snmp; }
 bench() { "$BIN/tandem" bench --base-url "$1" "${@:2}"; }
 
 case $MODE in
 mooncake | small | idle)
-	c0=$(cpu) u0=$(udp)
+	c0=$(router_cpu) u0=$(udp)
 	case $MODE in
 	mooncake) bench http://127.0.0.1:$HP --workload mooncake --dataset-path "$TRACE" --num-prompts 100 --trace-speedup 4 >"$D/bench.log" 2>&1 ;;
 	small) bench http://127.0.0.1:$HP --workload random --random-input-len 64 --random-output-len 16 --num-prompts 1000 --request-rate 50 >"$D/bench.log" 2>&1 ;;
 	idle) sleep 20 ;;
 	esac
-	c1=$(cpu) u1=$(udp)
+	c1=$(router_cpu) u1=$(udp)
 	n=$(awk -F: '/^Successful requests/ { gsub(/ /, "", $2); print $2 }' "$D/bench.log" 2>/dev/null || true)
 	awk -v c=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v n="${n:-0}" -v u=$((u1 - u0)) -v mode="$MODE" 'BEGIN {
 		s = c / hz

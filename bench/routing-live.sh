@@ -17,31 +17,16 @@ shift
 MODES=${*:-kv round-robin}
 TRACE=${TRACE:-/work/shared/workloads/mooncake/conversation_trace.jsonl}
 REPLICAS=${REPLICAS:-100} ROWS=${ROWS:-1500} SPEEDUP=${SPEEDUP:-4}
-TOK=abcdef.0123456789abcdef
+# shellcheck source=bench/live.sh
+. "$(dirname "$0")/live.sh"
 
 for mode in $MODES; do
 	D=$(mktemp -d)
-	HP=$((18000 + RANDOM % 1000)) OP=$((19000 + RANDOM % 1000)) EP=$((20000 + RANDOM % 1000))
-	# shellcheck disable=SC2086
-	"$BIN/tandem-router" --port $HP --orpc-port $OP --state-dir "$D/router" --join-token $TOK --routing "$mode" \
-		--log-level warn ${ROUTER_ARGS:-} >"$D/router.log" 2>&1 &
-	RPID=$!
-	sleep 1
-	"$BIN/tandem" serve --backend sim --replicas "$REPLICAS" --sim-profile gpu --kv-cache-memory 896MiB \
-		--max-model-len 131072 --max-seqs 256 --max-batch-tokens 8192 --port $EP --orpc-port 0 \
-		--join 127.0.0.1:$OP --join-token $TOK --state-dir "$D/engine" --log-level warn >"$D/engine.log" 2>&1 &
-	EPID=$!
-	trap 'kill $EPID $RPID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
-	for _ in $(seq 1 480); do
-		n=$(curl -s "localhost:$HP/metrics" | grep -c '^tandem_router:worker_info' || true)
-		[ "$n" -ge "$REPLICAS" ] && break
-		sleep 0.5
-	done
-	sleep 2
-	c0=$(awk '{print $14 + $15}' "/proc/$RPID/stat")
+	start_live "$D" "$REPLICAS" 480 --routing "$mode"
+	c0=$(router_cpu)
 	"$BIN/tandem" bench --base-url "http://127.0.0.1:$HP" --workload mooncake --dataset-path "$TRACE" \
 		--num-prompts "$ROWS" --trace-speedup "$SPEEDUP" >"$D/bench.log" 2>&1 || true
-	c1=$(awk '{print $14 + $15}' "/proc/$RPID/stat")
+	c1=$(router_cpu)
 	echo "== $mode ($REPLICAS replicas, first $ROWS rows at ${SPEEDUP}x; logs in $D)"
 	cat "$D/bench.log"
 	n=$(awk -F: '/^Successful requests/ { gsub(/ /, "", $2); print $2 }' "$D/bench.log")

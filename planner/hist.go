@@ -167,10 +167,15 @@ func (d *decayed) add(h *Hist, keep float64) {
 
 func (d *decayed) dist() []Weighted { return dist(&d.buckets, d.count, d.sum) }
 
+// perOctave is how many points per octave coarsen keeps of the output lengths'
+// distribution: the model goes over every output length for each size it tries, and
+// two points an octave are plenty.
+const perOctave = 2
+
 // coarsen merges a distribution's points (in increasing order, as dist makes them) into
 // one per 1/perOctave of an octave, each at its points' weighted mean: fewer points for
 // a computation that goes over all of them, the mean kept.
-func coarsen(d []Weighted, perOctave float64) []Weighted {
+func coarsen(d []Weighted) []Weighted {
 	var out []Weighted
 	start, sum := 0.0, 0.0
 	closeGroup := func() {

@@ -69,23 +69,17 @@ type model struct {
 	minRemote           int
 	balanced            bool // the router weighs the prefill work queued (Config.PrefillRouting)
 	corrPrefill, corrDC float64
-	tail                bool // eval computes ITLTail too (evalTail)
 	scratch             [2 * (itlGrid + 1)]float64
-}
-
-func newModel(perf Perf, c Capacity, ttft, itl time.Duration, goal float64, minRemote int) *model {
-	c.TokenBudget = cmpOr(c.TokenBudget, 8192)
-	c.MaxSeqs = cmpOr(c.MaxSeqs, 256)
-	each := 1 - (1-goal)/2 // a request meets both: give each target half the misses
-	return &model{perf: perf, cap: c, sla: [2]float64{ttft.Seconds(), itl.Seconds()}, goal: each, goalBoth: goal,
-		z: math.Sqrt2 * math.Erfinv(2*each-1), minRemote: minRemote, corrPrefill: 1, corrDC: 1}
 }
 
 // modelOf is the model of a configuration, defaults filled in.
 func modelOf(c *Config) *model {
-	m := newModel(c.Perf, c.Capacity, c.SLA.TTFT, c.SLA.ITL, c.Goal, c.MinRemoteTokens)
-	m.balanced = c.PrefillRouting
-	return m
+	capa := c.Capacity
+	capa.TokenBudget = cmpOr(capa.TokenBudget, 8192)
+	capa.MaxSeqs = cmpOr(capa.MaxSeqs, 256)
+	each := 1 - (1-c.Goal)/2 // a request meets both: give each target half the misses
+	return &model{perf: c.Perf, cap: capa, sla: [2]float64{c.SLA.TTFT.Seconds(), c.SLA.ITL.Seconds()}, goal: each, goalBoth: c.Goal,
+		z: math.Sqrt2 * math.Erfinv(2*each-1), minRemote: c.MinRemoteTokens, balanced: c.PrefillRouting, corrPrefill: 1, corrDC: 1}
 }
 
 func cmpOr(v, d int) int {
@@ -314,32 +308,41 @@ const queuedBehind = 0.5
 // of its slack: the compound Poisson distribution is computed on this many points.
 const itlGrid = 96
 
-// itlAttainment is the fraction of requests whose mean inter-token latency meets the
-// target. A request of o output tokens decodes o − 1 steps of step seconds each, and
+// steps is what a pool's requests decode in: steps of step seconds, shared with the
+// prefill chunks of ps's prompts (each its work plus extra per chunk), which arrive at lw
+// per worker and take a share rho of its time; a request waits ttft seconds for its first
+// token, and outs is the distribution of output lengths.
+type steps struct {
+	ps                         []point
+	extra, lw, rho, step, ttft float64
+	outs                       []Weighted
+}
+
+// itlAttainment is the fraction of requests whose mean inter-token latency meets target
+// t. A request of o output tokens decodes o − 1 steps of step seconds each, and
 // shares them with the prefill chunks of the prompts its worker computes meanwhile (ps's
 // work, plus extra per chunk): those that arrive while it decodes, over a life of
 // (o−1)·step/(1 − ρ), and those queued behind it while it waited its ttft seconds for
 // its first token (queuedBehind of the worker's arrivals). Prompts arrive at lw per
 // worker, so that work is compound Poisson; the request misses when it exceeds its slack,
-// (o−1)·(target − step). A short answer is thus far more exposed than a long one, whose
+// (o−1)·(t − step). A short answer is thus far more exposed than a long one, whose
 // steps average out one prompt's chunks: the output lengths' distribution matters, not
 // only their mean, and so does the prompts' tail.
-func (m *model) itlAttainment(ps []point, extra, lw, rho, step, ttft float64, outs []Weighted) float64 {
-	t := m.sla[1]
+func (m *model) itlAttainment(s *steps, t float64) float64 {
 	att, wsum := 0.0, 0.0
-	for _, o := range outs {
+	for _, o := range s.outs {
 		wsum += o.Weight
 		k := math.Round(o.Value) - 1
 		if k < 1 {
 			att += o.Weight // one token: no inter-token latency to miss
 			continue
 		}
-		slack := k * (t - step)
-		if slack <= 0 || rho >= 1 {
+		slack := k * (t - s.step)
+		if slack <= 0 || s.rho >= 1 {
 			continue
 		}
-		arrivals := lw * (queuedBehind*ttft + k*step/(1-rho))
-		att += o.Weight * m.cpBelow(ps, extra, arrivals, slack)
+		arrivals := s.lw * (queuedBehind*s.ttft + k*s.step/(1-s.rho))
+		att += o.Weight * m.cpBelow(s.ps, s.extra, arrivals, slack)
 	}
 	if wsum <= 0 {
 		return 1
@@ -350,20 +353,16 @@ func (m *model) itlAttainment(ps []point, extra, lw, rho, step, ttft float64, ou
 // itlQuantile is the requests' mean inter-token latency at the goal's quantile (each
 // target's half of the misses), by bisection on the target of itlAttainment; +Inf beyond
 // a hundred times the target.
-func (m *model) itlQuantile(ps []point, extra, lw, rho, step, ttft float64, outs []Weighted) float64 {
-	t := m.sla[1]
-	defer func() { m.sla[1] = t }()
-	lo, hi := step, 100*t
-	m.sla[1] = hi
-	if m.itlAttainment(ps, extra, lw, rho, step, ttft, outs) < m.goal {
+func (m *model) itlQuantile(s *steps) float64 {
+	lo, hi := s.step, 100*m.sla[1]
+	if m.itlAttainment(s, hi) < m.goal {
 		return math.Inf(1)
 	}
 	for range 12 {
-		m.sla[1] = math.Sqrt(lo * hi)
-		if m.itlAttainment(ps, extra, lw, rho, step, ttft, outs) >= m.goal {
-			hi = m.sla[1]
+		if mid := math.Sqrt(lo * hi); m.itlAttainment(s, mid) >= m.goal {
+			hi = mid
 		} else {
-			lo = m.sla[1]
+			lo = mid
 		}
 	}
 	return hi
@@ -430,7 +429,7 @@ func (m *model) evalPrefill(n int, wl Workload) Prediction {
 
 // evalDecode evaluates a disaggregated decode pool of n workers, which also prefills the
 // prompts below the disaggregation threshold.
-func (m *model) evalDecode(n int, wl Workload) Prediction {
+func (m *model) evalDecode(n int, wl Workload, tail bool) Prediction {
 	remote, local, share := m.split(m.points(wl))
 	lw := wl.Rate / float64(n)
 	rho := 0.0
@@ -450,9 +449,10 @@ func (m *model) evalDecode(n int, wl Workload) Prediction {
 	}
 	// A remotely prefilled request decodes as soon as its KV is in: only local prompts
 	// arriving while it decodes share its steps.
-	p.ITLAttainment = m.itlAttainment(local, 0, lw, rho, step, 0, outputs(wl))
-	if m.tail {
-		p.ITLTail = seconds(m.itlQuantile(local, 0, lw, rho, step, 0, outputs(wl)))
+	st := steps{ps: local, lw: lw, rho: rho, step: step, outs: outputs(wl)}
+	p.ITLAttainment = m.itlAttainment(&st, m.sla[1])
+	if tail {
+		p.ITLTail = seconds(m.itlQuantile(&st))
 	}
 	_, mine := m.shares(1 - m.attainable(remote))
 	p.OK = ok && 1-p.ITLAttainment <= mine
@@ -462,7 +462,7 @@ func (m *model) evalDecode(n int, wl Workload) Prediction {
 // evalAggregated evaluates n workers that prefill and decode: prefill chunks share steps
 // with the decode batch, which lengthens both, and the misses of the two targets together
 // are held to what the goal allows.
-func (m *model) evalAggregated(n int, wl Workload) Prediction {
+func (m *model) evalAggregated(n int, wl Workload, tail bool) Prediction {
 	ps := m.points(wl)
 	lw := wl.Rate / float64(n)
 	p := Prediction{Workers: n}
@@ -483,9 +483,10 @@ func (m *model) evalAggregated(n int, wl Workload) Prediction {
 	if math.IsInf(mean, 1) {
 		return p
 	}
-	p.ITLAttainment = m.itlAttainment(ps, extra, lw, rho, step, mean, outputs(wl))
-	if m.tail {
-		p.ITLTail = seconds(m.itlQuantile(ps, extra, lw, rho, step, mean, outputs(wl)))
+	st := steps{ps: ps, extra: extra, lw: lw, rho: rho, step: step, ttft: mean, outs: outputs(wl)}
+	p.ITLAttainment = m.itlAttainment(&st, m.sla[1])
+	if tail {
+		p.ITLTail = seconds(m.itlQuantile(&st))
 	}
 	p.OK = ok && (1-att)+(1-p.ITLAttainment) <= m.allowed(1-m.attainable(ps))
 	return p
@@ -507,22 +508,20 @@ func seconds(s float64) time.Duration {
 }
 
 // eval evaluates n workers of pool p.
-func (m *model) eval(p Pool, n int, wl Workload) Prediction {
+func (m *model) eval(p Pool, n int, wl Workload) Prediction { return m.evalPool(p, n, wl, false) }
+
+// evalTail is eval with the ITL's tail (Prediction.ITLTail), which takes a search.
+func (m *model) evalTail(p Pool, n int, wl Workload) Prediction { return m.evalPool(p, n, wl, true) }
+
+func (m *model) evalPool(p Pool, n int, wl Workload, tail bool) Prediction {
 	n = max(n, 1)
 	switch p {
 	case Prefill:
 		return m.evalPrefill(n, wl)
 	case Decode:
-		return m.evalDecode(n, wl)
+		return m.evalDecode(n, wl, tail)
 	}
-	return m.evalAggregated(n, wl)
-}
-
-// evalTail is eval with the ITL's tail (Prediction.ITLTail), which takes a search.
-func (m *model) evalTail(p Pool, n int, wl Workload) Prediction {
-	m.tail = true
-	defer func() { m.tail = false }()
-	return m.eval(p, n, wl)
+	return m.evalAggregated(n, wl, tail)
 }
 
 // size returns the fewest workers of pool p, within [lo, hi], that meet the targets under

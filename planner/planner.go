@@ -353,12 +353,10 @@ func (p *Planner) throughput(s State, d *Decision) {
 		obs.Input, obs.Output = w.Input/f, w.Output/f
 		// The interval's own distributions, for the corrections; the sizing reads their
 		// shapes over the last intervals.
-		obs.Uncached, obs.Outputs = w.Uncached.Dist(), coarsen(w.Outputs.Dist(), 2)
+		obs.Uncached, obs.Outputs = w.Uncached.Dist(), coarsen(w.Outputs.Dist())
 		p.longUncached.add(&w.Uncached, shapeKeep)
 		p.longOutputs.add(&w.Outputs, shapeKeep)
-		// The model goes over every output length for each size it tries: two points an
-		// octave are plenty.
-		p.shape, p.outShape = p.longUncached.dist(), coarsen(p.longOutputs.dist(), 2)
+		p.shape, p.outShape = p.longUncached.dist(), coarsen(p.longOutputs.dist())
 		p.pred[1].Observe(obs.Input)
 		p.pred[2].Observe(obs.Output)
 		p.pred[3].Observe(w.Uncached.Mean())
@@ -650,7 +648,7 @@ func (p *Planner) windowLoad(w *Counters, now time.Duration) Workload {
 	}
 	if wl.Input == 0 && w.Finished > 0 {
 		f := float64(w.Finished)
-		wl.Input, wl.Output, wl.Uncached, wl.Outputs = w.Input/f, w.Output/f, w.Uncached.Dist(), coarsen(w.Outputs.Dist(), 2)
+		wl.Input, wl.Output, wl.Uncached, wl.Outputs = w.Input/f, w.Output/f, w.Uncached.Dist(), coarsen(w.Outputs.Dist())
 	}
 	return wl
 }

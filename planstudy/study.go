@@ -142,6 +142,19 @@ type outcome struct {
 // window is one window's requests and those that met the SLA.
 type window struct{ n, good int }
 
+// tally counts a request, which met the SLA or not, in window k of ws, which it grows to
+// hold k.
+func tally(ws []window, k int, met bool) []window {
+	for len(ws) <= k {
+		ws = append(ws, window{})
+	}
+	ws[k].n++
+	if met {
+		ws[k].good++
+	}
+	return ws
+}
+
 // meets says whether o meets the SLA overall (a planner's test) and in every window
 // (a fixed pool's "at peak").
 func (p *Study) meetsOverall(o *outcome) bool { return o.Attainment >= p.goal }
@@ -179,21 +192,13 @@ func (p *Study) measure(name string, res *sim.Result) *outcome {
 		o.WorkerSeconds += s
 	}
 	slo := bench.SLO{TTFT: p.targets.TTFT, TPOT: p.targets.ITL}
-	wins := o.wins
 	good := 0
 	var ttft, tpot []float64
 	for i := range res.Bench.Requests {
 		r := &res.Bench.Requests[i]
-		k := int(r.Start / p.window)
-		for len(wins) <= k {
-			wins = append(wins, window{})
-		}
-		wins[k].n++
-		f := int(r.Start / p.pcfg.Interval)
-		for len(o.fine) <= f {
-			o.fine = append(o.fine, window{})
-		}
-		o.fine[f].n++
+		met := slo.Meets(r)
+		o.wins = tally(o.wins, int(r.Start/p.window), met)
+		o.fine = tally(o.fine, int(r.Start/p.pcfg.Interval), met)
 		if !r.OK() {
 			o.Failed++
 			continue
@@ -202,16 +207,13 @@ func (p *Study) measure(name string, res *sim.Result) *outcome {
 		if r.OutputLen > 1 {
 			tpot = append(tpot, float64(r.TPOT())/1e6)
 		}
-		if slo.Meets(r) {
+		if met {
 			good++
-			wins[k].good++
-			o.fine[f].good++
 		}
 	}
-	o.wins = wins
 	o.Attainment = float64(good) / float64(len(res.Bench.Requests))
 	o.Worst = 1
-	for _, w := range wins {
+	for _, w := range o.wins {
 		if w.n >= 20 { // a window of a handful of requests says little
 			o.Worst = min(o.Worst, float64(w.good)/float64(w.n))
 		}
@@ -453,7 +455,7 @@ func (p *Study) guess(pool planner.Pool, wl planner.Workload) int {
 	cfg.Disaggregated = pool != planner.Aggregated
 	cfg.MinRemoteTokens = p.base.Disagg.MinRemoteTokens
 	cfg.Capacity = planner.Capacity{KVTokens: p.base.KVBlocks * p.base.BlockSize, TokenBudget: p.base.TokenBudget, MaxSeqs: p.base.MaxSeqs}
-	cfg.PrefillRouting = sim.PrefillRouting(p.base.Router)
+	cfg.PrefillRouting = p.base.Router.WeighsPrefill()
 	n, _, _ := planner.Size(cfg, pool, wl, p.max)
 	return n
 }
@@ -550,8 +552,6 @@ func (p *Study) Run(mode string, ups []time.Duration) (*Report, error) {
 			if rr.TTFTMean > 0 {
 				rep.kvSaves = 1 - agg.TTFTMean/rr.TTFTMean
 			}
-		}
-		if nAgg <= p.max {
 			if aggOverall, hindEvery, hindCheap, err = p.hindsight(nAgg, s0); err != nil {
 				return nil, err
 			}

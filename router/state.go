@@ -104,6 +104,19 @@ func DefaultConfig() Config {
 	}
 }
 
+// WeighsPrefill says whether a router of configuration c weighs the prefill work queued
+// on each worker when it places a prompt (planner.Config.PrefillRouting): kv routing
+// with an overlap weight, and least-loaded.
+func (c Config) WeighsPrefill() bool {
+	switch c.Mode {
+	case ModeLeastLoaded:
+		return true
+	case ModeKV, "":
+		return c.OverlapWeight > 0
+	}
+	return false
+}
+
 func (c Config) validate() error {
 	bad := func(v float64) bool { return v < 0 || math.IsNaN(v) || math.IsInf(v, 0) }
 	switch {

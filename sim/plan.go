@@ -131,8 +131,28 @@ func (s *sim) waitForWorkers() bool {
 	return false
 }
 
+// A sizer decides the pools' sizes at each tick: a planner.Planner, or a script.
+type sizer interface {
+	Step(planner.State) (planner.Decision, bool)
+}
+
+// script sizes the pools by Config.Scripted, at least one worker each.
+type script struct {
+	sizes func(time.Duration) [planner.NumPools]int
+	pools []planner.Pool
+}
+
+func (sc script) Step(st planner.State) (planner.Decision, bool) {
+	d := planner.Decision{At: st.Now, Loop: "script", Was: st.Replicas, Target: sc.sizes(st.Now)}
+	for _, pool := range sc.pools {
+		d.Target[pool] = max(d.Target[pool], 1)
+	}
+	return d, true
+}
+
 func (s *sim) startPlanner() error {
 	if s.cfg.Scripted != nil {
+		s.sizer, s.sizeTick = script{sizes: s.cfg.Scripted, pools: planner.Pools(s.cfg.disaggregated())}, scriptTick
 		s.plan = &PlanResult{Config: planner.Config{Disaggregated: s.cfg.disaggregated()}}
 		s.push(event{t: s.t0, kind: evPlan})
 		return nil
@@ -151,27 +171,15 @@ func (s *sim) startPlanner() error {
 	if pc.Startup == 0 {
 		pc.Startup = s.cfg.Startup
 	}
-	pc.PrefillRouting = pc.PrefillRouting || PrefillRouting(s.cfg.Router)
-	var err error
-	if s.pl, err = planner.New(pc); err != nil {
+	pc.PrefillRouting = pc.PrefillRouting || s.cfg.Router.WeighsPrefill()
+	pl, err := planner.New(pc)
+	if err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
-	s.plan = &PlanResult{Config: s.pl.Config()}
+	s.sizer, s.sizeTick = pl, pl.Config().LoadInterval
+	s.plan = &PlanResult{Config: pl.Config()}
 	s.push(event{t: s.t0, kind: evPlan})
 	return nil
-}
-
-// PrefillRouting says whether a router of configuration c weighs the prefill work
-// queued on each worker when it places a prompt (planner.Config.PrefillRouting): kv
-// routing with an overlap weight, and least-loaded.
-func PrefillRouting(c router.Config) bool {
-	switch c.Mode {
-	case router.ModeLeastLoaded:
-		return true
-	case router.ModeKV, "":
-		return c.OverlapWeight > 0
-	}
-	return false
 }
 
 // scriptTick is how often a scripted deployment (Config.Scripted) is brought to its sizes.
@@ -180,12 +188,8 @@ const scriptTick = 5 * time.Second
 // planTick runs the planner's loops that are due, or reads the script, and applies the
 // decision.
 func (s *sim) planTick() {
-	tick := scriptTick
-	if s.pl != nil {
-		tick = s.pl.Config().LoadInterval
-	}
 	if s.left > 0 {
-		s.push(event{t: s.now + tick, kind: evPlan})
+		s.push(event{t: s.now + s.sizeTick, kind: evPlan})
 	}
 	st := planner.State{Now: s.now - s.t0, Counters: &s.counters, Startup: s.cfg.Startup}
 	for _, w := range s.workers {
@@ -197,16 +201,7 @@ func (s *sim) planTick() {
 			st.Ready[poolOf(w.role)]++
 		}
 	}
-	var d planner.Decision
-	ran := true
-	if s.pl != nil {
-		d, ran = s.pl.Step(st)
-	} else {
-		d = planner.Decision{At: st.Now, Loop: "script", Was: st.Replicas, Target: s.cfg.Scripted(st.Now)}
-		for _, pool := range planner.Pools(s.cfg.disaggregated()) {
-			d.Target[pool] = max(d.Target[pool], 1)
-		}
-	}
+	d, ran := s.sizer.Step(st)
 	if ran {
 		s.plan.Loops++
 	}

@@ -355,7 +355,8 @@ type sim struct {
 	t0       time.Duration // the first arrival
 	card     router.Card
 	counters planner.Counters
-	pl       *planner.Planner
+	sizer    sizer         // the planner or the script (Config.Scripted)
+	sizeTick time.Duration // how often it is asked
 	plan     *PlanResult
 	remote   int
 	moved    int64

@@ -30,7 +30,6 @@ import (
 	"tandem/planner"
 	"tandem/router"
 	"tandem/router/live"
-	"tandem/sim"
 	"tandem/sla"
 	"tandem/web"
 )
@@ -165,7 +164,7 @@ func run(args []string, stderr io.Writer) error {
 	pol.DiskWeight, pol.RemoteWeight, pol.PeerPulls, pol.PeerWeight, pol.PeerMinBlocks = *diskWeight, *remoteWeight, *peerPulls, *peerWeight, *peerMin
 	pol.BusyKVUsage, pol.BusyWaiting, pol.AffinityTTL = *busyKV, *busyWaiting, *affinity
 	pol.RequireKVEvents = *requireKV
-	planCfg.PrefillRouting = sim.PrefillRouting(pol) // the planner's TTFT model follows the policy (docs/planner.md)
+	planCfg.PrefillRouting = pol.WeighsPrefill() // the planner's TTFT model follows the policy (docs/planner.md)
 
 	var dash *web.Dashboard
 	if !slices.Contains(metrics.MetricsPrefixes, *metricsPrefix) {

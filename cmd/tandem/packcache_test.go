@@ -14,14 +14,21 @@ import (
 // genTestModel writes a random-weight Q8_0 model of some 20 MB with the built binary.
 func genTestModel(t *testing.T) string {
 	t.Helper()
+	return genModel(t, "small.gguf", "--embd", "512", "--layers", "6", "--heads", "8", "--kv-heads", "4", "--ffn", "1536", "--ctx", "1024")
+}
+
+// genModel writes a random-weight Q8_0 model of the demo preset, its shape set by
+// gen-model flags (--embd, --layers, ...), to a file named name in a temporary
+// directory, with the built binary.
+func genModel(t *testing.T, name string, shape ...string) string {
+	t.Helper()
 	bin, err := buildTandem()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(t.TempDir(), "small.gguf")
-	cmd := exec.Command(bin, "gen-model", "--preset", "demo", "--embd", "512", "--layers", "6", "--heads", "8", "--kv-heads", "4",
-		"--ffn", "1536", "--ctx", "1024", "--type", "q8_0", "--out", out)
-	if b, err := cmd.CombinedOutput(); err != nil {
+	out := filepath.Join(t.TempDir(), name)
+	args := append(append([]string{"gen-model", "--preset", "demo"}, shape...), "--type", "q8_0", "--out", out)
+	if b, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
 		t.Fatalf("gen-model: %v\n%s", err, b)
 	}
 	return out

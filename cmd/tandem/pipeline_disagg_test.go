@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -175,15 +174,7 @@ func TestPipelineDisaggregatedStageDies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a model and runs five processes")
 	}
-	bin, err := buildTandem()
-	if err != nil {
-		t.Fatal(err)
-	}
-	modelPath := filepath.Join(t.TempDir(), "mid.gguf")
-	if b, err := exec.Command(bin, "gen-model", "--preset", "demo", "--embd", "512", "--layers", "6", "--heads", "8", "--kv-heads", "4",
-		"--ffn", "1024", "--ctx", "2048", "--type", "q8_0", "--out", modelPath).CombinedOutput(); err != nil {
-		t.Fatalf("gen-model: %v\n%s", err, b)
-	}
+	modelPath := genModel(t, "mid.gguf", "--embd", "512", "--layers", "6", "--heads", "8", "--kv-heads", "4", "--ffn", "1024", "--ctx", "2048")
 	router, base, join := startTestRouter(t, "--disagg-min-tokens", "64")
 	p := startPipelineWorker(t, modelPath, "prefill", "p", join, "--threads", "1", "--max-batch-tokens", "64")
 	d := startPipelineWorker(t, modelPath, "decode", "d", join, "--threads", "1")

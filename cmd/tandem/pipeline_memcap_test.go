@@ -40,11 +40,7 @@ func TestStagesServeUnderMemoryCap(t *testing.T) {
 	}
 	// 8 layers of 2048 (Q8_0, 367 MiB): the weights, packed on the heap, dominate a
 	// process's data segment, so half of them is a difference the cap can see.
-	modelPath := filepath.Join(t.TempDir(), "big.gguf")
-	if b, err := exec.Command(bin, "gen-model", "--preset", "demo", "--embd", "2048", "--layers", "8", "--heads", "16", "--kv-heads", "4",
-		"--ffn", "5632", "--ctx", "1024", "--type", "q8_0", "--out", modelPath).CombinedOutput(); err != nil {
-		t.Fatalf("gen-model: %v\n%s", err, b)
-	}
+	modelPath := genModel(t, "big.gguf", "--embd", "2048", "--layers", "8", "--heads", "16", "--kv-heads", "4", "--ffn", "5632", "--ctx", "1024")
 	common := []string{"--model", modelPath, "--served-model-name", "m", "--threads", "1", "--kv-cache-memory", "32MiB"}
 	prompt := pipelinePrompts[1]
 
