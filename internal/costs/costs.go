@@ -7,19 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
-	"time"
 )
-
-// ProcessCPU is the process's user and system CPU time, every thread's (the collector's
-// too).
-func ProcessCPU() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // UDPDatagramsSent is the host's UDP OutDatagrams counter (Linux; 0 elsewhere): a
 // loopback benchmark counts both of its ends, and anything else the host sends.
