@@ -100,6 +100,9 @@ func TestReportsToOldRouter(t *testing.T) {
 	var eng *engine.Engine
 	m := runWorker(t, worker.Config{Card: cluster.ModelCard{Model: modelName, BlockSize: 16}, Routers: []string{r.addr}, Identity: wid},
 		func(e *engine.Engine) worker.Engine { eng = e; return e })
+	// Registered first: blocks stored before the session subscribes to the engine's
+	// events are the snapshot's (which this router never asks for), not events.
+	waitFor(t, "the first report", func() bool { return r.heartbeats.Load() >= 1 })
 	ctx := testCtx(t)
 	st, err := eng.Generate(ctx, &llm.Request{Prompt: m.Tokenizer.Encode(longPrompt, true, false), MaxTokens: 2})
 	if err != nil {
