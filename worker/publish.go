@@ -56,12 +56,15 @@ func (w *Worker) publish(ctx context.Context, req *cluster.PublishRequest, send 
 // attach makes p the publisher of the registration with key, waiting up to publishWait
 // for the registration to be known. A publisher already there is ended.
 func (r *registrations) attach(ctx context.Context, key uint64, p *publisher) (*registration, error) {
+	if key == 0 { // no registration has key 0: refuse now rather than after publishWait
+		return nil, orpc.Errorf(orpc.FailedPrecondition, "worker: no registration with that dispatch key")
+	}
 	deadline := time.Now().Add(publishWait)
 	for {
 		r.mu.Lock()
 		reg := r.regs[key]
 		r.mu.Unlock()
-		if reg != nil && key != 0 {
+		if reg != nil {
 			if old := reg.pub.Swap(p); old != nil {
 				old.end()
 			}
