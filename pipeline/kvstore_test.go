@@ -205,12 +205,20 @@ func TestReplicaKVTransferStageDies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	err = p.e.ExportBlocks(ctx, h, im.Missing(), func(i int, hash uint64, data []byte) error {
-		if n++; n == 1 {
-			p.stops[1]()
-		}
-		return im.Write(hash, data)
+	// The first block is pulled on its own, then the stage dies, then the rest is pulled:
+	// within one export a batch of up to 64 blocks is read at once, so a stage stopped
+	// while its first block was delivered could die after every block had been read (the
+	// prefill done before the export began, as on a loaded machine).
+	missing := im.Missing()
+	write := func(i int, hash uint64, data []byte) error { return im.Write(hash, data) }
+	if err := p.e.ExportBlocks(ctx, h, missing[:1], write); err != nil {
+		t.Fatal(err)
+	}
+	p.stops[1]()
+	n := 1
+	err = p.e.ExportBlocks(ctx, h, missing[1:], func(i int, hash uint64, data []byte) error {
+		n++
+		return write(i, hash, data)
 	})
 	if err == nil {
 		t.Fatalf("the export went on after the stage died (%d blocks)", n)
