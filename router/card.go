@@ -21,6 +21,9 @@ type Card struct {
 	// (another --kv-type), but a prefill worker's blocks are only of use to a decode worker
 	// of the same format: DecideDisagg pairs them by it.
 	KVFormat string
+	// Node is the worker's name, the same in every router (the model card's Node): a router
+	// with a share (State.SetShare) finds the worker's by it.
+	Node string
 }
 
 // ErrCardMismatch is wrapped by the errors of CheckCard.

@@ -14,6 +14,8 @@ import (
 // deltas, every candidate costed, the softmax over all of them. It is kept here, frozen, as
 // the reference TestDecideMatchesExhaustive holds State.Decide to. Like Decide it advances
 // s.seq, stamps the workers' overlaps and draws from s.rng; unlike it, it records nothing.
+// Added since: a router's share (SetShare), the tie's own-first rule (shared code) and the
+// softmax over the share's candidates alone when one of them is among the cheapest.
 func exhaustivePick(s *State, r Request) (WorkerID, bool) {
 	s.seq++
 	busy := func(w *WorkerState) bool {
@@ -103,13 +105,17 @@ func exhaustivePick(s *State, r Request) (WorkerID, bool) {
 		ws[i], _ = cost(w)
 		lo, hi = min(lo, ws[i]), max(hi, ws[i])
 	}
+	ownOnly := false
+	for i, w := range cands {
+		ownOnly = ownOnly || s.shares > 1 && w.own && ws[i] == lo
+	}
 	sum := 0.0
 	for i, c := range ws {
 		x := 0.0
 		if hi > lo {
 			x = (c - lo) / (hi - lo)
 		}
-		if x > 20*s.cfg.Temperature {
+		if x > 20*s.cfg.Temperature || ownOnly && !cands[i].own {
 			ws[i] = 0
 			continue
 		}
@@ -154,6 +160,10 @@ func TestDecideMatchesExhaustive(t *testing.T) {
 		{name: "shared-argmin", weight: 16, workers: 1000, shared: true},
 		{name: "shared-softmax-hot", temp: 0.3, weight: 2.5, workers: 1000, shared: true},
 		{name: "shared-require-events", temp: 0.02, weight: 16, workers: 300, shared: true, stale: true, require: true},
+		{name: "shares-softmax", temp: 0.02, weight: 16, workers: 200, shares: 2, stale: true},
+		{name: "shares-argmin", weight: 16, workers: 200, shares: 3},
+		{name: "shared-shares-softmax", temp: 0.02, weight: 16, workers: 1000, shared: true, shares: 2},
+		{name: "shared-shares-argmin", weight: 16, workers: 1000, shared: true, shares: 3},
 	} {
 		for _, forced := range []bool{false, true} {
 			seeds := uint64(4)
@@ -178,6 +188,7 @@ type exhaustiveCase struct {
 	shared  bool // workers start holding a shared system prompt (and some their chains)
 	stale   bool // workers turn stale (a stale candidate makes a decision visit every worker)
 	require bool // RequireKVEvents
+	shares  int  // the States are the second of shares routers (SetShare)
 }
 
 func runExhaustive(t *testing.T, tc exhaustiveCase, forced bool, seed uint64) {
@@ -187,6 +198,11 @@ func runExhaustive(t *testing.T, tc exhaustiveCase, forced bool, seed uint64) {
 	fast, ref := newTestState(t, cfg), newTestState(t, cfg)
 	if forced {
 		fast.groupFrom = 0
+	}
+	for _, s := range []*State{fast, ref} {
+		if err := s.SetShare(1, tc.shares); err != nil {
+			t.Fatal(err)
+		}
 	}
 	rng := rand.New(rand.NewPCG(uint64(tc.workers), 9+seed))
 	// A few shared prefixes and their continuations: workers hold prefixes of them.
@@ -215,7 +231,9 @@ func runExhaustive(t *testing.T, tc exhaustiveCase, forced bool, seed uint64) {
 		if seed%2 == 1 {
 			w = WorkerID(tc.workers) - 1 - i // registered in reverse: slots against the workers' order
 		}
-		both(func(s *State) error { return s.AddWorker(w, testCard) })
+		card := testCard
+		card.Node = fmt.Sprintf("worker-%d", w)
+		both(func(s *State) error { return s.AddWorker(w, card) })
 		if !tc.shared {
 			continue
 		}

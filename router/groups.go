@@ -187,6 +187,10 @@ func (s *State) renumber() {
 	for _, e := range s.ord {
 		setBit(&s.eligPos, int(e.w.pos), true)
 	}
+	clear(s.ownPos)
+	for i, w := range s.workers {
+		setBit(&s.ownPos, i, w.own)
+	}
 	words := (len(s.workers) + 63) / 64
 	if cap(s.pickBits) < words {
 		s.pickBits, s.cls0, s.cls1 = make([]uint64, words), make([]uint64, words), make([]uint64, words)
@@ -210,11 +214,13 @@ func (s *State) syncSlots() {
 	s.slotDec = slices.Grow(s.slotDec[:0], n)[:n]
 	s.slotPos = slices.Grow(s.slotPos[:0], n)[:n]
 	clear(s.slotW)
+	clear(s.ownSlots)
 	for _, w := range s.workers {
 		w.slot = noSlot
 		if r := w.ix; r != nil && !r.removed {
 			w.slot = r.slot
 			s.slotW[w.slot], s.slotPre[w.slot], s.slotDec[w.slot], s.slotPos[w.slot] = w, w.pre, w.dec, w.pos
+			setBit(&s.ownSlots, int(w.slot), w.own)
 		}
 	}
 	clear(s.eligSlots)
@@ -285,7 +291,7 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 	if s.cfg.OverlapWeight >= minIdleWeight {
 		idle = s.idlePrefix()
 		for g := range s.grp {
-			if s.hasIdle(g) {
+			if s.hasIdle(g, nil) {
 				lo, hi = min(lo, s.grp[g].wa), max(hi, s.grp[g].wa)
 			}
 		}
@@ -318,13 +324,58 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 	if s.cfg.Temperature == 0 {
 		return s.settle(s.argmin(lo, amin, key)), ReasonKV, ncands, nil, true
 	}
+	// With shares, a draw over the router's own share alone when one of its workers is
+	// among the cheapest (State.draw).
+	ownOnly := s.shares > 1 && s.ownAt(lo, amin, idle)
 	if hi <= lo {
 		// Every candidate costs the same: every weight is 1 and their sum the number of
-		// candidates, so the draw takes the candidate at the drawn index in worker order.
+		// candidates (of the share's, with ownOnly), so the draw takes the candidate at the
+		// drawn index in worker order.
+		if ownOnly {
+			n := andCount(s.eligPos, s.ownPos, false)
+			k := int(s.rng.Float64() * float64(n))
+			return s.settle(s.workers[nthBitAnd(s.eligPos, s.ownPos, min(k, n-1))]), ReasonKV, ncands, nil, true
+		}
 		k := int(s.rng.Float64() * float64(ncands))
 		return s.settle(s.workers[nthBit(s.eligPos, min(k, ncands-1))]), ReasonKV, ncands, nil, true
 	}
-	return s.settle(s.drawGrouped(lo, hi, amin, idle)), ReasonKV, ncands, nil, true
+	return s.settle(s.drawGrouped(lo, hi, amin, idle, ownOnly)), ReasonKV, ncands, nil, true
+}
+
+// ownAt reports whether a candidate of the router's share costs exactly lo, the least
+// cost: a special, an idle member of a group (which costs the group's wa), or a loaded
+// member from the cheap end of ord.
+func (s *State) ownAt(lo, amin float64, idle int) bool {
+	for _, p := range s.sp {
+		if p.c == lo && hasBit(s.ownSlots, p.slot) {
+			return true
+		}
+	}
+	if idle > 0 { // pickGrouped counted the idle members by group
+		for g := range s.grp {
+			if s.grp[g].wa == lo && s.hasIdle(g, s.ownSlots) {
+				return true
+			}
+		}
+	}
+	if len(s.grp) > 0 {
+		for i := idle; i < len(s.ord); i++ {
+			e := &s.ord[i]
+			if (amin+e.key)*(1-costMargin) > lo {
+				break
+			}
+			if g := s.classify(e.slot); g >= 0 && hasBit(s.ownSlots, e.slot) && s.groupCost(e.slot, g) == lo {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// hasBit reports whether bit i of b is set.
+func hasBit(b []uint64, i uint32) bool {
+	j := int(i / 64)
+	return j < len(b) && b[j]&(1<<(i%64)) != 0
 }
 
 // A special is a candidate of the current decision costed on its own: one whose runs the
@@ -516,9 +567,13 @@ func (s *State) mark(slot uint32) {
 // instead of one by one. The sum and the draw add and subtract every weight in worker
 // order, as draw does over every candidate: the draw's sum depends on each weight, in order.
 // idle is ord's idle prefix (idlePrefix) at an overlap weight of at least minIdleWeight.
-func (s *State) drawGrouped(lo, hi, amin float64, idle int) *WorkerState {
+// With ownOnly only the router's share's candidates are weighed (State.draw).
+func (s *State) drawGrouped(lo, hi, amin float64, idle int, ownOnly bool) *WorkerState {
 	wg := weigher{lo: lo, span: hi - lo, cut: 20 * s.cfg.Temperature, temp: s.cfg.Temperature,
 		lastC: math.NaN(), weights: s.wtPos, marks: s.pickBits, pos: s.slotPos}
+	if ownOnly {
+		wg.own = s.ownSlots
+	}
 	// Beyond bound a cost's weight is 0 whatever the rounding of its normalisation.
 	wg.bound = lo + wg.cut*wg.span*(1+1e-9) + lo*costMargin
 	for _, p := range s.sp {
@@ -563,6 +618,13 @@ func (s *State) drawGrouped(lo, hi, amin float64, idle int) *WorkerState {
 			}
 			if w1 > 0 && j < len(g1) {
 				m1 = idle & g1[j]
+			}
+			if ownOnly {
+				var own uint64
+				if j < len(s.ownSlots) {
+					own = s.ownSlots[j]
+				}
+				m0, m1 = m0&own, m1&own
 			}
 			for ; m0 != 0; m0 &= m0 - 1 {
 				p := uint32(wg.pos[j*64+bits.TrailingZeros64(m0)])
@@ -622,7 +684,8 @@ type weigher struct {
 	lastC, lastW               float64 // equal costs, equal weights: one exponential
 	weights                    []float64
 	marks                      []uint64
-	pos                        []int32 // by slot
+	pos                        []int32  // by slot
+	own                        []uint64 // by slot, when only the share's candidates count
 }
 
 // weight is the weight of cost c, 0 beyond the softmax's reach.
@@ -635,6 +698,9 @@ func (wg *weigher) weight(c float64) float64 {
 
 // weigh records the weight of the candidate at slot, whose cost is c, if it is not 0.
 func (wg *weigher) weigh(slot uint32, c float64) {
+	if wg.own != nil && !hasBit(wg.own, slot) {
+		return
+	}
 	if c != wg.lastC {
 		if c > wg.bound {
 			return
@@ -662,11 +728,18 @@ func (s *State) idlePrefix() int {
 	return i
 }
 
-// hasIdle reports whether group g has an idle candidate.
-func (s *State) hasIdle(g int) bool {
+// hasIdle reports whether group g has an idle candidate (among the slots in only, when not
+// nil).
+func (s *State) hasIdle(g int, only []uint64) bool {
 	b := s.grp[g].bits
 	h0 := s.walk.h0
 	for j, idle := range s.idleSlots {
+		if only != nil {
+			if j >= len(only) {
+				return false
+			}
+			idle &= only[j]
+		}
 		switch {
 		case b != nil && j < len(b):
 			idle &= b[j]
@@ -685,6 +758,26 @@ func (s *State) hasIdle(g int) bool {
 // minIdleWeight: below this overlap weight a load term can round to zero, so an idle
 // worker is not told by its key alone (no idle classes).
 const minIdleWeight = 1e-200
+
+// nthBitAnd is nthBit of b AND c.
+func nthBitAnd(b, c []uint64, k int) int {
+	for j, w := range b {
+		if j < len(c) {
+			w &= c[j]
+		} else {
+			w = 0
+		}
+		if n := bits.OnesCount64(w); k >= n {
+			k -= n
+			continue
+		}
+		for range k {
+			w &= w - 1
+		}
+		return j*64 + bits.TrailingZeros64(w)
+	}
+	return -1
+}
 
 // nthBit is the position of the k-th (from 0) set bit of b.
 func nthBit(b []uint64, k int) int {

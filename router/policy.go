@@ -484,9 +484,28 @@ func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerStat
 
 // draw is the softmax draw over the candidates' costs ws (lo and hi their least and
 // greatest), at the configured temperature; it overwrites ws with the weights.
+//
+// With shares (State.SetShare), when a worker of this router's share is among the cheapest,
+// the draw is over the share's workers alone: a worker of another share that costs no less
+// is that router's to take, and routers that draw at the same instant would otherwise meet
+// on it. When none of the share's is among the cheapest (another share's worker holds more
+// of the prompt, or the share's are all loaded), the draw is over every candidate.
 func (s *State) draw(cands []*WorkerState, ws []float64, lo, hi float64) *WorkerState {
+	ownOnly := false
+	if s.shares > 1 {
+		for i, c := range ws {
+			if c == lo && cands[i].own {
+				ownOnly = true
+				break
+			}
+		}
+	}
 	sum := 0.0
 	for i, c := range ws {
+		if ownOnly && !cands[i].own {
+			ws[i] = 0
+			continue
+		}
 		x := 0.0
 		if hi > lo {
 			x = (c - lo) / (hi - lo)
@@ -542,7 +561,8 @@ func (s *State) leastLoaded(cands []*WorkerState, key uint64) *WorkerState {
 // emptier (a new prefix there evicts the least), then the lower tie hash of (request key,
 // worker, the State's seed): a different worker for each request, so that idle workers
 // share the requests and their caches fill evenly, and, with each router's own seed, a
-// different one in each router, so that routers do not converge on the same workers.
+// different one in each router, so that routers do not converge on the same workers. A
+// router with a share (State.SetShare) takes its own share's workers before all of that.
 type tie struct {
 	best   *WorkerState
 	score  float64
@@ -562,6 +582,13 @@ func (t *tie) offerLoad(s *State, w *WorkerState, score, l float64, key uint64) 
 		return
 	}
 	if score > t.score {
+		return
+	}
+	if w.own != t.best.own {
+		// Routers with shares (State.SetShare) take their own share's workers first.
+		if w.own {
+			*t = tie{best: w, score: score, load: l, cached: -1}
+		}
 		return
 	}
 	switch {

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -31,7 +32,9 @@ func scaleStateN(b testing.TB, s *State, perWorker int) Request {
 	hp := hashes(prompt)
 	own := perWorker - scaleSystemBlocks
 	for w := range WorkerID(scaleWorkers) {
-		if err := s.AddWorker(w, testCard); err != nil {
+		card := testCard
+		card.Node = "node-" + strconv.Itoa(int(w)) // for a State with shares
+		if err := s.AddWorker(w, card); err != nil {
 			b.Fatal(err)
 		}
 		setLoad(b, s, w, load{decode: rng.IntN(500), prefillTokens: rng.IntN(4096), usage: 0.5})
@@ -60,7 +63,8 @@ func scaleStateN(b testing.TB, s *State, perWorker int) Request {
 // for a 4096-token (256-block) prompt; kv-28k with 28,000 blocks per worker (28M entries,
 // a full 80 GB GPU's cache each); kv-idle with every worker idle but one in fifty (with a
 // long prompt to prefill), as on the replay's cluster, so that the softmax gives most of
-// the workers a weight. Besides the mean it reports the decisions' latency
+// the workers a weight; kv-shares as kv for the first of two routers' shares (SetShare),
+// which decides by visiting every worker. Besides the mean it reports the decisions' latency
 // percentiles (each timed alone) and the index's bytes per (worker, block) entry.
 func BenchmarkDecideScale(b *testing.B) {
 	for _, bc := range []struct {
@@ -69,9 +73,10 @@ func BenchmarkDecideScale(b *testing.B) {
 		perWorker int
 		argmin    bool // temperature 0 and weight 1: the defaults before 2026-12
 		idle      bool
-	}{{"kv", ModeKV, scaleBlocksPerW, false, false}, {"kv-argmin", ModeKV, scaleBlocksPerW, true, false},
-		{"least-loaded", ModeLeastLoaded, scaleBlocksPerW, false, false}, {"kv-28k", ModeKV, 28000, false, false},
-		{"kv-idle", ModeKV, scaleBlocksPerW, false, true}} {
+		shares    int
+	}{{"kv", ModeKV, scaleBlocksPerW, false, false, 0}, {"kv-argmin", ModeKV, scaleBlocksPerW, true, false, 0},
+		{"least-loaded", ModeLeastLoaded, scaleBlocksPerW, false, false, 0}, {"kv-28k", ModeKV, 28000, false, false, 0},
+		{"kv-idle", ModeKV, scaleBlocksPerW, false, true, 0}, {"kv-shares", ModeKV, scaleBlocksPerW, false, false, 2}} {
 		b.Run(bc.name, func(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.Mode = bc.mode
@@ -80,6 +85,9 @@ func BenchmarkDecideScale(b *testing.B) {
 			}
 			cfg.BusyWaiting = 0
 			s := newTestState(b, cfg)
+			if err := s.SetShare(0, bc.shares); err != nil {
+				b.Fatal(err)
+			}
 			r := scaleStateN(b, s, bc.perWorker)
 			if bc.idle {
 				for w := range WorkerID(scaleWorkers) {

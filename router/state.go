@@ -1,11 +1,13 @@
 package router
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"tandem/kvcache"
@@ -176,7 +178,10 @@ type WorkerState struct {
 	isBusy      bool
 	lacks       bool // this decision: the worker lacks the request's adapter (AdapterLoadCost)
 	prefillRole bool // Card.Role is RolePrefill
-	Healthy     bool // from the last report or SetHealthy; true at registration
+	// own: the worker is in this router's share of the workers (SetShare), which its ties
+	// go to first; every worker is while the router has no share.
+	own     bool
+	Healthy bool // from the last report or SetHealthy; true at registration
 	// Stale: the worker's KV events are missing (SetStale), so the index's view of its
 	// cache cannot be trusted: its overlap counts as unknown (the other candidates' mean),
 	// or, with RequireKVEvents, it gets no requests.
@@ -190,6 +195,7 @@ type WorkerState struct {
 	// index slot as of State.slotEpoch and its position in State.workers.
 	counted, inOrd, staleCand bool
 	okey                      float64
+	nodeHash                  uint64 // orders the workers for the routers' shares (reshare)
 	slot                      uint32
 	pos                       int32
 
@@ -413,19 +419,22 @@ type session struct {
 // its decisions in it. A State is not safe for concurrent use: the live router
 // holds a lock around each call, the simulator and the tests own theirs.
 type State struct {
-	cfg      Config
-	card     Card
-	rng      *rand.Rand
-	tieSeed  uint64 // drawn from rng: each router breaks ties its own way
-	index    *Index
-	walk     Walk
-	stamp    runStamp       // walk's, during a decision
-	workers  []*WorkerState // sorted by ID
-	byID     map[WorkerID]*WorkerState
-	dense    []*WorkerState // byID for ids below denseIDs: no map lookup per match
-	gen      uint64
-	sessions map[string]session
-	sweepAt  int
+	cfg     Config
+	card    Card
+	rng     *rand.Rand
+	tieSeed uint64 // drawn from rng: each router breaks ties its own way
+	// This router's share of the workers among shares routers (SetShare): 0 of 0 when it
+	// has none.
+	share, shares int
+	index         *Index
+	walk          Walk
+	stamp         runStamp       // walk's, during a decision
+	workers       []*WorkerState // sorted by ID
+	byID          map[WorkerID]*WorkerState
+	dense         []*WorkerState // byID for ids below denseIDs: no map lookup per match
+	gen           uint64
+	sessions      map[string]session
+	sweepAt       int
 
 	rrLast  WorkerID
 	rrValid bool
@@ -464,6 +473,9 @@ type State struct {
 	// position.
 	idleSlots  []uint64
 	cls0, cls1 []uint64
+	// The workers of the router's share (SetShare), by slot and by position.
+	ownSlots, ownPos []uint64
+	shareOrder       []*WorkerState // reshare's scratch
 }
 
 // NewState returns an empty State with configuration cfg. rng drives the
@@ -518,6 +530,7 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 	s.RemoveWorker(id)
 	s.gen++
 	w := &WorkerState{ID: id, Card: card, Healthy: true, gen: s.gen, ix: s.index.rec(id), prefillRole: card.Role == RolePrefill, slot: noSlot}
+	w.nodeHash = nodeHash(card.Node)
 	w.credits(&s.cfg)
 	s.slotsSynced = false
 	s.refresh(w)
@@ -526,6 +539,7 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 	}
 	i, _ := slices.BinarySearchFunc(s.workers, id, func(w *WorkerState, id WorkerID) int { return cmpID(w.ID, id) })
 	s.workers = slices.Insert(s.workers, i, w)
+	s.reshare()
 	s.renumber()
 	s.byID[id] = w
 	if id < denseIDs {
@@ -538,6 +552,73 @@ func (s *State) AddWorker(id WorkerID, card Card) error {
 		s.prefillers++
 	}
 	return nil
+}
+
+// SetShare makes this router the share-th of shares routers that front the same workers
+// (0 ≤ share < shares; shares ≤ 1: the only one). The workers are dealt out to the shares
+// in the order of a hash of their node names (the same in every router that knows the same
+// workers), every shares-th to each, so the shares differ by at most one worker. Where
+// workers tie, a router picks from its own share first, so that routers deciding a burst at
+// the same instant, which see nothing of each other's decisions, spread it over different
+// workers (docs/routing.md, "Several routers").
+func (s *State) SetShare(share, shares int) error {
+	if shares <= 1 {
+		share, shares = 0, 0
+	} else if share < 0 || share >= shares {
+		return fmt.Errorf("router: share %d of %d routers (want 0 ≤ share < routers)", share, shares)
+	}
+	s.share, s.shares = share, shares
+	s.reshare()
+	s.renumber()
+	s.slotsSynced = false
+	return nil
+}
+
+// Share returns this router's share and the number of shares (0 of 0: none).
+func (s *State) Share() (share, shares int) { return s.share, s.shares }
+
+// InShare reports whether worker id is in this router's share (every worker is while the
+// router has none).
+func (s *State) InShare(id WorkerID) bool {
+	w := s.lookup(id)
+	return w != nil && w.own
+}
+
+// reshare deals the workers out to the shares again (SetShare); called when they change.
+// The caller renumbers and resynchronises the slots after it, which rebuild the share's
+// bitmaps.
+func (s *State) reshare() {
+	if s.shares <= 1 {
+		for _, w := range s.workers {
+			w.own = true
+		}
+		return
+	}
+	order := s.shareOrder[:0]
+	order = append(order, s.workers...)
+	slices.SortFunc(order, func(a, b *WorkerState) int {
+		if c := cmp.Compare(a.nodeHash, b.nodeHash); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Card.Node, b.Card.Node)
+	})
+	for i, w := range order {
+		w.own = i%s.shares == s.share
+	}
+	clear(order)
+	s.shareOrder = order[:0]
+}
+
+// nodeHash orders workers for the shares: FNV-1a of the node name, then splitmix64's
+// finaliser, so that the deal does not follow the names' order.
+func nodeHash(node string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(node); i++ {
+		h = (h ^ uint64(node[i])) * 1099511628211
+	}
+	h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9
+	h = (h ^ (h >> 27)) * 0x94d049bb133111eb
+	return h ^ h>>31
 }
 
 // RemoveWorker forgets worker id: its index entries, load and session
@@ -558,6 +639,7 @@ func (s *State) RemoveWorker(id WorkerID) {
 		s.dense[id] = nil
 	}
 	s.workers = slices.DeleteFunc(s.workers, func(w *WorkerState) bool { return w.ID == id })
+	s.reshare()
 	s.renumber()
 }
 
