@@ -109,7 +109,15 @@ type ModelCard struct {
 	// when it cannot export blocks: the router sends a decode worker's prompts only to
 	// prefill workers of its format, whose blocks it can import.
 	KVFormat string
+	// RouterIndex of Routers: where the router the card registers with stands among the
+	// routers the worker joins (its --join addresses, sorted, each once; 0 of 0: not said,
+	// or one router). Routers that front the same workers learn from it which share of the
+	// workers is theirs (router.State.SetShare). Set per registration.
+	RouterIndex, Routers int
 }
+
+// maxRouters bounds a card's count of routers.
+const maxRouters = 1 << 16
 
 // maxStages bounds a card's pipeline stages.
 const maxStages = 1024
@@ -162,6 +170,8 @@ func (c *ModelCard) MarshalORPC(e *orpc.Encoder) {
 		e.Uvarint(uint64(max(n, 0)))
 	}
 	e.String(c.KVFormat)
+	e.Uvarint(uint64(max(c.RouterIndex, 0)))
+	e.Uvarint(uint64(max(c.Routers, 0)))
 }
 
 // maxFiles bounds the tokenizer files of a card.
@@ -223,6 +233,15 @@ func (c *ModelCard) UnmarshalORPC(d *orpc.Decoder) error {
 	c.KVFormat = ""
 	if d.Len() > 0 { // absent from engines before the router paired formats
 		c.KVFormat = d.String()
+	}
+	c.RouterIndex, c.Routers = 0, 0
+	if d.Len() > 0 { // absent from engines before routers' shares
+		i, n := d.Uvarint(), d.Uvarint()
+		if n > maxRouters || n > 0 && i >= n {
+			d.Fail(fmt.Errorf("cluster: a card placing its router %d of %d (want index < routers ≤ %d)", i, n, maxRouters))
+			return d.Err()
+		}
+		c.RouterIndex, c.Routers = int(i), int(n)
 	}
 	return d.Err()
 }

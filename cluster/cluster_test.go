@@ -240,7 +240,7 @@ func TestConstraintWireCompatibility(t *testing.T) {
 	}
 	card := orpc.Marshal(&ModelCard{Version: Version, Model: "m"})
 	var c ModelCard
-	if err := orpc.Unmarshal(card[:len(card)-1-1-4-2-3], &c); err != nil || c.GrammarFormat != 0 {
+	if err := orpc.Unmarshal(card[:len(card)-2-1-1-4-2-3], &c); err != nil || c.GrammarFormat != 0 {
 		t.Errorf("card without the grammar field: %+v, %v", c, err)
 	}
 }

@@ -13,7 +13,7 @@ func TestWeightsRoundTrip(t *testing.T) {
 		TokenizerFiles: []File{{Name: "tokenizer.gguf", Data: []byte("GGUF")}},
 		ContentHash:    []byte{1, 2, 3}, Prepared: "cpu avx2",
 		Startup: Startup{Weights: WeightsPeer, Phases: []Phase{{"open", 0.01}, {"weights", 1.5}}}, Stages: []int{12, 11, 1},
-		KVFormat: "cpu-kv/1 f32, block size 16, 5 layers, 4 KV heads, head dim 8"}
+		KVFormat: "cpu-kv/1 f32, block size 16, 5 layers, 4 KV heads, head dim 8", RouterIndex: 1, Routers: 3}
 	roundTrip(t, card)
 	roundTrip(t, &WeightPeersRequest{Model: "m", ContentHash: []byte{9, 9}})
 	roundTrip(t, &WeightPeers{Peers: []WeightPeer{{Node: "a", Addr: "127.0.0.1:1", Prepared: "cpu avx2"}, {Node: "b", Addr: "[::1]:2"}}})
@@ -30,7 +30,7 @@ func TestWeightsRoundTrip(t *testing.T) {
 func TestCardFromOlderEngine(t *testing.T) {
 	old := &ModelCard{Version: Version, Model: "m", Node: "n", Addr: "a:1", Role: RoleBoth, BlockSize: 16, ChatTemplate: "t"}
 	b := orpc.Marshal(old)
-	b = b[:len(b)-1-1-4] // the empty KV format; the empty stages; hash, prepared key, weights source and phase count
+	b = b[:len(b)-2-1-1-4] // router 0 of 0; the empty KV format; the empty stages; hash, prepared key, weights source and phase count
 	var got ModelCard
 	if err := orpc.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
@@ -45,19 +45,35 @@ func TestCardFromOlderEngine(t *testing.T) {
 func TestCardStagesFromOlderEngine(t *testing.T) {
 	b := orpc.Marshal(&ModelCard{Version: Version, Model: "m", Stages: []int{2, 2}})
 	var got ModelCard
-	if err := orpc.Unmarshal(b[:len(b)-1-3], &got); err != nil || got.Stages != nil {
+	if err := orpc.Unmarshal(b[:len(b)-2-1-3], &got); err != nil || got.Stages != nil {
 		t.Errorf("card without stages: %+v, %v", got, err)
 	}
 	// Without the KV format (an engine from before the router paired formats): "", which
 	// pairs with any.
 	b = orpc.Marshal(&ModelCard{Version: Version, Model: "m", Stages: []int{2, 2}, KVFormat: "f"})
 	got = ModelCard{KVFormat: "left over"}
-	if err := orpc.Unmarshal(b[:len(b)-2], &got); err != nil || got.KVFormat != "" || len(got.Stages) != 2 {
+	if err := orpc.Unmarshal(b[:len(b)-2-2], &got); err != nil || got.KVFormat != "" || len(got.Stages) != 2 {
 		t.Errorf("card without a KV format: %+v, %v", got, err)
 	}
 	big := orpc.Marshal(&ModelCard{Version: Version, Model: "m", Stages: make([]int, maxStages+1)})
 	if err := orpc.Unmarshal(big, &got); err == nil {
 		t.Errorf("a card of %d stages was taken", maxStages+1)
+	}
+}
+
+// TestCardRouters: a card without the router's place (an engine from before routers'
+// shares) says 0 of 0; a place past the count is refused.
+func TestCardRouters(t *testing.T) {
+	b := orpc.Marshal(&ModelCard{Version: Version, Model: "m", KVFormat: "f", RouterIndex: 1, Routers: 2})
+	got := ModelCard{RouterIndex: 5, Routers: 9}
+	if err := orpc.Unmarshal(b[:len(b)-2], &got); err != nil || got.RouterIndex != 0 || got.Routers != 0 || got.KVFormat != "f" {
+		t.Errorf("card without the router's place: %+v, %v", got, err)
+	}
+	for _, c := range [][2]int{{2, 2}, {0, maxRouters + 1}} {
+		b := orpc.Marshal(&ModelCard{Version: Version, Model: "m", RouterIndex: c[0], Routers: c[1]})
+		if err := orpc.Unmarshal(b, &got); err == nil {
+			t.Errorf("a card placing its router %d of %d was taken", c[0], c[1])
+		}
 	}
 }
 

@@ -43,8 +43,13 @@ type Router struct {
 	RouterStalls     prometheus.Counter
 	RouterStallTime  prometheus.Counter
 	MassSilenceHolds prometheus.Counter
-	KVGaps           *prometheus.CounterVec // label worker: event id gaps
-	KVResyncs        *prometheus.CounterVec // labels worker, cause (join, gap, behind, drift, retry)
+	// Share and Shares: this router's share of the workers' ties among the routers the
+	// workers say front them (0 of 0: none); ShareDisagreements, registrations that placed
+	// this router otherwise than the share it follows (workers given other --join lists).
+	Share, Shares      prometheus.Gauge
+	ShareDisagreements prometheus.Counter
+	KVGaps             *prometheus.CounterVec // label worker: event id gaps
+	KVResyncs          *prometheus.CounterVec // labels worker, cause (join, gap, behind, drift, retry)
 	// LocalEngineEvents counts the degraded events of engines this process supervises
 	// (tandem cluster, the planner's local connector), by event: restarted, killed.
 	LocalEngineEvents *prometheus.CounterVec
@@ -109,6 +114,12 @@ func NewRouter(reg prometheus.Registerer) *Router {
 		RouterStallTime: f.counter("tandem_router:heartbeat_ticks_late_seconds_total", "Total lateness of the late heartbeat checks."),
 		MassSilenceHolds: f.counter("tandem_router:heartbeat_mass_silence_total",
 			"Heartbeat checks at which most workers were silent past the timeout at once and none was declared dead (the router suspects itself)."),
+		Share: f.gauge("tandem_router:share",
+			"This router's share of the workers (0-based) among tandem_router:shares routers; where workers tie, it takes its own share's first."),
+		Shares: f.gauge("tandem_router:shares",
+			"Routers that front these workers, as the workers' --join lists say (0: one, or not said)."),
+		ShareDisagreements: f.counter("tandem_router:share_disagreements_total",
+			"Worker registrations that placed this router otherwise than the share it follows (workers given different --join lists)."),
 		KVGaps: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:kv_event_gaps_total",
 			Help: "KV event id gaps, per worker."}, []string{"worker"})).(*prometheus.CounterVec),
 		LocalEngineEvents: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_router:local_engine_events_total",

@@ -49,6 +49,12 @@ func TestRoutersShareInflightLoad(t *testing.T) {
 	waitFor(t, "both routers to see both workers", func() bool {
 		return len(a.Router.Workers()) == 2 && len(b.Router.Workers()) == 2
 	})
+	// The workers joined both: each router follows the place they give it, a share each.
+	ia, na := a.Router.Share()
+	ib, nb := b.Router.Share()
+	if na != 2 || nb != 2 || ia == ib {
+		t.Errorf("routers' shares: A %d of %d, B %d of %d; want 0 and 1 of 2", ia, na, ib, nb)
+	}
 
 	type result struct {
 		worker string

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -431,6 +432,18 @@ func isRefusal(err error) bool {
 	return errors.Is(err, orpc.ErrFailedPrecondition) || errors.Is(err, orpc.ErrAlreadyExists) || errors.Is(err, orpc.ErrPermissionDenied)
 }
 
+// routerPlace is where addr stands among the routers (sorted, each once): index of n, or
+// 0 of 0 with fewer than two. Every worker given the same --join addresses tells each
+// router the same place, from which the routers split their ties (router.State.SetShare).
+func routerPlace(routers []string, addr string) (index, n int) {
+	sorted := slices.Compact(slices.Sorted(slices.Values(routers)))
+	i, ok := slices.BinarySearch(sorted, addr)
+	if !ok || len(sorted) < 2 {
+		return 0, 0
+	}
+	return i, len(sorted)
+}
+
 // session registers with router addr and publishes heartbeats and KV events until the
 // connection or the registration ends. registered reports whether it got that far.
 func (w *Worker) session(ctx context.Context, addr string) (registered bool, err error) {
@@ -448,6 +461,7 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	card := w.cfg.Card
+	card.RouterIndex, card.Routers = routerPlace(w.cfg.Routers, addr)
 	reg, err := c.Stream(sctx, cluster.MethodRegister, &card)
 	if err != nil {
 		return false, err

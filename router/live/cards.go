@@ -60,7 +60,7 @@ func (s *cardStore) add(c router.Card) error {
 	if err != nil {
 		return err
 	}
-	c.KVBlocks, c.Role, c.KVFormat = 0, "", ""
+	c.KVBlocks, c.Role, c.KVFormat, c.Node = 0, "", "", "" // the model's, not one worker's
 	cards[c.Model] = c
 	list := make([]router.Card, 0, len(cards))
 	for _, c := range cards {

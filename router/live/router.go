@@ -100,6 +100,11 @@ type Router struct {
 	// formatsLogged holds the pairings of KV formats already logged as having no prefill
 	// worker for a decode worker's format (disagg.go): each is logged once.
 	formatsLogged map[string]bool
+	// The places the registrations give this router among the workers' routers, how many
+	// name each, the one it follows (shares.go), and the dissenting ones already logged.
+	places       map[sharePlace]int
+	share        sharePlace
+	placesLogged map[sharePlace]bool
 
 	// changed is closed (and replaced) when load may have dropped: waiting requests look
 	// again. Lock-free, so that heartbeats need not take mu.
@@ -134,6 +139,7 @@ type liveWorker struct {
 	id     router.WorkerID
 	node   string
 	addr   string
+	place  sharePlace // where its registration placed this router among its routers
 	model  *liveModel
 	client *orpc.Client
 	joined time.Time
@@ -553,7 +559,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	closeReason := "registration refused"
 	defer func() { client.CloseWithReason(closeReason) }()
 
-	core := router.Card{Model: card.Model, HashVersion: card.HashVersion, BlockSize: card.BlockSize, Salt: card.Salt, KVBlocks: card.KVBlocks, Role: card.Role, KVFormat: card.KVFormat}
+	core := router.Card{Model: card.Model, HashVersion: card.HashVersion, BlockSize: card.BlockSize, Salt: card.Salt, KVBlocks: card.KVBlocks, Role: card.Role, KVFormat: card.KVFormat, Node: card.Node}
 	l.mu.Lock()
 	m = l.models[card.Model]
 	newModel := false
@@ -569,6 +575,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 			l.mu.Unlock()
 			return orpc.Errorf(orpc.Internal, "router: %v", err)
 		}
+		l.applyShare(st, log)
 		m = &liveModel{name: card.Model, card: *card, tok: tok, state: st, created: time.Now().Unix()}
 		newModel = true
 	} else if !cluster.SameTokenizer(&m.card, card) {
@@ -611,7 +618,8 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	persist := newModel && !remembered && l.cfg.NewModel != nil
 	w := &liveWorker{id: id, node: card.Node, addr: addr, model: m, client: client, joined: now,
 		kick: make(chan struct{}), key: rand.Uint64() | 1, cert: cert,
-		contentHash: card.ContentHash, prepared: card.Prepared, startup: card.Startup, stages: slices.Clone(card.Stages)}
+		contentHash: card.ContentHash, prepared: card.Prepared, startup: card.Startup, stages: slices.Clone(card.Stages),
+		place: sharePlace{card.RouterIndex, card.Routers}}
 	w.beat.Store(now.UnixNano())
 	w.kvs.resyncing = true // until the first snapshot: events wait for it
 	if displaced != "" {
@@ -628,6 +636,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	l.workers[id] = w
 	l.byNode[card.Node] = id
 	l.byID.Store(id, w)
+	l.countPlaceLocked(w.place, w.node, +1)
 	l.signal()
 	l.mu.Unlock()
 	if persist {
@@ -727,6 +736,7 @@ func (l *Router) dropLocked(w *liveWorker) {
 	}
 	delete(l.workers, w.id)
 	l.byID.Delete(w.id)
+	l.countPlaceLocked(w.place, w.node, -1)
 	if l.byNode[w.node] == w.id {
 		delete(l.byNode, w.node)
 	}
