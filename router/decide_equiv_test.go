@@ -15,7 +15,8 @@ import (
 // the reference TestDecideMatchesExhaustive holds State.Decide to. Like Decide it advances
 // s.seq, stamps the workers' overlaps and draws from s.rng; unlike it, it records nothing.
 // Added since: a router's share (SetShare), the tie's own-first rule (shared code) and the
-// softmax over the share's candidates alone when one of them is among the cheapest.
+// softmax's cheapest of other shares left out, when one of the share's is among them, and
+// their weight given to the share's cheapest.
 func exhaustivePick(s *State, r Request) (WorkerID, bool) {
 	s.seq++
 	busy := func(w *WorkerState) bool {
@@ -105,21 +106,30 @@ func exhaustivePick(s *State, r Request) (WorkerID, bool) {
 		ws[i], _ = cost(w)
 		lo, hi = min(lo, ws[i]), max(hi, ws[i])
 	}
-	ownOnly := false
+	n, own := 0, 0
 	for i, w := range cands {
-		ownOnly = ownOnly || s.shares > 1 && w.own && ws[i] == lo
+		if ws[i] == lo {
+			n++
+			if w.own {
+				own++
+			}
+		}
 	}
+	ownOnly := s.shares > 1 && own > 0
 	sum := 0.0
 	for i, c := range ws {
 		x := 0.0
 		if hi > lo {
 			x = (c - lo) / (hi - lo)
 		}
-		if x > 20*s.cfg.Temperature || ownOnly && !cands[i].own {
+		if x > 20*s.cfg.Temperature || ownOnly && c == lo && !cands[i].own {
 			ws[i] = 0
 			continue
 		}
 		ws[i] = math.Exp(-x / s.cfg.Temperature)
+		if ownOnly && c == lo {
+			ws[i] *= float64(n) / float64(own)
+		}
 		sum += ws[i]
 	}
 	u := s.rng.Float64() * sum
@@ -332,4 +342,40 @@ func runExhaustive(t *testing.T, tc exhaustiveCase, forced bool, seed uint64) {
 		t.Errorf("%d decisions taken by groups, want none", fast.byGroups)
 	}
 	t.Logf("%d decisions (%d by groups), %d disagreements", decisions, fast.byGroups, disagreements)
+}
+
+// TestDecideEqualCostsShares: with shares, a draw over candidates that all cost the same
+// (idle workers, a prompt nobody holds) picks what the exhaustive draw picks: the grouped
+// decision's shortcut for equal costs weighs the share's candidates as State.draw does.
+func TestDecideEqualCostsShares(t *testing.T) {
+	for _, shares := range []int{2, 3} {
+		fast, ref := newTestState(t, DefaultConfig()), newTestState(t, DefaultConfig())
+		for _, s := range []*State{fast, ref} {
+			if err := s.SetShare(1, shares); err != nil {
+				t.Fatal(err)
+			}
+			for w := range WorkerID(100) {
+				card := testCard
+				card.Node = fmt.Sprintf("node-%d", w)
+				if err := s.AddWorker(w, card); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for i := range 300 {
+			r := Request{Hashes: hashes(toks(1000*(i+1), 4*testBlock)), PromptTokens: 4 * testBlock, Now: t0, Key: uint64(i + 1)}
+			want, _ := exhaustivePick(ref, r)
+			d, err := fast.Decide(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Worker != want {
+				t.Fatalf("%d shares, decision %d: Decide picked %d, the exhaustive draw %d", shares, i, d.Worker, want)
+			}
+			fast.RemoveInflight(d.Inflight) // every worker idle again: every cost equal
+		}
+		if fast.byGroups == 0 {
+			t.Errorf("%d shares: no decision taken by groups", shares)
+		}
+	}
 }

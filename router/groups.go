@@ -291,7 +291,7 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 	if s.cfg.OverlapWeight >= minIdleWeight {
 		idle = s.idlePrefix()
 		for g := range s.grp {
-			if s.hasIdle(g, nil) {
+			if s.hasIdle(g) {
 				lo, hi = min(lo, s.grp[g].wa), max(hi, s.grp[g].wa)
 			}
 		}
@@ -324,37 +324,52 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 	if s.cfg.Temperature == 0 {
 		return s.settle(s.argmin(lo, amin, key)), ReasonKV, ncands, nil, true
 	}
-	// With shares, a draw over the router's own share alone when one of its workers is
-	// among the cheapest (State.draw).
-	ownOnly := s.shares > 1 && s.ownAt(lo, amin, idle)
+	// With shares, the cheapest of other shares left to their routers and their weight to
+	// the share's cheapest (State.draw).
+	var share shareDraw
+	if s.shares > 1 {
+		n, own := s.countAt(lo, amin, idle)
+		if own > 0 {
+			share = shareDraw{own: s.ownSlots, boost: float64(n) / float64(own)}
+		}
+	}
 	if hi <= lo {
 		// Every candidate costs the same: every weight is 1 and their sum the number of
-		// candidates (of the share's, with ownOnly), so the draw takes the candidate at the
-		// drawn index in worker order.
-		if ownOnly {
-			n := andCount(s.eligPos, s.ownPos, false)
-			k := int(s.rng.Float64() * float64(n))
-			return s.settle(s.workers[nthBitAnd(s.eligPos, s.ownPos, min(k, n-1))]), ReasonKV, ncands, nil, true
+		// candidates, so the draw takes the candidate at the drawn index in worker order.
+		if share.own != nil {
+			return s.settle(s.drawEqualShare(share.boost)), ReasonKV, ncands, nil, true
 		}
 		k := int(s.rng.Float64() * float64(ncands))
 		return s.settle(s.workers[nthBit(s.eligPos, min(k, ncands-1))]), ReasonKV, ncands, nil, true
 	}
-	return s.settle(s.drawGrouped(lo, hi, amin, idle, ownOnly)), ReasonKV, ncands, nil, true
+	return s.settle(s.drawGrouped(lo, hi, amin, idle, share)), ReasonKV, ncands, nil, true
 }
 
-// ownAt reports whether a candidate of the router's share costs exactly lo, the least
-// cost: a special, an idle member of a group (which costs the group's wa), or a loaded
-// member from the cheap end of ord.
-func (s *State) ownAt(lo, amin float64, idle int) bool {
+// A shareDraw is how a draw with shares weighs the cheapest candidates (State.draw): those
+// of other shares not at all, the share's own (by slot in own) boost each. The zero value
+// is a draw without shares.
+type shareDraw struct {
+	own   []uint64
+	boost float64
+}
+
+// countAt counts the candidates that cost exactly lo, the least cost, and those of them in
+// the router's share: the specials, the idle members of the groups (which cost their
+// group's wa), and the loaded members from the cheap end of ord.
+func (s *State) countAt(lo, amin float64, idle int) (n, own int) {
 	for _, p := range s.sp {
-		if p.c == lo && hasBit(s.ownSlots, p.slot) {
-			return true
+		if p.c == lo {
+			n++
+			if hasBit(s.ownSlots, p.slot) {
+				own++
+			}
 		}
 	}
-	if idle > 0 { // pickGrouped counted the idle members by group
+	if idle > 0 { // pickGrouped took the idle members by group
 		for g := range s.grp {
-			if s.grp[g].wa == lo && s.hasIdle(g, s.ownSlots) {
-				return true
+			if s.grp[g].wa == lo {
+				a, b := s.countIdle(g)
+				n, own = n+a, own+b
 			}
 		}
 	}
@@ -364,12 +379,61 @@ func (s *State) ownAt(lo, amin float64, idle int) bool {
 			if (amin+e.key)*(1-costMargin) > lo {
 				break
 			}
-			if g := s.classify(e.slot); g >= 0 && hasBit(s.ownSlots, e.slot) && s.groupCost(e.slot, g) == lo {
-				return true
+			if g := s.classify(e.slot); g >= 0 && s.groupCost(e.slot, g) == lo {
+				n++
+				if hasBit(s.ownSlots, e.slot) {
+					own++
+				}
 			}
 		}
 	}
-	return false
+	return n, own
+}
+
+// countIdle counts group g's idle candidates, and those of them in the router's share.
+func (s *State) countIdle(g int) (n, own int) {
+	b := s.grp[g].bits
+	h0 := s.walk.h0
+	for j, idle := range s.idleSlots {
+		switch {
+		case b != nil && j < len(b):
+			idle &= b[j]
+		case b != nil:
+			idle = 0
+		case j < len(h0):
+			idle &^= h0[j]
+		}
+		n += bits.OnesCount64(idle)
+		if j < len(s.ownSlots) {
+			own += bits.OnesCount64(idle & s.ownSlots[j])
+		}
+	}
+	return n, own
+}
+
+// drawEqualShare is State.draw over candidates that all cost the same, with shares: the
+// share's candidates weigh boost each (the others 0), summed and drawn in worker order.
+func (s *State) drawEqualShare(boost float64) *WorkerState {
+	n := andCount(s.eligPos, s.ownPos, false)
+	sum := 0.0
+	for range n {
+		sum += boost
+	}
+	u := s.rng.Float64() * sum
+	k := 0
+	for k < n-1 && !(u < boost) {
+		u -= boost
+		k++
+	}
+	return s.workers[nthBitAnd(s.eligPos, s.ownPos, k)]
+}
+
+// wordAt is word j of b, 0 past its end.
+func wordAt(b []uint64, j int) uint64 {
+	if j < len(b) {
+		return b[j]
+	}
+	return 0
 }
 
 // hasBit reports whether bit i of b is set.
@@ -567,13 +631,10 @@ func (s *State) mark(slot uint32) {
 // instead of one by one. The sum and the draw add and subtract every weight in worker
 // order, as draw does over every candidate: the draw's sum depends on each weight, in order.
 // idle is ord's idle prefix (idlePrefix) at an overlap weight of at least minIdleWeight.
-// With ownOnly only the router's share's candidates are weighed (State.draw).
-func (s *State) drawGrouped(lo, hi, amin float64, idle int, ownOnly bool) *WorkerState {
+// share weighs the cheapest candidates as State.draw does with shares.
+func (s *State) drawGrouped(lo, hi, amin float64, idle int, share shareDraw) *WorkerState {
 	wg := weigher{lo: lo, span: hi - lo, cut: 20 * s.cfg.Temperature, temp: s.cfg.Temperature,
-		lastC: math.NaN(), weights: s.wtPos, marks: s.pickBits, pos: s.slotPos}
-	if ownOnly {
-		wg.own = s.ownSlots
-	}
+		lastC: math.NaN(), weights: s.wtPos, marks: s.pickBits, pos: s.slotPos, share: share}
 	// Beyond bound a cost's weight is 0 whatever the rounding of its normalisation.
 	wg.bound = lo + wg.cut*wg.span*(1+1e-9) + lo*costMargin
 	for _, p := range s.sp {
@@ -602,11 +663,19 @@ func (s *State) drawGrouped(lo, hi, amin float64, idle int, ownOnly bool) *Worke
 	if classes {
 		h0 := s.walk.h0
 		var g1 []uint64
+		// A class of the cheapest, with shares: its members of the share alone (State.draw).
+		var own0, own1 []uint64
 		if s.group0 >= 0 {
 			w0 = wg.weight(s.grp[s.group0].wa)
+			if s.grp[s.group0].wa == lo {
+				own0 = share.own
+			}
 		}
 		if s.nbits == 1 {
 			g1, w1 = s.grp[0].bits, wg.weight(s.grp[0].wa)
+			if s.grp[0].wa == lo {
+				own1 = share.own
+			}
 		}
 		for j, idle := range s.idleSlots {
 			var m0, m1 uint64
@@ -619,12 +688,11 @@ func (s *State) drawGrouped(lo, hi, amin float64, idle int, ownOnly bool) *Worke
 			if w1 > 0 && j < len(g1) {
 				m1 = idle & g1[j]
 			}
-			if ownOnly {
-				var own uint64
-				if j < len(s.ownSlots) {
-					own = s.ownSlots[j]
-				}
-				m0, m1 = m0&own, m1&own
+			if own0 != nil {
+				m0 &= wordAt(own0, j)
+			}
+			if own1 != nil {
+				m1 &= wordAt(own1, j)
 			}
 			for ; m0 != 0; m0 &= m0 - 1 {
 				p := uint32(wg.pos[j*64+bits.TrailingZeros64(m0)])
@@ -684,22 +752,27 @@ type weigher struct {
 	lastC, lastW               float64 // equal costs, equal weights: one exponential
 	weights                    []float64
 	marks                      []uint64
-	pos                        []int32  // by slot
-	own                        []uint64 // by slot, when only the share's candidates count
+	pos                        []int32 // by slot
+	share                      shareDraw
 }
 
-// weight is the weight of cost c, 0 beyond the softmax's reach.
+// weight is the weight of cost c, 0 beyond the softmax's reach; with shares, a share's
+// cheapest candidate's.
 func (wg *weigher) weight(c float64) float64 {
 	if x := (c - wg.lo) / wg.span; x <= wg.cut {
-		return math.Exp(-x / wg.temp)
+		w := math.Exp(-x / wg.temp)
+		if wg.share.own != nil && c == wg.lo {
+			w *= wg.share.boost
+		}
+		return w
 	}
 	return 0
 }
 
 // weigh records the weight of the candidate at slot, whose cost is c, if it is not 0.
 func (wg *weigher) weigh(slot uint32, c float64) {
-	if wg.own != nil && !hasBit(wg.own, slot) {
-		return
+	if wg.share.own != nil && c == wg.lo && !hasBit(wg.share.own, slot) {
+		return // another share's cheapest: its router's
 	}
 	if c != wg.lastC {
 		if c > wg.bound {
@@ -709,7 +782,11 @@ func (wg *weigher) weigh(slot uint32, c float64) {
 		if x > wg.cut {
 			return
 		}
-		wg.lastC, wg.lastW = c, math.Exp(-x/wg.temp)
+		w := math.Exp(-x / wg.temp)
+		if wg.share.own != nil && c == wg.lo {
+			w *= wg.share.boost
+		}
+		wg.lastC, wg.lastW = c, w
 	}
 	p := uint32(wg.pos[slot])
 	wg.weights[p] = wg.lastW
@@ -728,18 +805,11 @@ func (s *State) idlePrefix() int {
 	return i
 }
 
-// hasIdle reports whether group g has an idle candidate (among the slots in only, when not
-// nil).
-func (s *State) hasIdle(g int, only []uint64) bool {
+// hasIdle reports whether group g has an idle candidate.
+func (s *State) hasIdle(g int) bool {
 	b := s.grp[g].bits
 	h0 := s.walk.h0
 	for j, idle := range s.idleSlots {
-		if only != nil {
-			if j >= len(only) {
-				return false
-			}
-			idle &= only[j]
-		}
 		switch {
 		case b != nil && j < len(b):
 			idle &= b[j]

@@ -485,24 +485,33 @@ func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerStat
 // draw is the softmax draw over the candidates' costs ws (lo and hi their least and
 // greatest), at the configured temperature; it overwrites ws with the weights.
 //
-// With shares (State.SetShare), when a worker of this router's share is among the cheapest,
-// the draw is over the share's workers alone: a worker of another share that costs no less
-// is that router's to take, and routers that draw at the same instant would otherwise meet
-// on it. When none of the share's is among the cheapest (another share's worker holds more
-// of the prompt, or the share's are all loaded), the draw is over every candidate.
+// With shares (State.SetShare), when a worker of this router's share is among the cheapest
+// (costs exactly lo), the cheapest workers of other shares are left to their routers (weight
+// 0): routers that draw at the same instant would otherwise meet on them. The cheapest
+// workers of the share take their weight instead (each n/own, n of them the cheapest and
+// own of those in the share), so that the draw is as likely as without shares to go to a
+// cheapest worker rather than to a dearer one: a router that gets all the traffic while the
+// others get none spreads it as widely as without shares. Dearer workers weigh as without
+// shares.
 func (s *State) draw(cands []*WorkerState, ws []float64, lo, hi float64) *WorkerState {
-	ownOnly := false
+	ownOnly, boost := false, 1.0
 	if s.shares > 1 {
+		n, own := 0, 0
 		for i, c := range ws {
-			if c == lo && cands[i].own {
-				ownOnly = true
-				break
+			if c == lo {
+				n++
+				if cands[i].own {
+					own++
+				}
 			}
+		}
+		if own > 0 {
+			ownOnly, boost = true, float64(n)/float64(own)
 		}
 	}
 	sum := 0.0
 	for i, c := range ws {
-		if ownOnly && !cands[i].own {
+		if ownOnly && c == lo && !cands[i].own {
 			ws[i] = 0
 			continue
 		}
@@ -517,6 +526,9 @@ func (s *State) draw(cands []*WorkerState, ws []float64, lo, hi float64) *Worker
 			continue
 		}
 		ws[i] = math.Exp(-x / s.cfg.Temperature)
+		if ownOnly && c == lo {
+			ws[i] *= boost
+		}
 		sum += ws[i]
 	}
 	r := s.rng.Float64() * sum
