@@ -586,6 +586,13 @@ func TestServerStop(t *testing.T) {
 	if _, err := c.CallBytes(testCtx(t), "test.Hang", nil); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("later call: %v", err)
 	}
+	// quic-go ends the connection's context on its own goroutine, after the streams have
+	// seen the close (1 run in 200 got here first): Err says so once Done is closed.
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the client's connection not done 5 s after the server stopped")
+	}
 	if err := c.Err(); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Err: %v", err)
 	}
