@@ -392,21 +392,10 @@ func (s *State) countAt(lo, amin float64, idle int) (n, own int) {
 
 // countIdle counts group g's idle candidates, and those of them in the router's share.
 func (s *State) countIdle(g int) (n, own int) {
-	b := s.grp[g].bits
-	h0 := s.walk.h0
 	for j, idle := range s.idleSlots {
-		switch {
-		case b != nil && j < len(b):
-			idle &= b[j]
-		case b != nil:
-			idle = 0
-		case j < len(h0):
-			idle &^= h0[j]
-		}
-		n += bits.OnesCount64(idle)
-		if j < len(s.ownSlots) {
-			own += bits.OnesCount64(idle & s.ownSlots[j])
-		}
+		m := s.idleIn(g, j, idle)
+		n += bits.OnesCount64(m)
+		own += bits.OnesCount64(m & wordAt(s.ownSlots, j))
 	}
 	return n, own
 }
@@ -807,22 +796,27 @@ func (s *State) idlePrefix() int {
 
 // hasIdle reports whether group g has an idle candidate.
 func (s *State) hasIdle(g int) bool {
-	b := s.grp[g].bits
-	h0 := s.walk.h0
 	for j, idle := range s.idleSlots {
-		switch {
-		case b != nil && j < len(b):
-			idle &= b[j]
-		case b != nil:
-			idle = 0
-		case j < len(h0):
-			idle &^= h0[j]
-		}
-		if idle != 0 {
+		if s.idleIn(g, j, idle) != 0 {
 			return true
 		}
 	}
 	return false
+}
+
+// idleIn is word j of group g's idle candidates, idle being word j of idleSlots: the
+// members of a bitmap group, or the workers that do not hold the first block.
+func (s *State) idleIn(g, j int, idle uint64) uint64 {
+	b, h0 := s.grp[g].bits, s.walk.h0
+	switch {
+	case b != nil && j < len(b):
+		return idle & b[j]
+	case b != nil:
+		return 0
+	case j < len(h0):
+		return idle &^ h0[j]
+	}
+	return idle
 }
 
 // minIdleWeight: below this overlap weight a load term can round to zero, so an idle
