@@ -823,7 +823,7 @@ func (s *State) idleIn(g, j int, idle uint64) uint64 {
 // worker is not told by its key alone (no idle classes).
 const minIdleWeight = 1e-200
 
-// nthBitAnd is nthBit of b AND c.
+// nthBitAnd is the position of the k-th (from 0) set bit of b AND c.
 func nthBitAnd(b, c []uint64, k int) int {
 	for j, w := range b {
 		if j < len(c) {
@@ -844,16 +844,4 @@ func nthBitAnd(b, c []uint64, k int) int {
 }
 
 // nthBit is the position of the k-th (from 0) set bit of b.
-func nthBit(b []uint64, k int) int {
-	for j, w := range b {
-		if n := bits.OnesCount64(w); k >= n {
-			k -= n
-			continue
-		}
-		for range k {
-			w &= w - 1
-		}
-		return j*64 + bits.TrailingZeros64(w)
-	}
-	return -1
-}
+func nthBit(b []uint64, k int) int { return nthBitAnd(b, b, k) }

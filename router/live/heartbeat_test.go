@@ -1,30 +1,16 @@
 package live
 
 import (
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
-	"tandem/orpc"
 	"tandem/router"
 )
 
 // A late heartbeat check credits its lateness to every worker: their reports could not be
 // taken while the router itself stalled. The credit never puts a report in the future.
 func TestCreditStall(t *testing.T) {
-	ca, err := orpc.NewCA("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := ca.NewIdentity("tandem-router", []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := New(Config{Identity: id, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newTestRouter(t, Config{})
 	now := time.Now()
 	old, recent := &liveWorker{id: 1}, &liveWorker{id: 2}
 	old.beat.Store(now.Add(-3 * time.Second).UnixNano())

@@ -13,24 +13,12 @@ import (
 
 	"tandem/httpserve"
 	"tandem/openai"
-	"tandem/orpc"
 )
 
 // startLiveHTTP serves a live router's API (no workers) on 127.0.0.1:0.
 func startLiveHTTP(t *testing.T) string {
 	t.Helper()
-	ca, err := orpc.NewCA("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := ca.NewIdentity("tandem-router", []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := New(Config{Identity: id, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newTestRouter(t, Config{})
 	srv, err := httpserve.New(httpserve.Config{Addr: "127.0.0.1:0", Handler: l.Handler(),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {

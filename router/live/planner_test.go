@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"tandem/orpc"
 	"tandem/planner"
 )
 
@@ -107,18 +106,7 @@ func TestPlannerCountsRefusedAndFailedScaling(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs syncBuffer
 			reg := prometheus.NewRegistry()
-			ca, err := orpc.NewCA("test")
-			if err != nil {
-				t.Fatal(err)
-			}
-			id, err := ca.NewIdentity("tandem-router", []string{"127.0.0.1"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			l, err := New(Config{Identity: id, Registry: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := newTestRouter(t, Config{Registry: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			conn := &stubbornConnector{err: tc.err}
 			ctx, cancel := context.WithCancel(t.Context())
 			done := make(chan error, 1)

@@ -1,13 +1,10 @@
 package live
 
 import (
-	"io"
-	"log/slog"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"tandem/orpc"
 	"tandem/router"
 )
 
@@ -15,18 +12,7 @@ import (
 // logs the registrations that disagree, gives the share to every model's State, and drops
 // it when the workers naming it leave.
 func TestSharePlaces(t *testing.T) {
-	ca, err := orpc.NewCA("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := ca.NewIdentity("tandem-router", []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := New(Config{Identity: id, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newTestRouter(t, Config{})
 	st, err := router.NewState(router.DefaultConfig(), nil)
 	if err != nil {
 		t.Fatal(err)
