@@ -51,6 +51,10 @@ type Request struct {
 	// NoSpeculation turns speculative decoding off for the request where the engine would
 	// otherwise draft for it; the tokens are the same either way.
 	NoSpeculation bool
+	// Collected says that the caller reads the answer only whole (an API response that is
+	// not streamed), so that a router may have its worker send the tokens many to a
+	// message. Only the router reads it; it does not travel to workers.
+	Collected bool
 }
 
 // AdapterInfo describes a LoRA adapter an engine serves.

@@ -309,6 +309,10 @@ func newJob(m *Model, f *samplingFields, chat bool, maxTokens *int64, maxParam s
 	}
 	j.req.Sampling = sp
 	j.req.IgnoreEOS = f.IgnoreEOS
+	// A stop string is matched here, on the text, and ends the worker's generation only
+	// when its token arrives: tokens sent many to a message would let a worker run up to a
+	// message's worth past it.
+	j.req.Collected = !f.Stream && len(j.stops) == 0
 	j.req.Priority = int(max(min(f.Priority, math.MaxInt32), math.MinInt32))
 	j.req.MaxTokens = j.maxTokens
 	j.req.Model = m.ID

@@ -62,6 +62,42 @@ func TestStreamIntervalSameEvents(t *testing.T) {
 	}
 }
 
+// An answer that is not streamed has its tokens sent many to a message (the router's
+// CollectedInterval, 64 by default) and is the very answer of one sent a token to a
+// message: text, token ids, logprobs, finish and usage, with n > 1 and seeded sampling
+// too; a request with stop strings keeps a token to a message (its stop is matched on
+// the router's side) and answers the same either way.
+func TestCollectedAnswersSame(t *testing.T) {
+	bodies := []string{
+		`{"model":"stories","prompt":"Once upon a time","max_tokens":120,"temperature":0,"logprobs":2,"ignore_eos":true}`,
+		`{"model":"stories","prompt":"Lily","max_tokens":90,"temperature":0.9,"seed":5,"return_token_ids":true}`,
+		`{"model":"stories","prompt":"The dog","max_tokens":70,"temperature":0.8,"seed":3,"n":2}`,
+		`{"model":"stories","prompt":"Tom","max_tokens":60,"temperature":0,"stop":[" the"]}`,
+	}
+	var answers [2][]string
+	for k, interval := range []int{1, 0} {
+		c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
+			HeartbeatTimeout: 2 * time.Second, CollectedInterval: interval})
+		c.addWorker("w1", c.router.Token.String(), 0)
+		c.waitWorkers(1)
+		for _, body := range bodies {
+			resp, b, _ := post(t, c.router.URL(), body)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d: %s", resp.StatusCode, b)
+			}
+			answers[k] = append(answers[k], volatileSSE.ReplaceAllString(b, "X"))
+		}
+	}
+	for i, body := range bodies {
+		if answers[1][i] != answers[0][i] {
+			t.Errorf("%s\n%d tokens to a message:\n%s\none token to a message:\n%s", body, live.DefaultCollectedInterval, answers[1][i], answers[0][i])
+		}
+		if !strings.Contains(answers[0][i], `"completion_tokens"`) {
+			t.Errorf("%s: no usage: %s", body, answers[0][i])
+		}
+	}
+}
+
 // A client that goes away in the middle of a stream sent several tokens to a message
 // frees its sequence on the worker at once.
 func TestStreamIntervalCancel(t *testing.T) {

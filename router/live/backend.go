@@ -149,7 +149,7 @@ func (s *liveStream) dispatch(ctx context.Context, req *llm.Request) error {
 		l.mu.Unlock()
 	}
 	hashes := s.blockHashes(salt, c.BlockSize, req.Prompt)
-	greq := &cluster.GenerateRequest{Request: *req, StreamInterval: l.cfg.StreamInterval}
+	greq := &cluster.GenerateRequest{Request: *req, StreamInterval: l.cfg.streamInterval(req)}
 	var lastErr error
 	var deadline time.Time
 	queued := false

@@ -71,11 +71,34 @@ type Config struct {
 	// (GenerateRequest.StreamInterval) and the API writes them so (openai.Options), the
 	// first token at once. 0 or 1: each as it comes.
 	StreamInterval int
+	// CollectedInterval is the stream interval asked of workers for an answer the client
+	// reads only whole (a response that is not streamed, without stop strings:
+	// llm.Request.Collected), where a message per token would cost the router a message,
+	// its wake-ups and system calls per token for nothing. 0: DefaultCollectedInterval; 1:
+	// one token per message.
+	CollectedInterval int
 	// Disagg configures disaggregated prefill and decode, for models with prefill workers.
 	Disagg  router.DisaggConfig
 	Logger  *slog.Logger
 	Options []orpc.Option // for the connections to workers
 }
+
+// streamInterval is the stream interval to ask of the worker for req: the configured one,
+// or for an answer nobody reads before its end (llm.Request.Collected) CollectedInterval,
+// which saves the router a message, a wake-up and its packets' system calls per token
+// (docs/routing.md, "The stream, per token"). The first token still comes alone (the
+// router's prefill prediction ends with it).
+func (c *Config) streamInterval(req *llm.Request) int {
+	if req.Collected {
+		return max(c.StreamInterval, c.CollectedInterval)
+	}
+	return c.StreamInterval
+}
+
+// DefaultCollectedInterval is Config.CollectedInterval's default: large enough that a
+// message per token no longer dominates the router's CPU, small enough that a worker lost
+// mid-answer leaves little to generate again (a migration replays what did not arrive).
+const DefaultCollectedInterval = 64
 
 // MaxStreamInterval bounds Config.StreamInterval: the most tokens a worker puts in one
 // message.
@@ -220,6 +243,10 @@ func New(cfg Config) (*Router, error) {
 	if cfg.MaxQueue <= 0 {
 		cfg.MaxQueue = 1024
 	}
+	if cfg.CollectedInterval <= 0 {
+		cfg.CollectedInterval = DefaultCollectedInterval
+	}
+	cfg.CollectedInterval = min(cfg.CollectedInterval, MaxStreamInterval)
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 3
 	}
