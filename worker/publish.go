@@ -18,9 +18,12 @@ import (
 // router that knows how opens Worker.Publish for each registration, and the session
 // sends its reports and batches on it, one message each, in order (a report can no longer
 // overtake its events). The answer of a call was also how a worker learned that its router
-// was alive; a stream gives none. So every probeEvery a report also goes as a
-// Router.Heartbeat call, whose answer (or its timeout, lossTimeout) says so as before; the
-// router takes it for a sign of life only, while the stream is live.
+// was alive; a stream gives none. A router that beats (cluster.RegisterReply.BeatMs)
+// repeats its reply on the registration stream instead, one message where a call opened
+// and closed a stream of its own; under a router that does not, every probeEvery a report
+// also goes as a Router.Heartbeat call, whose answer (or its timeout, lossTimeout) says
+// so as before, and which the router takes for a sign of life only while the stream is
+// live.
 
 // publisher is a router's Worker.Publish call, which the session of its registration
 // sends on.

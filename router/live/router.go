@@ -644,23 +644,45 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 		closeReason = fmt.Sprintf("worker %s left: %s", card.Node, w.reason)
 		log.Warn("worker left", "id", id, "reason", w.reason)
 	}()
-	if err := send(&cluster.RegisterReply{WorkerID: uint64(id), HeartbeatMs: int(l.cfg.Heartbeat / time.Millisecond), Router: l.cfg.Name,
-		DispatchKey: w.key, HeartbeatTimeoutMs: int(l.cfg.HeartbeatTimeout / time.Millisecond)}); err != nil {
+	beat := l.beatEvery()
+	reply := &cluster.RegisterReply{WorkerID: uint64(id), HeartbeatMs: int(l.cfg.Heartbeat / time.Millisecond), Router: l.cfg.Name,
+		DispatchKey: w.key, HeartbeatTimeoutMs: int(l.cfg.HeartbeatTimeout / time.Millisecond), BeatMs: int(beat / time.Millisecond)}
+	if err := send(reply); err != nil {
 		w.remove("registration reply failed: " + err.Error())
 		return err
 	}
 	l.met.KVResyncs.WithLabelValues(w.node, "join").Inc()
 	go l.resync(w) // a new member starts from a snapshot
 	go l.subscribe(ctx, w)
-	select {
-	case <-ctx.Done():
-		w.remove("registration ended: " + context.Cause(ctx).Error())
-	case <-client.Done():
-		w.remove("connection to the worker lost: " + client.Err().Error())
-	case <-w.kick:
+	// The reply again every beat tells the worker that this router is alive (see
+	// beatEvery): one message on a stream already open, where a Router.Heartbeat call
+	// opened and closed a stream of its own.
+	t := time.NewTicker(beat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			w.remove("registration ended: " + context.Cause(ctx).Error())
+			return nil
+		case <-client.Done():
+			w.remove("connection to the worker lost: " + client.Err().Error())
+			return nil
+		case <-w.kick:
+			return nil
+		case <-t.C:
+			if err := send(reply); err != nil {
+				w.remove("registration stream failed: " + err.Error())
+				return err
+			}
+		}
 	}
-	return nil
 }
+
+// beatEvery is how often the router repeats a worker's RegisterReply on its Register
+// stream, the sign of life the worker watches for (cluster.RegisterReply.BeatMs): every
+// heartbeat timeout, as often as a worker used to probe with Router.Heartbeat calls. The
+// worker takes a silence of three heartbeat timeouts and one beat for the router's loss.
+func (l *Router) beatEvery() time.Duration { return l.cfg.HeartbeatTimeout }
 
 // sharedIdentityWindow is how long a registration remembers the live registration of the
 // same identity it replaced, to tell two processes sharing one identity from a restart.
