@@ -116,6 +116,11 @@ type Peer struct {
 	conn *quic.Conn
 }
 
+// Done is closed when the connection to the peer ends, whatever ended it (a close by
+// either side, QUIC's idle timeout). A handler's context ends then too, and also for
+// reasons of its own call (the caller's cancel, its deadline).
+func (p *Peer) Done() <-chan struct{} { return p.conn.Context().Done() }
+
 type peerKey struct{}
 type incomingMDKey struct{}
 type outgoingMDKey struct{}

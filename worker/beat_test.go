@@ -224,3 +224,36 @@ func TestIdleFleetStaysRegistered(t *testing.T) {
 		}
 	}
 }
+
+// A router cut off without a word (SIGKILL, its host lost) is noticed by its worker at
+// QUIC's idle timeout on the router's own connection to the worker, which carries the
+// worker's reports and so times out first: the router drops a registration whose
+// connection to the worker ends, so the worker ends it too and does not wait for its
+// registration's connection, quiet between beats, to time out later, nor for the beats'
+// silence (three heartbeat timeouts, a minute here).
+func TestWorkerLeavesRouterWhoseConnectionTimesOut(t *testing.T) {
+	c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 100 * time.Millisecond, HeartbeatTimeout: 20 * time.Second})
+	n := c.addWorkerOpts("w1", c.router.Token.String(), workerOpts{relays: true})
+	c.waitWorkers(1)
+	url := c.router.URL()
+	waitFor(t, "reports on the stream", func() bool {
+		return scrape(t, url, "tandem_router:worker_messages_total", `kind="report"`, `via="stream"`) >= 1
+	})
+	n.vanish()
+	cut := time.Now()
+	for len(n.w.Connected()) > 0 {
+		if time.Since(cut) > 2*orpc.DefaultIdleTimeout {
+			t.Fatalf("the worker still holds its registration %v after its router was cut off", time.Since(cut).Round(time.Millisecond))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	took := time.Since(cut)
+	t.Logf("the worker let go of its router %v after it was cut off", took.Round(time.Millisecond))
+	// The idle timeout, counted from the first report the router did not acknowledge.
+	if took < orpc.DefaultIdleTimeout-500*time.Millisecond || took > orpc.DefaultIdleTimeout+time.Second {
+		t.Errorf("the worker let go of its router %v after it was cut off, want QUIC's idle timeout (%v) and a report interval", took, orpc.DefaultIdleTimeout)
+	}
+	if logs := n.logs.String(); !strings.Contains(logs, "the router's connection to this worker ended") {
+		t.Errorf("want the loss put down to the router's connection to the worker:\n%s", logs)
+	}
+}

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -51,6 +52,24 @@ func (w *Worker) publish(ctx context.Context, req *cluster.PublishRequest, send 
 	defer reg.pub.CompareAndSwap(p, nil)
 	select {
 	case <-ctx.Done():
+		peer, ok := orpc.PeerFromContext(ctx)
+		if !ok {
+			break
+		}
+		select {
+		case <-peer.Done():
+			// The router's connection to us is gone. The router drops the registration
+			// when that happens, and it happens by itself only when the router stops
+			// acknowledging: a router killed with SIGKILL is noticed here at QUIC's idle
+			// timeout after the first report it did not acknowledge, which comes sooner
+			// than silence on the registration's own connection (quiet but for its beats
+			// and keepalives) would tell.
+			select {
+			case reg.dropped <- fmt.Errorf("the router's connection to this worker ended: %w", context.Cause(ctx)):
+			default:
+			}
+		default:
+		}
 	case <-p.done:
 	}
 	return nil

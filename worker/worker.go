@@ -550,6 +550,11 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		if publishOn(me, &cluster.Publication{Kind: cluster.PublishReport, Report: r}) && !probe {
 			return nil
 		}
+		select {
+		case err := <-me.dropped:
+			return err // the router's connection to us ended under the stream: no call to wait on
+		default:
+		}
 		if err := w.heartbeat(sctx, c, &r, lossTimeout); err != nil {
 			return err
 		}
@@ -571,6 +576,8 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		case <-ctx.Done():
 			return true, ctx.Err()
 		case err := <-regDone:
+			return true, err
+		case err := <-me.dropped:
 			return true, err
 		case <-c.Done():
 			return true, c.Err()
