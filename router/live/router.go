@@ -682,6 +682,9 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 // stream, the sign of life the worker watches for (cluster.RegisterReply.BeatMs): every
 // heartbeat timeout, as often as a worker used to probe with Router.Heartbeat calls. The
 // worker takes a silence of three heartbeat timeouts and one beat for the router's loss.
+// Between beats the connection carries nothing else while the worker is idle (its reports
+// go on the router's own connection to it): with beats more often than QUIC's keepalive
+// (orpc.DefaultKeepAlive, 2.5 s), it sends none.
 func (l *Router) beatEvery() time.Duration { return l.cfg.HeartbeatTimeout }
 
 // sharedIdentityWindow is how long a registration remembers the live registration of the
