@@ -488,9 +488,10 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		interval = 250 * time.Millisecond
 	}
 	// A router silent for three times as long as it waits for our heartbeats is lost (a
-	// router killed with SIGKILL says nothing, and QUIC would notice only at its idle
-	// timeout): no beat on the registration stream for that long and one beat more (see
-	// below), or a heartbeat or event batch call unanswered for that long. Three times, not
+	// router killed with SIGKILL says nothing): no beat on the registration stream for that
+	// long and one beat more (see below), or a heartbeat or event batch call unanswered for
+	// that long. (At the default timeouts QUIC's idle timeout on the router's connection to
+	// us, which carries our reports, comes first: me.dropped, publish.go.) Three times, not
 	// once: the router fails a lost worker's requests over to another, while a worker that
 	// gives up on its router cancels them, so a router that is only slow for a moment (its
 	// CPU taken by a burst of long prompts' JSON, a pause) must not make the fleet drop its

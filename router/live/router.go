@@ -104,6 +104,9 @@ type Router struct {
 	// changed is closed (and replaced) when load may have dropped: waiting requests look
 	// again. Lock-free, so that heartbeats need not take mu.
 	changed atomic.Pointer[chan struct{}]
+	// beats is closed (and replaced) at every beat (Run): each registration's handler
+	// then sends its worker the reply again (beatEvery).
+	beats atomic.Pointer[chan struct{}]
 	// byID is the registry for the heartbeat and event handlers, which do not take mu.
 	byID sync.Map // router.WorkerID → *liveWorker
 	// Workers with policy updates (a load report, a stale flag) for the next decision.
@@ -241,6 +244,8 @@ func New(cfg Config) (*Router, error) {
 	}
 	ch := make(chan struct{})
 	l.changed.Store(&ch)
+	beats := make(chan struct{})
+	l.beats.Store(&beats)
 	reg := cfg.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -275,6 +280,8 @@ func (l *Router) Register(srv *orpc.Server) {
 func (l *Router) Run(ctx context.Context) {
 	t := time.NewTicker(l.cfg.Heartbeat)
 	defer t.Stop()
+	bt := time.NewTicker(l.beatEvery())
+	defer bt.Stop()
 	suspect := l.suspectAfter()
 	prev := time.Now()
 	holding := false
@@ -282,6 +289,10 @@ func (l *Router) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-bt.C:
+			beats := make(chan struct{})
+			close(*l.beats.Swap(&beats))
+			continue
 		case <-t.C:
 		}
 		now := time.Now() // not the tick's time: a starved goroutine receives it late
@@ -657,9 +668,8 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	// The reply again every beat tells the worker that this router is alive (see
 	// beatEvery): one message on a stream already open, where a Router.Heartbeat call
 	// opened and closed a stream of its own.
-	t := time.NewTicker(beat)
-	defer t.Stop()
 	for {
+		beatNow := *l.beats.Load()
 		select {
 		case <-ctx.Done():
 			w.remove("registration ended: " + context.Cause(ctx).Error())
@@ -669,7 +679,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 			return nil
 		case <-w.kick:
 			return nil
-		case <-t.C:
+		case <-beatNow:
 			if err := send(reply); err != nil {
 				w.remove("registration stream failed: " + err.Error())
 				return err
@@ -682,6 +692,9 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 // stream, the sign of life the worker watches for (cluster.RegisterReply.BeatMs): every
 // heartbeat timeout, as often as a worker used to probe with Router.Heartbeat calls. The
 // worker takes a silence of three heartbeat timeouts and one beat for the router's loss.
+// Run beats for every worker at once: one wake-up of the router's process, where a timer
+// each woke it once a worker (on an idle router the Go runtime's cost of waking up,
+// threads and its monitor, is more than that of the sends).
 // Between beats the connection carries nothing else while the worker is idle (its reports
 // go on the router's own connection to it): with beats more often than QUIC's keepalive
 // (orpc.DefaultKeepAlive, 2.5 s), it sends none.
