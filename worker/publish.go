@@ -30,7 +30,8 @@ import (
 // sends on.
 type publisher struct {
 	send func(*cluster.Publication) error
-	done chan struct{} // closed by end: the call returns
+	done chan struct{}   // closed by end: the call returns
+	gone <-chan struct{} // closed when the router's connection to us ends (nil: unknown)
 	once sync.Once
 }
 
@@ -45,6 +46,9 @@ const publishWait = 5 * time.Second
 // which sends on it until the session ends, the call is canceled, or a send fails.
 func (w *Worker) publish(ctx context.Context, req *cluster.PublishRequest, send func(*cluster.Publication) error) error {
 	p := &publisher{send: send, done: make(chan struct{})}
+	if peer, ok := orpc.PeerFromContext(ctx); ok {
+		p.gone = peer.Done()
+	}
 	reg, err := w.regs.attach(ctx, req.DispatchKey, p)
 	if err != nil {
 		return err
@@ -52,27 +56,28 @@ func (w *Worker) publish(ctx context.Context, req *cluster.PublishRequest, send 
 	defer reg.pub.CompareAndSwap(p, nil)
 	select {
 	case <-ctx.Done():
-		peer, ok := orpc.PeerFromContext(ctx)
-		if !ok {
-			break
-		}
-		select {
-		case <-peer.Done():
-			// The router's connection to us is gone. The router drops the registration
-			// when that happens, and it happens by itself only when the router stops
-			// acknowledging: a router killed with SIGKILL is noticed here at QUIC's idle
-			// timeout after the first report it did not acknowledge, which comes sooner
-			// than silence on the registration's own connection (quiet but for its beats
-			// and keepalives) would tell.
-			select {
-			case reg.dropped <- fmt.Errorf("the router's connection to this worker ended: %w", context.Cause(ctx)):
-			default:
-			}
-		default:
-		}
 	case <-p.done:
 	}
+	reg.dropIfGone(p, context.Cause(ctx))
 	return nil
+}
+
+// dropIfGone tells reg's session (reg.dropped) that the router's connection to this
+// worker, which p came on, has ended, if it has; cause is what ended p. The router drops
+// the registration when that connection ends, and it ends by itself only when the router
+// stops acknowledging: a router killed with SIGKILL is noticed so at QUIC's idle timeout
+// after the first report it did not acknowledge, sooner than the registration's own
+// connection, quiet but for beats and keepalives, would time out.
+func (reg *registration) dropIfGone(p *publisher, cause error) {
+	select {
+	case <-p.gone:
+	default:
+		return // open, or unknown (a nil channel)
+	}
+	select {
+	case reg.dropped <- fmt.Errorf("the router's connection to this worker ended: %w", cause):
+	default: // told already
+	}
 }
 
 // attach makes p the publisher of the registration with key, waiting up to publishWait
@@ -130,6 +135,7 @@ func publishOn(reg *registration, m *cluster.Publication) bool {
 	if err := p.send(m); err != nil {
 		reg.pub.CompareAndSwap(p, nil)
 		p.end()
+		reg.dropIfGone(p, err) // before the caller's call: it looks first
 		return false
 	}
 	return true
