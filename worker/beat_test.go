@@ -250,7 +250,7 @@ func TestWorkerLeavesRouterWhoseConnectionTimesOut(t *testing.T) {
 	took := time.Since(cut)
 	t.Logf("the worker let go of its router %v after it was cut off", took.Round(time.Millisecond))
 	// The idle timeout, counted from the first report the router did not acknowledge.
-	if took < orpc.DefaultIdleTimeout-500*time.Millisecond || took > orpc.DefaultIdleTimeout+time.Second {
+	if took < orpc.DefaultIdleTimeout-500*time.Millisecond || took > orpc.DefaultIdleTimeout+2*time.Second {
 		t.Errorf("the worker let go of its router %v after it was cut off, want QUIC's idle timeout (%v) and a report interval", took, orpc.DefaultIdleTimeout)
 	}
 	if logs := n.logs.String(); !strings.Contains(logs, "the router's connection to this worker ended") {
