@@ -4,22 +4,30 @@
 #
 #   bench/router-cpu.sh BIN mooncake  # 16 sim replicas, 100 Mooncake requests at 4x
 #   bench/router-cpu.sh BIN small     # 16 sim replicas, 1000 requests of 64 in / 16 out at 50/s
-#   bench/router-cpu.sh BIN idle      # 16 idle sim replicas for 20 s
+#   bench/router-cpu.sh BIN idle      # 16 idle sim replicas for 20 s (REPLICAS=100: a hundred;
+#                                     # IDLE_SECONDS=60: a minute)
 #   bench/router-cpu.sh BIN ttft      # one sim replica, one request at a time, through the
 #                                     # router and direct, alternated: router-added TTFT
 #
 # BIN is a directory holding tandem and tandem-router (go build -o BIN ./cmd/tandem
-# ./cmd/tandem-router); ROUTER_ARGS adds router flags (ROUTER_ARGS="--stream-interval 16");
+# ./cmd/tandem-router); REPLICAS sets the number of sim replicas (default 16; ttft uses one);
+# ROUTER_ARGS adds router flags (ROUTER_ARGS="--stream-interval 16");
 # TRACE is the Mooncake conversation trace (default /work/shared/workloads/mooncake/...).
 # Prints the router process's CPU seconds (from /proc/PID/stat, user and system) over the
-# requests routed, and the UDP datagrams the host sent meanwhile (both ends of every QUIC
-# connection: tokens, KV events, reports and their ACKs). Linux only.
+# requests routed, and the UDP datagrams the host (or with NETNS=1 the run's own network
+# namespace) sent meanwhile (both ends of every QUIC connection: tokens, KV events,
+# reports and their ACKs). Linux only.
 set -euo pipefail
+# NETNS=1 runs it in a network namespace of its own (unshare -n; root), so that the
+# datagrams counted are this run's alone, not those of whatever else the host runs.
+if [ "${NETNS:-}" = 1 ] && [ -z "${IN_NETNS:-}" ]; then
+	exec unshare -n env IN_NETNS=1 bash -c 'ip link set lo up && exec "$0" "$@"' "$0" "$@"
+fi
 BIN=$(cd "$1" && pwd)
 MODE=$2
 TRACE=${TRACE:-/work/shared/workloads/mooncake/conversation_trace.jsonl}
 D=$(mktemp -d)
-REPLICAS=16
+REPLICAS=${REPLICAS:-16}
 [ "$MODE" = ttft ] && REPLICAS=1
 
 # shellcheck source=bench/live.sh
@@ -31,18 +39,19 @@ bench() { "$BIN/tandem" bench --base-url "$1" "${@:2}"; }
 
 case $MODE in
 mooncake | small | idle)
-	c0=$(router_cpu) u0=$(udp)
+	c0=$(router_cpu) u0=$(udp) t0=$(date +%s.%N)
 	case $MODE in
 	mooncake) bench http://127.0.0.1:$HP --workload mooncake --dataset-path "$TRACE" --num-prompts 100 --trace-speedup 4 >"$D/bench.log" 2>&1 ;;
 	small) bench http://127.0.0.1:$HP --workload random --random-input-len 64 --random-output-len 16 --num-prompts 1000 --request-rate 50 >"$D/bench.log" 2>&1 ;;
-	idle) sleep 20 ;;
+	idle) sleep "${IDLE_SECONDS:-20}" ;;
 	esac
-	c1=$(router_cpu) u1=$(udp)
+	c1=$(router_cpu) u1=$(udp) t1=$(date +%s.%N)
 	n=$(awk -F: '/^Successful requests/ { gsub(/ /, "", $2); print $2 }' "$D/bench.log" 2>/dev/null || true)
-	awk -v c=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v n="${n:-0}" -v u=$((u1 - u0)) -v mode="$MODE" 'BEGIN {
+	awk -v c=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v n="${n:-0}" -v u=$((u1 - u0)) -v mode="$MODE" -v t0="$t0" -v t1="$t1" 'BEGIN {
+		secs = t1 - t0
 		s = c / hz
 		if (n > 0) printf "%s: router CPU %.2f s over %d requests: %.2f ms per request; %d UDP datagrams sent\n", mode, s, n, 1000 * s / n, u
-		else printf "%s: router CPU %.2f s; %d UDP datagrams sent\n", mode, s, u
+		else printf "%s: router CPU %.2f s (%.1f ms a second); %d UDP datagrams sent (%.0f a second)\n", mode, s, 1000 * s / secs, u, u / secs
 	}'
 	;;
 ttft)

@@ -23,9 +23,11 @@ const Version = 1
 // Methods. Router.* are served by tandem-router and called by workers; Worker.* are served by
 // workers and called by routers.
 const (
-	// MethodRegister (server-streaming): ModelCard → RegisterReply, then nothing until the
-	// registration ends. The worker is a member for as long as this call lasts: the router
-	// removes it (and its index entries) when the call ends, whichever side ends it.
+	// MethodRegister (server-streaming): ModelCard → RegisterReply, then the same reply
+	// every RegisterReply.BeatMs (a sign of life; nothing from routers that do not set it)
+	// until the registration ends. The worker is a member for as long as this call lasts:
+	// the router removes it (and its index entries) when the call ends, whichever side
+	// ends it.
 	MethodRegister = "Router.Register"
 	// MethodHeartbeat (unary): LoadReport → Ack, every RegisterReply.HeartbeatMs.
 	MethodHeartbeat = "Router.Heartbeat"
@@ -246,7 +248,8 @@ func (c *ModelCard) UnmarshalORPC(d *orpc.Decoder) error {
 	return d.Err()
 }
 
-// RegisterReply is the router's first (and only) message on a Register call.
+// RegisterReply is the router's first message on a Register call. A router that sets
+// BeatMs sends it again every BeatMs for as long as the registration lasts, a sign of life.
 type RegisterReply struct {
 	WorkerID    uint64 // the worker's id in this router, sent back in heartbeats and events
 	HeartbeatMs int    // heartbeat interval the router expects
@@ -259,6 +262,13 @@ type RegisterReply struct {
 	// the worker dead (0: not said). The worker takes a heartbeat unanswered for as long
 	// for the router's loss, and cancels the requests that router sent it.
 	HeartbeatTimeoutMs int
+	// BeatMs is how often the router repeats this reply on the Register stream (0: it does
+	// not). The repeats tell the worker that its router is alive, as the answers to its
+	// Router.Heartbeat calls did: a worker that gets them makes none of those calls while
+	// its reports go on Worker.Publish, and takes a silence of three heartbeat timeouts
+	// and one beat for the router's loss. Workers that predate it read the repeats and
+	// ignore them.
+	BeatMs int
 }
 
 // MarshalORPC implements orpc.Marshaler.
@@ -268,6 +278,7 @@ func (r *RegisterReply) MarshalORPC(e *orpc.Encoder) {
 	e.String(r.Router)
 	e.Uint64(r.DispatchKey)
 	e.Uvarint(uint64(r.HeartbeatTimeoutMs))
+	e.Uvarint(uint64(r.BeatMs))
 }
 
 // UnmarshalORPC implements orpc.Unmarshaler.
@@ -280,6 +291,9 @@ func (r *RegisterReply) UnmarshalORPC(d *orpc.Decoder) error {
 	}
 	if d.Len() > 0 {
 		r.HeartbeatTimeoutMs = int(d.Uvarint())
+	}
+	if d.Len() > 0 {
+		r.BeatMs = int(d.Uvarint())
 	}
 	return d.Err()
 }

@@ -36,7 +36,7 @@ func TestRoundTrip(t *testing.T) {
 		BlockSize: 16, Salt: 0x7d38246f2d3ef01c, KVBlocks: 512, ContextLen: 4096, TokenizerFormat: TokenizerHF,
 		TokenizerFiles: []File{{Name: "tokenizer.json", Data: []byte("{}")}}, ChatTemplate: "{{x}}",
 		GrammarFormat: GrammarGBNF, ToolCallParser: "hermes", ReasoningParser: "none", RequestLevel: RequestTokens, Pooling: "mean"})
-	roundTrip(t, &RegisterReply{WorkerID: 3, HeartbeatMs: 250, Router: "r", DispatchKey: 0x1234567890abcdef, HeartbeatTimeoutMs: 1000})
+	roundTrip(t, &RegisterReply{WorkerID: 3, HeartbeatMs: 250, Router: "r", DispatchKey: 0x1234567890abcdef, HeartbeatTimeoutMs: 1000, BeatMs: 2000})
 	roundTrip(t, &LoadReport{WorkerID: 1, Load: llm.Load{Running: 2, Waiting: 3, PrefillTokens: 4, DecodeBlocks: 5, KVUsage: 0.5,
 		KVBlocks: 6, LastEventID: 7, Healthy: true, StepMicros: 8, StepTokens: 9, Received: 10, Tracked: true,
 		Queued: 11, QueuedTokens: 12, CachedBlocks: 13, StepsOverTarget: 20, Onboarding: 14, TierLoadMicros: [4]int{0, 15, 16, 17},
@@ -289,5 +289,21 @@ func TestStreamIntervalWire(t *testing.T) {
 	var old GenerateRequest
 	if err := orpc.Unmarshal(plain, &old); err != nil || old.StreamInterval != 0 || old.Adapter != "a" {
 		t.Errorf("request without the interval: %+v, %v", old, err)
+	}
+}
+
+// The beat period is a trailing field: a reply from a router that predates it decodes with
+// none (the worker then probes with Router.Heartbeat calls), and an older worker's decoder,
+// which stops at the heartbeat timeout, reads a reply of this version as before.
+func TestRegisterReplyBeatWire(t *testing.T) {
+	r := &RegisterReply{WorkerID: 3, HeartbeatMs: 250, Router: "r", DispatchKey: 9, HeartbeatTimeoutMs: 2000, BeatMs: 2000}
+	b := orpc.Marshal(r)
+	var old RegisterReply
+	if err := orpc.Unmarshal(b[:len(b)-2], &old); err != nil || old.BeatMs != 0 || old.HeartbeatTimeoutMs != 2000 {
+		t.Errorf("reply without the beat: %+v, %v", old, err)
+	}
+	d := orpc.NewDecoder(b)
+	if d.Uvarint() != 3 || d.Uvarint() != 250 || d.String() != "r" || d.Uint64() != 9 || d.Uvarint() != 2000 || d.Err() != nil {
+		t.Errorf("the fields before the beat moved: %x", b)
 	}
 }

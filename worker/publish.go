@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -18,15 +19,19 @@ import (
 // router that knows how opens Worker.Publish for each registration, and the session
 // sends its reports and batches on it, one message each, in order (a report can no longer
 // overtake its events). The answer of a call was also how a worker learned that its router
-// was alive; a stream gives none. So every probeEvery a report also goes as a
-// Router.Heartbeat call, whose answer (or its timeout, lossTimeout) says so as before; the
-// router takes it for a sign of life only, while the stream is live.
+// was alive; a stream gives none. A router that beats (cluster.RegisterReply.BeatMs)
+// repeats its reply on the registration stream instead, one message where a call opened
+// and closed a stream of its own; under a router that does not, every probeEvery a report
+// also goes as a Router.Heartbeat call, whose answer (or its timeout, lossTimeout) says
+// so as before, and which the router takes for a sign of life only while the stream is
+// live.
 
 // publisher is a router's Worker.Publish call, which the session of its registration
 // sends on.
 type publisher struct {
 	send func(*cluster.Publication) error
-	done chan struct{} // closed by end: the call returns
+	done chan struct{}   // closed by end: the call returns
+	gone <-chan struct{} // closed when the router's connection to us ends (nil: unknown)
 	once sync.Once
 }
 
@@ -41,6 +46,9 @@ const publishWait = 5 * time.Second
 // which sends on it until the session ends, the call is canceled, or a send fails.
 func (w *Worker) publish(ctx context.Context, req *cluster.PublishRequest, send func(*cluster.Publication) error) error {
 	p := &publisher{send: send, done: make(chan struct{})}
+	if peer, ok := orpc.PeerFromContext(ctx); ok {
+		p.gone = peer.Done()
+	}
 	reg, err := w.regs.attach(ctx, req.DispatchKey, p)
 	if err != nil {
 		return err
@@ -50,7 +58,26 @@ func (w *Worker) publish(ctx context.Context, req *cluster.PublishRequest, send 
 	case <-ctx.Done():
 	case <-p.done:
 	}
+	reg.dropIfGone(p, context.Cause(ctx))
 	return nil
+}
+
+// dropIfGone tells reg's session (reg.dropped) that the router's connection to this
+// worker, which p came on, has ended, if it has; cause is what ended p. The router drops
+// the registration when that connection ends, and it ends by itself only when the router
+// stops acknowledging: a router killed with SIGKILL is noticed so at QUIC's idle timeout
+// after the first report it did not acknowledge, sooner than the registration's own
+// connection, quiet but for beats and keepalives, would time out.
+func (reg *registration) dropIfGone(p *publisher, cause error) {
+	select {
+	case <-p.gone:
+	default:
+		return // open, or unknown (a nil channel)
+	}
+	select {
+	case reg.dropped <- fmt.Errorf("the router's connection to this worker ended: %w", cause):
+	default: // told already
+	}
 }
 
 // attach makes p the publisher of the registration with key, waiting up to publishWait
@@ -108,6 +135,7 @@ func publishOn(reg *registration, m *cluster.Publication) bool {
 	if err := p.send(m); err != nil {
 		reg.pub.CompareAndSwap(p, nil)
 		p.end()
+		reg.dropIfGone(p, err) // before the caller's call: it looks first
 		return false
 	}
 	return true

@@ -22,8 +22,9 @@ import (
 )
 
 // A router and a worker of this version send the worker's load reports and KV event
-// batches over its Worker.Publish stream, with one Router.Heartbeat call every heartbeat
-// timeout or so to tell that the router is alive; KV-aware routing works on them.
+// batches over its Worker.Publish stream (the router's beats on the registration stream
+// tell the worker that it is alive: TestProbeCallsOnlyWithoutBeats); KV-aware routing
+// works on them.
 func TestReportsOverStream(t *testing.T) {
 	c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond, HeartbeatTimeout: time.Second})
 	c.addWorker("w1", c.router.Token.String(), 0)
@@ -36,8 +37,8 @@ func TestReportsOverStream(t *testing.T) {
 	})
 	byStream := scrape(t, base, "tandem_router:worker_messages_total", `kind="report"`, `via="stream"`)
 	byCall := scrape(t, base, "tandem_router:worker_messages_total", `kind="report"`, `via="call"`)
-	if byStream < 4 || byCall < 1 || byCall > byStream {
-		t.Errorf("reports: %v on the stream, %v by calls: want most on the stream and a probe call now and then", byStream, byCall)
+	if byStream < 4 || byCall > byStream/2 {
+		t.Errorf("reports: %v on the stream, %v by calls: want them on the stream (calls only before it opened)", byStream, byCall)
 	}
 	if calls := scrape(t, base, "tandem_router:worker_messages_total", `kind="events"`, `via="call"`); calls > 0 {
 		t.Errorf("%v event batches came by calls", calls)

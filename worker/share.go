@@ -41,6 +41,13 @@ type registration struct {
 	// add. add adopts it; if none does, its last request's end removes it. Guarded by
 	// registrations.mu.
 	early bool
+	// dropped gets why the router's connection to this worker ended under its
+	// Worker.Publish call (publish.go): the session ends on it. Capacity 1.
+	dropped chan error
+}
+
+func newRegistration(early bool) *registration {
+	return &registration{nudge: make(chan struct{}, 1), dropped: make(chan error, 1), early: early}
 }
 
 type boundRequest struct {
@@ -51,7 +58,7 @@ type boundRequest struct {
 // add starts tracking the calls with key (0: the router does not track dispatches; the
 // registration is still nudged).
 func (r *registrations) add(key uint64) *registration {
-	reg := &registration{nudge: make(chan struct{}, 1)}
+	reg := newRegistration(false)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.regs == nil {
@@ -121,7 +128,7 @@ func (r *registrations) bind(ctx context.Context, key uint64) (_ context.Context
 		if r.regs == nil {
 			r.regs = map[uint64]*registration{}
 		}
-		reg = &registration{nudge: make(chan struct{}, 1), early: true}
+		reg = newRegistration(true)
 		r.regs[key] = reg
 	}
 	bctx, cancel := context.WithCancelCause(ctx)

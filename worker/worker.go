@@ -481,6 +481,8 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		w.mu.Unlock()
 	}()
 	regDone := make(chan error, 1)
+	var heard atomic.Int64 // unix nanoseconds of the router's last message on the registration
+	heard.Store(time.Now().UnixNano())
 	go func() {
 		var m cluster.RegisterReply
 		for {
@@ -491,6 +493,7 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 				regDone <- err
 				return
 			}
+			heard.Store(time.Now().UnixNano()) // a beat (RegisterReply.BeatMs)
 		}
 	}()
 
@@ -498,18 +501,25 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	if interval <= 0 {
 		interval = 250 * time.Millisecond
 	}
-	// A heartbeat (or event batch) unanswered for three times as long as the router waits
-	// for our heartbeats means the router is lost (a router killed with SIGKILL says
-	// nothing, and QUIC would notice only at its idle timeout). Three times, not once: the
-	// router fails a lost worker's requests over to another, while a worker that gives up
-	// on its router cancels them, so a router that is only slow for a moment (its CPU taken
-	// by a burst of long prompts' JSON, a pause) must not make the fleet drop its work: in a
-	// 100-replica Mooncake run on a loaded machine, with the router's own 1 s, 99 replicas
-	// gave up their registrations at once.
+	// A router silent for three times as long as it waits for our heartbeats is lost (a
+	// router killed with SIGKILL says nothing): no beat on the registration stream for that
+	// long and one beat more (see below), or a heartbeat or event batch call unanswered for
+	// that long. (At the default timeouts QUIC's idle timeout on the router's connection to
+	// us, which carries our reports, comes first: me.dropped, publish.go.) Three times, not
+	// once: the router fails a lost worker's requests over to another, while a worker that
+	// gives up on its router cancels them, so a router that is only slow for a moment (its
+	// CPU taken by a burst of long prompts' JSON, a pause) must not make the fleet drop its
+	// work: in a 100-replica Mooncake run on a loaded machine, with the router's own 1 s,
+	// 99 replicas gave up their registrations at once.
 	lossTimeout := 3 * time.Duration(reply.HeartbeatTimeoutMs) * time.Millisecond
 	if lossTimeout <= 0 {
 		lossTimeout = 3 * max(4*interval, time.Second)
 	}
+	// A router that beats repeats its reply every beat: the worker needs no call of its
+	// own to know it alive. Silence is counted from the last beat, so the loss comes
+	// between lossTimeout and lossTimeout + beat after the router's last word, as it did
+	// when a probe call went every heartbeat timeout with lossTimeout to answer.
+	beat := time.Duration(reply.BeatMs) * time.Millisecond
 
 	me := w.regs.add(reply.DispatchKey)
 	defer me.endPublisher() // the router's Worker.Publish call for this registration returns
@@ -528,9 +538,11 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		}
 	}()
 	tracked := reply.DispatchKey != 0
-	// Reports go on the router's Worker.Publish stream when it opened one (publish.go),
-	// and every probeEvery one goes as a call too, whose answer says the router is alive
-	// (the router takes it for that alone: on the stream, reports keep their order).
+	// Reports go on the router's Worker.Publish stream when it opened one (publish.go).
+	// A router that does not beat gets one as a call too every probeEvery, whose answer
+	// says it is alive (it takes the call for that alone: on the stream, reports keep
+	// their order).
+	probing := beat <= 0
 	probeEvery := lossTimeout / 3
 	lastCall := time.Now()
 	// A periodic report that says what the last one said is sent only every keepalive, a
@@ -545,12 +557,18 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	report := func(periodic bool) error {
 		r := w.loadReport(reply.WorkerID, me, tracked)
 		now := time.Now()
-		if periodic && r == last && now.Sub(lastAt) < keepalive && now.Sub(lastCall) < probeEvery {
+		probe := probing && now.Sub(lastCall) >= probeEvery
+		if periodic && r == last && now.Sub(lastAt) < keepalive && !probe {
 			return nil // nothing changed, and the router heard from us lately
 		}
 		last, lastAt = r, now
-		if publishOn(me, &cluster.Publication{Kind: cluster.PublishReport, Report: r}) && now.Sub(lastCall) < probeEvery {
+		if publishOn(me, &cluster.Publication{Kind: cluster.PublishReport, Report: r}) && !probe {
 			return nil
+		}
+		select {
+		case err := <-me.dropped:
+			return err // the router's connection to us ended under the stream: no call to wait on
+		default:
 		}
 		if err := w.heartbeat(sctx, c, &r, lossTimeout); err != nil {
 			return err
@@ -573,6 +591,8 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		case <-ctx.Done():
 			return true, ctx.Err()
 		case err := <-regDone:
+			return true, err
+		case err := <-me.dropped:
 			return true, err
 		case <-c.Done():
 			return true, c.Err()
@@ -604,6 +624,9 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			}
 			lastCall = time.Now()
 		case <-tick.C:
+			if silent := time.Since(time.Unix(0, heard.Load())); beat > 0 && silent > lossTimeout+beat {
+				return true, fmt.Errorf("the router has sent no beat for %v (it beats every %v)", silent.Round(time.Millisecond), beat)
+			}
 			if err := report(true); err != nil {
 				return true, err
 			}

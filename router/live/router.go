@@ -132,6 +132,9 @@ type Router struct {
 	// changed is closed (and replaced) when load may have dropped: waiting requests look
 	// again. Lock-free, so that heartbeats need not take mu.
 	changed atomic.Pointer[chan struct{}]
+	// beats is closed (and replaced) at every beat (Run): each registration's handler
+	// then sends its worker the reply again (beatEvery).
+	beats atomic.Pointer[chan struct{}]
 	// byID is the registry for the heartbeat and event handlers, which do not take mu.
 	byID sync.Map // router.WorkerID → *liveWorker
 	// Workers with policy updates (a load report, a stale flag) for the next decision.
@@ -274,6 +277,8 @@ func New(cfg Config) (*Router, error) {
 	}
 	ch := make(chan struct{})
 	l.changed.Store(&ch)
+	beats := make(chan struct{})
+	l.beats.Store(&beats)
 	reg := cfg.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -308,6 +313,8 @@ func (l *Router) Register(srv *orpc.Server) {
 func (l *Router) Run(ctx context.Context) {
 	t := time.NewTicker(l.cfg.Heartbeat)
 	defer t.Stop()
+	bt := time.NewTicker(l.beatEvery())
+	defer bt.Stop()
 	suspect := l.suspectAfter()
 	prev := time.Now()
 	holding := false
@@ -315,6 +322,10 @@ func (l *Router) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-bt.C:
+			beats := make(chan struct{})
+			close(*l.beats.Swap(&beats))
+			continue
 		case <-t.C:
 		}
 		now := time.Now() // not the tick's time: a starved goroutine receives it late
@@ -680,23 +691,50 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 		closeReason = fmt.Sprintf("worker %s left: %s", card.Node, w.reason)
 		log.Warn("worker left", "id", id, "reason", w.reason)
 	}()
-	if err := send(&cluster.RegisterReply{WorkerID: uint64(id), HeartbeatMs: int(l.cfg.Heartbeat / time.Millisecond), Router: l.cfg.Name,
-		DispatchKey: w.key, HeartbeatTimeoutMs: int(l.cfg.HeartbeatTimeout / time.Millisecond)}); err != nil {
+	beat := l.beatEvery()
+	reply := &cluster.RegisterReply{WorkerID: uint64(id), HeartbeatMs: int(l.cfg.Heartbeat / time.Millisecond), Router: l.cfg.Name,
+		DispatchKey: w.key, HeartbeatTimeoutMs: int(l.cfg.HeartbeatTimeout / time.Millisecond), BeatMs: int(beat / time.Millisecond)}
+	if err := send(reply); err != nil {
 		w.remove("registration reply failed: " + err.Error())
 		return err
 	}
 	l.met.KVResyncs.WithLabelValues(w.node, "join").Inc()
 	go l.resync(w) // a new member starts from a snapshot
 	go l.subscribe(ctx, w)
-	select {
-	case <-ctx.Done():
-		w.remove("registration ended: " + context.Cause(ctx).Error())
-	case <-client.Done():
-		w.remove("connection to the worker lost: " + client.Err().Error())
-	case <-w.kick:
+	// The reply again every beat tells the worker that this router is alive (see
+	// beatEvery): one message on a stream already open, where a Router.Heartbeat call
+	// opened and closed a stream of its own.
+	for {
+		beatNow := *l.beats.Load()
+		select {
+		case <-ctx.Done():
+			w.remove("registration ended: " + context.Cause(ctx).Error())
+			return nil
+		case <-client.Done():
+			w.remove("connection to the worker lost: " + client.Err().Error())
+			return nil
+		case <-w.kick:
+			return nil
+		case <-beatNow:
+			if err := send(reply); err != nil {
+				w.remove("registration stream failed: " + err.Error())
+				return err
+			}
+		}
 	}
-	return nil
 }
+
+// beatEvery is how often the router repeats a worker's RegisterReply on its Register
+// stream, the sign of life the worker watches for (cluster.RegisterReply.BeatMs): every
+// heartbeat timeout, as often as a worker used to probe with Router.Heartbeat calls. The
+// worker takes a silence of three heartbeat timeouts and one beat for the router's loss.
+// Run beats for every worker at once: one wake-up of the router's process, where a timer
+// each woke it once a worker (on an idle router the Go runtime's cost of waking up,
+// threads and its monitor, is more than that of the sends).
+// Between beats the connection carries nothing else while the worker is idle (its reports
+// go on the router's own connection to it): with beats more often than QUIC's keepalive
+// (orpc.DefaultKeepAlive, 2.5 s), it sends none.
+func (l *Router) beatEvery() time.Duration { return l.cfg.HeartbeatTimeout }
 
 // sharedIdentityWindow is how long a registration remembers the live registration of the
 // same identity it replaced, to tell two processes sharing one identity from a restart.
