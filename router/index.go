@@ -134,11 +134,12 @@ type retiredSlot struct {
 // each worker's KV event stream (docs/kv-events.md) and answers, for a prompt's
 // block hashes, how many leading blocks each worker holds.
 //
-// An Index is safe for concurrent use. Lookups take every shard's read lock and run
-// beside each other; events, resets and sweeps take one shard's write lock at a time,
-// briefly (a reset adds its snapshot a chunk at a time), so lookups do not wait for a
-// whole batch or snapshot, and events of different workers apply in parallel. One
-// worker's events, resets and removal are serialised.
+// An Index is safe for concurrent use. A lookup takes one shard's read lock at a time,
+// around its reads of one block's holders, and sees the events applied while it walks in
+// the blocks it reads after them (see walk); events, resets and sweeps take one shard's
+// write lock at a time, briefly (a reset adds its snapshot a chunk at a time), so lookups
+// do not wait for a whole batch or snapshot, and events of different workers apply in
+// parallel. One worker's events, resets and removal are serialised.
 type Index struct {
 	shards [numShards]shard
 
@@ -191,10 +192,12 @@ func (sh *shard) find(h uint64) int {
 	}
 }
 
-// lookup returns h's shard and value (0: none), mixing h once for both.
-func (x *Index) lookup(h uint64) (*shard, uint32) {
+// rlookup returns h's shard, read-locked (the caller unlocks it), and h's value there
+// (0: none), mixing h once for both.
+func (x *Index) rlookup(h uint64) (*shard, uint32) {
 	m := mix(h)
 	sh := &x.shards[m>>(64-shardBits)]
+	sh.mu.RLock()
 	if h == 0 {
 		return sh, sh.zero
 	}
@@ -1272,28 +1275,21 @@ func (x *Index) OverlapWith(wk *Walk, hashes []uint64, dst []Match) []Match {
 	if len(hashes) == 0 {
 		return dst
 	}
-	x.rlock()
+	x.wmu.RLock()
 	dst = x.walk(wk, hashes, dst)
-	x.runlock()
+	x.wmu.RUnlock()
 	return dst
 }
 
-// rlock takes the read locks a lookup holds: the slot table's and every shard's.
-func (x *Index) rlock() {
-	x.wmu.RLock()
-	for i := range x.shards {
-		x.shards[i].mu.RLock()
-	}
-}
-
-func (x *Index) runlock() {
-	for i := range x.shards {
-		x.shards[i].mu.RUnlock()
-	}
-	x.wmu.RUnlock()
-}
-
-// walk is OverlapWith with the locks held.
+// walk is OverlapWith with wmu held for reading. It takes a shard's read lock only around
+// its reads of one block's holders, never two at once, so that an event's chunk waits for
+// one block's reads rather than a whole walk (and the lookup wakes no applier parked on
+// its locks). The walk then reads each block at its own moment: events applied meanwhile
+// may show in some blocks and not in others, as if they had arrived a little earlier or
+// later. The runs stay runs (the walk's bitmaps only shrink, level by level), their ends
+// stay within the prompt and the slots within the table (no slot is assigned or retired
+// while wmu is held), so a concurrent event can make a match stale, like an event still
+// in flight, but not invalid.
 func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 	grouping := wk.grouping
 	nw := len(x.live)
@@ -1302,12 +1298,15 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 	if grouping {
 		clear(wk.h0)
 	}
-	sh0, v := x.lookup(hashes[0])
+	sh0, v := x.rlookup(hashes[0])
 	if v == 0 {
+		sh0.mu.RUnlock()
 		return dst
 	}
 	alive := wk.lv[numLevels-1]
 	lo, hi := x.holderWords(sh0, v, wk.hb, 0, nw)
+	prev := fpOf(sh0, v)
+	sh0.mu.RUnlock()
 	if lo >= hi {
 		return dst
 	}
@@ -1328,19 +1327,23 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 		copy(wk.h0[lo:hi], alive[lo:hi])
 	}
 	lo, hi = trim(alive, lo, hi)
-	prev := fpOf(sh0, v)
 	for i := 1; i < len(hashes) && lo < hi; i++ {
 		// Jump over the blocks held by the same workers as the block before (a chain on
 		// the same workers, the common case): their runs all go on.
-		sh, v := x.lookup(hashes[i])
+		sh, v := x.rlookup(hashes[i])
 		cur := fpOf(sh, v)
 		if cur == prev && prev != 0 { // no change at i (else, the common case in a busy region)
-			if i, sh, v = x.nextChange(hashes, i+1, prev); i == len(hashes) {
+			sh.mu.RUnlock()
+			if i = x.nextChange(hashes, i+1, prev); i == len(hashes) {
 				break
 			}
+			// Block i is read again under its lock: the holders nextChange saw may have
+			// changed since (then the step below is that of the newer holders).
+			sh, v = x.rlookup(hashes[i])
 			cur = fpOf(sh, v)
 		}
 		if h, ok := unFP(prev ^ cur); ok && int(holderSlot(h)) < len(x.owner) {
+			sh.mu.RUnlock()
 			slot := holderSlot(h)
 			// One holder fewer than the block before, the others unchanged (a worker's
 			// run of a prompt that others hold further ends here): only its run ends, so
@@ -1362,6 +1365,7 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 			}
 		} else {
 			dst = x.stepBlock(wk, dst, sh, v, lo, hi, i)
+			sh.mu.RUnlock()
 			if grouping {
 				dst = x.flush(wk, dst, i)
 			}
@@ -1614,16 +1618,18 @@ func (x *Index) step(wk *Walk, dst []Match, j int, h [numLevels]uint64, i int) [
 // distance lookups instead of one per block. A worker whose cache had a hole would be
 // credited the blocks past it; the fingerprint is 64 bits, and a collision would lengthen
 // the runs in the same way.
-func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint32) {
+//
+// Each probe takes its block's shard lock alone, so that blocks probed at different
+// moments may disagree (an event applied between them); the search still ends within
+// the prompt, at a block found different from fp when it was read.
+func (x *Index) nextChange(hashes []uint64, i int, fp uint64) int {
 	n := len(hashes)
 	if i == n {
-		return n, nil, 0
+		return n
 	}
-	if sh, v := x.lookup(hashes[i]); fp == 0 || fpOf(sh, v) != fp {
-		return i, sh, v
+	if fp == 0 || x.fp(hashes[i]) != fp {
+		return i
 	}
-	var jsh *shard // the shard and value of block j, the first found different
-	var jv uint32
 	good, step := i, 1 // blocks i … good hold the same
 	j := n
 	for {
@@ -1632,11 +1638,10 @@ func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint
 			k = n - 1
 		}
 		if k == good {
-			return n, nil, 0 // the same to the end
+			return n // the same to the end
 		}
-		sh, v := x.lookup(hashes[k])
-		if fpOf(sh, v) != fp {
-			j, jsh, jv = k, sh, v
+		if x.fp(hashes[k]) != fp {
+			j = k
 			break
 		}
 		good, step = k, 2*step
@@ -1644,13 +1649,21 @@ func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint
 	// good is the same, j is not: the change is in (good, j].
 	for j-good > 1 {
 		m := good + (j-good)/2
-		if sh, v := x.lookup(hashes[m]); fpOf(sh, v) == fp {
+		if x.fp(hashes[m]) == fp {
 			good = m
 		} else {
-			j, jsh, jv = m, sh, v
+			j = m
 		}
 	}
-	return j, jsh, jv
+	return j
+}
+
+// fp returns the fingerprint of h's holders, read under its shard's lock.
+func (x *Index) fp(h uint64) uint64 {
+	sh, v := x.rlookup(h)
+	f := fpOf(sh, v)
+	sh.mu.RUnlock()
+	return f
 }
 
 // drop appends the Matches of the slots of word j in gone, whose runs (those still
