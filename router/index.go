@@ -2,6 +2,7 @@ package router
 
 import (
 	"math/bits"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -153,6 +154,10 @@ type Index struct {
 	// a State that caches its workers' slots (State.syncSlots) knows when to read them again.
 	slotEpoch uint64
 
+	// spins is how often the hot paths try a shard's lock before parking on it
+	// (lockSpins), 0 with one P: there the holder cannot run while the waiter spins.
+	spins int
+
 	dead      atomic.Int64 // retired slots not freed yet: Sweep has work
 	sweepNext atomic.Uint32
 	walks     sync.Pool // *Walk, for OverlapInto
@@ -161,6 +166,9 @@ type Index struct {
 // NewIndex returns an empty index.
 func NewIndex() *Index {
 	x := &Index{workers: make(map[WorkerID]*workerRec)}
+	if runtime.GOMAXPROCS(0) > 1 {
+		x.spins = lockSpins
+	}
 	for i := range x.shards {
 		x.shards[i].init(16)
 	}
@@ -197,7 +205,7 @@ func (sh *shard) find(h uint64) int {
 func (x *Index) rlookup(h uint64) (*shard, uint32) {
 	m := mix(h)
 	sh := &x.shards[m>>(64-shardBits)]
-	sh.mu.RLock()
+	sh.rlock(x.spins)
 	if h == 0 {
 		return sh, sh.zero
 	}
@@ -231,6 +239,44 @@ func (sh *shard) slotFor(h uint64) int {
 			return i
 		}
 		i = (i + 1) & m
+	}
+}
+
+// lockSpins bounds how often the hot paths (a lookup's probe, an event's chunk) try a
+// shard's lock before they park on it: about 10 µs of trying. The holder lets go soon
+// (a chunk of applyChunk blocks takes about 10 µs, a probe a fraction of one), while
+// parking costs a futex wake-up from the holder and the waiter's thread a start; on a
+// 2-core machine a core stays idle meanwhile. After the tries, Lock and RLock queue as
+// sync.RWMutex does (a waiting writer holds new readers back), so that nobody starves.
+const lockSpins = 400
+
+// rlock takes sh's read lock, trying it up to spins times before parking.
+func (sh *shard) rlock(spins int) {
+	for range spins {
+		if sh.mu.TryRLock() {
+			return
+		}
+		spinPause()
+	}
+	sh.mu.RLock()
+}
+
+// lock takes sh's write lock, trying it up to spins times before parking.
+func (sh *shard) lock(spins int) {
+	for range spins {
+		if sh.mu.TryLock() {
+			return
+		}
+		spinPause()
+	}
+	sh.mu.Lock()
+}
+
+// spinPause waits some tens of nanoseconds between tries without touching shared memory.
+//
+//go:noinline
+func spinPause() {
+	for range 30 {
 	}
 }
 
@@ -775,7 +821,7 @@ func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 		sh := &x.shards[si]
 		for a := start[si]; a < start[si+1]; a += applyChunk {
 			b := min(a+applyChunk, start[si+1])
-			sh.mu.Lock()
+			sh.lock(x.spins)
 			d += x.applyChunkLocked(sh, rec.slot, by[a:b], homes[a:b], set, clear)
 			sh.mu.Unlock()
 		}
