@@ -243,8 +243,9 @@ func (sh *shard) slotFor(h uint64) int {
 }
 
 // lockSpins bounds how often the hot paths (a lookup's probe, an event's chunk) try a
-// shard's lock before they park on it: about 10 µs of trying. The holder lets go soon
-// (a chunk of applyChunk blocks takes about 10 µs, a probe a fraction of one), while
+// shard's lock before they park on it: 4 µs of trying or more (a failed try is a load
+// of the lock's word, longer while another core writes it). The holder lets go soon (a
+// chunk of applyChunk blocks takes about 10 µs, a probe a fraction of one), while
 // parking costs a futex wake-up from the holder and the waiter's thread a start; on a
 // 2-core machine a core stays idle meanwhile. After the tries, Lock and RLock queue as
 // sync.RWMutex does (a waiting writer holds new readers back), so that nobody starves.
