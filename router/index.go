@@ -200,12 +200,14 @@ func (sh *shard) find(h uint64) int {
 	}
 }
 
-// rlookup returns h's shard, read-locked (the caller unlocks it), and h's value there
-// (0: none), mixing h once for both.
-func (x *Index) rlookup(h uint64) (*shard, uint32) {
+// rlookup returns h's shard, read-locked for wk's walk (the caller unlocks it with
+// wk.runlock), and h's value there (0: none), mixing h once for both.
+func (x *Index) rlookup(wk *Walk, h uint64) (*shard, uint32) {
 	m := mix(h)
 	sh := &x.shards[m>>(64-shardBits)]
-	sh.rlock(x.spins)
+	if !wk.lockedAll {
+		sh.rlock(x.spins)
+	}
 	if h == 0 {
 		return sh, sh.zero
 	}
@@ -1255,6 +1257,9 @@ type Walk struct {
 	// walk: no Match to write and read back per worker).
 	stamp *runStamp
 
+	// lockedAll: the walk holds every shard's read lock, and its probes take none.
+	lockedAll bool
+
 	// grouping (the grouped decision's walk, State.pickGrouped) reports runs by slot: h0
 	// holds the slots that hold the prompt's first block; groups the sets of at least
 	// walkGroupMin slots whose device runs ended at the same block, recorded as bitmaps
@@ -1328,16 +1333,56 @@ func (x *Index) OverlapWith(wk *Walk, hashes []uint64, dst []Match) []Match {
 	return dst
 }
 
-// walk is OverlapWith with wmu held for reading. It takes a shard's read lock only around
-// its reads of one block's holders, never two at once, so that an event's chunk waits for
-// one block's reads rather than a whole walk (and the lookup wakes no applier parked on
-// its locks). The walk then reads each block at its own moment: events applied meanwhile
-// may show in some blocks and not in others, as if they had arrived a little earlier or
+// walk is OverlapWith with wmu held for reading. When no shard's lock is taken or
+// wanted by a writer, it holds every shard's read lock for the whole walk, as cheap as
+// its probes' locks would be where the walk looks up more than a few blocks. Else it
+// takes a shard's read lock only around its reads of one block's holders, never two at
+// once (no lock order), so that an event's chunk waits for one block's reads rather than
+// a whole walk, and the lookup wakes no applier parked on its locks.
+//
+// A walk by probes reads each block at its own moment: events applied meanwhile may
+// show in some blocks and not in others, as if they had arrived a little earlier or
 // later. The runs stay runs (the walk's bitmaps only shrink, level by level), their ends
 // stay within the prompt and the slots within the table (no slot is assigned or retired
-// while wmu is held), so a concurrent event can make a match stale, like an event still
-// in flight, but not invalid.
+// while wmu is held), and a worker's run lies between what it held of the prompt at some
+// moment of the walk and what it held at another (TestIndexLookupsDuringEvents): a
+// concurrent event can make a match stale, like an event still in flight, but not
+// invalid.
 func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
+	wk.lockedAll = x.tryRLockAll()
+	dst = x.walkBlocks(wk, hashes, dst)
+	if wk.lockedAll {
+		for i := range x.shards {
+			x.shards[i].mu.RUnlock()
+		}
+		wk.lockedAll = false
+	}
+	return dst
+}
+
+// tryRLockAll takes every shard's read lock if none is taken or wanted by a writer, and
+// reports whether it did.
+func (x *Index) tryRLockAll() bool {
+	for i := range x.shards {
+		if !x.shards[i].mu.TryRLock() {
+			for j := range i {
+				x.shards[j].mu.RUnlock()
+			}
+			return false
+		}
+	}
+	return true
+}
+
+// runlock releases sh's read lock taken by rlookup for wk.
+func (wk *Walk) runlock(sh *shard) {
+	if !wk.lockedAll {
+		sh.mu.RUnlock()
+	}
+}
+
+// walkBlocks is walk's walk over the blocks.
+func (x *Index) walkBlocks(wk *Walk, hashes []uint64, dst []Match) []Match {
 	grouping := wk.grouping
 	nw := len(x.live)
 	wk.grow(nw, len(x.owner))
@@ -1345,15 +1390,15 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 	if grouping {
 		clear(wk.h0)
 	}
-	sh0, v := x.rlookup(hashes[0])
+	sh0, v := x.rlookup(wk, hashes[0])
 	if v == 0 {
-		sh0.mu.RUnlock()
+		wk.runlock(sh0)
 		return dst
 	}
 	alive := wk.lv[numLevels-1]
 	lo, hi := x.holderWords(sh0, v, wk.hb, 0, nw)
 	prev := fpOf(sh0, v)
-	sh0.mu.RUnlock()
+	wk.runlock(sh0)
 	if lo >= hi {
 		return dst
 	}
@@ -1377,20 +1422,21 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 	for i := 1; i < len(hashes) && lo < hi; i++ {
 		// Jump over the blocks held by the same workers as the block before (a chain on
 		// the same workers, the common case): their runs all go on.
-		sh, v := x.rlookup(hashes[i])
+		sh, v := x.rlookup(wk, hashes[i])
 		cur := fpOf(sh, v)
 		if cur == prev && prev != 0 { // no change at i (else, the common case in a busy region)
-			sh.mu.RUnlock()
-			if i = x.nextChange(hashes, i+1, prev); i == len(hashes) {
+			wk.runlock(sh)
+			if i = x.nextChange(wk, hashes, i+1, prev); i == len(hashes) {
 				break
 			}
-			// Block i is read again under its lock: the holders nextChange saw may have
-			// changed since (then the step below is that of the newer holders).
-			sh, v = x.rlookup(hashes[i])
+			// Block i is read again under its lock: in a walk by probes, the holders
+			// nextChange saw may have changed since (then the step below is that of the
+			// newer holders).
+			sh, v = x.rlookup(wk, hashes[i])
 			cur = fpOf(sh, v)
 		}
 		if h, ok := unFP(prev ^ cur); ok && int(holderSlot(h)) < len(x.owner) {
-			sh.mu.RUnlock()
+			wk.runlock(sh)
 			slot := holderSlot(h)
 			// One holder fewer than the block before, the others unchanged (a worker's
 			// run of a prompt that others hold further ends here): only its run ends, so
@@ -1412,7 +1458,7 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 			}
 		} else {
 			dst = x.stepBlock(wk, dst, sh, v, lo, hi, i)
-			sh.mu.RUnlock()
+			wk.runlock(sh)
 			if grouping {
 				dst = x.flush(wk, dst, i)
 			}
@@ -1666,15 +1712,16 @@ func (x *Index) step(wk *Walk, dst []Match, j int, h [numLevels]uint64, i int) [
 // credited the blocks past it; the fingerprint is 64 bits, and a collision would lengthen
 // the runs in the same way.
 //
-// Each probe takes its block's shard lock alone, so that blocks probed at different
-// moments may disagree (an event applied between them); the search still ends within
-// the prompt, at a block found different from fp when it was read.
-func (x *Index) nextChange(hashes []uint64, i int, fp uint64) int {
+// In a walk by probes (walk) each probe takes its block's shard lock alone, so that
+// blocks probed at different moments may disagree (an event applied between them); the
+// search still ends within the prompt, at a block found different from fp when it was
+// read.
+func (x *Index) nextChange(wk *Walk, hashes []uint64, i int, fp uint64) int {
 	n := len(hashes)
 	if i == n {
 		return n
 	}
-	if fp == 0 || x.fp(hashes[i]) != fp {
+	if fp == 0 || x.fp(wk, hashes[i]) != fp {
 		return i
 	}
 	good, step := i, 1 // blocks i … good hold the same
@@ -1687,7 +1734,7 @@ func (x *Index) nextChange(hashes []uint64, i int, fp uint64) int {
 		if k == good {
 			return n // the same to the end
 		}
-		if x.fp(hashes[k]) != fp {
+		if x.fp(wk, hashes[k]) != fp {
 			j = k
 			break
 		}
@@ -1696,7 +1743,7 @@ func (x *Index) nextChange(hashes []uint64, i int, fp uint64) int {
 	// good is the same, j is not: the change is in (good, j].
 	for j-good > 1 {
 		m := good + (j-good)/2
-		if x.fp(hashes[m]) == fp {
+		if x.fp(wk, hashes[m]) == fp {
 			good = m
 		} else {
 			j = m
@@ -1706,10 +1753,10 @@ func (x *Index) nextChange(hashes []uint64, i int, fp uint64) int {
 }
 
 // fp returns the fingerprint of h's holders, read under its shard's lock.
-func (x *Index) fp(h uint64) uint64 {
-	sh, v := x.rlookup(h)
+func (x *Index) fp(wk *Walk, h uint64) uint64 {
+	sh, v := x.rlookup(wk, h)
 	f := fpOf(sh, v)
-	sh.mu.RUnlock()
+	wk.runlock(sh)
 	return f
 }
 

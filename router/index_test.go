@@ -653,6 +653,26 @@ func TestIndexLookupsDuringEvents(t *testing.T) {
 		}
 		stop := make(chan struct{})
 		var lookups sync.WaitGroup
+		// A writer that takes each shard's lock in turn and holds it a little, as an
+		// event's chunk does, so that most walks go by probes (a walk holds every shard's
+		// read lock while no writer holds or wants one).
+		lookups.Add(1)
+		go func() {
+			defer lookups.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				sh := &x.shards[i%numShards]
+				sh.lock(x.spins)
+				for range 200 {
+					spinPause()
+				}
+				sh.mu.Unlock()
+			}
+		}()
 		for r := range 2 {
 			lookups.Add(1)
 			go func() {
