@@ -1374,12 +1374,16 @@ func (x *Index) tryRLockAll() bool {
 	return true
 }
 
-// runlock releases sh's read lock taken by rlookup for wk.
+// runlock releases sh's read lock taken by rlookup for wk (small enough to inline: a
+// walk that holds every lock calls it per block for nothing).
 func (wk *Walk) runlock(sh *shard) {
 	if !wk.lockedAll {
-		sh.mu.RUnlock()
+		sh.runlock()
 	}
 }
+
+//go:noinline
+func (sh *shard) runlock() { sh.mu.RUnlock() }
 
 // walkBlocks is walk's walk over the blocks.
 func (x *Index) walkBlocks(wk *Walk, hashes []uint64, dst []Match) []Match {
@@ -1426,13 +1430,14 @@ func (x *Index) walkBlocks(wk *Walk, hashes []uint64, dst []Match) []Match {
 		cur := fpOf(sh, v)
 		if cur == prev && prev != 0 { // no change at i (else, the common case in a busy region)
 			wk.runlock(sh)
-			if i = x.nextChange(wk, hashes, i+1, prev); i == len(hashes) {
+			if i, sh, v = x.nextChange(wk, hashes, i+1, prev); i == len(hashes) {
 				break
 			}
-			// Block i is read again under its lock: in a walk by probes, the holders
-			// nextChange saw may have changed since (then the step below is that of the
-			// newer holders).
-			sh, v = x.rlookup(wk, hashes[i])
+			if !wk.lockedAll {
+				// Block i is read again under its lock: the holders nextChange saw may
+				// have changed since (then the step below is that of the newer holders).
+				sh, v = x.rlookup(wk, hashes[i])
+			}
 			cur = fpOf(sh, v)
 		}
 		if h, ok := unFP(prev ^ cur); ok && int(holderSlot(h)) < len(x.owner) {
@@ -1716,14 +1721,16 @@ func (x *Index) step(wk *Walk, dst []Match, j int, h [numLevels]uint64, i int) [
 // blocks probed at different moments may disagree (an event applied between them); the
 // search still ends within the prompt, at a block found different from fp when it was
 // read.
-func (x *Index) nextChange(wk *Walk, hashes []uint64, i int, fp uint64) int {
+func (x *Index) nextChange(wk *Walk, hashes []uint64, i int, fp uint64) (int, *shard, uint32) {
 	n := len(hashes)
 	if i == n {
-		return n
+		return n, nil, 0
 	}
-	if fp == 0 || x.fp(wk, hashes[i]) != fp {
-		return i
+	if sh, v, f := x.probe(wk, hashes[i]); fp == 0 || f != fp {
+		return i, sh, v
 	}
+	var jsh *shard // the shard and value of block j, the first found different
+	var jv uint32
 	good, step := i, 1 // blocks i … good hold the same
 	j := n
 	for {
@@ -1732,10 +1739,10 @@ func (x *Index) nextChange(wk *Walk, hashes []uint64, i int, fp uint64) int {
 			k = n - 1
 		}
 		if k == good {
-			return n // the same to the end
+			return n, nil, 0 // the same to the end
 		}
-		if x.fp(wk, hashes[k]) != fp {
-			j = k
+		if sh, v, f := x.probe(wk, hashes[k]); f != fp {
+			j, jsh, jv = k, sh, v
 			break
 		}
 		good, step = k, 2*step
@@ -1743,21 +1750,23 @@ func (x *Index) nextChange(wk *Walk, hashes []uint64, i int, fp uint64) int {
 	// good is the same, j is not: the change is in (good, j].
 	for j-good > 1 {
 		m := good + (j-good)/2
-		if x.fp(wk, hashes[m]) == fp {
+		if sh, v, f := x.probe(wk, hashes[m]); f == fp {
 			good = m
 		} else {
-			j = m
+			j, jsh, jv = m, sh, v
 		}
 	}
-	return j
+	return j, jsh, jv
 }
 
-// fp returns the fingerprint of h's holders, read under its shard's lock.
-func (x *Index) fp(wk *Walk, h uint64) uint64 {
+// probe returns h's shard and value and the fingerprint of its holders, read under the
+// shard's lock; in a walk by probes the value is not to be read after (its holder set
+// may have changed or been freed since).
+func (x *Index) probe(wk *Walk, h uint64) (*shard, uint32, uint64) {
 	sh, v := x.rlookup(wk, h)
 	f := fpOf(sh, v)
 	wk.runlock(sh)
-	return f
+	return sh, v, f
 }
 
 // drop appends the Matches of the slots of word j in gone, whose runs (those still
