@@ -204,7 +204,7 @@ func (s *State) renumber() {
 
 // syncSlots reads the workers' index slots again (they change when the index resets,
 // clears or removes a worker: Index.slotEpoch) and rebuilds what depends on them. Called
-// with the index's read locks held.
+// with the index's wmu held for reading.
 func (s *State) syncSlots() {
 	x := s.index
 	s.slotEpoch, s.slotsSynced = x.slotEpoch, true
@@ -249,16 +249,16 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 		return nil, "", 0, ErrAllBusy, true
 	}
 	x := s.index
-	x.rlock()
+	x.wmu.RLock()
 	if !s.slotsSynced || s.slotEpoch != x.slotEpoch {
 		s.syncSlots()
 	}
 	if s.nSlotless > 0 {
-		x.runlock()
+		x.wmu.RUnlock()
 		return nil, "", 0, nil, false
 	}
 	s.walkGroups(req.Hashes, blocks)
-	x.runlock()
+	x.wmu.RUnlock()
 	s.byGroups++
 
 	ncands = len(s.ord)
@@ -439,7 +439,7 @@ type special struct {
 }
 
 // walkGroups walks the prompt in groups (Walk.grouping) and sets the decision's specials
-// (s.sp, costed) and groups (s.grp). Called with the index's read locks held.
+// (s.sp, costed) and groups (s.grp). Called with the index's wmu held for reading.
 func (s *State) walkGroups(hashes []uint64, blocks float64) {
 	x := s.index
 	wk := &s.walk

@@ -2,6 +2,7 @@ package router
 
 import (
 	"math/bits"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -134,11 +135,13 @@ type retiredSlot struct {
 // each worker's KV event stream (docs/kv-events.md) and answers, for a prompt's
 // block hashes, how many leading blocks each worker holds.
 //
-// An Index is safe for concurrent use. Lookups take every shard's read lock and run
-// beside each other; events, resets and sweeps take one shard's write lock at a time,
-// briefly (a reset adds its snapshot a chunk at a time), so lookups do not wait for a
-// whole batch or snapshot, and events of different workers apply in parallel. One
-// worker's events, resets and removal are serialised.
+// An Index is safe for concurrent use. A lookup holds every shard's read lock for its
+// walk when no writer holds or wants one, else it takes one shard's read lock at a time,
+// around its reads of one block's holders, and sees the events applied while it walks in
+// the blocks it reads after them (see walk); events, resets and sweeps take one shard's
+// write lock at a time, briefly (a reset adds its snapshot a chunk at a time), so lookups
+// do not wait for a whole batch or snapshot, and events of different workers apply in
+// parallel. One worker's events, resets and removal are serialised.
 type Index struct {
 	shards [numShards]shard
 
@@ -152,6 +155,10 @@ type Index struct {
 	// a State that caches its workers' slots (State.syncSlots) knows when to read them again.
 	slotEpoch uint64
 
+	// spins is how often the hot paths try a shard's lock before parking on it
+	// (lockSpins), 0 with one P: there the holder cannot run while the waiter spins.
+	spins int
+
 	dead      atomic.Int64 // retired slots not freed yet: Sweep has work
 	sweepNext atomic.Uint32
 	walks     sync.Pool // *Walk, for OverlapInto
@@ -160,6 +167,9 @@ type Index struct {
 // NewIndex returns an empty index.
 func NewIndex() *Index {
 	x := &Index{workers: make(map[WorkerID]*workerRec)}
+	if runtime.GOMAXPROCS(0) > 1 {
+		x.spins = lockSpins
+	}
 	for i := range x.shards {
 		x.shards[i].init(16)
 	}
@@ -191,10 +201,14 @@ func (sh *shard) find(h uint64) int {
 	}
 }
 
-// lookup returns h's shard and value (0: none), mixing h once for both.
-func (x *Index) lookup(h uint64) (*shard, uint32) {
+// rlookup returns h's shard, read-locked for wk's walk (the caller unlocks it with
+// wk.runlock), and h's value there (0: none), mixing h once for both.
+func (x *Index) rlookup(wk *Walk, h uint64) (*shard, uint32) {
 	m := mix(h)
 	sh := &x.shards[m>>(64-shardBits)]
+	if !wk.lockedAll {
+		sh.rlock(x.spins)
+	}
 	if h == 0 {
 		return sh, sh.zero
 	}
@@ -228,6 +242,45 @@ func (sh *shard) slotFor(h uint64) int {
 			return i
 		}
 		i = (i + 1) & m
+	}
+}
+
+// lockSpins bounds how often the hot paths (a lookup's probe, an event's chunk) try a
+// shard's lock before they park on it: 4 µs of trying or more (a failed try is a load
+// of the lock's word, longer while another core writes it). The holder lets go soon (a
+// chunk of applyChunk blocks takes about 10 µs, a probe a fraction of one), while
+// parking costs a futex wake-up from the holder and the waiter's thread a start; on a
+// 2-core machine a core stays idle meanwhile. After the tries, Lock and RLock queue as
+// sync.RWMutex does (a waiting writer holds new readers back), so that nobody starves.
+const lockSpins = 400
+
+// rlock takes sh's read lock, trying it up to spins times before parking.
+func (sh *shard) rlock(spins int) {
+	for range spins {
+		if sh.mu.TryRLock() {
+			return
+		}
+		spinPause()
+	}
+	sh.mu.RLock()
+}
+
+// lock takes sh's write lock, trying it up to spins times before parking.
+func (sh *shard) lock(spins int) {
+	for range spins {
+		if sh.mu.TryLock() {
+			return
+		}
+		spinPause()
+	}
+	sh.mu.Lock()
+}
+
+// spinPause waits some tens of nanoseconds between tries without touching shared memory.
+//
+//go:noinline
+func spinPause() {
+	for range 30 {
 	}
 }
 
@@ -772,7 +825,7 @@ func (x *Index) updateAll(rec *workerRec, hs []uint64, set, clear uint8) {
 		sh := &x.shards[si]
 		for a := start[si]; a < start[si+1]; a += applyChunk {
 			b := min(a+applyChunk, start[si+1])
-			sh.mu.Lock()
+			sh.lock(x.spins)
 			d += x.applyChunkLocked(sh, rec.slot, by[a:b], homes[a:b], set, clear)
 			sh.mu.Unlock()
 		}
@@ -1205,6 +1258,9 @@ type Walk struct {
 	// walk: no Match to write and read back per worker).
 	stamp *runStamp
 
+	// lockedAll: the walk holds every shard's read lock, and its probes take none.
+	lockedAll bool
+
 	// grouping (the grouped decision's walk, State.pickGrouped) reports runs by slot: h0
 	// holds the slots that hold the prompt's first block; groups the sets of at least
 	// walkGroupMin slots whose device runs ended at the same block, recorded as bitmaps
@@ -1272,29 +1328,69 @@ func (x *Index) OverlapWith(wk *Walk, hashes []uint64, dst []Match) []Match {
 	if len(hashes) == 0 {
 		return dst
 	}
-	x.rlock()
+	x.wmu.RLock()
 	dst = x.walk(wk, hashes, dst)
-	x.runlock()
+	x.wmu.RUnlock()
 	return dst
 }
 
-// rlock takes the read locks a lookup holds: the slot table's and every shard's.
-func (x *Index) rlock() {
-	x.wmu.RLock()
-	for i := range x.shards {
-		x.shards[i].mu.RLock()
-	}
-}
-
-func (x *Index) runlock() {
-	for i := range x.shards {
-		x.shards[i].mu.RUnlock()
-	}
-	x.wmu.RUnlock()
-}
-
-// walk is OverlapWith with the locks held.
+// walk is OverlapWith with wmu held for reading. When no writer holds or wants a shard's
+// lock, it holds every shard's read lock for the whole walk: two atomic operations a
+// shard, where locks by probe would cost two a probe (a decision at 1,000 workers probes
+// about 230 blocks). Else it takes a shard's read lock only around its reads of one
+// block's holders, never two at once (no lock order), so that an event's chunk waits for
+// one block's reads rather than a whole walk, and the lookup wakes no applier parked on
+// its locks.
+//
+// A walk by probes reads each block at its own moment: events applied meanwhile may
+// show in some blocks and not in others, as if they had arrived a little earlier or
+// later. The runs stay runs (the walk's bitmaps only shrink, level by level), their ends
+// stay within the prompt and the slots within the table (no slot is assigned or retired
+// while wmu is held), and a worker's run lies between what it held of the prompt at some
+// moment of the walk and what it held at another (TestIndexLookupsDuringEvents): a
+// concurrent event can make a match stale, like an event still in flight, but not
+// invalid.
 func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
+	wk.lockedAll = x.tryRLockAll()
+	dst = x.walkBlocks(wk, hashes, dst)
+	if wk.lockedAll {
+		for i := range x.shards {
+			x.shards[i].mu.RUnlock()
+		}
+		wk.lockedAll = false
+	}
+	return dst
+}
+
+// tryRLockAll takes every shard's read lock if none is taken or wanted by a writer, and
+// reports whether it did.
+func (x *Index) tryRLockAll() bool {
+	for i := range x.shards {
+		if !x.shards[i].mu.TryRLock() {
+			for j := range i {
+				x.shards[j].mu.RUnlock()
+			}
+			return false
+		}
+	}
+	return true
+}
+
+// runlock releases sh's read lock taken by rlookup for wk (small enough to inline: a
+// walk that holds every lock calls it per block for nothing).
+func (wk *Walk) runlock(sh *shard) {
+	if !wk.lockedAll {
+		sh.runlock()
+	}
+}
+
+// runlock releases sh's read lock; out of line, so that Walk.runlock inlines.
+//
+//go:noinline
+func (sh *shard) runlock() { sh.mu.RUnlock() }
+
+// walkBlocks is walk's walk over the blocks.
+func (x *Index) walkBlocks(wk *Walk, hashes []uint64, dst []Match) []Match {
 	grouping := wk.grouping
 	nw := len(x.live)
 	wk.grow(nw, len(x.owner))
@@ -1302,12 +1398,15 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 	if grouping {
 		clear(wk.h0)
 	}
-	sh0, v := x.lookup(hashes[0])
+	sh0, v := x.rlookup(wk, hashes[0])
 	if v == 0 {
+		wk.runlock(sh0)
 		return dst
 	}
 	alive := wk.lv[numLevels-1]
 	lo, hi := x.holderWords(sh0, v, wk.hb, 0, nw)
+	prev := fpOf(sh0, v)
+	wk.runlock(sh0)
 	if lo >= hi {
 		return dst
 	}
@@ -1328,19 +1427,25 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 		copy(wk.h0[lo:hi], alive[lo:hi])
 	}
 	lo, hi = trim(alive, lo, hi)
-	prev := fpOf(sh0, v)
 	for i := 1; i < len(hashes) && lo < hi; i++ {
 		// Jump over the blocks held by the same workers as the block before (a chain on
 		// the same workers, the common case): their runs all go on.
-		sh, v := x.lookup(hashes[i])
+		sh, v := x.rlookup(wk, hashes[i])
 		cur := fpOf(sh, v)
 		if cur == prev && prev != 0 { // no change at i (else, the common case in a busy region)
-			if i, sh, v = x.nextChange(hashes, i+1, prev); i == len(hashes) {
+			wk.runlock(sh)
+			if i, sh, v = x.nextChange(wk, hashes, i+1, prev); i == len(hashes) {
 				break
+			}
+			if !wk.lockedAll {
+				// Block i is read again under its lock: the holders nextChange saw may
+				// have changed since (then the step below is that of the newer holders).
+				sh, v = x.rlookup(wk, hashes[i])
 			}
 			cur = fpOf(sh, v)
 		}
 		if h, ok := unFP(prev ^ cur); ok && int(holderSlot(h)) < len(x.owner) {
+			wk.runlock(sh)
 			slot := holderSlot(h)
 			// One holder fewer than the block before, the others unchanged (a worker's
 			// run of a prompt that others hold further ends here): only its run ends, so
@@ -1362,6 +1467,7 @@ func (x *Index) walk(wk *Walk, hashes []uint64, dst []Match) []Match {
 			}
 		} else {
 			dst = x.stepBlock(wk, dst, sh, v, lo, hi, i)
+			wk.runlock(sh)
 			if grouping {
 				dst = x.flush(wk, dst, i)
 			}
@@ -1614,12 +1720,17 @@ func (x *Index) step(wk *Walk, dst []Match, j int, h [numLevels]uint64, i int) [
 // distance lookups instead of one per block. A worker whose cache had a hole would be
 // credited the blocks past it; the fingerprint is 64 bits, and a collision would lengthen
 // the runs in the same way.
-func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint32) {
+//
+// In a walk by probes (walk) each probe takes its block's shard lock alone, so that
+// blocks probed at different moments may disagree (an event applied between them); the
+// search still ends within the prompt, at a block found different from fp when it was
+// read.
+func (x *Index) nextChange(wk *Walk, hashes []uint64, i int, fp uint64) (int, *shard, uint32) {
 	n := len(hashes)
 	if i == n {
 		return n, nil, 0
 	}
-	if sh, v := x.lookup(hashes[i]); fp == 0 || fpOf(sh, v) != fp {
+	if sh, v, f := x.probe(wk, hashes[i]); fp == 0 || f != fp {
 		return i, sh, v
 	}
 	var jsh *shard // the shard and value of block j, the first found different
@@ -1634,8 +1745,7 @@ func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint
 		if k == good {
 			return n, nil, 0 // the same to the end
 		}
-		sh, v := x.lookup(hashes[k])
-		if fpOf(sh, v) != fp {
+		if sh, v, f := x.probe(wk, hashes[k]); f != fp {
 			j, jsh, jv = k, sh, v
 			break
 		}
@@ -1644,13 +1754,23 @@ func (x *Index) nextChange(hashes []uint64, i int, fp uint64) (int, *shard, uint
 	// good is the same, j is not: the change is in (good, j].
 	for j-good > 1 {
 		m := good + (j-good)/2
-		if sh, v := x.lookup(hashes[m]); fpOf(sh, v) == fp {
+		if sh, v, f := x.probe(wk, hashes[m]); f == fp {
 			good = m
 		} else {
 			j, jsh, jv = m, sh, v
 		}
 	}
 	return j, jsh, jv
+}
+
+// probe returns h's shard and value and the fingerprint of its holders, read under the
+// shard's lock; in a walk by probes the value is not to be read after (its holder set
+// may have changed or been freed since).
+func (x *Index) probe(wk *Walk, h uint64) (*shard, uint32, uint64) {
+	sh, v := x.rlookup(wk, h)
+	f := fpOf(sh, v)
+	wk.runlock(sh)
+	return sh, v, f
 }
 
 // drop appends the Matches of the slots of word j in gone, whose runs (those still

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"tandem/kvcache"
@@ -580,6 +581,180 @@ func TestIndexConcurrent(t *testing.T) {
 	if x.Len() != blocks {
 		t.Fatalf("%d hashes, want %d", x.Len(), blocks)
 	}
+}
+
+// A lookup reads each block under its own shard's lock, at its own moment (walk), so
+// that events applied while it walks show in some blocks and not in others. What it
+// reports of a worker must still lie between what the worker held at some moment of the
+// lookup and what it held at another. Here every worker's holdings of a chain lie, at
+// every moment, between its leading lo and hi blocks: an applier widens the bounds to an
+// event's outcome before applying it and narrows them after. In a round, growers extend
+// their prefix and shrinkers cut theirs from the tail, so the bounds only move one way,
+// and a lookup's run for a worker must lie between the least lo and the greatest hi read
+// before and after it; the next round swaps the roles. Decisions (the grouped walk) run
+// beside them and must not fail.
+func TestIndexLookupsDuringEvents(t *testing.T) {
+	const workers, blocks, rounds = 160, 256, 6
+	chain := make([]uint64, blocks)
+	rng := rand.New(rand.NewPCG(5, 8))
+	for i := range chain {
+		chain[i] = rng.Uint64() | 1
+	}
+	s := replayState(t, workers)
+	x := s.Index()
+	type bounds struct{ lo, hi atomic.Int64 }
+	b := make([]bounds, workers)
+	ids := make([]uint64, workers)
+	for w := 1; w < workers; w += 2 { // the first round's shrinkers start with the whole chain
+		ids[w]++
+		x.Apply(WorkerID(w), stored(ids[w], kvcache.TierDevice, 0, chain...))
+		b[w].lo.Store(blocks)
+		b[w].hi.Store(blocks)
+	}
+	var lookedUp, decided atomic.Int64
+	for round := range rounds {
+		var appliers sync.WaitGroup
+		for g := range 2 {
+			appliers.Add(1)
+			go func() {
+				defer appliers.Done()
+				rng := rand.New(rand.NewPCG(uint64(g), uint64(round)))
+				for busy := true; busy; {
+					busy = false
+					for w := g; w < workers; w += 2 {
+						n := int(b[w].lo.Load())
+						if (w%2 == 0) == (round%2 == 0) { // grower
+							if n == blocks {
+								continue
+							}
+							m := min(blocks, n+1+rng.IntN(6))
+							parent := uint64(0)
+							if n > 0 {
+								parent = chain[n-1]
+							}
+							ids[w]++
+							b[w].hi.Store(int64(m))
+							x.Apply(WorkerID(w), stored(ids[w], kvcache.TierDevice, parent, chain[n:m]...))
+							b[w].lo.Store(int64(m))
+						} else { // shrinker
+							if n == 0 {
+								continue
+							}
+							m := max(0, n-1-rng.IntN(6))
+							ids[w]++
+							b[w].lo.Store(int64(m))
+							x.Apply(WorkerID(w), removed(ids[w], kvcache.TierDevice, chain[m:n]...))
+							b[w].hi.Store(int64(m))
+						}
+						busy = true
+					}
+				}
+			}()
+		}
+		stop := make(chan struct{})
+		var lookups sync.WaitGroup
+		// A writer that takes each shard's lock in turn and holds it a little, as an
+		// event's chunk does, so that most walks go by probes (a walk holds every shard's
+		// read lock while no writer holds or wants one).
+		lookups.Add(1)
+		go func() {
+			defer lookups.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				sh := &x.shards[i%numShards]
+				sh.lock(x.spins)
+				for range 200 {
+					spinPause()
+				}
+				sh.mu.Unlock()
+			}
+		}()
+		for r := range 2 {
+			lookups.Add(1)
+			go func() {
+				defer lookups.Done()
+				var wk Walk
+				var dst []Match
+				lo, hi := make([]int64, workers), make([]int64, workers)
+				seen := make([]bool, workers)
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					n := 1 + (i*37+r*101)%blocks
+					for w := range b {
+						lo[w], hi[w] = b[w].lo.Load(), b[w].hi.Load()
+					}
+					dst = x.OverlapWith(&wk, chain[:n], dst)
+					for w := range b {
+						lo[w], hi[w] = min(lo[w], b[w].lo.Load()), max(hi[w], b[w].hi.Load())
+					}
+					lookedUp.Add(1)
+					clear(seen)
+					for _, m := range dst {
+						w := int(m.Worker)
+						if w >= workers || seen[w] {
+							t.Errorf("lookup of %d blocks: unknown or repeated worker in %v", n, m)
+							return
+						}
+						seen[w] = true
+						if m.Device != m.Host || m.Host != m.Disk || m.Disk != m.Remote {
+							t.Errorf("lookup of %d blocks: %v, device tier only", n, m)
+							return
+						}
+						if got := int64(m.Device); got < min(lo[w], int64(n)) || got > min(hi[w], int64(n)) {
+							t.Errorf("lookup of %d blocks: worker %d run %d, held between %d and %d", n, w, got, lo[w], hi[w])
+							return
+						}
+					}
+					for w := range seen {
+						if !seen[w] && lo[w] > 0 {
+							t.Errorf("lookup of %d blocks: worker %d missing, held at least %d", n, w, lo[w])
+							return
+						}
+					}
+				}
+			}()
+		}
+		lookups.Add(1)
+		go func() {
+			defer lookups.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n := 1 + (i*53)%blocks
+				d, err := s.Decide(Request{Hashes: chain[:n], PromptTokens: n * replayBlock})
+				if err != nil {
+					t.Errorf("decide: %v", err)
+					return
+				}
+				s.RemoveInflight(d.Inflight)
+				decided.Add(1)
+			}
+		}()
+		appliers.Wait()
+		close(stop)
+		lookups.Wait()
+		if t.Failed() {
+			return
+		}
+	}
+	got := x.Overlap(chain)
+	for w := range WorkerID(workers) {
+		if want := int(b[w].lo.Load()); got[w] != want || x.Blocks(w) != want {
+			t.Errorf("worker %d at the end: overlap %d, blocks %d, want %d", w, got[w], x.Blocks(w), want)
+		}
+	}
+	t.Logf("%d lookups, %d decisions beside the events", lookedUp.Load(), decided.Load())
 }
 
 // naiveMatch is worker w's Match of chain c in the naive model (hash → tier mask): each
