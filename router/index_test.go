@@ -653,94 +653,88 @@ func TestIndexLookupsDuringEvents(t *testing.T) {
 		}
 		stop := make(chan struct{})
 		var lookups sync.WaitGroup
-		// A writer that takes each shard's lock in turn and holds it a little, as an
-		// event's chunk does, so that most walks go by probes (a walk holds every shard's
-		// read lock while no writer holds or wants one).
-		lookups.Add(1)
-		go func() {
-			defer lookups.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				sh := &x.shards[i%numShards]
-				sh.lock(x.spins)
-				for range 200 {
-					spinPause()
-				}
-				sh.mu.Unlock()
-			}
-		}()
-		for r := range 2 {
+		// untilStop runs step(0), step(1), … on a goroutine of its own until stop is closed
+		// or step returns false.
+		untilStop := func(step func(i int) bool) {
 			lookups.Add(1)
 			go func() {
 				defer lookups.Done()
-				var wk Walk
-				var dst []Match
-				lo, hi := make([]int64, workers), make([]int64, workers)
-				seen := make([]bool, workers)
 				for i := 0; ; i++ {
 					select {
 					case <-stop:
 						return
 					default:
 					}
-					n := 1 + (i*37+r*101)%blocks
-					for w := range b {
-						lo[w], hi[w] = b[w].lo.Load(), b[w].hi.Load()
-					}
-					dst = x.OverlapWith(&wk, chain[:n], dst)
-					for w := range b {
-						lo[w], hi[w] = min(lo[w], b[w].lo.Load()), max(hi[w], b[w].hi.Load())
-					}
-					lookedUp.Add(1)
-					clear(seen)
-					for _, m := range dst {
-						w := int(m.Worker)
-						if w >= workers || seen[w] {
-							t.Errorf("lookup of %d blocks: unknown or repeated worker in %v", n, m)
-							return
-						}
-						seen[w] = true
-						if m.Device != m.Host || m.Host != m.Disk || m.Disk != m.Remote {
-							t.Errorf("lookup of %d blocks: %v, device tier only", n, m)
-							return
-						}
-						if got := int64(m.Device); got < min(lo[w], int64(n)) || got > min(hi[w], int64(n)) {
-							t.Errorf("lookup of %d blocks: worker %d run %d, held between %d and %d", n, w, got, lo[w], hi[w])
-							return
-						}
-					}
-					for w := range seen {
-						if !seen[w] && lo[w] > 0 {
-							t.Errorf("lookup of %d blocks: worker %d missing, held at least %d", n, w, lo[w])
-							return
-						}
+					if !step(i) {
+						return
 					}
 				}
 			}()
 		}
-		lookups.Add(1)
-		go func() {
-			defer lookups.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				n := 1 + (i*53)%blocks
-				d, err := s.Decide(Request{Hashes: chain[:n], PromptTokens: n * replayBlock})
-				if err != nil {
-					t.Errorf("decide: %v", err)
-					return
-				}
-				s.RemoveInflight(d.Inflight)
-				decided.Add(1)
+		// A writer that takes each shard's lock in turn and holds it a little, as an
+		// event's chunk does, so that most walks go by probes (a walk holds every shard's
+		// read lock while no writer holds or wants one).
+		untilStop(func(i int) bool {
+			sh := &x.shards[i%numShards]
+			sh.lock(x.spins)
+			for range 200 {
+				spinPause()
 			}
-		}()
+			sh.mu.Unlock()
+			return true
+		})
+		for r := range 2 {
+			var wk Walk
+			var dst []Match
+			lo, hi := make([]int64, workers), make([]int64, workers)
+			seen := make([]bool, workers)
+			untilStop(func(i int) bool {
+				n := 1 + (i*37+r*101)%blocks
+				for w := range b {
+					lo[w], hi[w] = b[w].lo.Load(), b[w].hi.Load()
+				}
+				dst = x.OverlapWith(&wk, chain[:n], dst)
+				for w := range b {
+					lo[w], hi[w] = min(lo[w], b[w].lo.Load()), max(hi[w], b[w].hi.Load())
+				}
+				lookedUp.Add(1)
+				clear(seen)
+				for _, m := range dst {
+					w := int(m.Worker)
+					if w >= workers || seen[w] {
+						t.Errorf("lookup of %d blocks: unknown or repeated worker in %v", n, m)
+						return false
+					}
+					seen[w] = true
+					if m.Device != m.Host || m.Host != m.Disk || m.Disk != m.Remote {
+						t.Errorf("lookup of %d blocks: %v, device tier only", n, m)
+						return false
+					}
+					if got := int64(m.Device); got < min(lo[w], int64(n)) || got > min(hi[w], int64(n)) {
+						t.Errorf("lookup of %d blocks: worker %d run %d, held between %d and %d", n, w, got, lo[w], hi[w])
+						return false
+					}
+				}
+				for w := range seen {
+					if !seen[w] && lo[w] > 0 {
+						t.Errorf("lookup of %d blocks: worker %d missing, held at least %d", n, w, lo[w])
+						return false
+					}
+				}
+				return true
+			})
+		}
+		untilStop(func(i int) bool {
+			n := 1 + (i*53)%blocks
+			d, err := s.Decide(Request{Hashes: chain[:n], PromptTokens: n * replayBlock})
+			if err != nil {
+				t.Errorf("decide: %v", err)
+				return false
+			}
+			s.RemoveInflight(d.Inflight)
+			decided.Add(1)
+			return true
+		})
 		appliers.Wait()
 		close(stop)
 		lookups.Wait()

@@ -105,15 +105,7 @@ func startFakeRouter(t *testing.T, f *fakeRouter) *fakeRouter {
 	orpc.Unary(srv, cluster.MethodEvents, func(ctx context.Context, _ *cluster.KVEvents) (*cluster.Ack, error) {
 		return &cluster.Ack{}, nil
 	})
-	l, err := srv.Listen("127.0.0.1:0", f.id.ServerTLS())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { srv.Serve(ctx, l); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	f.addr = l.Addr().String()
+	f.addr = serveORPC(t, srv, f.id)
 	return f
 }
 

@@ -75,6 +75,14 @@ func startOldRouter(t *testing.T, id *orpc.Identity) *oldRouter {
 		r.events.Add(1)
 		return &cluster.Ack{}, nil
 	})
+	r.addr = serveORPC(t, srv, id)
+	return r
+}
+
+// serveORPC serves srv on 127.0.0.1 with identity id until the test ends, and returns its
+// address.
+func serveORPC(t *testing.T, srv *orpc.Server, id *orpc.Identity) string {
+	t.Helper()
 	l, err := srv.Listen("127.0.0.1:0", id.ServerTLS())
 	if err != nil {
 		t.Fatal(err)
@@ -83,8 +91,7 @@ func startOldRouter(t *testing.T, id *orpc.Identity) *oldRouter {
 	done := make(chan struct{})
 	go func() { srv.Serve(ctx, l); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	r.addr = l.Addr().String()
-	return r
+	return l.Addr().String()
 }
 
 // A worker of this version under a router that does not open Worker.Publish sends every
