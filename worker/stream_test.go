@@ -32,6 +32,17 @@ func streamBody(t *testing.T, base, body string) string {
 	return volatileSSE.ReplaceAllString(b, "X")
 }
 
+// streamRouter starts a router with cfg's stream settings (default policy, 50 ms
+// heartbeats) and one worker, w1, joined to it.
+func streamRouter(t *testing.T, cfg live.Config) *testCluster {
+	t.Helper()
+	cfg.Policy, cfg.Heartbeat, cfg.HeartbeatTimeout = router.DefaultConfig(), 50*time.Millisecond, 2*time.Second
+	c := startRouterLive(t, cfg)
+	c.addWorker("w1", c.router.Token.String(), 0)
+	c.waitWorkers(1)
+	return c
+}
+
 // A router that streams tokens several to a message and several to a write
 // (--stream-interval) sends the client the very events of one that streams them one at a
 // time: every token, in order, with its logprobs, the finish and the usage.
@@ -44,10 +55,7 @@ func TestStreamIntervalSameEvents(t *testing.T) {
 	}
 	var answers [2][]string
 	for k, interval := range []int{1, 4} {
-		c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
-			HeartbeatTimeout: 2 * time.Second, StreamInterval: interval})
-		c.addWorker("w1", c.router.Token.String(), 0)
-		c.waitWorkers(1)
+		c := streamRouter(t, live.Config{StreamInterval: interval})
 		for _, body := range bodies {
 			answers[k] = append(answers[k], streamBody(t, c.router.URL(), body))
 		}
@@ -76,10 +84,7 @@ func TestCollectedAnswersSame(t *testing.T) {
 	}
 	var answers [2][]string
 	for k, interval := range []int{1, 0} {
-		c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 50 * time.Millisecond,
-			HeartbeatTimeout: 2 * time.Second, CollectedInterval: interval})
-		c.addWorker("w1", c.router.Token.String(), 0)
-		c.waitWorkers(1)
+		c := streamRouter(t, live.Config{CollectedInterval: interval})
 		for _, body := range bodies {
 			resp, b, _ := post(t, c.router.URL(), body)
 			if resp.StatusCode != http.StatusOK {
