@@ -25,21 +25,9 @@ import (
 func TestBurstTwoRouters(t *testing.T) {
 	sys := toks(0, 8*testBlock)
 	newRouter := func(t *testing.T, temp float64, seed uint64, share, shares int) *State {
-		cfg := DefaultConfig()
-		cfg.Temperature = temp
-		s, err := NewState(cfg, rand.New(rand.NewPCG(seed, seed)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.SetShare(share, shares); err != nil {
-			t.Fatal(err)
-		}
+		s := shareState(t, temp, rand.New(rand.NewPCG(seed, seed)), share, shares)
 		for id := range WorkerID(100) {
-			card := testCard
-			card.Node = fmt.Sprintf("node-%d", id)
-			if err := s.AddWorker(id+1, card); err != nil {
-				t.Fatal(err)
-			}
+			addNamed(t, s, id+1, fmt.Sprintf("node-%d", id))
 			cache(t, s, id+1, kvcache.TierDevice, hashes(sys))
 		}
 		return s
@@ -99,25 +87,13 @@ func TestBurstTwoRouters(t *testing.T) {
 // refused.
 func TestShares(t *testing.T) {
 	for _, temp := range []float64{DefaultConfig().Temperature, 0} {
-		cfg := DefaultConfig()
-		cfg.Temperature = temp
-		s, err := NewState(cfg, rand.New(rand.NewPCG(7, 7)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.SetShare(0, 2); err != nil {
-			t.Fatal(err)
-		}
+		s := shareState(t, temp, rand.New(rand.NewPCG(7, 7)), 0, 2)
 		for id := range WorkerID(8) {
-			card := testCard
-			card.Node = fmt.Sprintf("w%d", id)
-			if err := s.AddWorker(id+1, card); err != nil {
-				t.Fatal(err)
-			}
+			addNamed(t, s, id+1, fmt.Sprintf("w%d", id))
 		}
 		var own, foreign []WorkerID
 		for id := range WorkerID(8) {
-			if s.InShare(id + 1) {
+			if inShare(s, id+1) {
 				own = append(own, id+1)
 			} else {
 				foreign = append(foreign, id+1)
@@ -137,7 +113,7 @@ func TestShares(t *testing.T) {
 		for i := range 7 {
 			w := decide(t, s, req(toks(100000*(i+1), 4*testBlock))).Worker
 			picked[w] = true
-			if i < len(own) && !s.InShare(w) {
+			if i < len(own) && !inShare(s, w) {
 				t.Errorf("temperature %v: fresh prompt %d went to worker %d of the other share while own workers were idle", temp, i, w)
 			}
 		}
@@ -149,21 +125,11 @@ func TestShares(t *testing.T) {
 	const shares, workers = 3, 301
 	routers := make([]*State, shares)
 	for k := range routers {
-		s, err := NewState(DefaultConfig(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.SetShare(k, shares); err != nil {
-			t.Fatal(err)
-		}
+		s := shareState(t, DefaultConfig().Temperature, nil, k, shares)
 		// Each router numbers the workers its own way: in another order, other ids.
 		for i := range workers {
 			n := (i*2*(k+1) + k) % workers // a permutation: 2, 4, 6 are prime to 301
-			card := testCard
-			card.Node = fmt.Sprintf("engine-%d", n)
-			if err := s.AddWorker(WorkerID(1000*k+n), card); err != nil {
-				t.Fatal(err)
-			}
+			addNamed(t, s, WorkerID(1000*k+n), fmt.Sprintf("engine-%d", n))
 		}
 		routers[k] = s
 	}
@@ -176,7 +142,7 @@ func TestShares(t *testing.T) {
 			}
 			in := 0
 			for k, s := range routers {
-				if s.InShare(WorkerID(1000*k + n)) {
+				if inShare(s, WorkerID(1000*k+n)) {
 					in++
 					sizes[k]++
 				}
@@ -208,4 +174,36 @@ func TestShares(t *testing.T) {
 	if err := s.SetShare(5, 1); err != nil {
 		t.Errorf("SetShare(5, 1) (one router: no share): %v", err)
 	}
+}
+
+// shareState is a State of the default configuration at temperature temp, drawing from rng
+// (nil: a fixed seed), that is router share of shares.
+func shareState(t testing.TB, temp float64, rng *rand.Rand, share, shares int) *State {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Temperature = temp
+	s, err := NewState(cfg, rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetShare(share, shares); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// addNamed registers worker id with the test card and node name node.
+func addNamed(t testing.TB, s *State, id WorkerID, node string) {
+	t.Helper()
+	card := testCard
+	card.Node = node
+	if err := s.AddWorker(id, card); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// inShare reports whether worker id is in s's share.
+func inShare(s *State, id WorkerID) bool {
+	w := s.lookup(id)
+	return w != nil && w.own
 }

@@ -355,11 +355,7 @@ func TestDecideEqualCostsShares(t *testing.T) {
 				t.Fatal(err)
 			}
 			for w := range WorkerID(100) {
-				card := testCard
-				card.Node = fmt.Sprintf("node-%d", w)
-				if err := s.AddWorker(w, card); err != nil {
-					t.Fatal(err)
-				}
+				addNamed(t, s, w, fmt.Sprintf("node-%d", w))
 			}
 		}
 		for i := range 300 {

@@ -638,9 +638,13 @@ func (s *State) tieKey(req Request) uint64 {
 	return k
 }
 
-// tieHash mixes a request key, a worker and the State's seed (splitmix64's finaliser).
+// tieHash mixes a request key, a worker and the State's seed.
 func (s *State) tieHash(key uint64, w WorkerID) uint64 {
-	x := key ^ s.tieSeed ^ uint64(w)*0x9e3779b97f4a7c15
+	return finalize(key ^ s.tieSeed ^ uint64(w)*0x9e3779b97f4a7c15)
+}
+
+// finalize is splitmix64's finaliser: every bit of x moves about half of the result's.
+func finalize(x uint64) uint64 {
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	return x ^ (x >> 31)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -577,13 +578,6 @@ func (s *State) SetShare(share, shares int) error {
 // Share returns this router's share and the number of shares (0 of 0: none).
 func (s *State) Share() (share, shares int) { return s.share, s.shares }
 
-// InShare reports whether worker id is in this router's share (every worker is while the
-// router has none).
-func (s *State) InShare(id WorkerID) bool {
-	w := s.lookup(id)
-	return w != nil && w.own
-}
-
 // reshare deals the workers out to the shares again (SetShare); called when they change.
 // The caller renumbers and resynchronises the slots after it, which rebuild the share's
 // bitmaps.
@@ -609,16 +603,12 @@ func (s *State) reshare() {
 	s.shareOrder = order[:0]
 }
 
-// nodeHash orders workers for the shares: FNV-1a of the node name, then splitmix64's
-// finaliser, so that the deal does not follow the names' order.
+// nodeHash orders workers for the shares: FNV-1a of the node name, finalised, so that the
+// deal does not follow the names' order.
 func nodeHash(node string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(node); i++ {
-		h = (h ^ uint64(node[i])) * 1099511628211
-	}
-	h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9
-	h = (h ^ (h >> 27)) * 0x94d049bb133111eb
-	return h ^ h>>31
+	h := fnv.New64a()
+	h.Write([]byte(node))
+	return finalize(h.Sum64())
 }
 
 // RemoveWorker forgets worker id: its index entries, load and session
