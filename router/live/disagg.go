@@ -373,9 +373,6 @@ func (l *Router) noPrefillFormat(m *liveModel, d router.WorkerID) {
 	key := dw.Card.KVFormat + "\x00" + strings.Join(pf, "\x00")
 	first := !l.formatsLogged[key]
 	if first {
-		if l.formatsLogged == nil {
-			l.formatsLogged = map[string]bool{}
-		}
 		l.formatsLogged[key] = true
 	}
 	l.mu.Unlock()

@@ -274,6 +274,10 @@ func New(cfg Config) (*Router, error) {
 		models:  map[string]*liveModel{},
 		workers: map[router.WorkerID]*liveWorker{},
 		byNode:  map[string]router.WorkerID{},
+
+		formatsLogged: map[string]bool{},
+		places:        map[sharePlace]int{},
+		placesLogged:  map[sharePlace]bool{},
 	}
 	ch := make(chan struct{})
 	l.changed.Store(&ch)
@@ -613,7 +617,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 			l.mu.Unlock()
 			return orpc.Errorf(orpc.Internal, "router: %v", err)
 		}
-		l.applyShare(st, log)
+		l.applyShare(st)
 		m = &liveModel{name: card.Model, card: *card, tok: tok, state: st, created: time.Now().Unix()}
 		newModel = true
 	} else if !cluster.SameTokenizer(&m.card, card) {

@@ -2,7 +2,6 @@ package live
 
 import (
 	"fmt"
-	"log/slog"
 
 	"tandem/router"
 )
@@ -24,9 +23,6 @@ func (l *Router) countPlaceLocked(p sharePlace, node string, by int) {
 	if p.n < 2 {
 		return
 	}
-	if l.places == nil {
-		l.places = map[sharePlace]int{}
-	}
 	l.places[p] += by
 	if l.places[p] <= 0 {
 		delete(l.places, p)
@@ -42,9 +38,6 @@ func (l *Router) countPlaceLocked(p sharePlace, node string, by int) {
 	if by > 0 && p != best {
 		l.met.ShareDisagreements.Inc()
 		if !l.placesLogged[p] {
-			if l.placesLogged == nil {
-				l.placesLogged = map[sharePlace]bool{}
-			}
 			l.placesLogged[p] = true
 			l.log.Warn("a worker places this router otherwise than most workers do (different --join lists?); following the majority",
 				"worker", node, "its_place", fmt.Sprintf("%d of %d", p.index, p.n),
@@ -60,9 +53,7 @@ func (l *Router) countPlaceLocked(p sharePlace, node string, by int) {
 func (l *Router) setShareLocked(p sharePlace) {
 	l.share = p
 	for _, m := range l.models {
-		if err := m.state.SetShare(p.index, p.n); err != nil {
-			l.log.Error("router share refused", "err", err) // countPlaceLocked only keeps valid places
-		}
+		l.applyShare(m.state)
 	}
 	l.met.Share.Set(float64(p.index))
 	l.met.Shares.Set(float64(p.n))
@@ -73,10 +64,11 @@ func (l *Router) setShareLocked(p sharePlace) {
 	}
 }
 
-// applyShare gives a new model's State the router's share.
-func (l *Router) applyShare(st *router.State, log *slog.Logger) {
+// applyShare gives a model's State the router's share. Called with l.mu held.
+func (l *Router) applyShare(st *router.State) {
+	// The cards' decoder refuses an index past the count, so SetShare cannot refuse a place.
 	if err := st.SetShare(l.share.index, l.share.n); err != nil {
-		log.Error("router share refused", "err", err)
+		l.log.Error("router share refused", "err", err)
 	}
 }
 
