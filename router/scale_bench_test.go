@@ -32,11 +32,7 @@ func scaleStateN(b testing.TB, s *State, perWorker int) Request {
 	hp := hashes(prompt)
 	own := perWorker - scaleSystemBlocks
 	for w := range WorkerID(scaleWorkers) {
-		card := testCard
-		card.Node = "node-" + strconv.Itoa(int(w)) // for a State with shares
-		if err := s.AddWorker(w, card); err != nil {
-			b.Fatal(err)
-		}
+		addNamed(b, s, w, "node-"+strconv.Itoa(int(w))) // named, for a State with shares
 		setLoad(b, s, w, load{decode: rng.IntN(500), prefillTokens: rng.IntN(4096), usage: 0.5})
 		var id uint64
 		apply := func(ev kvcache.Event) {
