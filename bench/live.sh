@@ -1,4 +1,5 @@
-# bench/live.sh, sourced by bench/routing-live.sh and bench/router-cpu.sh: a live
+# bench/live.sh, sourced by bench/routing-live.sh, bench/router-cpu.sh and
+# bench/routers-burst.sh: a live
 # deployment of one tandem-router and one tandem serve process of sim replicas joined to
 # it, both from $BIN, on random ports, with the router's CPU time to read.
 #
@@ -8,10 +9,16 @@
 # the flags given and then ROUTER_ARGS, and waits for REPLICAS workers to join (TRIES
 # half-seconds at most) and 2 s more. It sets HP (the router's HTTP port), EP (the
 # engine's), RPID and EPID, and kills both on exit.
+# LIVE_TOKEN is the join token of the deployments these scripts start.
+LIVE_TOKEN=abcdef.0123456789abcdef
+
+# joined is how many workers the router whose HTTP port is $1 has.
+joined() { curl -s "localhost:$1/metrics" | grep -c '^tandem_router:worker_info' || true; }
+
 start_live() {
-	local dir=$1 replicas=$2 tries=$3 n
+	local dir=$1 replicas=$2 tries=$3
 	shift 3
-	local tok=abcdef.0123456789abcdef
+	local tok=$LIVE_TOKEN
 	HP=$((18000 + RANDOM % 1000)) OP=$((19000 + RANDOM % 1000)) EP=$((20000 + RANDOM % 1000))
 	# shellcheck disable=SC2086
 	"$BIN/tandem-router" --port $HP --orpc-port $OP --state-dir "$dir/router" --join-token $tok "$@" \
@@ -24,8 +31,7 @@ start_live() {
 	EPID=$!
 	trap 'kill $EPID $RPID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 	for _ in $(seq 1 "$tries"); do
-		n=$(curl -s "localhost:$HP/metrics" | grep -c '^tandem_router:worker_info' || true)
-		[ "$n" -ge "$replicas" ] && break
+		[ "$(joined $HP)" -ge "$replicas" ] && break
 		sleep 0.5
 	done
 	sleep 2

@@ -20,7 +20,9 @@ REPLICAS=${2:-100}
 BURST=${3:-48}
 ROUNDS=${4:-3}
 D=$(mktemp -d)
-tok=abcdef.0123456789abcdef
+# shellcheck source=bench/live.sh
+. "$(dirname "$0")/live.sh"
+tok=$LIVE_TOKEN
 port() { echo $((18000 + RANDOM % 4000)); }
 HA=$(port) OA=$(port) HB=$(port) OB=$(port) EP=$(port)
 "$BIN/tandem-router" --port "$HA" --orpc-port "$OA" --state-dir "$D/a" --join-token $tok --log-level warn >"$D/a.log" 2>&1 &
@@ -35,9 +37,8 @@ sleep 1
 "$BIN/tandem" serve --backend sim --replicas "$REPLICAS" --sim-profile gpu --port "$EP" --orpc-port 0 \
 	--join "127.0.0.1:$OA" --join "127.0.0.1:$OB" --join-token $tok --state-dir "$D/engine" --log-level warn >"$D/engine.log" 2>&1 &
 PE=$!
-workers() { curl -s "localhost:$1/metrics" | grep -c '^tandem_router:worker_info' || true; }
 for _ in $(seq 1 240); do
-	[ "$(workers "$HA")" -ge "$REPLICAS" ] && [ "$(workers "$HB")" -ge "$REPLICAS" ] && break
+	[ "$(joined "$HA")" -ge "$REPLICAS" ] && [ "$(joined "$HB")" -ge "$REPLICAS" ] && break
 	sleep 0.5
 done
 sleep 2
