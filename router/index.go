@@ -118,7 +118,7 @@ type shard struct {
 
 	cursor int           // Sweep's position in tab
 	passes atomic.Uint64 // Sweep's completed passes over tab
-	sink   uint32        // touch's loads go here, so that they are not dropped
+	sink   uint32        // applyChunkLocked's loads go here, so that they are not dropped
 
 	_ [64]byte // keep shards' locks on separate cache lines
 }
