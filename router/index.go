@@ -577,30 +577,19 @@ func (x *Index) isLive(slot uint32) bool {
 	return w < len(x.live) && x.live[w]&(1<<(slot%64)) != 0
 }
 
-// updateLocked applies set/clear for rec's slot to h and returns the change in the blocks
-// rec holds (+1, -1 or 0), which the caller adds to rec.blocks once per batch: an atomic
-// add per block would be a full barrier between the blocks' table loads, so that each
-// block's cache miss would wait for the one before.
-func (x *Index) updateLocked(sh *shard, rec *workerRec, h uint64, set, clear uint8) int {
-	var v uint32
-	i := -1
-	if h == 0 {
-		v = sh.zero
-	} else if set != 0 {
-		i = sh.slotFor(h)
-		v = sh.tab[i].v
-	} else if i = sh.find(h); i >= 0 {
-		v = sh.tab[i].v
-	} else {
-		return 0
-	}
-	nv, tr := x.change(sh, v, rec.slot, set, clear)
-	switch {
-	case h == 0:
+// clearAt clears bit for slot in the holders of sh's entry i (-1: hash 0's, sh.zero) and
+// returns the change in the slot's blocks (-1 or 0), which the caller adds to rec.blocks
+// once per shard. Called with sh's write lock held.
+func (x *Index) clearAt(sh *shard, i int, slot uint32, bit uint8) int {
+	if i < 0 {
+		nv, tr := x.change(sh, sh.zero, slot, 0, bit)
 		sh.zero = nv
-	case nv == 0:
+		return delta(tr)
+	}
+	nv, tr := x.change(sh, sh.tab[i].v, slot, 0, bit)
+	if nv == 0 {
 		sh.del(i)
-	default:
+	} else {
 		sh.tab[i].v = nv
 	}
 	return delta(tr)
@@ -722,7 +711,7 @@ func (x *Index) clearTier(rec *workerRec, bit uint8) {
 		sh.mu.Lock()
 		d := 0
 		if sh.zero != 0 {
-			d += x.updateLocked(sh, rec, 0, 0, bit)
+			d += x.clearAt(sh, -1, rec.slot, bit)
 		}
 		for i := 0; i < len(sh.tab); {
 			k := sh.tab[i].key()
@@ -731,7 +720,7 @@ func (x *Index) clearTier(rec *workerRec, bit uint8) {
 				continue
 			}
 			n := sh.n
-			d += x.updateLocked(sh, rec, k, 0, bit)
+			d += x.clearAt(sh, i, rec.slot, bit)
 			if sh.n == n || sh.tab[i].key() == k {
 				i++ // not deleted (else a later entry may have shifted into i)
 			}
