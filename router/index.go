@@ -106,8 +106,6 @@ type entry struct{ lo, hi, v uint32 }
 
 func (e *entry) key() uint64 { return uint64(e.lo) | uint64(e.hi)<<32 }
 
-func (e *entry) setKey(k uint64) { e.lo, e.hi = uint32(k), uint32(k>>32) }
-
 type shard struct {
 	mu   sync.RWMutex
 	tab  []entry // the table; a zero key is empty (hash 0 lives in zero)
@@ -185,22 +183,6 @@ func (sh *shard) init(capacity int) {
 // hashes are random already, but tests and callers may use small numbers.
 func mix(h uint64) uint64 { return h * 0x9e3779b97f4a7c15 }
 
-// find returns the position of h in sh's table, or -1. h != 0.
-func (sh *shard) find(h uint64) int {
-	m := len(sh.tab) - 1
-	i := int(mix(h)>>24) & m
-	for {
-		k := sh.tab[i].key()
-		if k == h {
-			return i
-		}
-		if k == 0 {
-			return -1
-		}
-		i = (i + 1) & m
-	}
-}
-
 // rlookup returns h's shard, read-locked for wk's walk (the caller unlocks it with
 // wk.runlock), and h's value there (0: none), mixing h once for both.
 func (x *Index) rlookup(wk *Walk, h uint64) (*shard, uint32) {
@@ -221,27 +203,6 @@ func (x *Index) rlookup(wk *Walk, h uint64) (*shard, uint32) {
 		case 0:
 			return sh, 0
 		}
-	}
-}
-
-// slotFor returns the position of h, inserting it (value 0) if absent. h != 0.
-func (sh *shard) slotFor(h uint64) int {
-	if (sh.n+1)*5 > len(sh.tab)*4 {
-		sh.grow(2 * len(sh.tab))
-	}
-	m := len(sh.tab) - 1
-	i := int(mix(h)>>24) & m
-	for {
-		k := sh.tab[i].key()
-		if k == h {
-			return i
-		}
-		if k == 0 {
-			sh.tab[i].setKey(h)
-			sh.n++
-			return i
-		}
-		i = (i + 1) & m
 	}
 }
 
