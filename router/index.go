@@ -106,8 +106,6 @@ type entry struct{ lo, hi, v uint32 }
 
 func (e *entry) key() uint64 { return uint64(e.lo) | uint64(e.hi)<<32 }
 
-func (e *entry) setKey(k uint64) { e.lo, e.hi = uint32(k), uint32(k>>32) }
-
 type shard struct {
 	mu   sync.RWMutex
 	tab  []entry // the table; a zero key is empty (hash 0 lives in zero)
@@ -118,7 +116,7 @@ type shard struct {
 
 	cursor int           // Sweep's position in tab
 	passes atomic.Uint64 // Sweep's completed passes over tab
-	sink   uint32        // touch's loads go here, so that they are not dropped
+	sink   uint32        // applyChunkLocked's loads go here, so that they are not dropped
 
 	_ [64]byte // keep shards' locks on separate cache lines
 }
@@ -185,22 +183,6 @@ func (sh *shard) init(capacity int) {
 // hashes are random already, but tests and callers may use small numbers.
 func mix(h uint64) uint64 { return h * 0x9e3779b97f4a7c15 }
 
-// find returns the position of h in sh's table, or -1. h != 0.
-func (sh *shard) find(h uint64) int {
-	m := len(sh.tab) - 1
-	i := int(mix(h)>>24) & m
-	for {
-		k := sh.tab[i].key()
-		if k == h {
-			return i
-		}
-		if k == 0 {
-			return -1
-		}
-		i = (i + 1) & m
-	}
-}
-
 // rlookup returns h's shard, read-locked for wk's walk (the caller unlocks it with
 // wk.runlock), and h's value there (0: none), mixing h once for both.
 func (x *Index) rlookup(wk *Walk, h uint64) (*shard, uint32) {
@@ -221,27 +203,6 @@ func (x *Index) rlookup(wk *Walk, h uint64) (*shard, uint32) {
 		case 0:
 			return sh, 0
 		}
-	}
-}
-
-// slotFor returns the position of h, inserting it (value 0) if absent. h != 0.
-func (sh *shard) slotFor(h uint64) int {
-	if (sh.n+1)*5 > len(sh.tab)*4 {
-		sh.grow(2 * len(sh.tab))
-	}
-	m := len(sh.tab) - 1
-	i := int(mix(h)>>24) & m
-	for {
-		k := sh.tab[i].key()
-		if k == h {
-			return i
-		}
-		if k == 0 {
-			sh.tab[i].setKey(h)
-			sh.n++
-			return i
-		}
-		i = (i + 1) & m
 	}
 }
 
@@ -577,30 +538,19 @@ func (x *Index) isLive(slot uint32) bool {
 	return w < len(x.live) && x.live[w]&(1<<(slot%64)) != 0
 }
 
-// updateLocked applies set/clear for rec's slot to h and returns the change in the blocks
-// rec holds (+1, -1 or 0), which the caller adds to rec.blocks once per batch: an atomic
-// add per block would be a full barrier between the blocks' table loads, so that each
-// block's cache miss would wait for the one before.
-func (x *Index) updateLocked(sh *shard, rec *workerRec, h uint64, set, clear uint8) int {
-	var v uint32
-	i := -1
-	if h == 0 {
-		v = sh.zero
-	} else if set != 0 {
-		i = sh.slotFor(h)
-		v = sh.tab[i].v
-	} else if i = sh.find(h); i >= 0 {
-		v = sh.tab[i].v
-	} else {
-		return 0
-	}
-	nv, tr := x.change(sh, v, rec.slot, set, clear)
-	switch {
-	case h == 0:
+// clearAt clears bit for slot in the holders of sh's entry i (-1: hash 0's, sh.zero) and
+// returns the change in the slot's blocks (-1 or 0), which the caller adds to rec.blocks
+// once per shard. Called with sh's write lock held.
+func (x *Index) clearAt(sh *shard, i int, slot uint32, bit uint8) int {
+	if i < 0 {
+		nv, tr := x.change(sh, sh.zero, slot, 0, bit)
 		sh.zero = nv
-	case nv == 0:
+		return delta(tr)
+	}
+	nv, tr := x.change(sh, sh.tab[i].v, slot, 0, bit)
+	if nv == 0 {
 		sh.del(i)
-	default:
+	} else {
 		sh.tab[i].v = nv
 	}
 	return delta(tr)
@@ -722,7 +672,7 @@ func (x *Index) clearTier(rec *workerRec, bit uint8) {
 		sh.mu.Lock()
 		d := 0
 		if sh.zero != 0 {
-			d += x.updateLocked(sh, rec, 0, 0, bit)
+			d += x.clearAt(sh, -1, rec.slot, bit)
 		}
 		for i := 0; i < len(sh.tab); {
 			k := sh.tab[i].key()
@@ -731,7 +681,7 @@ func (x *Index) clearTier(rec *workerRec, bit uint8) {
 				continue
 			}
 			n := sh.n
-			d += x.updateLocked(sh, rec, k, 0, bit)
+			d += x.clearAt(sh, i, rec.slot, bit)
 			if sh.n == n || sh.tab[i].key() == k {
 				i++ // not deleted (else a later entry may have shifted into i)
 			}

@@ -968,3 +968,55 @@ func TestIndexBatchesMatchSingles(t *testing.T) {
 		}
 	}
 }
+
+// Clearing one tier of a worker that holds blocks in others too walks the tables
+// (clearTier): it leaves the index as if the worker had only ever stored the other tiers'
+// blocks, with hash 0, blocks held by it alone, by a few and by many.
+func TestIndexClearOneOfTiers(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 9))
+	const workers = 70
+	pool := []uint64{0}
+	for range 3000 {
+		pool = append(pool, rng.Uint64())
+	}
+	got, want := NewIndex(), NewIndex()
+	ids := make([]uint64, workers)
+	wantIDs := make([]uint64, workers)
+	for w := range workers {
+		for _, tier := range []kvcache.Tier{kvcache.TierDevice, kvcache.TierHost} {
+			var hs []uint64
+			for range 200 {
+				if rng.IntN(3) == 0 {
+					hs = append(hs, pool[rng.IntN(100)]) // shared: lists, then bitmaps
+				} else {
+					hs = append(hs, pool[rng.IntN(len(pool))])
+				}
+			}
+			ids[w]++
+			got.Apply(WorkerID(w), kvcache.Event{ID: ids[w], Kind: kvcache.EventStored, Tier: tier, Hashes: hs})
+			if w%2 == 0 && tier == kvcache.TierHost {
+				continue // cleared below
+			}
+			wantIDs[w]++
+			want.Apply(WorkerID(w), kvcache.Event{ID: wantIDs[w], Kind: kvcache.EventStored, Tier: tier, Hashes: hs})
+		}
+	}
+	for w := 0; w < workers; w += 2 {
+		ids[w]++
+		got.Apply(WorkerID(w), cleared(ids[w], kvcache.TierHost))
+	}
+	for w := range WorkerID(workers) {
+		if got.Blocks(w) != want.Blocks(w) {
+			t.Fatalf("worker %d: %d blocks, want %d", w, got.Blocks(w), want.Blocks(w))
+		}
+	}
+	byWorker := func(a, b Match) int { return int(a.Worker) - int(b.Worker) }
+	var g, wa []Match
+	for _, h := range pool {
+		g = slices.SortedFunc(slices.Values(got.OverlapInto([]uint64{h}, g)), byWorker)
+		wa = slices.SortedFunc(slices.Values(want.OverlapInto([]uint64{h}, wa)), byWorker)
+		if !slices.Equal(g, wa) {
+			t.Fatalf("hash %#x: holders %v, want %v", h, g, wa)
+		}
+	}
+}
