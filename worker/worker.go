@@ -528,6 +528,9 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			w.regs.remove(me) // stopping: the server ends the calls, or lets them finish
 			return
 		}
+		if m := w.cfg.Metrics; m != nil {
+			m.RouterLosses.WithLabelValues(lossCause(err)).Inc() // link logs err
+		}
 		// The registration is over, and with it the router's interest in the requests it
 		// sent: free their sequences now rather than compute for nobody.
 		if n := w.regs.lose(me, fmt.Errorf("worker: lost the router at %s that sent this request: %w", addr, err)); n > 0 {
@@ -542,8 +545,14 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	// A router that does not beat gets one as a call too every probeEvery, whose answer
 	// says it is alive (it takes the call for that alone: on the stream, reports keep
 	// their order).
-	probing := beat <= 0
 	probeEvery := lossTimeout / 3
+	probing := beat <= 0
+	if probing {
+		if m := w.cfg.Metrics; m != nil {
+			m.ProbedRegistrations.Inc()
+		}
+		w.log.Info("router does not beat (an older router); telling it alive by heartbeat calls", "router", addr, "every", probeEvery)
+	}
 	lastCall := time.Now()
 	// A periodic report that says what the last one said is sent only every keepalive, a
 	// half of the silence after which the router stops sending new requests
@@ -625,7 +634,7 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			lastCall = time.Now()
 		case <-tick.C:
 			if silent := time.Since(time.Unix(0, heard.Load())); beat > 0 && silent > lossTimeout+beat {
-				return true, fmt.Errorf("the router has sent no beat for %v (it beats every %v)", silent.Round(time.Millisecond), beat)
+				return true, fmt.Errorf("%w for %v (it beats every %v)", errNoBeats, silent.Round(time.Millisecond), beat)
 			}
 			if err := report(true); err != nil {
 				return true, err
@@ -652,6 +661,17 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			lastReport = time.Now()
 		}
 	}
+}
+
+// lossCause is the cause label of metrics.Worker.RouterLosses for a session ended by err.
+func lossCause(err error) string {
+	switch {
+	case errors.Is(err, errNoBeats):
+		return "beats"
+	case errors.Is(err, errRouterConnEnded):
+		return "connection"
+	}
+	return "other"
 }
 
 // loadReport is the worker's load report now, for registration reg (worker id id there).
