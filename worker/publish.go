@@ -81,6 +81,17 @@ func (reg *registration) dropIfGone(p *publisher, cause error) {
 	}
 }
 
+// takeDropped returns what dropIfGone told reg's session, if it did (and takes it: the
+// session ends on it), nil otherwise.
+func (reg *registration) takeDropped() error {
+	select {
+	case err := <-reg.dropped:
+		return err
+	default:
+		return nil
+	}
+}
+
 // errRouterConnEnded ends a session whose router's connection to this worker ended
 // (registration.dropped); errNoBeats, one whose router stopped beating.
 var (

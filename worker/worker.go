@@ -574,10 +574,8 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		if publishOn(me, &cluster.Publication{Kind: cluster.PublishReport, Report: r}) && !probe {
 			return nil
 		}
-		select {
-		case err := <-me.dropped:
+		if err := me.takeDropped(); err != nil {
 			return err // the router's connection to us ended under the stream: no call to wait on
-		default:
 		}
 		if err := w.heartbeat(sctx, c, &r, lossTimeout); err != nil {
 			return err
@@ -624,6 +622,9 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			}
 			if publishOn(me, &cluster.Publication{Kind: cluster.PublishEvents, Events: *batch}) {
 				break
+			}
+			if err := me.takeDropped(); err != nil {
+				return true, err // as in report: no call to wait on
 			}
 			ectx, cancel := context.WithTimeout(sctx, lossTimeout)
 			err := c.Call(ectx, cluster.MethodEvents, batch, &cluster.Ack{})
