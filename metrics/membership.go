@@ -34,6 +34,16 @@ type Worker struct {
 	// OrphansCanceled counts requests a router had sent this engine that were canceled
 	// because that router was lost (its heartbeat replies stopped or its connection died).
 	OrphansCanceled prometheus.Counter
+	// RouterLosses counts registrations this engine gave up on while not stopping, by
+	// cause: beats (the router's beats on the registration stream stopped), connection
+	// (the router's connection to this engine, which carries its Worker.Publish stream,
+	// ended), other (a heartbeat or event call unanswered, the registration or its
+	// connection ended, ...).
+	RouterLosses *prometheus.CounterVec
+	// ProbedRegistrations counts registrations with a router that does not beat
+	// (cluster.RegisterReply.BeatMs 0, a router before beats), under which the engine
+	// falls back to telling it alive by Router.Heartbeat calls.
+	ProbedRegistrations prometheus.Counter
 }
 
 // NewWorker registers an engine's membership metrics on reg.
@@ -42,5 +52,10 @@ func NewWorker(reg prometheus.Registerer) *Worker {
 	return &Worker{
 		OrphansCanceled: f.counter("tandem:router_lost_requests_canceled_total",
 			"Requests canceled because the router that sent them was lost (its heartbeat replies stopped or its connection died)."),
+		RouterLosses: f.register(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem:router_losses_total",
+			Help: "Router registrations given up while not stopping, by cause: beats (the router's beats stopped), connection (the router's connection to this engine ended), other."},
+			[]string{"cause"})).(*prometheus.CounterVec),
+		ProbedRegistrations: f.counter("tandem:router_probed_registrations_total",
+			"Registrations with a router that does not beat on the registration stream (an older router), which this engine tells alive by Router.Heartbeat calls."),
 	}
 }

@@ -10,7 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"tandem/cluster"
+	"tandem/metrics"
 	"tandem/orpc"
 	"tandem/router"
 	"tandem/router/live"
@@ -116,15 +120,17 @@ func (f *fakeRouter) registrations() int {
 }
 
 // runFakeWorker runs a worker of this version under f until the test ends, and waits for
-// its registration.
-func runFakeWorker(t *testing.T, f *fakeRouter) {
+// its registration. It returns the worker's membership metrics.
+func runFakeWorker(t *testing.T, f *fakeRouter) *metrics.Worker {
 	t.Helper()
 	id, err := f.ca.NewIdentity("w1", []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runWorker(t, worker.Config{Card: cluster.ModelCard{Model: modelName, BlockSize: 16}, Routers: []string{f.addr}, Identity: id}, nil)
+	met := metrics.NewWorker(prometheus.NewRegistry())
+	runWorker(t, worker.Config{Card: cluster.ModelCard{Model: modelName, BlockSize: 16}, Routers: []string{f.addr}, Identity: id, Metrics: met}, nil)
 	waitFor(t, "the registration", func() bool { return f.registrations() >= 1 })
+	return met
 }
 
 // A router that beats (RegisterReply.BeatMs) tells its workers that it is alive by
@@ -136,7 +142,7 @@ func TestProbeCallsOnlyWithoutBeats(t *testing.T) {
 	for _, beat := range []int{0, 200} {
 		f := startFakeRouter(t, &fakeRouter{beats: -1, publish: true, reply: cluster.RegisterReply{WorkerID: 1, HeartbeatMs: 50,
 			Router: "fake", DispatchKey: 77, HeartbeatTimeoutMs: 300, BeatMs: beat}})
-		runFakeWorker(t, f)
+		met := runFakeWorker(t, f)
 		waitFor(t, "reports on the stream", func() bool { return f.published.Load() > 0 })
 		before := f.calls.Load()
 		time.Sleep(1500 * time.Millisecond) // five heartbeat timeouts
@@ -150,6 +156,10 @@ func TestProbeCallsOnlyWithoutBeats(t *testing.T) {
 		if n := f.registrations(); n != 1 {
 			t.Errorf("beat %d ms: %d registrations, want the first to hold", beat, n)
 		}
+		// The fallback to probe calls is counted, once a registration.
+		if got, want := testutil.ToFloat64(met.ProbedRegistrations), float64(f.registrations()); beat == 0 && got != want || beat > 0 && got != 0 {
+			t.Errorf("beat %d ms: %v registrations counted as probed, of %v", beat, got, want)
+		}
 	}
 }
 
@@ -162,7 +172,7 @@ func TestWorkerLeavesRouterThatStopsBeating(t *testing.T) {
 	const ht, beat = 300 * time.Millisecond, 200 * time.Millisecond
 	f := startFakeRouter(t, &fakeRouter{beats: 2, reply: cluster.RegisterReply{WorkerID: 1, HeartbeatMs: 50,
 		Router: "fake", DispatchKey: 77, HeartbeatTimeoutMs: int(ht / time.Millisecond), BeatMs: int(beat / time.Millisecond)}})
-	runFakeWorker(t, f)
+	met := runFakeWorker(t, f)
 	waitFor(t, "a second registration", func() bool { return f.registrations() >= 2 })
 	f.mu.Lock()
 	gap := f.regAt[1].Sub(f.silentAt[0])
@@ -175,6 +185,9 @@ func TestWorkerLeavesRouterThatStopsBeating(t *testing.T) {
 	}
 	if f.calls.Load() == 0 {
 		t.Error("no report calls: the router answered calls all along, which is not what ended the registration")
+	}
+	if got := testutil.ToFloat64(met.RouterLosses.WithLabelValues("beats")); got < 1 {
+		t.Errorf("%v losses to the beats' silence counted, want the registration that ended so", got)
 	}
 }
 
@@ -225,7 +238,8 @@ func TestIdleFleetStaysRegistered(t *testing.T) {
 // silence (three heartbeat timeouts, a minute here).
 func TestWorkerLeavesRouterWhoseConnectionTimesOut(t *testing.T) {
 	c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 100 * time.Millisecond, HeartbeatTimeout: 20 * time.Second})
-	n := c.addWorkerOpts("w1", c.router.Token.String(), workerOpts{relays: true})
+	met := metrics.NewWorker(prometheus.NewRegistry())
+	n := c.addWorkerOpts("w1", c.router.Token.String(), workerOpts{relays: true, metrics: met})
 	c.waitWorkers(1)
 	url := c.router.URL()
 	waitFor(t, "reports on the stream", func() bool {
@@ -247,5 +261,8 @@ func TestWorkerLeavesRouterWhoseConnectionTimesOut(t *testing.T) {
 	}
 	if logs := n.logs.String(); !strings.Contains(logs, "the router's connection to this worker ended") {
 		t.Errorf("want the loss put down to the router's connection to the worker:\n%s", logs)
+	}
+	if got := testutil.ToFloat64(met.RouterLosses.WithLabelValues("connection")); got != 1 {
+		t.Errorf("%v losses to the router's connection ending counted, want 1", got)
 	}
 }

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -75,10 +76,28 @@ func (reg *registration) dropIfGone(p *publisher, cause error) {
 		return // open, or unknown (a nil channel)
 	}
 	select {
-	case reg.dropped <- fmt.Errorf("the router's connection to this worker ended: %w", cause):
+	case reg.dropped <- fmt.Errorf("%w: %w", errRouterConnEnded, cause):
 	default: // told already
 	}
 }
+
+// takeDropped returns what dropIfGone told reg's session, if it did (and takes it: the
+// session ends on it), nil otherwise.
+func (reg *registration) takeDropped() error {
+	select {
+	case err := <-reg.dropped:
+		return err
+	default:
+		return nil
+	}
+}
+
+// errRouterConnEnded ends a session whose router's connection to this worker ended
+// (registration.dropped); errNoBeats, one whose router stopped beating.
+var (
+	errRouterConnEnded = errors.New("the router's connection to this worker ended")
+	errNoBeats         = errors.New("the router has sent no beat")
+)
 
 // attach makes p the publisher of the registration with key, waiting up to publishWait
 // for the registration to be known. A publisher already there is ended.

@@ -528,6 +528,9 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			w.regs.remove(me) // stopping: the server ends the calls, or lets them finish
 			return
 		}
+		if m := w.cfg.Metrics; m != nil {
+			m.RouterLosses.WithLabelValues(lossCause(err)).Inc() // link logs err
+		}
 		// The registration is over, and with it the router's interest in the requests it
 		// sent: free their sequences now rather than compute for nobody.
 		if n := w.regs.lose(me, fmt.Errorf("worker: lost the router at %s that sent this request: %w", addr, err)); n > 0 {
@@ -542,8 +545,14 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	// A router that does not beat gets one as a call too every probeEvery, whose answer
 	// says it is alive (it takes the call for that alone: on the stream, reports keep
 	// their order).
-	probing := beat <= 0
 	probeEvery := lossTimeout / 3
+	probing := beat <= 0
+	if probing {
+		if m := w.cfg.Metrics; m != nil {
+			m.ProbedRegistrations.Inc()
+		}
+		w.log.Info("router does not beat (an older router); telling it alive by heartbeat calls", "router", addr, "every", probeEvery)
+	}
 	lastCall := time.Now()
 	// A periodic report that says what the last one said is sent only every keepalive, a
 	// half of the silence after which the router stops sending new requests
@@ -565,10 +574,8 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 		if publishOn(me, &cluster.Publication{Kind: cluster.PublishReport, Report: r}) && !probe {
 			return nil
 		}
-		select {
-		case err := <-me.dropped:
+		if err := me.takeDropped(); err != nil {
 			return err // the router's connection to us ended under the stream: no call to wait on
-		default:
 		}
 		if err := w.heartbeat(sctx, c, &r, lossTimeout); err != nil {
 			return err
@@ -616,6 +623,9 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			if publishOn(me, &cluster.Publication{Kind: cluster.PublishEvents, Events: *batch}) {
 				break
 			}
+			if err := me.takeDropped(); err != nil {
+				return true, err // as in report: no call to wait on
+			}
 			ectx, cancel := context.WithTimeout(sctx, lossTimeout)
 			err := c.Call(ectx, cluster.MethodEvents, batch, &cluster.Ack{})
 			cancel()
@@ -625,7 +635,7 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			lastCall = time.Now()
 		case <-tick.C:
 			if silent := time.Since(time.Unix(0, heard.Load())); beat > 0 && silent > lossTimeout+beat {
-				return true, fmt.Errorf("the router has sent no beat for %v (it beats every %v)", silent.Round(time.Millisecond), beat)
+				return true, fmt.Errorf("%w for %v (it beats every %v)", errNoBeats, silent.Round(time.Millisecond), beat)
 			}
 			if err := report(true); err != nil {
 				return true, err
@@ -652,6 +662,17 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			lastReport = time.Now()
 		}
 	}
+}
+
+// lossCause is the cause label of metrics.Worker.RouterLosses for a session ended by err.
+func lossCause(err error) string {
+	switch {
+	case errors.Is(err, errNoBeats):
+		return "beats"
+	case errors.Is(err, errRouterConnEnded):
+		return "connection"
+	}
+	return "other"
 }
 
 // loadReport is the worker's load report now, for registration reg (worker id id there).
