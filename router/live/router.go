@@ -129,12 +129,12 @@ type Router struct {
 	share        sharePlace
 	placesLogged map[sharePlace]bool
 
-	// changed is closed (and replaced) when load may have dropped: waiting requests look
-	// again. Lock-free, so that heartbeats need not take mu.
-	changed atomic.Pointer[chan struct{}]
-	// beats is closed (and replaced) at every beat (Run): each registration's handler
-	// then sends its worker the reply again (beatEvery).
-	beats atomic.Pointer[chan struct{}]
+	// changed fires when load may have dropped: waiting requests look again. Lock-free,
+	// so that heartbeats need not take mu.
+	changed broadcast
+	// beats fires at every beat (Run): each registration's handler then sends its worker
+	// the reply again (beatEvery).
+	beats broadcast
 	// byID is the registry for the heartbeat and event handlers, which do not take mu.
 	byID sync.Map // router.WorkerID → *liveWorker
 	// Workers with policy updates (a load report, a stale flag) for the next decision.
@@ -279,10 +279,8 @@ func New(cfg Config) (*Router, error) {
 		places:        map[sharePlace]int{},
 		placesLogged:  map[sharePlace]bool{},
 	}
-	ch := make(chan struct{})
-	l.changed.Store(&ch)
-	beats := make(chan struct{})
-	l.beats.Store(&beats)
+	l.changed.init()
+	l.beats.init()
 	reg := cfg.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -327,8 +325,7 @@ func (l *Router) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-bt.C:
-			beats := make(chan struct{})
-			close(*l.beats.Swap(&beats))
+			l.beats.fire()
 			continue
 		case <-t.C:
 		}
@@ -509,13 +506,26 @@ func (l *Router) Policy(model, node string) (router.WorkerState, bool) {
 }
 
 // signal wakes requests waiting for a worker.
-func (l *Router) signal() {
-	ch := make(chan struct{})
-	close(*l.changed.Swap(&ch))
-}
+func (l *Router) signal() { l.changed.fire() }
 
 // changedCh is the channel the next signal closes: read it before looking at the state.
-func (l *Router) changedCh() <-chan struct{} { return *l.changed.Load() }
+func (l *Router) changedCh() <-chan struct{} { return l.changed.wait() }
+
+// A broadcast wakes every goroutine waiting on it at once, without a lock: fire closes the
+// channel wait returned and puts a new one in its place. init makes the first channel.
+type broadcast struct{ ch atomic.Pointer[chan struct{}] }
+
+func (b *broadcast) init() {
+	ch := make(chan struct{})
+	b.ch.Store(&ch)
+}
+
+func (b *broadcast) wait() <-chan struct{} { return *b.ch.Load() }
+
+func (b *broadcast) fire() {
+	ch := make(chan struct{})
+	close(*b.ch.Swap(&ch))
+}
 
 // workerAddr is the address to dial a worker at: its card's, with an empty or unspecified
 // host replaced by the address it connected from.
@@ -709,7 +719,7 @@ func (l *Router) register(ctx context.Context, card *cluster.ModelCard, send fun
 	// beatEvery): one message on a stream already open, where a Router.Heartbeat call
 	// opened and closed a stream of its own.
 	for {
-		beatNow := *l.beats.Load()
+		beatNow := l.beats.wait()
 		select {
 		case <-ctx.Done():
 			w.remove("registration ended: " + context.Cause(ctx).Error())
