@@ -18,12 +18,9 @@ const (
 	scaleSystemBlocks = 32
 )
 
-// scaleState fills s with scaleWorkers workers of scaleBlocksPerW blocks each and returns
-// a 4096-token request whose first 32 blocks every worker holds and whose next blocks one
+// scaleStateN fills s with scaleWorkers workers of perWorker blocks each and returns a
+// 4096-token request whose first 32 blocks every worker holds and whose next blocks one
 // worker in eight holds in part.
-func scaleState(b *testing.B, s *State) Request { return scaleStateN(b, s, scaleBlocksPerW) }
-
-// scaleStateN is scaleState with perWorker blocks per worker.
 func scaleStateN(b testing.TB, s *State, perWorker int) Request {
 	b.Helper()
 	rng := rand.New(rand.NewPCG(7, 7))
