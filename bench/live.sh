@@ -6,7 +6,7 @@
 #   start_live DIR REPLICAS TRIES [ROUTER FLAG ...]
 #
 # starts them with their state and logs in DIR (router.log, engine.log), the router with
-# the flags given and then ROUTER_ARGS, and waits for REPLICAS workers to join (TRIES
+# the flags given and then ROUTER_ARGS, the engine with ENGINE_ARGS last, and waits for REPLICAS workers to join (TRIES
 # half-seconds at most) and 2 s more. It sets HP (the router's HTTP port), EP (the
 # engine's), RPID and EPID, and kills both on exit.
 # LIVE_TOKEN is the join token of the deployments these scripts start.
@@ -25,9 +25,10 @@ start_live() {
 		--log-level warn ${ROUTER_ARGS:-} >"$dir/router.log" 2>&1 &
 	RPID=$!
 	sleep 1
+	# shellcheck disable=SC2086
 	"$BIN/tandem" serve --backend sim --replicas "$replicas" --sim-profile gpu --kv-cache-memory 896MiB \
 		--max-model-len 131072 --max-seqs 256 --max-batch-tokens 8192 --port $EP --orpc-port 0 \
-		--join 127.0.0.1:$OP --join-token $tok --state-dir "$dir/engine" --log-level warn >"$dir/engine.log" 2>&1 &
+		--join 127.0.0.1:$OP --join-token $tok --state-dir "$dir/engine" --log-level warn ${ENGINE_ARGS:-} >"$dir/engine.log" 2>&1 &
 	EPID=$!
 	trap 'kill $EPID $RPID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 	for _ in $(seq 1 "$tries"); do

@@ -11,7 +11,9 @@
 #
 # BIN is a directory holding tandem and tandem-router (go build -o BIN ./cmd/tandem
 # ./cmd/tandem-router); REPLICAS sets the number of sim replicas (default 16; ttft uses one);
-# ROUTER_ARGS adds router flags (ROUTER_ARGS="--stream-interval 16");
+# ROUTER_ARGS adds router flags (ROUTER_ARGS="--stream-interval 16"); BENCH_ARGS adds tandem
+# bench flags (BENCH_ARGS='--extra-body {"stream":false,"stream_options":null}': answers
+# not streamed);
 # TRACE is the Mooncake conversation trace (default /work/shared/workloads/mooncake/...).
 # Prints the router process's CPU seconds (from /proc/PID/stat, user and system) over the
 # requests routed, and the UDP datagrams the host (or with NETNS=1 the run's own network
@@ -35,7 +37,8 @@ REPLICAS=${REPLICAS:-16}
 start_live "$D" $REPLICAS 240
 
 udp() { awk '/^Udp:/ { getline; print $5 }' /proc/net/snmp; }
-bench() { "$BIN/tandem" bench --base-url "$1" "${@:2}"; }
+# shellcheck disable=SC2086
+bench() { "$BIN/tandem" bench --base-url "$1" "${@:2}" ${BENCH_ARGS:-}; }
 
 case $MODE in
 mooncake | small | idle)
@@ -50,7 +53,7 @@ mooncake | small | idle)
 	awk -v c=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v n="${n:-0}" -v u=$((u1 - u0)) -v mode="$MODE" -v t0="$t0" -v t1="$t1" 'BEGIN {
 		secs = t1 - t0
 		s = c / hz
-		if (n > 0) printf "%s: router CPU %.2f s over %d requests: %.2f ms per request; %d UDP datagrams sent\n", mode, s, n, 1000 * s / n, u
+		if (n > 0) printf "%s: router CPU %.2f s over %d requests in %.1f s: %.2f ms per request; %d UDP datagrams sent\n", mode, s, n, secs, 1000 * s / n, u
 		else printf "%s: router CPU %.2f s (%.1f ms a second); %d UDP datagrams sent (%.0f a second)\n", mode, s, 1000 * s / secs, u, u / secs
 	}'
 	;;

@@ -152,6 +152,9 @@ type Cluster struct {
 	Advertise  string
 	KVHold     time.Duration
 	KVSendRate float64 // bytes per second a KV pull is served at (0: unlimited)
+	// EventInterval is the least time between two KV event batches to a router
+	// (worker.Config.EventInterval).
+	EventInterval time.Duration
 }
 
 // deviceBackend is a backend on a device (hal/vulkan) that counts, for /metrics, the weights
@@ -540,16 +543,17 @@ func (n *Node) join() error {
 			RequestLevel: cluster.RequestAdapters, Pooling: string(cfg.Pooling),
 			Startup: n.startup, Stages: m.Split,
 		},
-		Node:       cc.NodeName,
-		Routers:    cc.Routers,
-		Token:      cc.Token,
-		StateDir:   cc.StateDir,
-		Advertise:  cc.Advertise,
-		KVMetrics:  metrics.NewKVTransfer(n.reg, cfg.Name),
-		Metrics:    metrics.NewWorker(n.reg),
-		KVHold:     cc.KVHold,
-		KVSendRate: cc.KVSendRate,
-		Logger:     n.log,
+		Node:          cc.NodeName,
+		Routers:       cc.Routers,
+		Token:         cc.Token,
+		StateDir:      cc.StateDir,
+		Advertise:     cc.Advertise,
+		KVMetrics:     metrics.NewKVTransfer(n.reg, cfg.Name),
+		Metrics:       metrics.NewWorker(n.reg),
+		KVHold:        cc.KVHold,
+		KVSendRate:    cc.KVSendRate,
+		EventInterval: cc.EventInterval,
+		Logger:        n.log,
 	}
 	if cfg.Sim != nil {
 		// Sim blocks cross the wire without payload, paced to the modelled time.

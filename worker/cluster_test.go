@@ -154,7 +154,8 @@ type workerOpts struct {
 	timing  *sim.Timing
 	metrics *metrics.Worker // the worker's membership metrics
 	// adapters are LoRA adapters (name → path) the engine loads before it joins.
-	adapters map[string]string
+	adapters      map[string]string
+	eventInterval time.Duration // worker.Config.EventInterval
 }
 
 // addWorkerOpts is addWorker with more choices.
@@ -210,6 +211,7 @@ func (c *testCluster) addWorkerOpts(name, token string, o workerOpts) *node {
 			KVBlocks: 256, ContextLen: m.Config.ContextLen, TokenizerFormat: format, TokenizerFiles: files},
 		Node: name, Routers: []string{c.router.ORPCAddr}, Token: token, StateDir: o.stateDir, Listen: "127.0.0.1:0",
 		Logger: slog.New(slog.NewTextHandler(logs, nil)), Options: o.options, Metrics: o.metrics,
+		EventInterval: o.eventInterval,
 	}
 	if cfg.StateDir == "" {
 		cfg.StateDir = t.TempDir()

@@ -125,7 +125,7 @@ func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*clu
 		return nil, err
 	}
 	defer admitted()
-	ctx, done := w.regs.bind(ctx, req.Generate.DispatchKey)
+	ctx, done := w.regs.bind(ctx, req.Generate.DispatchKey, false) // one answer, no stream
 	defer done()
 	eng := w.kvEngine()
 	f, err := eng.KVFormat()
@@ -510,7 +510,7 @@ func (w *Worker) decode(ctx context.Context, req *cluster.DecodeRequest, send fu
 		return err
 	}
 	defer admitted()
-	ctx, done := w.regs.bind(ctx, req.Generate.DispatchKey)
+	ctx, done := w.regs.bind(ctx, req.Generate.DispatchKey, req.Generate.StreamInterval <= 1)
 	defer done()
 	eng := w.kvEngine()
 	if err := send(&cluster.GenerateEvent{Kind: cluster.EventAccepted}); err != nil {

@@ -13,7 +13,7 @@ import (
 func TestBindBeforeAdd(t *testing.T) {
 	var r registrations
 	const key = 42
-	ctx, done := r.bind(context.Background(), key)
+	ctx, done := r.bind(context.Background(), key, false)
 	defer done()
 	reg := r.add(key)
 	lost := errors.New("router lost")
@@ -24,7 +24,7 @@ func TestBindBeforeAdd(t *testing.T) {
 		t.Fatalf("the early request's context: %v", context.Cause(ctx))
 	}
 
-	_, done2 := r.bind(context.Background(), 7) // a key no registration will have
+	_, done2 := r.bind(context.Background(), 7, false) // a key no registration will have
 	if len(r.regs) != 1 {
 		t.Fatalf("%d registrations while the early binding runs, want 1", len(r.regs))
 	}

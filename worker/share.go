@@ -32,6 +32,7 @@ type registrations struct {
 type registration struct {
 	received atomic.Uint64
 	nudge    chan struct{}             // capacity 1: a pending nudge
+	flush    chan struct{}             // capacity 1: send the KV events waiting now
 	pub      atomic.Pointer[publisher] // the router's Worker.Publish call, if any (publish.go)
 	// active are the running requests the registration's router sent (bind), canceled
 	// should that router be lost (lose). Guarded by registrations.mu.
@@ -44,10 +45,14 @@ type registration struct {
 	// dropped gets why the router's connection to this worker ended under its
 	// Worker.Publish call (publish.go): the session ends on it. Capacity 1.
 	dropped chan error
+	// tokenStreams counts the running requests of this router that stream a message a
+	// token: while there are some, KV events go at once, in the packets of a step's tokens
+	// (Config.EventInterval).
+	tokenStreams atomic.Int32
 }
 
 func newRegistration(early bool) *registration {
-	return &registration{nudge: make(chan struct{}, 1), dropped: make(chan error, 1), early: early}
+	return &registration{nudge: make(chan struct{}, 1), flush: make(chan struct{}, 1), dropped: make(chan error, 1), early: early}
 }
 
 type boundRequest struct {
@@ -115,7 +120,7 @@ func (r *registrations) lose(reg *registration, cause error) int {
 // returned context is also canceled should the registration's router be lost. done ends
 // the binding when the request ends. A request with no key, or one of a registration not
 // (or no longer) tracked, is not bound: it ends when its call does.
-func (r *registrations) bind(ctx context.Context, key uint64) (_ context.Context, done func()) {
+func (r *registrations) bind(ctx context.Context, key uint64, tokenStream bool) (_ context.Context, done func()) {
 	if key == 0 {
 		return ctx, func() {}
 	}
@@ -138,7 +143,13 @@ func (r *registrations) bind(ctx context.Context, key uint64) (_ context.Context
 		reg.active = map[uint64]boundRequest{}
 	}
 	reg.active[id] = boundRequest{bctx, cancel}
+	if tokenStream {
+		reg.tokenStreams.Add(1)
+	}
 	return bctx, func() {
+		if tokenStream {
+			reg.tokenStreams.Add(-1)
+		}
 		r.mu.Lock()
 		delete(reg.active, id)
 		if reg.early && len(reg.active) == 0 && r.regs[key] == reg {
@@ -163,11 +174,23 @@ func (r *registrations) received(key, seq uint64) {
 
 // nudgeAll asks every registration for a load report soon.
 func (r *registrations) nudgeAll() {
+	r.signalAll(func(reg *registration) chan struct{} { return reg.nudge })
+}
+
+// flushAll asks every registration to send the KV events that wait (Config.EventInterval)
+// now: a sequence finished, and its conversation's next turn may come at once.
+func (r *registrations) flushAll() {
+	r.signalAll(func(reg *registration) chan struct{} { return reg.flush })
+}
+
+// signalAll puts a signal, unless one is pending, on the channel ch picks of every
+// registration.
+func (r *registrations) signalAll(ch func(*registration) chan struct{}) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, reg := range r.regs {
 		select {
-		case reg.nudge <- struct{}{}:
+		case ch(reg) <- struct{}{}:
 		default:
 		}
 	}

@@ -74,6 +74,10 @@ type Config struct {
 	Advertise string
 	// EventBuffer is the KV event subscription buffer per router (default 4096).
 	EventBuffer int
+	// EventInterval is the least time between two KV event batches sent to a router
+	// (default DefaultEventInterval; negative: each batch as soon as its events come). A
+	// load report sends the events waiting before it, and so does a sequence's end.
+	EventInterval time.Duration
 	// KVHold is the longest prefilled blocks wait for a decode worker's pull (default
 	// DefaultKVHold; a router may ask for less); KVPullTimeout bounds a pull (default DefaultKVPullTimeout); KVMetrics,
 	// if set, counts transfers (kvtransfer.go).
@@ -165,6 +169,9 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.EventBuffer <= 0 {
 		cfg.EventBuffer = 4096
+	}
+	if cfg.EventInterval == 0 {
+		cfg.EventInterval = DefaultEventInterval
 	}
 	if cfg.KVHold <= 0 {
 		cfg.KVHold = DefaultKVHold
@@ -426,6 +433,27 @@ func (w *Worker) link(ctx context.Context, addr string) {
 // until an operator acts or the other node with its name goes away.
 const refusalRetry = 5 * time.Second
 
+// DefaultEventInterval is Config.EventInterval's default (tandem serve --kv-event-interval).
+const DefaultEventInterval = 200 * time.Millisecond
+
+// maxEventBatch is the most KV events one batch carries: more are sent at once.
+const maxEventBatch = 1024
+
+// drainEvents appends to b the events ch holds now, up to maxEventBatch in all.
+func drainEvents(ch <-chan kvcache.Event, b *cluster.KVEvents) {
+	for len(b.Events) < maxEventBatch {
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				return // the caller's receive sees the end
+			}
+			b.Events = append(b.Events, ev)
+		default:
+			return
+		}
+	}
+}
+
 // isRefusal reports whether err is a router's verdict on the registration rather than a
 // failure to reach it.
 func isRefusal(err error) bool {
@@ -561,6 +589,37 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	if reply.HeartbeatTimeoutMs > 0 {
 		keepalive = min(4*interval, time.Duration(reply.HeartbeatTimeoutMs)*time.Millisecond/2) / 2
 	}
+	// KV events wait up to Config.EventInterval after the last batch sent, so that a
+	// step's evictions and the next steps' stored blocks share a message (each is a
+	// packet, an acknowledgement and a few wake-ups of the router): not while a request of
+	// this router streams a message a token, whose packets carry the events of its steps
+	// at no cost (orpc writes the messages of one moment in one pass). A report sends
+	// what waits first, so that reports still follow the events they count (router/live
+	// checkReport), and so does the end of a sequence, whose conversation's next turn may
+	// come at once.
+	batch := &cluster.KVEvents{WorkerID: reply.WorkerID}
+	var lastEvents time.Time
+	sendEvents := func() error {
+		if len(batch.Events) == 0 {
+			return nil
+		}
+		defer func() { batch.Events = batch.Events[:0] }()
+		lastEvents = time.Now()
+		if publishOn(me, &cluster.Publication{Kind: cluster.PublishEvents, Events: *batch}) {
+			return nil
+		}
+		if err := me.takeDropped(); err != nil {
+			return err // as in report: no call to wait on
+		}
+		ectx, cancel := context.WithTimeout(sctx, lossTimeout)
+		err := c.Call(ectx, cluster.MethodEvents, batch, &cluster.Ack{})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("sending KV events: %w", err)
+		}
+		lastCall = time.Now()
+		return nil
+	}
 	var last cluster.LoadReport
 	var lastAt time.Time
 	report := func(periodic bool) error {
@@ -571,6 +630,10 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			return nil // nothing changed, and the router heard from us lately
 		}
 		last, lastAt = r, now
+		drainEvents(events, batch) // emitted before the report's figures were read
+		if err := sendEvents(); err != nil {
+			return err
+		}
 		if publishOn(me, &cluster.Publication{Kind: cluster.PublishReport, Report: r}) && !probe {
 			return nil
 		}
@@ -592,7 +655,9 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	if err := report(false); err != nil {
 		return true, err
 	}
-	batch := &cluster.KVEvents{WorkerID: reply.WorkerID}
+	evTimer := time.NewTimer(0) // armed while KV events wait for eventInterval
+	<-evTimer.C
+	evArmed := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -607,32 +672,30 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			if !ok {
 				return true, errors.New("KV event subscription ended")
 			}
-			batch.Events = append(batch.Events[:0], ev)
-		drain:
-			for len(batch.Events) < 1024 {
-				select {
-				case ev, ok := <-events:
-					if !ok {
-						break drain
-					}
-					batch.Events = append(batch.Events, ev)
-				default:
-					break drain
+			batch.Events = append(batch.Events, ev)
+			drainEvents(events, batch)
+			if wait := w.cfg.EventInterval - time.Since(lastEvents); wait > 0 && len(batch.Events) < maxEventBatch && me.tokenStreams.Load() == 0 {
+				if !evArmed {
+					evTimer.Reset(wait)
+					evArmed = true
 				}
-			}
-			if publishOn(me, &cluster.Publication{Kind: cluster.PublishEvents, Events: *batch}) {
 				break
 			}
-			if err := me.takeDropped(); err != nil {
-				return true, err // as in report: no call to wait on
+			if err := sendEvents(); err != nil {
+				return true, err
 			}
-			ectx, cancel := context.WithTimeout(sctx, lossTimeout)
-			err := c.Call(ectx, cluster.MethodEvents, batch, &cluster.Ack{})
-			cancel()
-			if err != nil {
-				return true, fmt.Errorf("sending KV events: %w", err)
+		case <-evTimer.C:
+			evArmed = false
+			if err := sendEvents(); err != nil {
+				return true, err
 			}
-			lastCall = time.Now()
+		case <-me.flush:
+			// The finished sequence's last blocks may still be on their way from the
+			// pool: take what the subscription holds too.
+			drainEvents(events, batch)
+			if err := sendEvents(); err != nil {
+				return true, err
+			}
 		case <-tick.C:
 			if silent := time.Since(time.Unix(0, heard.Load())); beat > 0 && silent > lossTimeout+beat {
 				return true, fmt.Errorf("%w for %v (it beats every %v)", errNoBeats, silent.Round(time.Millisecond), beat)
@@ -754,7 +817,7 @@ func (w *Worker) generate(ctx context.Context, req *cluster.GenerateRequest, sen
 		return err
 	}
 	defer admitted()
-	ctx, done := w.regs.bind(ctx, req.DispatchKey)
+	ctx, done := w.regs.bind(ctx, req.DispatchKey, req.StreamInterval <= 1)
 	defer done()
 	if req.StreamInterval > 1 {
 		b := &tokenBatcher{send: send, n: req.StreamInterval}
@@ -822,6 +885,7 @@ func (w *Worker) generateBound(ctx context.Context, req *cluster.GenerateRequest
 			return err
 		}
 		if ev.Finish != "" {
+			w.regs.flushAll()
 			return nil
 		}
 	}

@@ -81,6 +81,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 	role := fs.String("role", cluster.RoleBoth, "cluster role: both, prefill or decode")
 	nodeName := fs.String("node-name", "", "this engine's name in the cluster (default: host name and ORPC port)")
 	kvHold := fs.Duration("kv-hold", worker.DefaultKVHold, "prefill role: the longest prefilled KV blocks wait for the decode worker's pull (the router may ask for less)")
+	kvEventInterval := fs.Duration("kv-event-interval", worker.DefaultEventInterval, "the least time between two KV event batches sent to a router (a load report, or a sequence's end, sends those waiting at once; 0: every batch as soon as its events come)")
 	kvSendRate := fs.String("kv-send-rate", "", "cap on the bandwidth KV pulls are served at, per pull, e.g. 1GB (bytes per second; default unlimited)")
 	advertise := fs.String("advertise", "", "ORPC address routers dial (default: --host and the ORPC port; an unspecified host means the address used to reach the router)")
 	toolParser := fs.String("tool-call-parser", "auto", "the format the model writes tool calls in: "+strings.Join(openai.ToolCallParsers, ", ")+" (auto: chosen from the chat template)")
@@ -379,6 +380,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) error {
 		Cluster: node.Cluster{
 			Routers: joins, Token: *joinToken, StateDir: *stateDir, Role: *role, NodeName: *nodeName,
 			Host: *host, ORPCPort: *orpcPort, Advertise: *advertise, KVHold: *kvHold, KVSendRate: float64(sendRate),
+			EventInterval: eventInterval(*kvEventInterval),
 		},
 		Logger: log, Weights: weights, Started: processStart, OpenTime: openTime,
 	})
@@ -466,3 +468,12 @@ type stringList []string
 
 func (l *stringList) String() string     { return strings.Join(*l, ",") }
 func (l *stringList) Set(s string) error { *l = append(*l, s); return nil }
+
+// eventInterval is --kv-event-interval as worker.Config.EventInterval, where 0 is the default
+// and a negative duration means none.
+func eventInterval(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
+}
