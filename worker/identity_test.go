@@ -101,3 +101,13 @@ func TestWorkerIdentityWithoutToken(t *testing.T) {
 func pemCert(ca *orpc.CA) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
 }
+
+// A router address given twice is refused at once, naming the addresses.
+func TestDuplicateJoin(t *testing.T) {
+	_, err := worker.New(worker.Config{Engine: &fakeStats{pool: kvcache.NewPool(16, 16)},
+		Card: cluster.ModelCard{Model: modelName, BlockSize: 16}, Node: "w1",
+		Routers: []string{"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:1"}, Token: "abcdef.0123456789abcdef", StateDir: t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "given twice (--join): 127.0.0.1:1, 127.0.0.1:2, 127.0.0.1:1") {
+		t.Fatalf("error %v, want one naming the twice-given address", err)
+	}
+}

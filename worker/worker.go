@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -146,6 +147,10 @@ func New(cfg Config) (*Worker, error) {
 		return nil, errors.New("worker: no engine")
 	case len(cfg.Routers) == 0:
 		return nil, errors.New("worker: no router to join")
+	case len(slices.Compact(slices.Sorted(slices.Values(cfg.Routers)))) < len(cfg.Routers):
+		// Two sessions with one router would register the worker twice, and its place
+		// among the routers (shares) would count the address once.
+		return nil, fmt.Errorf("worker: a router address is given twice (--join): %s", strings.Join(cfg.Routers, ", "))
 	case cfg.Identity == nil && cfg.StateDir == "":
 		return nil, errors.New("worker: joining a router needs a state directory (--state-dir) to keep its identity in")
 	case cfg.Card.Model == "" || cfg.Card.BlockSize <= 0:
