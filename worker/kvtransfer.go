@@ -149,7 +149,7 @@ func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*clu
 	h, wait, err := eng.StartPrefill(ctx, &r, hold)
 	w.regs.received(req.Generate.DispatchKey, req.Generate.DispatchSeq) // as for Generate
 	if err == nil {
-		w.regs.nudgeAll()
+		w.regs.nudgeOthers(req.Generate.DispatchKey)
 	}
 	tr.start(h) // pulls waiting for this transfer go ahead (or fail, if h is 0)
 	var res *engine.PrefillResult

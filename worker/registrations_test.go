@@ -33,3 +33,27 @@ func TestBindBeforeAdd(t *testing.T) {
 		t.Fatalf("%d registrations left after the early request ended", len(r.regs))
 	}
 }
+
+// A request's arrival nudges the other routers' registrations to report, not its own
+// router's, which predicts the request until a periodic report counts it; a request of an
+// untracked router (key 0) nudges every registration.
+func TestNudgeOthers(t *testing.T) {
+	var r registrations
+	own, other := r.add(1), r.add(2)
+	nudged := func(reg *registration) bool {
+		select {
+		case <-reg.nudge:
+			return true
+		default:
+			return false
+		}
+	}
+	r.nudgeOthers(1)
+	if got := [2]bool{nudged(own), nudged(other)}; got != [2]bool{false, true} {
+		t.Errorf("after a request of router 1: nudged (own, other) = %v, want (false, true)", got)
+	}
+	r.nudgeOthers(0)
+	if got := [2]bool{nudged(own), nudged(other)}; got != [2]bool{true, true} {
+		t.Errorf("after an untracked request: nudged (own, other) = %v, want (true, true)", got)
+	}
+}

@@ -12,7 +12,10 @@ import (
 // router's request arrives. So the worker keeps, per registration (by its dispatch key),
 // the highest dispatch number received, reported back as LoadReport.Received (which tells a
 // router which of its own dispatches a report counts), and, when a request arrives, nudges
-// every registration to report at once, at most once per minReportGap. (Not when one ends:
+// every other registration to report at once, at most once per minReportGap (the request's
+// own router predicts its load until a periodic report counts it, as the simulator's
+// routers do: an arrival's report to it was a packet and an ACK for a small request,
+// a tenth of the router's datagrams). (Not when one ends:
 // the engine's figures still hold the finished sequence until its next step, and such a
 // report would make the worker look busier than it is until the next heartbeat.)
 // (The highest number rather than a count: a dispatch lost on its way must not hold back
@@ -174,21 +177,31 @@ func (r *registrations) received(key, seq uint64) {
 
 // nudgeAll asks every registration for a load report soon.
 func (r *registrations) nudgeAll() {
-	r.signalAll(func(reg *registration) chan struct{} { return reg.nudge })
+	r.signalAll(0, func(reg *registration) chan struct{} { return reg.nudge })
+}
+
+// nudgeOthers asks every registration but key's for a load report soon: a request of key's
+// router arrived, which that router predicts until a periodic report counts it, and the
+// others learn of from the report.
+func (r *registrations) nudgeOthers(key uint64) {
+	r.signalAll(key, func(reg *registration) chan struct{} { return reg.nudge })
 }
 
 // flushAll asks every registration to send the KV events that wait (Config.EventInterval)
 // now: a sequence finished, and its conversation's next turn may come at once.
 func (r *registrations) flushAll() {
-	r.signalAll(func(reg *registration) chan struct{} { return reg.flush })
+	r.signalAll(0, func(reg *registration) chan struct{} { return reg.flush })
 }
 
 // signalAll puts a signal, unless one is pending, on the channel ch picks of every
-// registration.
-func (r *registrations) signalAll(ch func(*registration) chan struct{}) {
+// registration but the one of dispatch key except (0: none).
+func (r *registrations) signalAll(except uint64, ch func(*registration) chan struct{}) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, reg := range r.regs {
+	for key, reg := range r.regs {
+		if key == except && except != 0 {
+			continue
+		}
 		select {
 		case ch(reg) <- struct{}{}:
 		default:

@@ -847,7 +847,7 @@ func (w *Worker) generateBound(ctx context.Context, req *cluster.GenerateRequest
 	if err != nil {
 		return send(cluster.ErrorEvent(err))
 	}
-	w.regs.nudgeAll()
+	w.regs.nudgeOthers(req.DispatchKey)
 	defer st.Close()
 	n := int64(max(len(r.Prompt)-req.PredictedCached, 1))
 	w.waiting.Add(1)
