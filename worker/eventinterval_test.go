@@ -12,9 +12,9 @@ import (
 )
 
 // KV events wait for Config.EventInterval while no request of the router streams a message
-// a token, and go with the next load report or the end of a sequence; while one streams,
-// they go at once (they ride in the packets of its tokens). The router's heartbeat is long
-// here, so that periodic reports do not send them early.
+// a token, and go with the next load report or a sequence's first token or end; while one
+// streams, they go at once (they ride in the packets of its tokens). The router's heartbeat
+// is long here, so that periodic reports do not send them early.
 func TestEventInterval(t *testing.T) {
 	// Seven blocks stored during decode (the model's context is 128 tokens), a modelled
 	// step every 5 ms: a block every 80 ms.
@@ -71,5 +71,49 @@ func TestEventInterval(t *testing.T) {
 				t.Errorf("%v KV event batches for the request, want %v to %v", got, tc.least, tc.most)
 			}
 		})
+	}
+}
+
+// A held answer's prompt blocks reach the router's index with its first token, while the
+// answer is still being generated (not at its end, nor at the next periodic report 5 s on).
+func TestEventIntervalPromptAtFirstToken(t *testing.T) {
+	c := startRouterLive(t, live.Config{Policy: router.DefaultConfig(), Heartbeat: 5 * time.Second,
+		HeartbeatTimeout: 20 * time.Second})
+	// 60 tokens at a modelled 10 ms each: the answer takes 600 ms after its first token.
+	n := c.addWorkerOpts("w1", c.router.Token.String(), workerOpts{timing: &sim.Timing{DecodeBase: 10},
+		eventInterval: time.Hour})
+	c.waitWorkers(1)
+	const prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
+	promptBlocks := len(n.m.Tokenizer.Encode(prompt, true, true)) / 16
+	if promptBlocks < 2 {
+		t.Fatalf("the prompt fills %d blocks; the test wants 2 or more", promptBlocks)
+	}
+	// A first request whose blocks make a batch: from then on batches wait for the interval
+	// (the first after a quiet time goes at once).
+	if _, err := client(c.router.URL()).Completions.New(testCtx(t), sdk.CompletionNewParams{Model: modelName,
+		Prompt: sdk.CompletionNewParamsPromptUnion{OfString: sdk.String("The dog")}, Temperature: sdk.Float(0), MaxTokens: sdk.Int(40)}); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := c.worker("w1")
+	done := make(chan error, 1)
+	go func() {
+		_, err := client(c.router.URL()).Completions.New(testCtx(t), sdk.CompletionNewParams{Model: modelName,
+			Prompt: sdk.CompletionNewParamsPromptUnion{OfString: sdk.String(prompt)}, Temperature: sdk.Float(0), MaxTokens: sdk.Int(60)})
+		done <- err
+	}()
+	for {
+		select {
+		case err := <-done:
+			w, _ := c.worker("w1")
+			t.Fatalf("the answer came (error %v) while the router's index held %d blocks of w1 (%d before it), want the prompt's %d more before", err, w.Blocks, before.Blocks, promptBlocks)
+		default:
+		}
+		if w, _ := c.worker("w1"); w.Blocks >= before.Blocks+promptBlocks {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

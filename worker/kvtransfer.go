@@ -168,6 +168,7 @@ func (w *Worker) prefill(ctx context.Context, req *cluster.PrefillRequest) (*clu
 	if m := w.met(); m != nil {
 		m.Prefills.Inc()
 	}
+	w.regs.flushAll() // the prompt's blocks are stored: into the routers' indexes now (Config.EventInterval)
 	first := res.First
 	// The request ends here if a stop rule ended it or only one token was asked for; else
 	// the prefill-only cap's "length" is not the request's finish.

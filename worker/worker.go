@@ -77,7 +77,8 @@ type Config struct {
 	EventBuffer int
 	// EventInterval is the least time between two KV event batches sent to a router
 	// (default DefaultEventInterval; negative: each batch as soon as its events come). A
-	// load report sends the events waiting before it, and so does a sequence's end.
+	// load report sends the events waiting before it, and so do a sequence's first token
+	// (its prompt's blocks) and its end.
 	EventInterval time.Duration
 	// KVHold is the longest prefilled blocks wait for a decode worker's pull (default
 	// DefaultKVHold; a router may ask for less); KVPullTimeout bounds a pull (default DefaultKVPullTimeout); KVMetrics,
@@ -600,8 +601,9 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	// this router streams a message a token, whose packets carry the events of its steps
 	// at no cost (orpc writes the messages of one moment in one pass). A report sends
 	// what waits first, so that reports still follow the events they count (router/live
-	// checkReport), and so does the end of a sequence, whose conversation's next turn may
-	// come at once.
+	// checkReport), and so do a sequence's first token (its prompt's blocks, which the
+	// next request with the same prefix should find) and its end (its conversation's next
+	// turn may come at once).
 	batch := &cluster.KVEvents{WorkerID: reply.WorkerID}
 	var lastEvents time.Time
 	sendEvents := func() error {
@@ -880,6 +882,9 @@ func (w *Worker) generateBound(ctx context.Context, req *cluster.GenerateRequest
 			return send(cluster.ErrorEvent(err))
 		}
 		if first {
+			// The prompt's blocks are stored: into the routers' indexes now, with the
+			// first token's packet (Config.EventInterval holds the decode steps' events).
+			w.regs.flushAll()
 			first = false
 			w.waiting.Add(-1)
 			w.prefillT.Add(-n)
