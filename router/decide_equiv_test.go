@@ -119,7 +119,9 @@ func exhaustivePick(s *State, r Request) (WorkerID, bool) {
 	sum := 0.0
 	for i, c := range ws {
 		x := 0.0
-		if hi > lo {
+		if span := s.cfg.OverlapWeight * blocks; span > 0 {
+			x = (c - lo) / span
+		} else if hi > lo {
 			x = (c - lo) / (hi - lo)
 		}
 		if x > 20*s.cfg.Temperature || ownOnly && c == lo && !cands[i].own {

@@ -622,7 +622,7 @@ func (s *State) mark(slot uint32) {
 // idle is ord's idle prefix (idlePrefix) at an overlap weight of at least minIdleWeight.
 // share weighs the cheapest candidates as State.draw does with shares.
 func (s *State) drawGrouped(lo, hi, amin float64, idle int, share shareDraw) *WorkerState {
-	wg := weigher{lo: lo, span: hi - lo, cut: 20 * s.cfg.Temperature, temp: s.cfg.Temperature,
+	wg := weigher{lo: lo, span: s.span(lo, hi), cut: 20 * s.cfg.Temperature, temp: s.cfg.Temperature,
 		lastC: math.NaN(), weights: s.wtPos, marks: s.pickBits, pos: s.slotPos, share: share}
 	// Beyond bound a cost's weight is 0 whatever the rounding of its normalisation.
 	wg.bound = lo + wg.cut*wg.span*(1+1e-9) + lo*costMargin
@@ -734,8 +734,8 @@ func (s *State) drawGrouped(lo, hi, amin float64, idle int, share shareDraw) *Wo
 	return s.workers[pick]
 }
 
-// A weigher computes the softmax weights of one draw (as draw does: the cost normalised to
-// the range [lo, lo+span], 0 beyond cut) and marks them by position in weights and marks.
+// A weigher computes the softmax weights of one draw (as draw does: the cost above lo
+// divided by span, State.span; 0 beyond cut) and marks them by position in weights and marks.
 type weigher struct {
 	lo, span, cut, temp, bound float64
 	lastC, lastW               float64 // equal costs, equal weights: one exponential

@@ -47,8 +47,9 @@ type Config struct {
 	// cost(w) = OverlapWeight·prefill(w) + decode(w). Higher favours cache
 	// hits and time to first token; lower favours even decode load.
 	OverlapWeight float64
-	// Temperature of the softmax over normalised costs; 0 picks the cheapest
-	// worker deterministically.
+	// Temperature of the softmax over costs normalised by the prompt's own (a candidate
+	// whose cost exceeds the cheapest's by Temperature × OverlapWeight × the prompt's
+	// blocks is e times less likely); 0 picks the cheapest worker deterministically.
 	Temperature float64
 	// HostWeight, DiskWeight and RemoteWeight are the fraction of a block's prefill that
 	// a block held in the host, disk or remote (shared directory) tier saves, until the
@@ -93,7 +94,7 @@ func DefaultConfig() Config {
 	return Config{
 		Mode:          ModeKV,
 		OverlapWeight: 16,
-		Temperature:   0.02,
+		Temperature:   0.03,
 		HostWeight:    0.5,
 		DiskWeight:    0.3,
 		RemoteWeight:  0.2,
@@ -443,9 +444,13 @@ type State struct {
 	seq        uint64 // decisions made
 	prefillers int    // registered workers of role prefill: most models have none
 
-	cands        []*WorkerState
-	matches      []Match
-	weights      []float64
+	cands   []*WorkerState
+	matches []Match
+	weights []float64
+	// drawSpan is the current decision's normaliser of the softmax: the cost of computing
+	// its whole prompt (overlap weight × prompt blocks); 0 when that is 0 (the costs' range
+	// then, as before).
+	drawSpan     float64
 	peer1, peer2 peerRun // the decision's two longest runs a peer pull could take
 
 	// The grouped decision (groups.go): the candidates by load key, as bitmaps by index
