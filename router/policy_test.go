@@ -331,7 +331,9 @@ func equalIDs(a, b []WorkerID) bool {
 	return true
 }
 
-// Softmax selection follows exp(-normalised cost / T), reproducibly.
+// Softmax selection follows exp(-normalised cost / T), reproducibly, the cost above the
+// cheapest's normalised by the prompt's own: a far dearer fourth worker does not change the
+// odds of the other three (divided by the costs' range, it made them nearly equal).
 func TestSoftmaxSelection(t *testing.T) {
 	prompt := toks(0, 10*testBlock)
 	run := func(temp float64, seed uint64, n int) ([]int, []WorkerID) {
@@ -341,11 +343,13 @@ func TestSoftmaxSelection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, decode := range []int{0, 5, 10} { // costs 10, 15, 20: normalised 0, 0.5, 1
+		// Costs 10, 15, 20 and 110 for a prompt of 10 blocks at overlap weight 1: normalised
+		// 0, 0.5, 1 and 10.
+		for i, decode := range []int{0, 5, 10, 100} {
 			s.AddWorker(WorkerID(i+1), testCard)
 			setLoad(t, s, WorkerID(i+1), load{decode: decode})
 		}
-		counts := make([]int, 3)
+		counts := make([]int, 4)
 		var seq []WorkerID
 		for range n {
 			d := decide(t, s, req(prompt))
@@ -360,10 +364,12 @@ func TestSoftmaxSelection(t *testing.T) {
 	const n = 20000
 	for _, temp := range []float64{0.25, 0.5, 1, 4} {
 		counts, _ := run(temp, 9, n)
-		var p [3]float64
+		var p [4]float64
 		sum := 0.0
-		for i := range p {
-			p[i] = math.Exp(-float64(i) * 0.5 / temp)
+		for i, x := range []float64{0, 0.5, 1, 10} {
+			if x <= 20*temp { // beyond, dropped (draw)
+				p[i] = math.Exp(-x / temp)
+			}
 			sum += p[i]
 		}
 		for i := range p {
