@@ -342,7 +342,7 @@ func (s *State) pickGrouped(req Request, blocks float64, key uint64) (pick *Work
 		k := int(s.rng.Float64() * float64(ncands))
 		return s.settle(s.workers[nthBit(s.eligPos, min(k, ncands-1))]), ReasonKV, ncands, nil, true
 	}
-	return s.settle(s.drawGrouped(lo, hi, amin, idle, share)), ReasonKV, ncands, nil, true
+	return s.settle(s.drawGrouped(lo, s.span(lo, hi, blocks), amin, idle, share)), ReasonKV, ncands, nil, true
 }
 
 // A shareDraw is how a draw with shares weighs the cheapest candidates (State.draw): those
@@ -621,8 +621,8 @@ func (s *State) mark(slot uint32) {
 // order, as draw does over every candidate: the draw's sum depends on each weight, in order.
 // idle is ord's idle prefix (idlePrefix) at an overlap weight of at least minIdleWeight.
 // share weighs the cheapest candidates as State.draw does with shares.
-func (s *State) drawGrouped(lo, hi, amin float64, idle int, share shareDraw) *WorkerState {
-	wg := weigher{lo: lo, span: s.span(lo, hi), cut: 20 * s.cfg.Temperature, temp: s.cfg.Temperature,
+func (s *State) drawGrouped(lo, span, amin float64, idle int, share shareDraw) *WorkerState {
+	wg := weigher{lo: lo, span: span, cut: 20 * s.cfg.Temperature, temp: s.cfg.Temperature,
 		lastC: math.NaN(), weights: s.wtPos, marks: s.pickBits, pos: s.slotPos, share: share}
 	// Beyond bound a cost's weight is 0 whatever the rounding of its normalisation.
 	wg.bound = lo + wg.cut*wg.span*(1+1e-9) + lo*costMargin

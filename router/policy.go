@@ -106,7 +106,6 @@ func (s *State) Decide(req Request) (Decision, error) {
 	}
 	promptBlocks := (tokens + bs - 1) / bs
 	blocksF := float64(tokens) / float64(bs)
-	s.drawSpan = s.cfg.OverlapWeight * blocksF
 	key := s.tieKey(req)
 	var (
 		pick   *WorkerState
@@ -267,7 +266,7 @@ func (s *State) pickAll(req Request, blocksF float64, key uint64) (*WorkerState,
 	case costed && s.cfg.Temperature == 0:
 		pick, reason = t.best, ReasonKV
 	case costed:
-		pick, reason = s.draw(cands, ws, lo, hi), ReasonKV
+		pick, reason = s.draw(cands, ws, lo, s.span(lo, hi, blocksF)), ReasonKV
 	default:
 		pick, reason = s.kv(cands, blocksF, key), ReasonKV
 	}
@@ -480,11 +479,12 @@ func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerStat
 		lo, hi = min(lo, c), max(hi, c)
 	}
 	s.weights = ws
-	return s.draw(cands, ws, lo, hi)
+	return s.draw(cands, ws, lo, s.span(lo, hi, blocks))
 }
 
-// draw is the softmax draw over the candidates' costs ws (lo and hi their least and
-// greatest), at the configured temperature; it overwrites ws with the weights.
+// draw is the softmax draw over the candidates' costs ws (lo their least), each above lo
+// divided by span (State.span), at the configured temperature; it overwrites ws with the
+// weights.
 //
 // With shares (State.SetShare), when a worker of this router's share is among the cheapest
 // (costs exactly lo), the cheapest workers of other shares are left to their routers (weight
@@ -494,7 +494,7 @@ func (s *State) kv(cands []*WorkerState, blocks float64, key uint64) *WorkerStat
 // cheapest worker rather than to a dearer one: a router that gets all the traffic while the
 // others get none spreads it as widely as without shares. Dearer workers weigh as without
 // shares.
-func (s *State) draw(cands []*WorkerState, ws []float64, lo, hi float64) *WorkerState {
+func (s *State) draw(cands []*WorkerState, ws []float64, lo, span float64) *WorkerState {
 	ownOnly, boost := false, 1.0
 	if s.shares > 1 {
 		n, own := 0, 0
@@ -517,7 +517,7 @@ func (s *State) draw(cands []*WorkerState, ws []float64, lo, hi float64) *Worker
 			continue
 		}
 		x := 0.0
-		if span := s.span(lo, hi); span > 0 {
+		if span > 0 {
 			x = (c - lo) / span
 		}
 		if x > 20*s.cfg.Temperature {
@@ -548,7 +548,8 @@ func (s *State) draw(cands []*WorkerState, ws []float64, lo, hi float64) *Worker
 }
 
 // span is what the softmax divides a candidate's cost above the cheapest's lo by: the cost
-// of computing the whole prompt (State.drawSpan), else the candidates' range hi − lo.
+// of computing the whole prompt of blocks blocks, else (an overlap weight of 0) the
+// candidates' range hi − lo.
 //
 // The prompt's cost, not the range: divided by the range, the same difference counted for
 // everything when the other candidates cost the same (a worker without the trace's shared
@@ -556,9 +557,9 @@ func (s *State) draw(cands []*WorkerState, ws []float64, lo, hi float64) *Worker
 // candidate was far dearer (a long queue anywhere made the draw nearly uniform). Against the
 // prompt's cost the scale is the request's own: at 256 and 1,000 simulated workers the hit
 // rate rose from 0.347 and 0.337 to 0.367 and 0.366 (docs/routing-study.md).
-func (s *State) span(lo, hi float64) float64 {
-	if s.drawSpan > 0 {
-		return s.drawSpan
+func (s *State) span(lo, hi, blocks float64) float64 {
+	if p := s.cfg.OverlapWeight * blocks; p > 0 {
+		return p
 	}
 	return hi - lo
 }

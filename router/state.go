@@ -444,13 +444,9 @@ type State struct {
 	seq        uint64 // decisions made
 	prefillers int    // registered workers of role prefill: most models have none
 
-	cands   []*WorkerState
-	matches []Match
-	weights []float64
-	// drawSpan is the current decision's normaliser of the softmax: the cost of computing
-	// its whole prompt (overlap weight × prompt blocks); 0 when that is 0 (the costs' range
-	// then, as before).
-	drawSpan     float64
+	cands        []*WorkerState
+	matches      []Match
+	weights      []float64
 	peer1, peer2 peerRun // the decision's two longest runs a peer pull could take
 
 	// The grouped decision (groups.go): the candidates by load key, as bitmaps by index
