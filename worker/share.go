@@ -176,9 +176,7 @@ func (r *registrations) received(key, seq uint64) {
 }
 
 // nudgeAll asks every registration for a load report soon.
-func (r *registrations) nudgeAll() {
-	r.signalAll(0, func(reg *registration) chan struct{} { return reg.nudge })
-}
+func (r *registrations) nudgeAll() { r.nudgeOthers(0) }
 
 // nudgeOthers asks every registration but key's for a load report soon: a request of key's
 // router arrived, which that router predicts until a periodic report counts it, and the
@@ -188,18 +186,20 @@ func (r *registrations) nudgeOthers(key uint64) {
 }
 
 // flushAll asks every registration to send the KV events that wait (Config.EventInterval)
-// now: a sequence finished, and its conversation's next turn may come at once.
+// now: a sequence's prompt is stored, or it ended (its conversation's next turn may come
+// at once).
 func (r *registrations) flushAll() {
 	r.signalAll(0, func(reg *registration) chan struct{} { return reg.flush })
 }
 
 // signalAll puts a signal, unless one is pending, on the channel ch picks of every
-// registration but the one of dispatch key except (0: none).
+// registration but the one of dispatch key except (0: none; no registration has key 0, add
+// gives an untracked one a slot of its own).
 func (r *registrations) signalAll(except uint64, ch func(*registration) chan struct{}) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for key, reg := range r.regs {
-		if key == except && except != 0 {
+		if key == except {
 			continue
 		}
 		select {

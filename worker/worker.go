@@ -466,11 +466,12 @@ func isRefusal(err error) bool {
 	return errors.Is(err, orpc.ErrFailedPrecondition) || errors.Is(err, orpc.ErrAlreadyExists) || errors.Is(err, orpc.ErrPermissionDenied)
 }
 
-// routerPlace is where addr stands among the routers (sorted, each once): index of n, or
-// 0 of 0 with fewer than two. Every worker given the same --join addresses tells each
-// router the same place, from which the routers split their ties (router.State.SetShare).
+// routerPlace is where addr stands among the routers (sorted; each once, as New checks):
+// index of n, or 0 of 0 with fewer than two. Every worker given the same --join addresses
+// tells each router the same place, from which the routers split their ties
+// (router.State.SetShare).
 func routerPlace(routers []string, addr string) (index, n int) {
-	sorted := slices.Compact(slices.Sorted(slices.Values(routers)))
+	sorted := slices.Sorted(slices.Values(routers))
 	i, ok := slices.BinarySearch(sorted, addr)
 	if !ok || len(sorted) < 2 {
 		return 0, 0
