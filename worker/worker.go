@@ -442,6 +442,39 @@ const refusalRetry = 5 * time.Second
 // DefaultEventInterval is Config.EventInterval's default (tandem serve --kv-event-interval).
 const DefaultEventInterval = 200 * time.Millisecond
 
+// A gapTimer lets a kind of message go at most once per some gap: hold says whether one must
+// wait, and arms timer for the moment it may go (once: armed until the caller takes the
+// timer's tick and clears it).
+type gapTimer struct {
+	timer *time.Timer
+	armed bool
+	last  time.Time // of the last one sent (zero: none yet)
+}
+
+func newGapTimer() *gapTimer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &gapTimer{timer: t}
+}
+
+func (p *gapTimer) stop() { p.timer.Stop() }
+func (p *gapTimer) sent() { p.last = time.Now() }
+
+// hold reports whether a message must wait for gap after the last one, arming the timer if
+// it is not already.
+func (p *gapTimer) hold(gap time.Duration) bool {
+	if p.armed {
+		return true
+	}
+	wait := gap - time.Since(p.last)
+	if wait <= 0 {
+		return false
+	}
+	p.timer.Reset(wait)
+	p.armed = true
+	return true
+}
+
 // maxEventBatch is the most KV events one batch carries: more are sent at once.
 const maxEventBatch = 1024
 
@@ -606,13 +639,14 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	// next request with the same prefix should find) and its end (its conversation's next
 	// turn may come at once).
 	batch := &cluster.KVEvents{WorkerID: reply.WorkerID}
-	var lastEvents time.Time
+	evPace := newGapTimer() // KV event batches, at most one per Config.EventInterval
+	defer evPace.stop()
 	sendEvents := func() error {
 		if len(batch.Events) == 0 {
 			return nil
 		}
 		defer func() { batch.Events = batch.Events[:0] }()
-		lastEvents = time.Now()
+		evPace.sent()
 		if publishOn(me, &cluster.Publication{Kind: cluster.PublishEvents, Events: *batch}) {
 			return nil
 		}
@@ -656,16 +690,12 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	gap := time.NewTimer(0) // armed while a nudged report waits for minReportGap
-	<-gap.C
-	gapArmed := false
-	lastReport := time.Now()
+	gap := newGapTimer() // nudged reports, at most one per minReportGap
+	defer gap.stop()
+	gap.sent()
 	if err := report(false); err != nil {
 		return true, err
 	}
-	evTimer := time.NewTimer(0) // armed while KV events wait for eventInterval
-	<-evTimer.C
-	evArmed := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -682,18 +712,14 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			}
 			batch.Events = append(batch.Events, ev)
 			drainEvents(events, batch)
-			if wait := w.cfg.EventInterval - time.Since(lastEvents); wait > 0 && len(batch.Events) < maxEventBatch && me.tokenStreams.Load() == 0 {
-				if !evArmed {
-					evTimer.Reset(wait)
-					evArmed = true
-				}
+			if len(batch.Events) < maxEventBatch && me.tokenStreams.Load() == 0 && evPace.hold(w.cfg.EventInterval) {
 				break
 			}
 			if err := sendEvents(); err != nil {
 				return true, err
 			}
-		case <-evTimer.C:
-			evArmed = false
+		case <-evPace.timer.C:
+			evPace.armed = false
 			if err := sendEvents(); err != nil {
 				return true, err
 			}
@@ -711,26 +737,21 @@ func (w *Worker) session(ctx context.Context, addr string) (registered bool, err
 			if err := report(true); err != nil {
 				return true, err
 			}
-			lastReport = time.Now()
+			gap.sent()
 		case <-me.nudge:
-			if gapArmed {
-				break
-			}
-			if wait := minReportGap - time.Since(lastReport); wait > 0 {
-				gap.Reset(wait)
-				gapArmed = true
+			if gap.hold(minReportGap) {
 				break
 			}
 			if err := report(false); err != nil {
 				return true, err
 			}
-			lastReport = time.Now()
-		case <-gap.C:
-			gapArmed = false
+			gap.sent()
+		case <-gap.timer.C:
+			gap.armed = false
 			if err := report(false); err != nil {
 				return true, err
 			}
-			lastReport = time.Now()
+			gap.sent()
 		}
 	}
 }
